@@ -1,0 +1,54 @@
+"""adaptprec: adaptive-precision numerics on JAX.
+
+Run kernels in a cheap precision, check inside ``jit`` whether the answer can be trusted,
+and escalate bf16 -> f32 -> f64 only when it cannot.
+
+Example:
+    >>> import adaptprec as ap
+    >>> str(ap.Ladder.parse("bf16,f32"))
+    'bf16,f32'
+    >>> str(ap.Policy.parse("c=bf16"))
+    'p=f32,c=bf16,o=bf16'
+"""
+
+from .precision import (
+    ALIASES,
+    FLOATING_DTYPES,
+    DTypeLike,
+    Ladder,
+    canonical_dtype,
+    dtype_name,
+    half_dtype,
+    max_value,
+    require_x64,
+    smallest_normal,
+    unit_roundoff,
+    x64_enabled,
+)
+from .policy import (  # noqa: E402  (`policy` the context manager shadows the module name)
+    DTypeish,
+    Policy,
+    SemanticDType,
+    cast_floating,
+    current_policy,
+    policy,
+)
+from .loss_scale import (
+    DynamicLossScale,
+    NoOpLossScale,
+    StaticLossScale,
+    all_finite,
+    select_tree,
+)
+
+__version__ = "0.1.0"
+
+# --- guards, runtime, schedule (issue 3): re-exports below this line ---
+
+# --- linalg (issue 7): re-exports below this line ---
+
+# --- nlsq (issue 4): re-exports below this line ---
+
+# --- batched nlsq (issue 5): re-exports below this line ---
+
+# --- autocast (issue 6): re-exports below this line ---

@@ -1,0 +1,1 @@
+"""Demo sections for ``python -m adaptprec demo`` (one module per capability)."""
