@@ -19,7 +19,7 @@ Example:
     >>> pol = ap.Policy.parse("p=f32,c=bf16,o=f32")
     >>> str(pol)
     'p=f32,c=bf16,o=f32'
-    >>> tree = {"w": jnp.ones(2), "step": jnp.array(3)}
+    >>> tree = {"w": jnp.ones(2), "step": jnp.array(3, jnp.int32)}
     >>> out = pol.cast_to_compute(tree)
     >>> out["w"].dtype.name, out["step"].dtype.name
     ('bfloat16', 'int32')
@@ -247,7 +247,7 @@ def cast_floating(tree: T, dtypeish: DTypeish, policy: Policy | str | None = Non
     Example:
         >>> import jax.numpy as jnp
         >>> import adaptprec as ap
-        >>> tree = (jnp.zeros(2, jnp.float32), jnp.arange(2), 1.5)
+        >>> tree = (jnp.zeros(2, jnp.float32), jnp.arange(2, dtype=jnp.int32), 1.5)
         >>> [getattr(x, "dtype", type(x).__name__) for x in ap.cast_floating(tree, "bf16")]
         [dtype(bfloat16), dtype('int32'), 'float']
     """
