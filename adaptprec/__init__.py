@@ -44,6 +44,8 @@ from .loss_scale import (
 __version__ = "0.1.0"
 
 # --- guards, runtime, schedule (issue 3): re-exports below this line ---
+from . import schedule
+from .schedule import PrecisionSchedule, iterate
 
 # --- linalg (issue 7): re-exports below this line ---
 
