@@ -1,0 +1,20 @@
+"""Mixed-precision linear algebra with working-precision-certified answers.
+
+* :func:`matmul`, :func:`pad_to_multiple` — low-precision products with float32 (or wider)
+  accumulation;
+* :func:`cond_estimate` — Hager–Higham condition estimate on existing LU factors;
+* :func:`solve` — dsgesv-style LU iterative refinement (or GMRES-IR) with fallback;
+* :func:`lstsq` — least squares by low-precision QR plus working-precision refinement.
+
+Example:
+    >>> import jax.numpy as jnp
+    >>> import adaptprec as ap
+    >>> x, info = ap.linalg.solve(jnp.array([[2.0, 0.0], [0.0, 4.0]]), jnp.ones(2))
+    >>> x.tolist(), int(info.iterations)
+    ([0.5, 0.25], 0)
+"""
+
+from .cond import cond_estimate
+from .solve import STATUS_MESSAGES, SolveInfo, solve
+
+__all__ = ["cond_estimate", "solve", "SolveInfo", "STATUS_MESSAGES"]

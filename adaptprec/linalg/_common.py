@@ -1,0 +1,133 @@
+"""Helpers shared by the linalg solvers: boundary validation, LU solves, norms.
+
+Everything here works on a *single* system (``(n, n)`` matrix, ``(n, k)`` right-hand
+sides); the solvers add batch dimensions with ``jax.vmap`` so that the decisions that must
+stay un-batched (the fallback ``lax.cond``) can be taken over the whole batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ..precision import canonical_dtype, dtype_name, unit_roundoff
+
+__all__: list[str] = []
+
+
+def resolve_precisions(factor, working, *, what: str = "solve"):
+    """Validate ``factor``/``working`` precision names; return (storage, compute, working).
+
+    ``storage`` is the dtype A is rounded to, ``compute`` the dtype the factorization runs
+    in (XLA has no half-precision LU, so bf16/f16 factors round A to that format and factor
+    it with float32 arithmetic), ``working`` the dtype of x and of the residuals.
+    """
+    fdt = canonical_dtype(factor)
+    wdt = canonical_dtype(working)
+    if wdt.itemsize < 4:
+        raise ValueError(
+            f"{what}: working precision {dtype_name(wdt)} is too coarse for the residual; "
+            "use working='f32' or working='f64'"
+        )
+    if unit_roundoff(fdt) < unit_roundoff(wdt):
+        raise ValueError(
+            f"{what}: the factor precision ({dtype_name(fdt)}) must not be more precise than "
+            f"the working precision ({dtype_name(wdt)}); e.g. factor='f32', working='f64'"
+        )
+    compute = np.dtype(np.float32) if fdt.itemsize < 4 else fdt
+    return fdt, compute, wdt
+
+
+def check_array(x, name: str, what: str):
+    """Boundary check of one input: floating (or promotable bool-free real) dtype."""
+    if isinstance(x, (list, tuple)):
+        x = np.asarray(x)
+    if not hasattr(x, "dtype") or not hasattr(x, "shape"):
+        x = np.asarray(x)
+    dt = np.dtype(x.dtype)
+    if not jnp.issubdtype(dt, jnp.floating):
+        raise ValueError(
+            f"{what}: {name} has dtype {dt}; a floating dtype is required (integer, bool and "
+            f"complex inputs are not accepted). Convert it first, e.g. "
+            f"{name}.astype(jnp.float64)"
+        )
+    return x
+
+
+def is_concrete(*xs) -> bool:
+    """True when none of ``xs`` is a JAX tracer (we are outside ``jit``/``vmap``/``grad``)."""
+    return not any(isinstance(x, jax.core.Tracer) for x in xs)
+
+
+@jax.jit
+def _all_finite(*xs):
+    return jnp.stack([jnp.all(jnp.isfinite(x)) for x in xs])
+
+
+def check_finite(what: str, **arrays) -> None:
+    """Raise ``ValueError`` naming the input that holds NaN/Inf (concrete inputs only)."""
+    names = list(arrays)
+    flags = np.asarray(_all_finite(*arrays.values()))
+    bad = [n for n, ok in zip(names, flags) if not ok]
+    if bad:
+        raise ValueError(
+            f"{what}: {' and '.join(bad)} contain{'s' if len(bad) == 1 else ''} NaN or Inf; "
+            "remove the non-finite entries (inside jit this is reported as status 6 in the "
+            "returned info instead)"
+        )
+
+
+def inv_perm(perm):
+    """Inverse of a permutation vector (``perm[inv[i]] == i``)."""
+    return jnp.argsort(perm)
+
+
+def lu_solve(lu, perm, b, *, transpose: bool = False):
+    """Solve ``A x = b`` (or ``A^T x = b``) given ``A[perm] = L U`` packed in ``lu``.
+
+    ``b`` has shape ``(n, k)`` and the dtype of ``lu``.
+    """
+    if not transpose:
+        y = b[perm, :]
+        y = lax.linalg.triangular_solve(lu, y, left_side=True, lower=True,
+                                        unit_diagonal=True)
+        return lax.linalg.triangular_solve(lu, y, left_side=True, lower=False)
+    y = lax.linalg.triangular_solve(lu, b, left_side=True, lower=False, transpose_a=True)
+    y = lax.linalg.triangular_solve(lu, y, left_side=True, lower=True, unit_diagonal=True,
+                                    transpose_a=True)
+    return y[inv_perm(perm), :]
+
+
+def scaled_lowsolve(lu, perm, r, work_dtype, *, transpose: bool = False):
+    """Correction ``d = A^{-1} r`` with factors ``lu`` in their (low) precision.
+
+    Each column of ``r`` is scaled by its inf-norm before the cast down so that neither
+    overflow nor underflow in the low format can occur; the result is upcast to the
+    working dtype and scaled back.
+    """
+    s = jnp.max(jnp.abs(r), axis=0, keepdims=True)
+    s = jnp.where(s > 0, s, jnp.ones_like(s))
+    d = lu_solve(lu, perm, (r / s).astype(lu.dtype), transpose=transpose)
+    return d.astype(work_dtype) * s
+
+
+def matrix_norms(a):
+    """(||a||_1, ||a||_inf) of a square matrix, in ``a``'s dtype (one pass over |a|)."""
+    absa = jnp.abs(a)
+    return jnp.max(jnp.sum(absa, axis=0)), jnp.max(jnp.sum(absa, axis=1))
+
+
+def zero_pivot(lu):
+    """True when the packed LU factor has a zero or non-finite pivot (exactly singular U)."""
+    d = jnp.diagonal(lu)
+    return jnp.any(d == 0) | ~jnp.all(jnp.isfinite(d))
+
+
+def apply(a, x, *, transpose: bool = False):
+    """``a @ x`` or ``a.T @ x`` without materialising the transpose."""
+    if transpose:
+        return lax.dot_general(a, x, (((0,), (0,)), ((), ())))
+    return a @ x
