@@ -52,5 +52,6 @@ from .schedule import PrecisionSchedule, iterate
 # --- nlsq (issue 4): re-exports below this line ---
 
 # --- batched nlsq (issue 5): re-exports below this line ---
+from .batch import BatchResult, solve_nlsq_batch
 
 # --- autocast (issue 6): re-exports below this line ---

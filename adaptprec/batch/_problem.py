@@ -1,0 +1,154 @@
+"""Boundary validation and the per-fit residual built from the user's model or residual."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["Residual", "Problem", "build_problem"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Residual:
+    """Per-fit residual ``r(x, bargs, sargs)`` (hashable: it keys the compile cache).
+
+    ``fun(x, *args)`` is called with the user's args re-assembled in their original order
+    from the batched (``bargs``) and shared (``sargs``) parts. With ``has_ydata`` the two
+    last batched entries are ``ydata`` and the weights ``1/sigma`` (shared when
+    ``sigma_shared``) and the residual is ``(fun(x, *args) - ydata) * w``.
+    """
+
+    fun: Callable
+    batched_pos: tuple[int, ...]
+    shared_pos: tuple[int, ...]
+    has_ydata: bool = False
+    has_weights: bool = False
+    weights_shared: bool = False
+
+    def __call__(self, x, bargs, sargs):
+        nargs = len(self.batched_pos) + len(self.shared_pos)
+        full: list[Any] = [None] * nargs
+        for p, a in zip(self.batched_pos, bargs):
+            full[p] = a
+        for p, a in zip(self.shared_pos, sargs):
+            full[p] = a
+        out = jnp.asarray(self.fun(x, *full))
+        if not self.has_ydata:
+            return out
+        extra_b = list(bargs[len(self.batched_pos):])
+        extra_s = list(sargs[len(self.shared_pos):])
+        y = extra_b.pop(0)
+        r = out - y.astype(out.dtype)
+        if self.has_weights:
+            w = extra_s.pop(0) if self.weights_shared else extra_b.pop(0)
+            r = r * w.astype(out.dtype)
+        return r
+
+
+@dataclasses.dataclass
+class Problem:
+    residual: Residual
+    x0: Any
+    bargs: tuple
+    sargs: tuple
+    size: int
+    n: int
+    m: int
+
+
+def _shape_of(a):
+    return tuple(getattr(a, "shape", np.shape(a)))
+
+
+def build_problem(fun, x0, args, in_axes, ydata, sigma) -> Problem:
+    """Validate shapes at the boundary and split args into batched and shared parts."""
+    if not callable(fun):
+        raise TypeError(f"solve_nlsq_batch needs a callable model or residual, got {fun!r}")
+    if not isinstance(x0, jax.Array):
+        x0 = np.asarray(x0)
+    if x0.ndim != 2:
+        raise ValueError(
+            f"x0 must have shape (B, n): one row of n parameters per fit; got shape "
+            f"{x0.shape}. For a single fit use adaptprec.solve_nlsq or pass x0[None].")
+    size, n = x0.shape
+    if size == 0:
+        raise ValueError("empty batch: x0 has shape (0, n); pass at least one fit")
+    if n == 0:
+        raise ValueError("x0 has zero parameters per fit (shape (B, 0))")
+    if not jnp.issubdtype(x0.dtype, jnp.floating):
+        x0 = x0.astype(np.float64 if jax.config.read("jax_enable_x64") else np.float32)
+    if not isinstance(args, tuple):
+        args = (args,) if not isinstance(args, list) else tuple(args)
+    if isinstance(in_axes, (int, type(None))):
+        axes = (in_axes,) * len(args)
+    else:
+        axes = tuple(in_axes)
+        if len(axes) != len(args):
+            raise ValueError(f"in_axes has {len(axes)} entries but args has {len(args)}; "
+                             "give one 0 (batched) or None (shared) per arg")
+    bpos, spos, bargs, sargs = [], [], [], []
+    for i, (a, ax) in enumerate(zip(args, axes)):
+        if ax not in (0, None):
+            raise ValueError(f"in_axes[{i}] must be 0 (leading batch axis) or None "
+                             f"(shared by all fits), got {ax!r}")
+        if ax == 0:
+            for leaf in jax.tree.leaves(a):
+                shp = _shape_of(leaf)
+                if len(shp) == 0 or shp[0] != size:
+                    raise ValueError(
+                        f"batch size mismatch: x0 has {size} fits but args[{i}] has a leaf "
+                        f"of shape {shp}; batched args need leading dimension {size}, or "
+                        f"mark shared args with in_axes=None")
+            bpos.append(i)
+            bargs.append(a)
+        else:
+            spos.append(i)
+            sargs.append(a)
+    weights_shared = False
+    if ydata is not None:
+        ydata = ydata if isinstance(ydata, jax.Array) else np.asarray(ydata)
+        if ydata.ndim != 2 or ydata.shape[0] != size:
+            raise ValueError(f"ydata must have shape (B, m) with B = {size} (the rows of "
+                             f"x0); got {ydata.shape}")
+        bargs.append(ydata)
+        if sigma is not None:
+            sigma = sigma if isinstance(sigma, jax.Array) else np.asarray(sigma)
+            if sigma.shape == ydata.shape[1:]:
+                weights_shared = True
+                sargs.append(1.0 / sigma)
+            elif sigma.shape == ydata.shape:
+                bargs.append(1.0 / sigma)
+            else:
+                raise ValueError(f"sigma must have shape (m,) = {ydata.shape[1:]} or (B, m) "
+                                 f"= {ydata.shape}; got {sigma.shape}")
+    elif sigma is not None:
+        raise ValueError("sigma needs ydata: pass the data as ydata=(B, m) so the model "
+                         "residual (model - ydata) / sigma can be formed")
+    res = Residual(fun, tuple(bpos), tuple(spos), ydata is not None,
+                   sigma is not None, weights_shared)
+    bargs_t, sargs_t = tuple(bargs), tuple(sargs)
+    one_b = jax.tree.map(lambda a: jax.ShapeDtypeStruct(_shape_of(a)[1:], a.dtype), bargs_t)
+    one_x = jax.ShapeDtypeStruct((n,), x0.dtype)
+    out = jax.eval_shape(res, one_x, one_b, sargs_t)
+    if not hasattr(out, "shape") or len(out.shape) != 1:
+        raise ValueError(f"the residual of one fit must be a 1-D array (m,), got "
+                         f"{getattr(out, 'shape', type(out))}")
+    m = out.shape[0]
+    if m < n:
+        raise ValueError(f"Levenberg–Marquardt needs at least as many residuals as "
+                         f"parameters per fit; got m = {m} < n = {n}")
+    return Problem(res, x0, bargs_t, sargs_t, size, n, m)
+
+
+def nonfinite_fits(problem: Problem) -> np.ndarray:
+    """Host-side mask of fits whose start or batched data contain NaN/Inf (concrete only)."""
+    bad = ~np.isfinite(np.asarray(problem.x0)).all(axis=1)
+    for leaf in jax.tree.leaves(problem.bargs):
+        a = np.asarray(leaf)
+        if np.issubdtype(a.dtype, np.floating):
+            bad |= ~np.isfinite(a.reshape(a.shape[0], -1)).all(axis=1)
+    return bad

@@ -1,0 +1,233 @@
+"""`solve_nlsq_batch`: many independent small least-squares fits sharing one model."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any, Callable, NamedTuple, Optional, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..precision import Ladder, canonical_dtype, dtype_name, require_x64, unit_roundoff
+from . import _status as st
+from ._problem import Residual, build_problem, nonfinite_fits
+from .chunking import auto_chunk_size, is_traced, run_chunked
+from .covariance import batched_pcov
+from .escalation import RungPlan, solve_ladder
+from .lm_batched import LMOptions, make_fj
+from .result import BatchResult
+from .sharding import infer_mesh, shard_solve
+
+__all__ = ["solve_nlsq_batch"]
+
+# Lower rungs stop once progress is below what the rung can resolve: tolerance
+# max(tol, _RUNG_TOL * u_rung). The top rung uses the user's tolerances.
+_RUNG_TOL = 16.0
+
+
+class _Config(NamedTuple):
+    plans: tuple
+    escalate_fraction: float
+    escalate_min: int
+    compaction_factor: int
+    compaction_min: int
+    cond_tol: float
+    noise_floor: float
+    return_pcov: bool
+    absolute_sigma: bool
+
+
+def _ladder(precision) -> Ladder:
+    if isinstance(precision, Ladder):
+        return precision
+    if isinstance(precision, str) and precision.strip().lower() == "adaptive":
+        require_x64("f64")
+        return Ladder.parse("f32,f64")
+    if isinstance(precision, (str, tuple, list)):
+        return Ladder.parse(precision)
+    return Ladder.parse([precision])
+
+
+def _plans(ladder: Ladder, ftol, xtol, gtol, max_steps) -> tuple:
+    plans = []
+    for i, d in enumerate(ladder):
+        acc = np.promote_types(d, np.float32)
+        if i == len(ladder) - 1:
+            opts = LMOptions(ftol, xtol, gtol, max_steps)
+        else:
+            t = _RUNG_TOL * unit_roundoff(d)
+            opts = LMOptions(max(ftol, t), max(xtol, t), max(gtol, t), max_steps)
+        plans.append(RungPlan(np.dtype(d), np.dtype(acc), opts))
+    return tuple(plans)
+
+
+@functools.lru_cache(maxsize=64)
+def _core(residual: Residual, cfg: _Config) -> Callable:
+    """The jitted solver for one residual and configuration (shapes cached by jit)."""
+
+    def solve(x0, bargs, sargs):
+        size = x0.shape[0]
+        cap = int(min(size, max(cfg.escalate_min, int(np.ceil(size * cfg.escalate_fraction)))))
+        s, rung = solve_ladder(residual, x0, bargs, sargs, cfg.plans,
+                               escalate_capacity=cap,
+                               compaction_factor=cfg.compaction_factor,
+                               compaction_min=cfg.compaction_min, cond_tol=cfg.cond_tol,
+                               noise_floor=cfg.noise_floor)
+        pcov = None
+        if cfg.return_pcov:
+            top = cfg.plans[-1]
+            fj = make_fj(residual, top.acc_dtype, top.acc_dtype)
+            _, jac = fj(s.x, bargs, sargs)
+            pcov = batched_pcov(jac, s.cost, cfg.absolute_sigma)
+        return BatchResult(
+            x=s.x, cost=s.cost, status=s.status, success=s.status > 0, rung=rung,
+            nfev=s.nfev, njev=s.njev, nit=s.nit,
+            optimality=jnp.max(jnp.abs(s.jtf), axis=-1), pcov=pcov,
+            ladder=tuple(dtype_name(p.dtype) for p in cfg.plans))
+
+    return jax.jit(solve)
+
+
+def solve_nlsq_batch(
+    fun: Callable,
+    x0,
+    args: Any = (),
+    *,
+    in_axes: Union[int, None, tuple] = 0,
+    ydata=None,
+    sigma=None,
+    absolute_sigma: bool = False,
+    precision="adaptive",
+    ftol: float = 1e-8,
+    xtol: float = 1e-8,
+    gtol: float = 1e-8,
+    max_steps: Optional[int] = None,
+    return_pcov: bool = False,
+    nan_policy: str = "propagate",
+    compaction: Union[str, int, None] = "auto",
+    escalate_fraction: float = 0.125,
+    cond_tol: float = 1e-2,
+    noise_floor: float = 10.0,
+    chunk_size: Optional[int] = None,
+    progress: Optional[Callable[[int, int], None]] = None,
+    mesh=None,
+    batch_axis: Optional[str] = None,
+) -> BatchResult:
+    r"""Solve ``B`` independent nonlinear least-squares fits that share one model.
+
+    Each fit ``k`` minimises :math:`\tfrac12\|r(x_k)\|^2` by Levenberg–Marquardt (module
+    :mod:`adaptprec.batch.lm_batched`), with the batch axis explicit: converged fits are
+    frozen, stragglers are compacted into smaller buffers, and each fit escalates through
+    the precision ladder on its own (float32 first; only the fits whose guards fire are
+    re-solved in float64, from where float32 left them).
+
+    Args:
+        fun: the residual ``fun(x, *args) -> (m,)`` of one fit, or with ``ydata`` the model
+            ``fun(x, *args) -> (m,)`` whose residual is ``(fun(x, *args) - ydata) / sigma``.
+        x0: starts, shape ``(B, n)``.
+        args: extra arguments of ``fun``. Batched ones have a leading axis of size ``B``
+            (per-fit data); mark shared ones (e.g. a common grid) with ``in_axes``.
+        in_axes: ``0`` (all args batched, default), ``None`` (all shared), or a tuple with
+            one ``0``/``None`` per arg, as in :func:`jax.vmap`.
+        ydata: per-fit data ``(B, m)`` for the model form; ``sigma`` ``(m,)`` or ``(B, m)``
+            its standard deviations; ``absolute_sigma`` as in ``curve_fit``.
+        precision: ``"adaptive"`` (ladder ``f32,f64``; needs ``jax_enable_x64``), a ladder
+            string such as ``"bf16,f32,f64"``/:class:`~adaptprec.Ladder`, or one dtype
+            (``"f32"``, ``"f64"``) to solve everything at that precision.
+        ftol, xtol, gtol: scipy's termination tolerances, applied on the top rung; lower
+            rungs use ``max(tol, 16 u_rung)``.
+        max_steps: iterations per fit and rung (default ``100 * n``, scipy's lm budget).
+        return_pcov: also compute the per-fit covariance (``curve_fit`` semantics).
+        nan_policy: ``"propagate"`` (fits with non-finite starts/data get status
+            ``-2``; the others are unaffected) or ``"raise"`` (``ValueError`` listing the
+            bad fits; needs concrete inputs).
+        compaction: ``"auto"`` (regroup stragglers into buffers ``B/8, B/64, ...`` of at
+            least 256 fits), ``None``/``0`` (off), or an int shrink factor.
+        escalate_fraction: capacity of the escalation buffer as a fraction of the batch
+            (at least 64 fits); more flagged fits are processed in rounds.
+        cond_tol, noise_floor: escalation guards (see :mod:`adaptprec.batch.escalation`).
+        chunk_size: solve at most this many fits at a time (default: all, unless the
+            working set would exceed about 1 GiB).
+        progress: ``progress(done, total)`` called after each chunk (eager calls only),
+            e.g. :class:`~adaptprec.batch.TextProgress`. Off by default.
+        mesh, batch_axis: a :class:`jax.sharding.Mesh` and the name of its axis to split
+            the fits over (default: its first axis). Inputs already sharded with a
+            ``NamedSharding`` over their leading axis are split the same way.
+
+    Returns:
+        :class:`~adaptprec.batch.BatchResult` with per-fit ``x``, ``cost``, ``status``,
+        ``success``, ``rung``, ``nfev``, ``njev``, ``nit``, ``optimality`` and ``pcov``.
+
+    Raises:
+        ValueError / TypeError: at the boundary, for an empty batch, batch sizes that
+        disagree between ``x0`` and the data, a residual that is not 1-D, ``m < n``,
+        mismatched ``sigma``, unknown options, or float64 without ``jax_enable_x64``.
+
+    Example (x64 on, as under the tests):
+        >>> import jax.numpy as jnp
+        >>> import adaptprec as ap
+        >>> t = jnp.linspace(0.0, 1.0, 8)
+        >>> k = jnp.array([0.5, 1.0, 2.0])
+        >>> y = 3.0 * jnp.exp(-k[:, None] * t)                      # (3 fits, 8 points)
+        >>> model = lambda p, t: p[0] * jnp.exp(-p[1] * t)
+        >>> res = ap.solve_nlsq_batch(model, jnp.ones((3, 2)), (t,), in_axes=None, ydata=y)
+        >>> [round(float(v), 6) for v in res.x[:, 1]], res.success.all().item()
+        ([0.5, 1.0, 2.0], True)
+    """
+    ladder = _ladder(precision)
+    if nan_policy not in ("propagate", "raise"):
+        raise ValueError(f"nan_policy must be 'propagate' or 'raise', got {nan_policy!r}")
+    prob = build_problem(fun, x0, args, in_axes, ydata, sigma)
+    if max_steps is None:
+        max_steps = 100 * prob.n
+    if int(max_steps) < 1:
+        raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
+    for name, tol in (("ftol", ftol), ("xtol", xtol), ("gtol", gtol)):
+        if not (tol >= 0):
+            raise ValueError(f"{name} must be >= 0, got {tol!r}")
+    if compaction == "auto":
+        factor = 8
+    elif compaction in (None, 0, False):
+        factor = 0
+    elif isinstance(compaction, int) and compaction >= 2:
+        factor = compaction
+    else:
+        raise ValueError(f"compaction must be 'auto', None or an int >= 2, got {compaction!r}")
+    if not 0 < escalate_fraction <= 1:
+        raise ValueError(f"escalate_fraction must be in (0, 1], got {escalate_fraction!r}")
+    traced = is_traced(prob.x0, prob.bargs, prob.sargs)
+    if nan_policy == "raise":
+        if traced:
+            raise ValueError("nan_policy='raise' needs concrete inputs; under jit use "
+                             "nan_policy='propagate' and read the per-fit status")
+        bad = np.flatnonzero(nonfinite_fits(prob))
+        if bad.size:
+            raise ValueError(f"{bad.size} fit(s) have non-finite starts or data, e.g. fits "
+                             f"{bad[:10].tolist()}; clean them or use "
+                             f"nan_policy='propagate' (status -2 for those fits only)")
+
+    cfg = _Config(_plans(ladder, float(ftol), float(xtol), float(gtol), int(max_steps)),
+                  float(escalate_fraction), 64, factor, 256, float(cond_tol),
+                  float(noise_floor), bool(return_pcov), bool(absolute_sigma))
+    solve = _core(prob.residual, cfg)
+
+    if mesh is None:
+        mesh, inferred = infer_mesh(prob.x0)
+        batch_axis = batch_axis or inferred
+    if mesh is not None:
+        axis = batch_axis or mesh.axis_names[0]
+        inner = solve
+
+        def solve(x, b, s, inner=inner):  # noqa: F811
+            return shard_solve(inner, mesh, axis, x, b, s)
+
+    if chunk_size is None:
+        itemsize = max(p.acc_dtype.itemsize for p in cfg.plans)
+        chunk_size = auto_chunk_size(prob.size, prob.m, prob.n, itemsize)
+    elif int(chunk_size) < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    if chunk_size >= prob.size and progress is None:
+        return solve(prob.x0, prob.bargs, prob.sargs)
+    return run_chunked(solve, prob.x0, prob.bargs, prob.sargs, int(chunk_size), progress)

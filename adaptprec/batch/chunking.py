@@ -1,0 +1,127 @@
+"""Chunking: batches larger than memory are solved ``chunk_size`` fits at a time.
+
+Eagerly (concrete inputs) the chunks run in a host loop over ONE compiled program (the last
+chunk is padded by repeating its first fit, so there is no recompilation), and an opt-in
+``progress(done, total)`` callback is called after every chunk; nothing is printed unless
+the user passes a callback such as :class:`TextProgress`. Under ``jit`` (traced inputs) the
+chunks run through :func:`jax.lax.map`, which bounds the live memory the same way; the
+progress callback is not available there.
+
+Per-fit results do not depend on chunking: fits are independent and the iteration of
+one fit never reads another's state.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable, Optional, TextIO
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["TextProgress", "is_traced", "run_chunked", "auto_chunk_size"]
+
+
+class TextProgress:
+    """A progress display to pass as ``progress=``: one updating line on a text stream.
+
+    Example:
+        >>> import io
+        >>> from adaptprec.batch import TextProgress
+        >>> buf = io.StringIO()
+        >>> p = TextProgress(stream=buf)
+        >>> p(50, 100); p(100, 100)
+        >>> buf.getvalue().split(chr(13))[-1].split(" fits")[0]
+        'solve_nlsq_batch: 100/100'
+    """
+
+    def __init__(self, stream: Optional[TextIO] = None, label: str = "solve_nlsq_batch"):
+        self.stream = stream
+        self.label = label
+        self._t0: Optional[float] = None
+
+    def __call__(self, done: int, total: int) -> None:
+        stream = self.stream if self.stream is not None else sys.stderr
+        now = time.perf_counter()
+        if self._t0 is None or done <= 0:
+            self._t0 = now
+        rate = done / max(now - self._t0, 1e-9)
+        end = "\n" if done >= total else ""
+        stream.write(f"\r{self.label}: {done}/{total} fits ({100.0 * done / total:5.1f}%), "
+                     f"{rate:,.0f} fits/s{end}")
+        stream.flush()
+
+
+def is_traced(*trees) -> bool:
+    """True when any leaf is a JAX tracer (we are inside ``jit``/``vmap``/``grad``)."""
+    return any(isinstance(leaf, jax.core.Tracer)
+               for t in trees for leaf in jax.tree.leaves(t))
+
+
+def auto_chunk_size(size: int, m: int, n: int, itemsize: int,
+                    budget_bytes: int = 1 << 30) -> int:
+    """Largest chunk whose working set (about ``6 m n`` values per fit) fits ``budget_bytes``.
+
+    Example:
+        >>> from adaptprec.batch.chunking import auto_chunk_size
+        >>> auto_chunk_size(10_000_000, 25, 5, 8, budget_bytes=1 << 30)
+        122461
+        >>> auto_chunk_size(1000, 25, 5, 8)
+        1000
+    """
+    per_fit = itemsize * (6 * m * n + 4 * m + 6 * n * n + 16 * n + 16)
+    return int(max(1, min(size, budget_bytes // per_fit)))
+
+
+def _pad_rows(tree, rows: int):
+    def pad(a):
+        if rows == 0:
+            return a
+        reps = jnp.repeat(a[:1], rows, axis=0)
+        return jnp.concatenate([a, reps], axis=0)
+    return jax.tree.map(pad, tree)
+
+
+def run_chunked(solve: Callable, x0, bargs, sargs, chunk_size: int,
+                progress: Optional[Callable[[int, int], None]] = None):
+    """Apply ``solve(x0, bargs, sargs) -> result pytree`` chunk by chunk and concatenate.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.batch.chunking import run_chunked
+        >>> seen = []
+        >>> out = run_chunked(lambda x, b, s: {"y": x * 2}, jnp.arange(5.0)[:, None], (), (),
+        ...                   2, progress=lambda d, t: seen.append(d))
+        >>> out["y"][:, 0].tolist(), seen
+        ([0.0, 2.0, 4.0, 6.0, 8.0], [0, 2, 4, 5])
+    """
+    size = x0.shape[0]
+    chunk_size = int(max(1, min(chunk_size, size)))
+    nchunks = -(-size // chunk_size)
+    pad = nchunks * chunk_size - size
+    if is_traced(x0, bargs, sargs):
+        if progress is not None:
+            raise ValueError("progress= needs concrete inputs (call solve_nlsq_batch "
+                             "outside jit); under jit chunks run inside lax.map")
+        xs = _pad_rows((x0, bargs), pad)
+        xs = jax.tree.map(lambda a: a.reshape((nchunks, chunk_size) + a.shape[1:]), xs)
+        out = jax.lax.map(lambda c: solve(c[0], c[1], sargs), xs)
+        return jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:])[:size], out)
+    outs = []
+    if progress is not None:
+        progress(0, size)
+    for c in range(nchunks):
+        lo = c * chunk_size
+        hi = min(lo + chunk_size, size)
+        part = jax.tree.map(lambda a: a[lo:hi], (x0, bargs))
+        part = _pad_rows(part, chunk_size - (hi - lo))
+        out = solve(part[0], part[1], sargs)
+        outs.append(jax.tree.map(lambda a: a[: hi - lo], out))
+        if progress is not None:
+            jax.block_until_ready(out)
+            progress(hi, size)
+    if len(outs) == 1:
+        return outs[0]
+    return jax.tree.map(lambda *a: jnp.concatenate(a, axis=0), *outs)

@@ -1,0 +1,171 @@
+r"""Per-fit precision escalation with compaction (the runtime's ``batch="element"`` idea).
+
+The whole batch is solved on the ladder's bottom rung (float32 by default). Each fit is
+then judged on its own; a fit is *flagged* for the next rung when
+
+* its status is a failure: non-finite residual/Jacobian, damping limit reached without
+  convergence (stalled), or step budget exhausted;
+* its scaled normal matrix is ill-conditioned for the rung:
+  :math:`\hat\kappa(D^{-1}J^\top J D^{-1})\,u_{\text{rung}} > \text{cond\_tol}`, with
+  :math:`D=\mathrm{diag}(J^\top J)^{1/2}` and :math:`\hat\kappa` the squared ratio of the
+  extreme Cholesky diagonals (a cheap lower bound of the 2-norm condition number);
+* it stopped above the rung's noise floor: the largest cosine between residual and a
+  Jacobian column exceeds ``max(gtol, floor * sqrt(u_rung))``, i.e. ``ftol``/``xtol``
+  stopped it because the rung could not resolve further progress, not because the
+  gradient vanished.
+
+Flagged fits are gathered into a fixed-capacity buffer, re-initialised **from their
+current x** at the next rung (residual and Jacobian re-evaluated there, damping reset),
+solved to completion (with compaction inside), and scattered back. If more fits are
+flagged than the buffer holds, the buffer is refilled in rounds inside one
+``lax.while_loop``, so cost tracks the number of flagged fits and nothing overflows.
+Fits that are not flagged keep their bottom-rung answer, report ``rung == 0`` and cost
+nothing more.
+
+Why not :func:`adaptprec.iterate` with a per-fit :class:`~adaptprec.schedule.PrecisionSchedule`?
+With an explicit batch axis a ``lax.switch`` over rungs per fit degenerates into running
+every rung for every fit (``select``), which is what this module avoids. Escalation here is
+decided once per stage from per-fit guards, the decision the runtime calls
+``batch="element"``.
+
+Iteration counts (``nit``, ``nfev``, ``njev``) accumulate over rungs.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _status as st
+from .cholesky import cholesky_solve
+from .compaction import gather, plan_capacities, run_compacted, scatter, select
+from .lm_batched import LMOptions, LMState, gradient_cosine, lm_init, make_fj
+
+__all__ = ["RungPlan", "escalation_flags", "scaled_condition", "solve_ladder"]
+
+
+class RungPlan(NamedTuple):
+    """What one rung runs: model dtype, accumulation dtype, rung-adjusted options.
+
+    Example:
+        >>> import numpy as np
+        >>> from adaptprec.batch.escalation import RungPlan
+        >>> from adaptprec.batch.lm_batched import LMOptions
+        >>> p = RungPlan(np.dtype("float32"), np.dtype("float32"), LMOptions(1e-6, 1e-6, 1e-4, 50))
+        >>> p.opts.max_steps
+        50
+    """
+
+    dtype: np.dtype
+    acc_dtype: np.dtype
+    opts: LMOptions
+
+
+def scaled_condition(jtj: jax.Array) -> jax.Array:
+    """Lower-bound estimate of ``cond_2(D^-1 J^T J D^-1)`` per fit (inf if not SPD).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.batch.escalation import scaled_condition
+        >>> a = jnp.array([[[1.0, 0.0], [0.0, 1e6]], [[1.0, 0.999], [0.999, 1.0]]])
+        >>> [round(float(c), 1) for c in scaled_condition(a)]  # exact: 1.0 and 1999.0
+        [1.0, 500.3]
+    """
+    d = jnp.sqrt(jnp.diagonal(jtj, axis1=-2, axis2=-1))
+    d = jnp.where(d > 0, d, 1)
+    a = jtj / (d[:, :, None] * d[:, None, :])
+    _, diag = cholesky_solve(a, jnp.zeros(a.shape[:2], a.dtype))
+    ratio = (jnp.max(diag, axis=-1) / jnp.min(diag, axis=-1)) ** 2
+    return jnp.where(jnp.isfinite(ratio), ratio, jnp.inf)
+
+
+def escalation_flags(s: LMState, u: float, gtol: float, cond_tol: float,
+                     floor: float) -> jax.Array:
+    """Per-fit "needs a higher rung" mask after a rung with unit roundoff ``u``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.batch.lm_batched import LMOptions, lm_init, make_fj
+        >>> from adaptprec.batch.escalation import escalation_flags
+        >>> fj = make_fj(lambda x, b, s: x - b[0], jnp.float32, jnp.float32)
+        >>> y = (jnp.array([[1.0], [jnp.nan]]),)
+        >>> s = lm_init(fj, jnp.ones((2, 1)), y, (), LMOptions(1e-6, 1e-6, 1e-6, 10))
+        >>> escalation_flags(s, 2.0**-24, 1e-8, 1e-2, 10.0).tolist()
+        [False, True]
+    """
+    failed = ((s.status == st.NONFINITE) | (s.status == st.STALLED)
+              | (s.status == st.MAX_STEPS))
+    illcond = scaled_condition(s.jtj) * u > cond_tol
+    cos = gradient_cosine(s.cost, s.jtj, s.jtf)
+    above = ~(cos <= max(gtol, floor * float(np.sqrt(u))))
+    return failed | illcond | (above & (s.status != st.GTOL))
+
+
+def _astype_state(s: LMState, dtype) -> LMState:
+    return jax.tree.map(
+        lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, s)
+
+
+def solve_ladder(residual: Callable, x0, bargs, sargs, plans: tuple[RungPlan, ...], *,
+                 escalate_capacity: int, compaction_factor: int, compaction_min: int,
+                 cond_tol: float, noise_floor: float):
+    """Solve every fit on ``plans[0]``, escalate flagged fits rung by rung.
+
+    Returns ``(state, rung)`` with the state in the top rung's accumulation dtype and
+    ``rung`` the per-fit index of the rung that produced the answer.
+
+    Example:
+        >>> import jax.numpy as jnp, numpy as np
+        >>> from adaptprec.batch.escalation import RungPlan, solve_ladder
+        >>> from adaptprec.batch.lm_batched import LMOptions
+        >>> f64 = np.dtype("float64")  # needs x64 (on under the tests)
+        >>> plans = (RungPlan(np.dtype("float32"), np.dtype("float32"), LMOptions(1e-6, 1e-6, 1e-4, 50)),
+        ...          RungPlan(f64, f64, LMOptions(1e-10, 1e-10, 1e-10, 50)))
+        >>> y = (jnp.array([[2.0], [1e30]]),)  # exp(69) overflows float32
+        >>> s, rung = solve_ladder(lambda x, b, s: jnp.exp(x) - b[0], jnp.array([[0.0], [69.0]]),
+        ...                        y, (), plans, escalate_capacity=1, compaction_factor=0,
+        ...                        compaction_min=1, cond_tol=1e-2, noise_floor=10.0)
+        >>> rung.tolist(), [round(float(v), 4) for v in s.x[:, 0]]
+        ([0, 1], [0.6931, 69.0776])
+    """
+    size = x0.shape[0]
+    top_acc = plans[-1].acc_dtype
+
+    def caps(b):
+        return plan_capacities(b, compaction_factor, compaction_min)
+
+    p0 = plans[0]
+    fj0 = make_fj(residual, p0.dtype, p0.acc_dtype)
+    s = lm_init(fj0, x0.astype(p0.acc_dtype), bargs, sargs, p0.opts)
+    s = run_compacted(fj0, s, bargs, sargs, p0.opts, caps(size))
+    s = _astype_state(s, top_acc)
+    rung = jnp.zeros((size,), jnp.int32)
+
+    for k in range(1, len(plans)):
+        prev, plan = plans[k - 1], plans[k]
+        u_prev = float(np.finfo(prev.dtype).eps) / 2
+        flags = (rung == k - 1) & escalation_flags(
+            s, u_prev, prev.opts.gtol, cond_tol, noise_floor)
+        cap = int(min(size, escalate_capacity))
+        fj = make_fj(residual, plan.dtype, plan.acc_dtype)
+
+        def body(carry, fj=fj, plan=plan, cap=cap, k=k):
+            s, rung, remaining = carry
+            idx, valid = select(remaining, cap)
+            old = gather(s, idx)
+            sub = lm_init(fj, old.x.astype(plan.acc_dtype), gather(bargs, idx), sargs,
+                          plan.opts, active=valid)
+            sub = run_compacted(fj, sub, gather(bargs, idx), sargs, plan.opts, caps(cap))
+            sub = _astype_state(sub, top_acc)
+            sub = sub._replace(nit=sub.nit + old.nit, nfev=sub.nfev + old.nfev,
+                               njev=sub.njev + old.njev)
+            s = scatter(s, idx, sub)
+            rung = rung.at[idx].set(k, mode="drop")
+            remaining = remaining.at[idx].set(False, mode="drop")
+            return s, rung, remaining
+
+        s, rung, _ = jax.lax.while_loop(lambda c: jnp.any(c[2]), body, (s, rung, flags))
+    return s, rung

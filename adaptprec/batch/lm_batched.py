@@ -1,0 +1,283 @@
+r"""Levenberg–Marquardt with an explicit leading batch axis.
+
+Every array in :class:`LMState` has the batch (fit) axis first. One iteration, for all
+``B`` fits at once:
+
+1. solve the damped normal equations
+   :math:`(J^\top J + \lambda\,\mathrm{diag}(d^2))\,\delta = -J^\top f` per fit with a
+   batched (unrolled for small ``n``) Cholesky, where :math:`d^2` is the running maximum
+   of :math:`\mathrm{diag}(J^\top J)` (MINPACK's scaling);
+2. evaluate residual and Jacobian at the trial point :math:`x+\delta` (``vmap`` of
+   ``jacfwd`` of the user's residual; the residual comes out of the same pass);
+3. gain ratio :math:`\rho = (C(x) - C(x+\delta)) / \mathrm{pred}` with
+   :math:`\mathrm{pred} = \tfrac12\,\delta^\top(\lambda d^2\delta - J^\top f)`; accept when
+   :math:`\rho > 10^{-4}` and the trial is finite;
+4. damping update of Nielsen (1999): on acceptance
+   :math:`\lambda \leftarrow \lambda \max(1/3, 1-(2\rho-1)^3)`, :math:`\nu = 2`; on
+   rejection :math:`\lambda \leftarrow \lambda\nu`, :math:`\nu \leftarrow 2\nu`;
+5. MINPACK/scipy termination tests per fit (``ftol`` on actual and predicted relative
+   reduction, ``xtol`` on the scaled step, ``gtol`` on the largest cosine between the
+   residual and a Jacobian column), which set that fit's ``status`` and clear its
+   ``active`` bit.
+
+Fits whose ``active`` bit is clear are *frozen*: every field is selected from the old
+state with ``jnp.where``, so a converged fit does not change while others iterate. The
+state keeps :math:`J^\top J`, :math:`J^\top f` and the cost instead of ``J`` and ``f``, so
+its memory is :math:`O(B n^2)` not :math:`O(B m n)`. The loop runs until at most
+``stop_count`` fits are active (so :mod:`~adaptprec.batch.compaction` can regroup the
+stragglers); there is no host synchronisation inside it.
+
+Arithmetic: the residual is evaluated at the rung's dtype (the caller's ``fj``); it is
+returned in the accumulation dtype (float32 or wider) in which all sums, the normal
+equations and the Cholesky run.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _status as st
+from .cholesky import cholesky_solve
+
+__all__ = ["LMOptions", "LMState", "make_fj", "lm_init", "lm_step", "lm_run"]
+
+_ACCEPT = 1e-4
+_LAMBDA_MAX = 1e16
+
+
+class LMOptions(NamedTuple):
+    """Static options of one LM stage (hashable). Tolerances are already rung-adjusted.
+
+    Example:
+        >>> from adaptprec.batch.lm_batched import LMOptions
+        >>> LMOptions(ftol=1e-8, xtol=1e-8, gtol=1e-8, max_steps=100).lam0
+        0.001
+    """
+
+    ftol: float
+    xtol: float
+    gtol: float
+    max_steps: int
+    lam0: float = 1e-3
+
+
+class LMState(NamedTuple):
+    """Per-fit LM state; every leaf has the batch axis first.
+
+    Example:
+        >>> from adaptprec.batch.lm_batched import LMState
+        >>> LMState._fields[:4]
+        ('x', 'cost', 'jtj', 'jtf')
+    """
+
+    x: jax.Array        # (B, n)
+    cost: jax.Array     # (B,)    0.5 * ||f||^2
+    jtj: jax.Array      # (B, n, n)
+    jtf: jax.Array      # (B, n)
+    d2: jax.Array       # (B, n)  running max of diag(J^T J)
+    lam: jax.Array      # (B,)
+    nu: jax.Array       # (B,)
+    active: jax.Array   # (B,) bool
+    status: jax.Array   # (B,) int32
+    nit: jax.Array      # (B,) int32
+    nfev: jax.Array     # (B,) int32
+    njev: jax.Array     # (B,) int32
+
+
+def make_fj(residual: Callable, rung_dtype, acc_dtype) -> Callable:
+    """Batch residual-and-Jacobian evaluator ``fj(x, bargs, sargs) -> (f, J)``.
+
+    ``residual(x, bargs, sargs)`` is the user residual for ONE fit (``bargs`` are that
+    fit's slices of the batched arguments, ``sargs`` the shared ones). Inputs are cast to
+    ``rung_dtype`` (floating leaves only); ``f`` ``(B, m)`` and ``J`` ``(B, m, n)`` come
+    back in ``acc_dtype``. ``J`` is ``jacfwd`` (``n`` tangents in one pass) and ``f`` is its
+    primal, so the residual is traced once per rung.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.batch.lm_batched import make_fj
+        >>> fj = make_fj(lambda x, b, s: x * s - b[0], jnp.float32, jnp.float32)
+        >>> f, J = fj(jnp.ones((2, 3)), (jnp.zeros((2, 3)),), 2.0)
+        >>> f.shape, J.shape, float(J[0, 1, 1])
+        ((2, 3), (2, 3, 3), 2.0)
+    """
+    from ..policy import cast_floating
+
+    def one(x, bargs, sargs):
+        bargs_r = cast_floating(bargs, rung_dtype)
+        sargs_r = cast_floating(sargs, rung_dtype)
+
+        def r(p):
+            out = jnp.asarray(residual(p.astype(rung_dtype), bargs_r, sargs_r))
+            out = out.astype(acc_dtype)
+            return out, out
+
+        jac, f = jax.jacfwd(r, has_aux=True)(x.astype(acc_dtype))
+        return f, jac
+
+    return jax.vmap(one, in_axes=(0, 0, None))
+
+
+def _normal_equations(f, jac):
+    acc = f.dtype
+    jtj = jnp.einsum("bmi,bmj->bij", jac, jac, preferred_element_type=acc)
+    jtf = jnp.einsum("bmi,bm->bi", jac, f, preferred_element_type=acc)
+    cost = 0.5 * jnp.sum(f * f, axis=-1)
+    return cost, jtj, jtf
+
+
+def _finite_rows(*arrays):
+    ok = None
+    for a in arrays:
+        r = jnp.isfinite(a).reshape(a.shape[0], -1).all(axis=1)
+        ok = r if ok is None else ok & r
+    return ok
+
+
+def gradient_cosine(cost, jtj, jtf):
+    """Largest cosine between the residual and a Jacobian column (scipy/MINPACK ``gtol``).
+
+    Zero for a zero residual; columns with zero norm are skipped.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.batch.lm_batched import gradient_cosine
+        >>> float(gradient_cosine(jnp.array([0.5]), jnp.eye(2)[None], jnp.array([[1.0, 0.0]]))[0])
+        1.0
+    """
+    fnorm = jnp.sqrt(2.0 * cost)
+    cnorm = jnp.sqrt(jnp.diagonal(jtj, axis1=-2, axis2=-1))
+    denom = cnorm * fnorm[:, None]
+    cos = jnp.where(denom > 0, jnp.abs(jtf) / jnp.where(denom > 0, denom, 1), 0)
+    return jnp.max(cos, axis=-1)
+
+
+def lm_init(fj, x, bargs, sargs, opts: LMOptions, active=None) -> LMState:
+    """Evaluate the starts and build the initial state (non-finite starts get NONFINITE).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.batch.lm_batched import LMOptions, lm_init, make_fj
+        >>> fj = make_fj(lambda x, b, s: x - b[0], jnp.float32, jnp.float32)
+        >>> s = lm_init(fj, jnp.zeros((2, 1)), (jnp.ones((2, 1)),), (), LMOptions(1e-8, 1e-8, 1e-8, 10))
+        >>> s.cost.tolist(), s.active.tolist()
+        ([0.5, 0.5], [True, True])
+    """
+    b = x.shape[0]
+    f, jac = fj(x, bargs, sargs)
+    acc = f.dtype
+    x = x.astype(acc)
+    cost, jtj, jtf = _normal_equations(f, jac)
+    finite = _finite_rows(x, cost, jtj, jtf)
+    d2 = jnp.diagonal(jtj, axis1=-2, axis2=-1)
+    d2 = jnp.where(d2 > 0, d2, 1).astype(acc)
+    if active is None:
+        active = jnp.ones((b,), bool)
+    gconv = gradient_cosine(cost, jtj, jtf) <= opts.gtol
+    status = jnp.where(~finite, st.NONFINITE, jnp.where(gconv, st.GTOL, st.RUNNING))
+    status = status.astype(jnp.int32)
+    run = active & finite & ~gconv
+    ones = jnp.ones((b,), jnp.int32)
+    return LMState(x=x, cost=cost, jtj=jtj, jtf=jtf, d2=d2,
+                   lam=jnp.full((b,), opts.lam0, acc), nu=jnp.full((b,), 2.0, acc),
+                   active=run, status=jnp.where(active, status, st.RUNNING),
+                   nit=jnp.zeros((b,), jnp.int32), nfev=ones * active,
+                   njev=ones * active)
+
+
+def lm_step(fj, s: LMState, bargs, sargs, opts: LMOptions) -> LMState:
+    """One LM iteration for every active fit; inactive fits are returned unchanged.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.batch.lm_batched import LMOptions, lm_init, lm_step, make_fj
+        >>> fj = make_fj(lambda x, b, s: x - b[0], jnp.float64, jnp.float64)
+        >>> o = LMOptions(1e-8, 1e-8, 1e-8, 10)
+        >>> s = lm_init(fj, jnp.zeros((1, 1)), (jnp.ones((1, 1)),), (), o)
+        >>> s = lm_step(fj, s, (jnp.ones((1, 1)),), (), o)
+        >>> round(float(s.x[0, 0]), 3)
+        0.999
+    """
+    acc = s.x.dtype
+    n = s.x.shape[-1]
+    active = s.active
+    damp = (s.lam[:, None] * s.d2)
+    a = s.jtj + damp[:, :, None] * jnp.eye(n, dtype=acc)
+    dx, _ = cholesky_solve(a, -s.jtf)
+    xn = s.x + dx
+    f, jac = fj(xn, bargs, sargs)
+    cost_n, jtj_n, jtf_n = _normal_equations(f, jac)
+    finite = _finite_rows(xn, cost_n, jtj_n, jtf_n)
+
+    pred = 0.5 * jnp.sum(dx * (damp * dx - s.jtf), axis=-1)
+    actred = s.cost - cost_n
+    pos = s.cost > 0
+    safe_cost = jnp.where(pos, s.cost, 1)
+    rel_act = jnp.where(finite & pos, actred / safe_cost, -1)
+    rel_pred = jnp.where(pos, pred / safe_cost, 0)
+    rho = jnp.where(finite & (pred > 0), actred / jnp.where(pred > 0, pred, 1), -1)
+    rho = jnp.where(jnp.isfinite(rho), rho, -1)
+    accept = active & finite & (rho > _ACCEPT)
+
+    # Nielsen damping update
+    shrink = jnp.maximum(1.0 / 3.0, 1.0 - (2.0 * rho - 1.0) ** 3)
+    tiny = float(np.finfo(acc).eps)
+    lam_n = jnp.where(accept, jnp.maximum(s.lam * shrink, tiny), s.lam * s.nu)
+    nu_n = jnp.where(accept, 2.0, 2.0 * s.nu)
+
+    # termination tests (MINPACK lmder / scipy)
+    ftol_ok = (jnp.abs(rel_act) <= opts.ftol) & (rel_pred <= opts.ftol) & (rho <= 2.0)
+    dxn = jnp.sqrt(jnp.sum(s.d2 * dx * dx, axis=-1))
+    xnew = jnp.where(accept[:, None], xn, s.x)
+    xnorm = jnp.sqrt(jnp.sum(s.d2 * xnew * xnew, axis=-1))
+    xtol_ok = jnp.isfinite(dxn) & (dxn <= opts.xtol * (opts.xtol + xnorm))
+
+    def pick(new, old):
+        mask = accept.reshape(accept.shape + (1,) * (new.ndim - 1))
+        return jnp.where(mask, new, old)
+
+    cost = pick(cost_n, s.cost)
+    jtj = pick(jtj_n, s.jtj)
+    jtf = pick(jtf_n, s.jtf)
+    d2 = pick(jnp.maximum(s.d2, jnp.diagonal(jtj_n, axis1=-2, axis2=-1)), s.d2)
+    gtol_ok = accept & (gradient_cosine(cost, jtj, jtf) <= opts.gtol)
+    nit = s.nit + active.astype(jnp.int32)
+
+    code = jnp.where(ftol_ok & xtol_ok, st.FTOL_XTOL,
+           jnp.where(ftol_ok, st.FTOL,
+           jnp.where(xtol_ok, st.XTOL,
+           jnp.where(gtol_ok, st.GTOL,
+           jnp.where(lam_n > _LAMBDA_MAX, st.STALLED,
+           jnp.where(nit >= opts.max_steps, st.MAX_STEPS, st.RUNNING))))))
+    status = jnp.where(active, code, s.status).astype(jnp.int32)
+    inc = active.astype(jnp.int32)
+    return LMState(
+        x=xnew, cost=cost, jtj=jtj, jtf=jtf, d2=d2,
+        lam=jnp.where(active, lam_n, s.lam), nu=jnp.where(active, nu_n, s.nu),
+        active=active & (code == st.RUNNING), status=status, nit=nit,
+        nfev=s.nfev + inc, njev=s.njev + inc)
+
+
+def lm_run(fj, s: LMState, bargs, sargs, opts: LMOptions, stop_count: int = 0) -> LMState:
+    """Iterate :func:`lm_step` until at most ``stop_count`` fits are still active.
+
+    Every fit stops by ``opts.max_steps`` (status 0), so the loop terminates.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.batch.lm_batched import LMOptions, lm_init, lm_run, make_fj
+        >>> fj = make_fj(lambda x, b, s: jnp.exp(x) - b[0], jnp.float64, jnp.float64)
+        >>> o = LMOptions(1e-10, 1e-10, 1e-10, 50)
+        >>> y = (jnp.array([[2.0], [3.0]]),)
+        >>> s = lm_run(fj, lm_init(fj, jnp.zeros((2, 1)), y, (), o), y, (), o)
+        >>> [round(float(v), 6) for v in s.x[:, 0]], s.active.any().item()
+        ([0.693147, 1.098612], False)
+    """
+    def cond(s):
+        return jnp.sum(s.active.astype(jnp.int32)) > stop_count
+
+    return jax.lax.while_loop(cond, lambda s: lm_step(fj, s, bargs, sargs, opts), s)

@@ -1,0 +1,83 @@
+"""`BatchResult`: the per-fit answers of :func:`~adaptprec.solve_nlsq_batch` as one pytree."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import equinox as eqx
+import jax
+import numpy as np
+
+from . import _status as st
+
+__all__ = ["BatchResult"]
+
+
+class BatchResult(eqx.Module):
+    """Per-fit results of a batched least-squares solve; every array has the batch axis first.
+
+    Fields follow :class:`scipy.optimize.OptimizeResult` where one exists:
+
+    - ``x`` ``(B, n)`` solutions; ``cost`` ``(B,)`` ``0.5 * ||f||^2`` at ``x``;
+    - ``status`` ``(B,)`` int32 codes (scipy's 0..4, plus negative adaptprec failure codes;
+      :meth:`message` explains one); ``success`` ``(B,)`` = ``status > 0``;
+    - ``rung`` ``(B,)`` index into ``ladder`` of the precision that produced the fit;
+    - ``nfev``, ``njev``, ``nit`` ``(B,)`` counts summed over rungs;
+    - ``optimality`` ``(B,)`` ``||J^T f||_inf`` at ``x``;
+    - ``pcov`` ``(B, n, n)`` parameter covariance when requested, else ``None``
+      (``inf`` where a parameter is not identifiable or there are no degrees of freedom);
+    - ``ladder`` (static) names of the rungs, e.g. ``("f32", "f64")``.
+
+    Being an :class:`equinox.Module`, a ``BatchResult`` passes through ``jit`` and
+    ``jax.tree.map``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.batch import BatchResult
+        >>> r = BatchResult(x=jnp.zeros((2, 1)), cost=jnp.zeros(2), status=jnp.array([1, -2]),
+        ...                 success=jnp.array([True, False]), rung=jnp.array([0, 1]),
+        ...                 nfev=jnp.ones(2, int), njev=jnp.ones(2, int), nit=jnp.ones(2, int),
+        ...                 optimality=jnp.zeros(2), pcov=None, ladder=("f32", "f64"))
+        >>> r.batch_size, r.num_escalated, r.message(1)[:30]
+        (2, 1, 'The residual or Jacobian is no')
+    """
+
+    x: jax.Array
+    cost: jax.Array
+    status: jax.Array
+    success: jax.Array
+    rung: jax.Array
+    nfev: jax.Array
+    njev: jax.Array
+    nit: jax.Array
+    optimality: jax.Array
+    pcov: Optional[jax.Array]
+    ladder: tuple = eqx.field(static=True)
+
+    @property
+    def batch_size(self) -> int:
+        """Number of fits ``B``."""
+        return int(self.x.shape[0])
+
+    @property
+    def num_escalated(self) -> int:
+        """How many fits were answered above the bottom rung (host-side count)."""
+        return int(np.sum(np.asarray(self.rung) > 0))
+
+    def message(self, i: int) -> str:
+        """The scipy-style message for fit ``i``."""
+        return st.message(int(np.asarray(self.status)[i]))
+
+    def status_counts(self) -> dict[int, int]:
+        """``{status code: number of fits}`` (host-side).
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> from adaptprec.batch import BatchResult
+            >>> z = jnp.zeros(3)
+            >>> BatchResult(z[:, None], z, jnp.array([2, 2, 0]), z > 0, z, z, z, z, z, None,
+            ...             ("f64",)).status_counts()
+            {0: 1, 2: 2}
+        """
+        codes, counts = np.unique(np.asarray(self.status), return_counts=True)
+        return {int(c): int(k) for c, k in zip(codes, counts)}
