@@ -1,0 +1,642 @@
+"""Guards: jit-safe checks of whether a rung's result can be trusted.
+
+A guard looks at one attempt of a kernel at one rung (a :class:`GuardContext`: the
+rung's callable, its cast inputs, the original inputs, the output, the rung dtype and unit
+roundoff ``u``) and returns a :class:`GuardResult` ``(ok, code, value)`` of scalars. The
+runtime evaluates every guard at every rung it tries; a guard that is not ``ok`` makes it
+escalate, and the :class:`~adaptprec.Report` records each guard's code and value.
+
+===================================  ====================================================
+guard                                fires (``ok`` false) when
+===================================  ====================================================
+``finite()``                         the output has a NaN or Inf
+``headroom(fraction)``               ``max|out| > fraction * finfo(rung).max``, or a
+                                     nonzero input was flushed to zero by the cast
+``condition(tol)``                   ``kappa * u_rung > tol``, kappa a relative condition
+                                     estimate from a few JVPs along random directions
+``matrix_condition(tol)``            ``kappa_1(A) * u_rung > tol`` (Hager–Higham)
+``residual(check_fn, tol)``          ``check_fn(out, *inputs) > tol``
+``backward_error(tol)``              normwise backward error of ``x = fn(A, b)`` > tol
+``predicate(fn)``                    ``fn(out, *inputs)`` is false
+===================================  ====================================================
+
+A plain function in a guard list is treated as ``predicate(fn)``. Guards compose by
+listing them; the runtime escalates when any fires.
+
+Example:
+    >>> import jax.numpy as jnp
+    >>> from adaptprec import guards
+    >>> g = guards.finite()
+    >>> r = g.evaluate(jnp.exp, jnp.array([1.0, 100.0]), dtype="f32")
+    >>> bool(r.ok), int(r.code) == guards.NONFINITE, float(r.value)
+    (False, True, 1.0)
+    >>> bool(g.evaluate(jnp.exp, jnp.array([1.0, 100.0]), dtype="f64").ok)
+    True
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._normest import norm1_estimate
+from ._rungs import is_rung_object
+from .policy import _is_floating_array, cast_floating
+from .precision import canonical_dtype, max_value, unit_roundoff
+
+__all__ = [
+    "GuardResult",
+    "GuardContext",
+    "Guard",
+    "finite",
+    "headroom",
+    "condition",
+    "matrix_condition",
+    "residual",
+    "backward_error",
+    "predicate",
+    "as_guard",
+    "code_name",
+    "OK",
+    "NONFINITE",
+    "OVERFLOW",
+    "UNDERFLOW",
+    "ILL_CONDITIONED",
+    "MATRIX_ILL_CONDITIONED",
+    "RESIDUAL",
+    "BACKWARD_ERROR",
+    "PREDICATE",
+]
+
+#: Reason codes carried by :class:`GuardResult` (0 means the guard passed).
+OK = 0
+NONFINITE = 1
+OVERFLOW = 2
+UNDERFLOW = 3
+ILL_CONDITIONED = 4
+MATRIX_ILL_CONDITIONED = 5
+RESIDUAL = 6
+BACKWARD_ERROR = 7
+PREDICATE = 8
+
+_CODE_NAMES = {
+    OK: "ok",
+    NONFINITE: "nonfinite",
+    OVERFLOW: "overflow",
+    UNDERFLOW: "underflow",
+    ILL_CONDITIONED: "ill-conditioned",
+    MATRIX_ILL_CONDITIONED: "ill-conditioned matrix",
+    RESIDUAL: "residual",
+    BACKWARD_ERROR: "backward error",
+    PREDICATE: "predicate",
+}
+
+
+def code_name(code: int) -> str:
+    """Readable name of a reason code (user codes print as ``code <n>``).
+
+    Example:
+        >>> from adaptprec import guards
+        >>> guards.code_name(guards.OVERFLOW)
+        'overflow'
+    """
+    code = int(code)
+    return _CODE_NAMES.get(code, f"code {code}")
+
+
+class GuardResult(NamedTuple):
+    """Outcome of one guard: ``ok`` (bool), reason ``code`` (int32, 0 when ok), ``value``.
+
+    ``value`` (float32) is what the guard measured: a count of non-finite entries, a
+    condition estimate, a residual... Build one with :meth:`make`.
+
+    Example:
+        >>> from adaptprec.guards import GuardResult
+        >>> r = GuardResult.make(False, 7, 3e-3)
+        >>> bool(r.ok), int(r.code), r.value.dtype.name
+        (False, 7, 'float32')
+    """
+
+    ok: jax.Array
+    code: jax.Array
+    value: jax.Array
+
+    @classmethod
+    def make(cls, ok, code, value=float("nan")) -> GuardResult:
+        """Scalar result; ``code`` is reported only when the guard fires (else 0)."""
+        ok = jnp.asarray(ok, bool)
+        code = jnp.where(ok, 0, jnp.asarray(code, jnp.int32)).astype(jnp.int32)
+        return cls(ok, code, jnp.asarray(value).astype(jnp.float32))
+
+
+class GuardContext(NamedTuple):
+    """Everything a guard may look at for one attempt at one rung.
+
+    Attributes:
+        fn: the callable that ran at this rung (takes the cast inputs).
+        args, kwargs: inputs cast to the rung dtype (what ``fn`` received).
+        inputs: ``(args, kwargs)`` as the user passed them (uncast).
+        out: ``fn``'s output at this rung (before any output cast).
+        dtype: the rung's dtype; ``u``: its unit roundoff; ``rung``: its ladder index.
+    """
+
+    fn: Callable
+    args: tuple
+    kwargs: dict
+    inputs: tuple
+    out: Any
+    dtype: np.dtype
+    u: float
+    rung: int = 0
+
+
+def _check_scalar(x, what: str, name: str) -> jax.Array:
+    try:
+        arr = jnp.asarray(x)
+    except TypeError:
+        arr = None
+    if arr is None or arr.shape != ():
+        got = (f"an array of shape {arr.shape}" if arr is not None
+               else f"a {type(x).__name__}")
+        raise TypeError(
+            f"guard {name} returned {got} for its {what}; a guard must return a scalar "
+            "bool (True = trustworthy) or a GuardResult(ok, code, value) of scalars. "
+            "Reduce array checks with jnp.all(...).")
+    return arr
+
+
+def _validate(result, name: str, default_code: int) -> GuardResult:
+    if isinstance(result, GuardResult):
+        ok = _check_scalar(result.ok, "ok field", name)
+        code = _check_scalar(result.code, "code field", name)
+        value = _check_scalar(result.value, "value field", name)
+        if ok.dtype != bool:
+            raise TypeError(f"guard {name} returned GuardResult.ok of dtype {ok.dtype}; "
+                            "it must be a bool scalar")
+        return GuardResult.make(ok, code, value)
+    if isinstance(result, (bool, np.bool_)) or (
+            hasattr(result, "dtype") and hasattr(result, "shape")):
+        ok = _check_scalar(result, "result", name)
+        if ok.dtype != bool:
+            raise TypeError(
+                f"guard {name} returned a {ok.dtype} scalar; a guard must return a bool "
+                "scalar (True = trustworthy) or a GuardResult(ok, code, value). Compare "
+                "explicitly, e.g. `err < tol`.")
+        return GuardResult.make(ok, default_code, jnp.where(ok, 0.0, 1.0))
+    raise TypeError(
+        f"guard {name} returned {type(result).__name__} ({result!r:.60}); a guard must "
+        "return a scalar bool (True = trustworthy) or a GuardResult(ok, code, value)")
+
+
+def _float_leaves(tree) -> list:
+    return [x for x in jax.tree_util.tree_leaves(tree) if _is_floating_array(x)]
+
+
+def _wide(dtype) -> np.dtype:
+    """``dtype`` promoted to at least float32 (where guards accumulate)."""
+    return np.dtype(jnp.promote_types(dtype, jnp.float32))
+
+
+class Guard(abc.ABC):
+    """Base class of guards: implement :meth:`check` and set ``code``.
+
+    ``guard(ctx)`` runs :meth:`check` and validates its result (a scalar bool or a
+    :class:`GuardResult`; anything else is a ``TypeError`` naming the guard).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec import guards
+        >>> class Positive(guards.Guard):
+        ...     code = 100
+        ...     def check(self, ctx):
+        ...         return jnp.all(ctx.out > 0)
+        >>> bool(Positive().evaluate(jnp.sin, jnp.array([1.0, 2.0])).ok)
+        True
+    """
+
+    code: int = PREDICATE
+
+    @abc.abstractmethod
+    def check(self, ctx: GuardContext) -> GuardResult | jax.Array:
+        """The check itself (jit-safe: no Python branches on traced values)."""
+
+    @property
+    def name(self) -> str:
+        """Short label used in reports."""
+        return type(self).__name__
+
+    def __call__(self, ctx: GuardContext) -> GuardResult:
+        return _validate(self.check(ctx), self.name, self.code)
+
+    def evaluate(self, fn: Callable, *args, dtype=None, **kwargs) -> GuardResult:
+        """Run ``fn`` at ``dtype`` (default: the inputs' floating dtype) and check it.
+
+        A convenience for trying a guard outside the runtime.
+        """
+        if dtype is None:
+            leaves = _float_leaves((args, kwargs))
+            dtype = jnp.result_type(*leaves) if leaves else jnp.float32
+        if is_rung_object(dtype):
+            fn, dtype = dtype.wrap(fn), dtype.dtype
+        dtype = canonical_dtype(dtype)
+        cargs, ckw = cast_floating((args, kwargs), dtype)
+        out = fn(*cargs, **ckw)
+        ctx = GuardContext(fn, cargs, ckw, (args, kwargs), out, dtype, unit_roundoff(dtype))
+        return self(ctx)
+
+
+# ---------------------------------------------------------------------------- finite
+
+
+@dataclasses.dataclass(frozen=True)
+class _Finite(Guard):
+    code = NONFINITE
+
+    @property
+    def name(self):
+        return "finite"
+
+    def check(self, ctx):
+        leaves = _float_leaves(ctx.out)
+        bad = sum((jnp.sum(~jnp.isfinite(x)).astype(jnp.float32) for x in leaves),
+                  jnp.float32(0))
+        return GuardResult.make(bad == 0, NONFINITE, bad)
+
+
+def finite() -> Guard:
+    """Fires when any floating output leaf has a NaN or Inf; value = how many.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec import guards
+        >>> bool(guards.finite().evaluate(jnp.log, jnp.array([1.0, 2.0])).ok)
+        True
+    """
+    return _Finite()
+
+
+# -------------------------------------------------------------------------- headroom
+
+
+@dataclasses.dataclass(frozen=True)
+class _Headroom(Guard):
+    fraction: float
+    code = OVERFLOW
+
+    @property
+    def name(self):
+        return f"headroom({self.fraction:g})"
+
+    def check(self, ctx):
+        big = max_value(ctx.dtype)
+        ratio = jnp.float32(0)
+        for x in _float_leaves(ctx.out):
+            m = jnp.max(jnp.abs(x.astype(_wide(x.dtype)))) if x.size else 0.0
+            ratio = jnp.maximum(ratio, (m / big).astype(jnp.float32))
+        ratio = jnp.where(jnp.isnan(ratio), jnp.inf, ratio)
+        room_ok = ratio <= self.fraction
+        # nonzero inputs flushed to zero by the cast to the rung
+        flushed = jnp.float32(0)
+        orig = jax.tree_util.tree_leaves(ctx.inputs)
+        cast = jax.tree_util.tree_leaves((ctx.args, ctx.kwargs))
+        for o, c in zip(orig, cast):
+            if _is_floating_array(o) and _is_floating_array(c) and o.shape == c.shape:
+                flushed = flushed + jnp.sum((o != 0) & (c == 0)).astype(jnp.float32)
+        flush_ok = flushed == 0
+        code = jnp.where(flush_ok, OVERFLOW, UNDERFLOW)
+        value = jnp.where(flush_ok, ratio, flushed)
+        return GuardResult.make(room_ok & flush_ok, code, value)
+
+
+def headroom(fraction: float = 0.5) -> Guard:
+    """Fires on overflow risk or on inputs flushed to zero by the cast to the rung.
+
+    Overflow risk: ``max|out| > fraction * finfo(rung).max`` (value: ``max|out| / max``,
+    code ``OVERFLOW``). Flush: a nonzero input that became zero when cast to the rung
+    (value: how many, code ``UNDERFLOW``).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec import guards
+        >>> g = guards.headroom(0.5)
+        >>> bool(g.evaluate(lambda x: x * 400.0, jnp.array([100.0]), dtype="f16").ok)
+        False
+        >>> r = g.evaluate(lambda x: x, jnp.array([1e-30]), dtype="f16")
+        >>> bool(r.ok), guards.code_name(r.code)
+        (False, 'underflow')
+    """
+    if not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
+        raise ValueError(f"headroom fraction must be in (0, 1], got {fraction!r}")
+    return _Headroom(float(fraction))
+
+
+# ------------------------------------------------------------------------- condition
+
+
+def _split_floating(args, kwargs):
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+    pos = [i for i, x in enumerate(leaves) if _is_floating_array(x)]
+    return leaves, treedef, pos
+
+
+@dataclasses.dataclass(frozen=True)
+class _Condition(Guard):
+    tol: float
+    n_dirs: int
+    seed: int
+    code = ILL_CONDITIONED
+
+    @property
+    def name(self):
+        return f"condition({self.tol:g})"
+
+    def check(self, ctx):
+        leaves, treedef, pos = _split_floating(ctx.args, ctx.kwargs)
+        if not pos:
+            return GuardResult.make(True, ILL_CONDITIONED, 0.0)
+        xs = [leaves[i] for i in pos]
+
+        def f_flat(*xs_):
+            full = list(leaves)
+            for i, x in zip(pos, xs_):
+                full[i] = x
+            a, kw = jax.tree_util.tree_unflatten(treedef, full)
+            outs = _float_leaves(ctx.fn(*a, **kw))
+            return jnp.concatenate([o.astype(_wide(o.dtype)).ravel() for o in outs])
+
+        y, lin = jax.linearize(f_flat, *xs)
+        keys = jax.random.split(jax.random.PRNGKey(self.seed), len(xs))
+        # componentwise relative perturbations x * r, r_i = +-1: ||x * r|| = ||x||
+        dirs = [jax.random.rademacher(k, (self.n_dirs,) + x.shape, jnp.int8).astype(x.dtype)
+                * x for k, x in zip(keys, xs)]
+        ts = jax.vmap(lin)(*dirs)
+        wide = _wide(ts.dtype)
+        tnorm = jnp.max(jnp.linalg.norm(ts.astype(wide), axis=1))
+        ynorm = jnp.linalg.norm(y.astype(wide))
+        kappa = jnp.where(tnorm == 0, 0.0, tnorm / ynorm)
+        kappa = jnp.where(jnp.isnan(kappa), jnp.inf, kappa)
+        return GuardResult.make(kappa * ctx.u <= self.tol, ILL_CONDITIONED, kappa)
+
+
+def condition(tol: float = 1e-2, *, n_dirs: int = 2, seed: int = 0) -> Guard:
+    """Fires when a relative condition estimate ``kappa`` has ``kappa * u_rung > tol``.
+
+    ``kappa = max_k ||J (x * r_k)||_2 / ||f(x)||_2`` over ``n_dirs`` random sign vectors
+    ``r_k`` (a componentwise relative perturbation of every floating input; the JVPs share
+    one linearisation of ``fn`` at the rung). It is a cheap lower estimate of the
+    componentwise relative condition number: cancellation (``x - y`` with ``x ~ y``) and
+    ill-conditioned solves show up with high probability. ``kappa * u`` estimates the
+    relative error the rung's rounding of the inputs causes. Costs about ``n_dirs`` extra
+    evaluations of the kernel's derivative. ``value`` is ``kappa``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec import guards
+        >>> g = guards.condition(tol=0.1)      # accept ~10% relative error
+        >>> diff = lambda x, y: x - y          # kappa = (|x| + |y|) / |x - y|
+        >>> bool(g.evaluate(diff, jnp.array(1.0), jnp.array(0.5), dtype="bf16").ok)
+        True
+        >>> bool(g.evaluate(diff, jnp.array(1.0), jnp.array(0.999), dtype="bf16").ok)
+        False
+    """
+    _check_tol(tol, "condition")
+    if not isinstance(n_dirs, int) or n_dirs < 1:
+        raise ValueError(f"n_dirs must be a positive int, got {n_dirs!r}")
+    return _Condition(float(tol), n_dirs, int(seed))
+
+
+def _check_tol(tol, who):
+    if not isinstance(tol, (int, float)) or isinstance(tol, bool) or not tol > 0:
+        raise ValueError(f"{who}: tol must be a positive number, got {tol!r}")
+
+
+def _get_arg(args, kwargs, which, who):
+    if isinstance(which, str):
+        if which not in kwargs:
+            raise ValueError(f"{who}: keyword argument {which!r} not found; the kernel "
+                             f"was called with keywords {sorted(kwargs)}")
+        return kwargs[which]
+    if not -len(args) <= which < len(args):
+        raise ValueError(f"{who}: positional argument {which} not found; the kernel was "
+                         f"called with {len(args)} positional arguments")
+    return args[which]
+
+
+@dataclasses.dataclass(frozen=True)
+class _MatrixCondition(Guard):
+    tol: float
+    arg: int | str
+    max_iter: int
+    code = MATRIX_ILL_CONDITIONED
+
+    @property
+    def name(self):
+        return f"matrix_condition({self.tol:g})"
+
+    def check(self, ctx):
+        a = _get_arg(ctx.args, ctx.kwargs, self.arg, "matrix_condition")
+        if getattr(a, "ndim", 0) != 2 or a.shape[0] != a.shape[1]:
+            raise ValueError(
+                f"matrix_condition needs a square matrix as argument {self.arg!r}, got "
+                f"shape {getattr(a, 'shape', type(a).__name__)}; under vmap the guard sees "
+                "one matrix per element")
+        a = a.astype(_wide(a.dtype))
+        n = a.shape[0]
+        lu = jax.scipy.linalg.lu_factor(a)
+        inv_norm = norm1_estimate(
+            lambda x: jax.scipy.linalg.lu_solve(lu, x),
+            lambda x: jax.scipy.linalg.lu_solve(lu, x, trans=1),
+            n, a.dtype, max_iter=self.max_iter)
+        kappa = jnp.max(jnp.sum(jnp.abs(a), axis=0)) * inv_norm
+        kappa = jnp.where(jnp.isfinite(kappa), kappa, jnp.inf)
+        return GuardResult.make(kappa * ctx.u <= self.tol, MATRIX_ILL_CONDITIONED, kappa)
+
+
+def matrix_condition(tol: float = 1e-2, *, arg: int | str = 0, max_iter: int = 5) -> Guard:
+    """Fires when the input matrix has ``kappa_1(A) * u_rung > tol``.
+
+    ``kappa_1(A) = ||A||_1 ||A^{-1}||_1`` with ``||A^{-1}||_1`` from the Hager–Higham
+    estimator (LAPACK ``xLACN2`` logic, at most ``max_iter`` iterations) applied through
+    an LU factorisation of ``A`` (argument ``arg``: a position or keyword) in the rung's
+    precision, at least float32. Singular matrices give ``kappa = inf``. The LU costs
+    ``O(n^3)``: use it for kernels that are at least that expensive (or use
+    :func:`backward_error` for solves). ``value`` is ``kappa``.
+
+    Example:
+        >>> import jax.numpy as jnp, scipy.linalg
+        >>> from adaptprec import guards
+        >>> g = guards.matrix_condition(tol=1e-3)
+        >>> H = jnp.asarray(scipy.linalg.hilbert(6))          # kappa_1 ~ 2.9e7
+        >>> solve = jnp.linalg.solve
+        >>> bool(g.evaluate(solve, H, jnp.ones(6), dtype="f32").ok)
+        False
+        >>> bool(g.evaluate(solve, H, jnp.ones(6), dtype="f64").ok)   # needs x64
+        True
+    """
+    _check_tol(tol, "matrix_condition")
+    return _MatrixCondition(float(tol), arg, int(max_iter))
+
+
+# ------------------------------------------------------------------ residual & co.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Residual(Guard):
+    check_fn: Callable
+    tol: float
+    code = RESIDUAL
+
+    @property
+    def name(self):
+        return f"residual({getattr(self.check_fn, '__name__', 'fn')}, {self.tol:g})"
+
+    def check(self, ctx):
+        args, kwargs = ctx.inputs
+        r = _check_scalar(self.check_fn(ctx.out, *args, **kwargs), "residual", self.name)
+        if not jnp.issubdtype(r.dtype, jnp.floating):
+            raise TypeError(f"guard {self.name}: check_fn must return a floating scalar, "
+                            f"got {r.dtype}")
+        return GuardResult.make(r <= self.tol, RESIDUAL, r)
+
+
+def residual(check_fn: Callable, tol: float) -> Guard:
+    """Fires when ``check_fn(out, *inputs, **kw_inputs) > tol`` (or is NaN).
+
+    ``check_fn`` gets the rung's output and the *original* (uncast) inputs, so it can
+    measure a residual or backward error in higher precision than the rung. It must
+    return a floating scalar; that is the guard's ``value``.
+
+    Example (a bfloat16 sum stalls at 256):
+        >>> import jax, jax.numpy as jnp
+        >>> from adaptprec import guards
+        >>> def rel_err(out, x):
+        ...     ref = jnp.sum(x.astype(jnp.float32))
+        ...     return jnp.abs(out.astype(jnp.float32) - ref) / jnp.abs(ref)
+        >>> g = guards.residual(rel_err, tol=1e-2)
+        >>> def naive_sum(x):                  # a sequential sum accumulating in x.dtype
+        ...     return jax.lax.scan(lambda c, v: (c + v, None), jnp.zeros((), x.dtype), x)[0]
+        >>> r = g.evaluate(naive_sum, jnp.ones(1000), dtype="bf16")
+        >>> bool(r.ok), round(float(r.value), 3)
+        (False, 0.744)
+    """
+    if not callable(check_fn):
+        raise TypeError(f"residual needs a callable check_fn(out, *inputs), got {check_fn!r}")
+    _check_tol(tol, "residual")
+    return _Residual(check_fn, float(tol))
+
+
+@dataclasses.dataclass(frozen=True)
+class _BackwardError(Guard):
+    tol: float | None
+    a_arg: int | str
+    b_arg: int | str
+    c: float
+    code = BACKWARD_ERROR
+
+    @property
+    def name(self):
+        return "backward_error" + ("" if self.tol is None else f"({self.tol:g})")
+
+    def check(self, ctx):
+        args, kwargs = ctx.inputs
+        a = jnp.asarray(_get_arg(args, kwargs, self.a_arg, "backward_error"))
+        b = jnp.asarray(_get_arg(args, kwargs, self.b_arg, "backward_error"))
+        x = ctx.out
+        if not hasattr(x, "shape") or a.ndim != 2 or b.shape != x.shape:
+            raise ValueError(
+                "backward_error expects a kernel x = fn(A, b) with A a matrix and x of b's "
+                f"shape; got A {a.shape}, b {b.shape}, x "
+                f"{getattr(x, 'shape', type(x).__name__)}")
+        wide = _wide(jnp.result_type(a, b, x, ctx.dtype))
+        a, b, x = a.astype(wide), b.astype(wide), x.astype(wide)
+        r = b - jnp.matmul(a, x, precision=jax.lax.Precision.HIGHEST)
+        a_norm = jnp.max(jnp.sum(jnp.abs(a), axis=1))
+        eta = jnp.max(jnp.abs(r)) / (a_norm * jnp.max(jnp.abs(x)) + jnp.max(jnp.abs(b)))
+        eta = jnp.where(jnp.isnan(eta), jnp.inf, eta)
+        n = a.shape[-1]
+        tol = self.c * math.sqrt(n) * ctx.u if self.tol is None else self.tol
+        return GuardResult.make(eta <= tol, BACKWARD_ERROR, eta)
+
+
+def backward_error(tol: float | None = None, a_arg: int | str = 0,
+                   b_arg: int | str = 1) -> Guard:
+    """Normwise backward error of a linear-solve kernel ``x = fn(A, b)``.
+
+    ``eta = ||b - A x||_inf / (||A||_inf ||x||_inf + ||b||_inf)`` (Rigal–Gaches), with
+    ``A``, ``b`` the original inputs and the residual computed in float32 or wider. Fires
+    when ``eta > tol``; the default ``tol = c * u_rung`` with ``c = 10 * sqrt(n)``: a
+    backward-stable solve at the rung passes, a broken or inaccurate one does not. ``A`` and
+    ``b`` are picked by ``a_arg``/``b_arg`` (positions or keywords). ``value`` is ``eta``.
+    It measures backward stability, not conditioning: pair it with
+    :func:`matrix_condition` to catch solves that are stable but inaccurate.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec import guards
+        >>> A = jnp.array([[4.0, 1.0], [1.0, 3.0]]); b = jnp.array([1.0, 2.0])
+        >>> g = guards.backward_error()
+        >>> bool(g.evaluate(jnp.linalg.solve, A, b, dtype="f32").ok)
+        True
+        >>> bool(g.evaluate(lambda A, b: b / 4, A, b, dtype="f32").ok)   # a wrong solver
+        False
+    """
+    if tol is not None:
+        _check_tol(tol, "backward_error")
+        tol = float(tol)
+    return _BackwardError(tol, a_arg, b_arg, 10.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Predicate(Guard):
+    fn: Callable
+    code = PREDICATE
+
+    @property
+    def name(self):
+        return f"predicate({getattr(self.fn, '__name__', 'fn')})"
+
+    def check(self, ctx):
+        args, kwargs = ctx.inputs
+        return self.fn(ctx.out, *args, **kwargs)
+
+
+def predicate(fn: Callable) -> Guard:
+    """A user check ``fn(out, *inputs, **kw_inputs) -> bool`` (True = trustworthy).
+
+    ``fn`` gets the rung's output and the original inputs and may also return a
+    :class:`GuardResult`. Anything else is a ``TypeError`` when the kernel is first traced.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec import guards
+        >>> g = guards.predicate(lambda out, x: jnp.all(out >= 0))
+        >>> bool(g.evaluate(jnp.sqrt, jnp.array([4.0])).ok)
+        True
+    """
+    if not callable(fn):
+        raise TypeError(f"predicate needs a callable fn(out, *inputs), got {fn!r}")
+    return _Predicate(fn)
+
+
+def as_guard(g: Any) -> Guard:
+    """A :class:`Guard` as is; a plain callable becomes :func:`predicate` of it.
+
+    Example:
+        >>> from adaptprec import guards
+        >>> guards.as_guard(lambda out, x: out > 0).name
+        'predicate(<lambda>)'
+    """
+    if isinstance(g, Guard):
+        return g
+    if callable(g):
+        return predicate(g)
+    raise TypeError(
+        f"a guard must be a Guard (e.g. adaptprec.guards.finite()) or a callable "
+        f"fn(out, *inputs) -> bool; got {g!r} of type {type(g).__name__}")
