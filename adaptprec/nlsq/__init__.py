@@ -1,0 +1,23 @@
+"""Nonlinear least squares with adaptive precision: :func:`solve_nlsq`, :func:`curve_fit`,
+:class:`NLSQResult`.
+
+One algorithm per module (scipy ``optimize/_lsq`` layout): ``lm`` (Levenberg–Marquardt
+trust region), ``gn`` (damped Gauss–Newton), ``trf`` (trust-region reflective, bounds),
+``common`` (losses, status codes, trust-region subproblem, covariance), ``result``,
+``solve`` (validation, caching, the compiled driver), ``curve_fit``.
+
+Example:
+    >>> import jax.numpy as jnp
+    >>> from adaptprec import nlsq
+    >>> res = nlsq.solve_nlsq(lambda x: jnp.array([x[0] - 1.0, x[0] + 1.0]), jnp.ones(1))
+    >>> round(float(res.x[0]), 8), float(res.cost)
+    (0.0, 1.0)
+"""
+
+from .common import LOSSES, STATUS_MESSAGES, Status, covariance_from_jac
+from .result import ESCALATION_REASONS, NLSQResult
+from .solve import cache_info, clear_cache, resolve_ladder, solve_nlsq
+
+__all__ = ["solve_nlsq", "NLSQResult", "Status", "STATUS_MESSAGES", "LOSSES",
+           "ESCALATION_REASONS", "covariance_from_jac", "cache_info", "clear_cache",
+           "resolve_ladder"]

@@ -1,0 +1,370 @@
+"""Shared pieces of the least-squares solvers: robust losses, scaling, status codes,
+the trust-region subproblem and covariance helpers (scipy ``optimize/_lsq/common.py`` in
+spirit).
+
+Robust losses follow scipy's convention. With ``z = (f / f_scale)**2`` a loss is a function
+``rho(z)`` and the cost is ``0.5 * f_scale**2 * sum(rho(z))``:
+
+==========  ==========================  ===================================
+loss        rho(z)                      note
+==========  ==========================  ===================================
+linear      z                           ordinary least squares
+soft_l1     2 ((1 + z)^(1/2) - 1)        smooth l1
+huber       z if z <= 1 else 2 z^(1/2) - 1
+cauchy      log(1 + z)
+arctan      arctan(z)
+callable    user ``rho(z)``; derivatives by autodiff, or return a ``(3, m)`` array
+==========  ==========================  ===================================
+
+Example:
+    >>> import jax.numpy as jnp
+    >>> from adaptprec.nlsq.common import loss_rho
+    >>> r = loss_rho("soft_l1", jnp.array([0.0, 3.0]))
+    >>> [round(float(v), 6) for v in r[0]]
+    [0.0, 2.0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "LOSSES",
+    "LossLike",
+    "loss_rho",
+    "check_loss",
+    "robust_cost",
+    "scale_for_robust_loss",
+    "Status",
+    "STATUS_MESSAGES",
+    "status_message",
+    "jac_scale",
+    "solve_lsq_trust_region",
+    "update_tr_radius",
+    "check_termination_codes",
+    "covariance_from_jac",
+]
+
+LossLike = Union[str, Callable]
+LOSSES = ("linear", "soft_l1", "huber", "cauchy", "arctan")
+
+
+# --------------------------------------------------------------------------- losses
+def _rho_builtin(name: str, z):
+    if name == "linear":
+        return jnp.stack([z, jnp.ones_like(z), jnp.zeros_like(z)])
+    if name == "soft_l1":
+        t = 1.0 + z
+        return jnp.stack([2.0 * (jnp.sqrt(t) - 1.0), t ** -0.5, -0.5 * t ** -1.5])
+    if name == "huber":
+        small = z <= 1.0
+        zs = jnp.where(small, 1.0, z)  # keep the unused branch finite
+        return jnp.stack([
+            jnp.where(small, z, 2.0 * jnp.sqrt(zs) - 1.0),
+            jnp.where(small, 1.0, zs ** -0.5),
+            jnp.where(small, 0.0, -0.5 * zs ** -1.5),
+        ])
+    if name == "cauchy":
+        t = 1.0 + z
+        return jnp.stack([jnp.log1p(z), 1.0 / t, -1.0 / t ** 2])
+    if name == "arctan":
+        t = 1.0 + z ** 2
+        return jnp.stack([jnp.arctan(z), 1.0 / t, -2.0 * z / t ** 2])
+    raise ValueError(f"unknown loss {name!r}")
+
+
+def _rho_callable(fn: Callable, z):
+    out = fn(z)
+    if jnp.ndim(out) == 2:  # scipy convention: rows rho, rho', rho''
+        return jnp.asarray(out, z.dtype)
+    d1 = jax.vmap(jax.grad(lambda t: jnp.sum(fn(t))))
+    d2 = jax.vmap(jax.grad(jax.grad(lambda t: jnp.sum(fn(t)))))
+    return jnp.stack([out, d1(z), d2(z)]).astype(z.dtype)
+
+
+def loss_rho(loss: LossLike, z):
+    """``rho(z)`` and its first two derivatives as a ``(3, m)`` array.
+
+    ``loss`` is one of :data:`LOSSES` or a callable. A callable either returns ``rho(z)``
+    elementwise (its derivatives are taken by autodiff) or scipy's ``(3, m)`` array.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.nlsq.common import loss_rho
+        >>> r = loss_rho(lambda z: jnp.log1p(z), jnp.array([1.0]))
+        >>> [round(float(v), 4) for v in r[:, 0]]
+        [0.6931, 0.5, -0.25]
+    """
+    if isinstance(loss, str):
+        return _rho_builtin(loss, z)
+    return _rho_callable(loss, z)
+
+
+def check_loss(loss) -> LossLike:
+    """Validate ``loss`` at the boundary: a known name or a callable.
+
+    Example:
+        >>> from adaptprec.nlsq.common import check_loss
+        >>> check_loss("huber")
+        'huber'
+    """
+    if isinstance(loss, str):
+        if loss not in LOSSES:
+            raise ValueError(f"loss={loss!r} is not supported; use one of {LOSSES} or a "
+                             "callable rho(z)")
+        return loss
+    if callable(loss):
+        return loss
+    raise TypeError(f"loss must be a string or a callable rho(z), got {type(loss).__name__}")
+
+
+def robust_cost(loss: LossLike, f, f_scale):
+    """The cost ``0.5 * f_scale**2 * sum(rho((f / f_scale)**2))`` (``0.5 ||f||^2`` if linear).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.nlsq.common import robust_cost
+        >>> float(robust_cost("linear", jnp.array([3.0, 4.0]), 1.0))
+        12.5
+    """
+    if isinstance(loss, str) and loss == "linear":
+        return 0.5 * jnp.sum(f * f)
+    z = (f / f_scale) ** 2
+    return 0.5 * f_scale ** 2 * jnp.sum(loss_rho(loss, z)[0])
+
+
+def scale_for_robust_loss(loss: LossLike, f, J, f_scale):
+    """scipy's IRLS-like rescaling: returns ``(f_tilde, J_tilde)`` such that the
+    Gauss–Newton model of the robust cost is ``0.5 ||J_tilde p + f_tilde||^2``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.nlsq.common import scale_for_robust_loss
+        >>> f, J = scale_for_robust_loss("linear", jnp.array([2.0]), jnp.eye(1), 1.0)
+        >>> float(f[0]), float(J[0, 0])
+        (2.0, 1.0)
+    """
+    if isinstance(loss, str) and loss == "linear":
+        return f, J
+    z = (f / f_scale) ** 2
+    rho = loss_rho(loss, z)
+    rho1 = rho[1]
+    rho2 = rho[2] / f_scale ** 2
+    eps = jnp.finfo(f.dtype).eps
+    js = jnp.sqrt(jnp.maximum(rho1 + 2.0 * rho2 * f ** 2, eps))
+    return f * rho1 / js, J * js[:, None]
+
+
+# --------------------------------------------------------------------------- status
+class Status:
+    """Termination codes. Non-negative codes are scipy's ``least_squares`` codes.
+
+    ===  =====================================================================
+    -1   improper input (raised as ``ValueError`` before tracing; never returned)
+    -3   the residual is non-finite at the current point on the top rung
+    -4   the Jacobian is non-finite at the current point on the top rung
+    -5   no finite trial point could be found (trust region collapsed on NaN/Inf)
+     0   the maximum number of steps was reached
+     1   ``gtol`` satisfied
+     2   ``ftol`` satisfied
+     3   ``xtol`` satisfied
+     4   ``ftol`` and ``xtol`` satisfied
+    ===  =====================================================================
+
+    Example:
+        >>> from adaptprec.nlsq.common import Status, status_message
+        >>> status_message(Status.GTOL)
+        '`gtol` termination condition is satisfied.'
+    """
+
+    IMPROPER_INPUT = -1
+    NONFINITE_RESIDUAL = -3
+    NONFINITE_JACOBIAN = -4
+    NO_FINITE_STEP = -5
+    MAX_STEPS = 0
+    GTOL = 1
+    FTOL = 2
+    XTOL = 3
+    FTOL_XTOL = 4
+    RUNNING = 99
+
+
+STATUS_MESSAGES = {
+    -1: "Improper input parameters status returned from the boundary checks.",
+    -3: "The residual is non-finite (NaN/Inf) at the current point even on the top rung.",
+    -4: "The Jacobian is non-finite (NaN/Inf) at the current point even on the top rung.",
+    -5: "No finite trial point could be found: every step tried gave a non-finite "
+        "residual and the trust region collapsed.",
+    0: "The maximum number of function evaluations is exceeded.",
+    1: "`gtol` termination condition is satisfied.",
+    2: "`ftol` termination condition is satisfied.",
+    3: "`xtol` termination condition is satisfied.",
+    4: "Both `ftol` and `xtol` termination conditions are satisfied.",
+    99: "Still running.",
+}
+
+
+def status_message(status) -> str:
+    """The message for a status code (an int or a concrete 0-d array).
+
+    Example:
+        >>> from adaptprec.nlsq.common import status_message
+        >>> status_message(0).startswith("The maximum")
+        True
+    """
+    return STATUS_MESSAGES.get(int(status), f"Unknown status {int(status)}.")
+
+
+# --------------------------------------------------------------------------- scaling
+def jac_scale(J, scale_inv_old=None):
+    """Column norms of ``J`` (``D`` of Moré 1978), never below the previous ones and with
+    zero columns replaced by 1.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.nlsq.common import jac_scale
+        >>> [float(v) for v in jac_scale(jnp.array([[3.0, 0.0], [4.0, 0.0]]))]
+        [5.0, 1.0]
+    """
+    d = jnp.sqrt(jnp.sum(J * J, axis=0))
+    if scale_inv_old is not None:
+        d = jnp.maximum(d, scale_inv_old)
+    return jnp.where(d > 0, d, 1.0)
+
+
+# --------------------------------------------------------------------------- trust region
+def _phi(alpha, suf, s2, Delta):
+    denom = s2 + alpha
+    p_norm = jnp.sqrt(jnp.sum((suf / denom) ** 2))
+    phi = p_norm - Delta
+    phi_prime = -jnp.sum(suf ** 2 / denom ** 3) / jnp.where(p_norm > 0, p_norm, 1.0)
+    return phi, phi_prime
+
+
+def solve_lsq_trust_region(s, V, suf, Delta, alpha0, m: int, *, rtol=0.01, max_iter=10):
+    """Solve ``min ||J p + f||`` subject to ``||p|| <= Delta`` (Moré 1978, scipy's
+    ``solve_lsq_trust_region``) given ``J = U diag(s) V^T`` and ``suf = s * (U^T f)``.
+
+    Returns ``(p, alpha, gn)``: the step, the Levenberg–Marquardt parameter, and whether
+    the undamped Gauss–Newton step was taken. Fixed iteration count; no host sync.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.nlsq.common import solve_lsq_trust_region
+        >>> s, V = jnp.array([2.0, 1.0]), jnp.eye(2)
+        >>> p, alpha, gn = solve_lsq_trust_region(s, V, s * jnp.array([-2.0, -1.0]), 10.0,
+        ...                                        0.0, 2)
+        >>> [float(v) for v in p], bool(gn)
+        [1.0, 1.0, True]
+    """
+    dt = suf.dtype
+    eps = jnp.finfo(dt).eps
+    s2 = s * s
+    n = s.shape[0]
+    threshold = eps * max(m, n) * s[0]
+    full_rank = (s[-1] > threshold) if m >= n else jnp.asarray(False)
+    s2_safe = jnp.where(s2 > threshold * s[0], s2, 1.0)
+    p_gn = -V @ jnp.where(s2 > threshold * s[0], suf / s2_safe, 0.0)
+    gn_ok = full_rank & (jnp.linalg.norm(p_gn) <= Delta)
+
+    suf_norm = jnp.linalg.norm(suf)
+    alpha_upper = suf_norm / Delta
+    phi0, phi0p = _phi(jnp.zeros((), dt), suf, jnp.where(full_rank, s2, 1.0), Delta)
+    alpha_lower = jnp.where(full_rank, -phi0 / phi0p, 0.0)
+
+    def reset(lo, up):
+        return jnp.maximum(0.001 * up, jnp.sqrt(jnp.maximum(lo * up, 0.0)))
+
+    alpha = jnp.where((alpha0 > 0) & full_rank, alpha0, reset(alpha_lower, alpha_upper))
+    alpha = jnp.where(alpha0 > 0, alpha0, alpha)
+
+    def body(_, c):
+        alpha, lo, up, done = c
+        alpha_r = jnp.where((alpha < lo) | (alpha > up), reset(lo, up), alpha)
+        phi, phip = _phi(alpha_r, suf, s2, Delta)
+        up_n = jnp.where(phi < 0, alpha_r, up)
+        ratio = phi / jnp.where(phip != 0, phip, -1.0)
+        lo_n = jnp.maximum(lo, alpha_r - ratio)
+        alpha_n = alpha_r - (phi + Delta) * ratio / Delta
+        conv = jnp.abs(phi) < rtol * Delta
+        keep = done
+        return (jnp.where(keep, alpha, jnp.where(conv, alpha_r, alpha_n)),
+                jnp.where(keep, lo, lo_n), jnp.where(keep, up, up_n), done | conv)
+
+    alpha, _, _, _ = jax.lax.fori_loop(
+        0, max_iter, body, (alpha, alpha_lower, alpha_upper, jnp.asarray(False)))
+    alpha = jnp.maximum(alpha, 0.0)
+    p = -V @ (suf / (s2 + jnp.where(alpha > 0, alpha, eps * s2[0] + jnp.finfo(dt).tiny)))
+    pn = jnp.linalg.norm(p)
+    p = p * (Delta / jnp.where(pn > 0, pn, 1.0))
+    return (jnp.where(gn_ok, p_gn, p), jnp.where(gn_ok, 0.0, alpha), gn_ok)
+
+
+def update_tr_radius(Delta, actual, predicted, step_norm, bound_hit):
+    """scipy's trust-radius update: ratio < 1/4 shrinks to ``step_norm / 4``; ratio > 3/4
+    with the step on the boundary doubles ``Delta``. Returns ``(Delta, ratio)``.
+
+    Example:
+        >>> from adaptprec.nlsq.common import update_tr_radius
+        >>> D, r = update_tr_radius(1.0, 1.0, 1.0, 1.0, True)
+        >>> float(D), float(r)
+        (2.0, 1.0)
+    """
+    ratio = jnp.where(predicted > 0, actual / jnp.where(predicted > 0, predicted, 1.0),
+                      jnp.where((predicted == actual) & (actual == 0), 1.0, 0.0))
+    Delta = jnp.where(ratio < 0.25, 0.25 * step_norm,
+                      jnp.where((ratio > 0.75) & bound_hit, 2.0 * Delta, Delta))
+    return Delta, ratio
+
+
+def check_termination_codes(dF, F, dx_norm, x_norm, ratio, ftol, xtol):
+    """scipy's ``check_termination`` as an int code: 4 (ftol and xtol), 2 (ftol),
+    3 (xtol) or 0 (neither). ``ftol``: ``dF < ftol * F`` with ``ratio > 1/4``; ``xtol``:
+    ``dx_norm < xtol * (xtol + x_norm)``.
+
+    Example:
+        >>> from adaptprec.nlsq.common import check_termination_codes
+        >>> int(check_termination_codes(1e-12, 1.0, 1.0, 1.0, 1.0, 1e-8, 1e-8))
+        2
+    """
+    f_ok = (dF < ftol * F) & (ratio > 0.25)
+    x_ok = dx_norm < xtol * (xtol + x_norm)
+    return jnp.where(f_ok & x_ok, 4, jnp.where(f_ok, 2, jnp.where(x_ok, 3, 0))).astype(
+        jnp.int32)
+
+
+# --------------------------------------------------------------------------- covariance
+def covariance_from_jac(J, *, null_tol: float | None = None):
+    """``(J^T J)^+`` by SVD with scipy's rank threshold ``eps * max(m, n) * s_max``;
+    rows and columns of parameters with a component in the numerical null space (larger
+    than ``null_tol``, default ``sqrt(eps)``) are ``inf`` (not identifiable).
+
+    Returns ``(cov, rank)``. Works on numpy or JAX arrays, under ``jit``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.nlsq.common import covariance_from_jac
+        >>> cov, rank = covariance_from_jac(jnp.array([[2.0, 0.0], [0.0, 0.0]]))
+        >>> float(cov[0, 0]), bool(jnp.isinf(cov[1, 1])), int(rank)
+        (0.25, True, 1)
+    """
+    J = jnp.asarray(J)
+    m, n = J.shape
+    _, s, VT = jnp.linalg.svd(J, full_matrices=False)
+    if s.shape[0] < n:  # m < n: pad so the null space is explicit
+        _, s, VT = jnp.linalg.svd(jnp.concatenate([J, jnp.zeros((n - m, n), J.dtype)]),
+                                  full_matrices=False)
+    eps = float(np.finfo(np.dtype(J.dtype)).eps)
+    keep = s > eps * max(m, n) * s[0]
+    inv_s2 = jnp.where(keep, 1.0 / jnp.where(keep, s, 1.0) ** 2, 0.0)
+    cov = (VT.T * inv_s2) @ VT
+    null_tol = np.sqrt(eps) if null_tol is None else null_tol
+    null_weight = jnp.sum(jnp.where(keep[:, None], 0.0, VT ** 2), axis=0)
+    bad = jnp.sqrt(null_weight) > null_tol
+    cov = jnp.where(bad[:, None] | bad[None, :], jnp.inf, cov)
+    return cov, jnp.sum(keep)

@@ -1,0 +1,433 @@
+"""`solve_nlsq`: nonlinear least squares with adaptive precision.
+
+Validation happens here, at the boundary (before tracing); the numerical work is one
+compiled solver per ``(residual, jac, shapes/dtypes, static options)``, cached, so repeated
+calls with new data of the same shapes neither retrace nor recompile.
+
+Example:
+    >>> import jax.numpy as jnp
+    >>> import adaptprec as ap
+    >>> t = jnp.linspace(0.0, 1.0, 20)
+    >>> y = 3.0 * jnp.exp(-2.0 * t)
+    >>> res = ap.solve_nlsq(lambda p, t, y: p[0] * jnp.exp(-p[1] * t) - y,
+    ...                     jnp.array([1.0, 1.0]), args=(t, y))
+    >>> [round(float(v), 6) for v in res.x], bool(res.success), res.rung_name
+    ([3.0, 2.0], True, 'f64')
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from ..policy import cast_floating
+from ..precision import Ladder, canonical_dtype, x64_enabled
+from ._loop import LoopConfig, build_loop
+from .common import STATUS_MESSAGES, Status, check_loss, jac_scale, robust_cost
+from .common import scale_for_robust_loss
+from .gn import gn_step
+from .lm import lm_step
+from .result import NLSQResult
+from .trf import active_constraints, cl_scaling, make_strictly_feasible, trf_delta0
+from .trf import trf_step
+
+__all__ = ["solve_nlsq", "resolve_ladder", "clear_cache", "cache_info"]
+
+METHODS = ("lm", "gn", "trf")
+_CACHE_SIZE = 64
+_cache: collections.OrderedDict = collections.OrderedDict()
+_cache_lock = threading.Lock()
+_stats = {"hits": 0, "misses": 0}
+
+
+def clear_cache() -> None:
+    """Drop every cached compiled solver.
+
+    Example:
+        >>> from adaptprec.nlsq.solve import clear_cache, cache_info
+        >>> clear_cache(); cache_info()["size"]
+        0
+    """
+    with _cache_lock:
+        _cache.clear()
+        _stats.update(hits=0, misses=0)
+
+
+def cache_info() -> dict:
+    """``{"size", "hits", "misses"}`` of the compiled-solver cache.
+
+    Example:
+        >>> from adaptprec.nlsq.solve import cache_info
+        >>> sorted(cache_info())
+        ['hits', 'misses', 'size']
+    """
+    return {"size": len(_cache), **_stats}
+
+
+def resolve_ladder(precision) -> Ladder:
+    """The ladder for ``precision``: ``"adaptive"`` is ``f32 -> f64`` (``f32`` alone when
+    ``jax_enable_x64`` is off: bf16 is not faster than f32 on CPU and loses too much for a
+    Jacobian), a :class:`~adaptprec.Ladder` or ``"f32,f64"`` string is used as given, and a
+    single dtype means fixed precision.
+
+    Example:
+        >>> from adaptprec.nlsq.solve import resolve_ladder
+        >>> str(resolve_ladder("f32"))
+        'f32'
+    """
+    if isinstance(precision, Ladder):
+        return precision
+    if isinstance(precision, str) and precision.strip().lower() == "adaptive":
+        return Ladder(["f32", "f64"]) if x64_enabled() else Ladder(["f32"])
+    if isinstance(precision, str) and ("," in precision or ">" in precision):
+        return Ladder.parse(precision)
+    if isinstance(precision, (list, tuple)):
+        return Ladder(list(precision))
+    return Ladder([canonical_dtype(precision)])
+
+
+def _is_concrete(tree) -> bool:
+    return not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(tree))
+
+
+def _check_finite_tree(tree, what: str) -> None:
+    if not _is_concrete(tree):
+        return
+    for leaf in jax.tree.leaves(tree):
+        a = np.asarray(leaf)
+        if np.issubdtype(a.dtype, np.inexact) and not np.all(np.isfinite(a)):
+            raise ValueError(f"{what} contains NaN or Inf ({int(np.sum(~np.isfinite(a)))} "
+                             "non-finite value(s)); clean the data first (curve_fit can "
+                             "drop NaN points with nan_policy='omit').")
+
+
+def _broadcast_bounds(bounds, n, dtype):
+    if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
+        raise ValueError(f"bounds must be a pair (lb, ub), got {bounds!r}")
+    out = []
+    for b, name in zip(bounds, ("lower", "upper")):
+        if not _is_concrete(b):
+            raise TypeError("bounds must be concrete (not traced) values")
+        try:
+            if isinstance(b, (dict, list, tuple)):
+                b = ravel_pytree(b)[0]
+            arr = np.asarray(b, dtype=np.float64)
+            arr = np.broadcast_to(arr.ravel() if arr.ndim else arr, (n,)).copy()
+        except Exception as exc:  # noqa: BLE001 - re-raised with context
+            raise ValueError(f"{name} bound of shape {np.shape(b)} does not broadcast to "
+                             f"the {n} parameters") from exc
+        out.append(arr)
+    lb, ub = out
+    if np.any(np.isnan(lb)) or np.any(np.isnan(ub)):
+        raise ValueError("bounds contain NaN; use -inf/inf for no bound")
+    if np.any(lb >= ub):
+        i = int(np.argmax(lb >= ub))
+        raise ValueError(f"each lower bound must be strictly less than its upper bound; "
+                         f"parameter {i} has lb={lb[i]} >= ub={ub[i]}")
+    return lb, ub
+
+
+def _sig(tree):
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((np.shape(a), str(jnp.result_type(a)) if hasattr(a, "dtype")
+                           else type(a).__name__) for a in leaves)
+
+
+def _hashable(obj):
+    try:
+        hash(obj)
+        return obj
+    except TypeError:
+        return id(obj)
+
+
+def solve_nlsq(
+    residual: Callable,
+    x0: Any,
+    args: tuple = (),
+    *,
+    method: str | None = None,
+    bounds=(-np.inf, np.inf),
+    loss="linear",
+    f_scale: float = 1.0,
+    x_scale="jac",
+    jac="fwd",
+    ftol: float = 1e-8,
+    xtol: float = 1e-8,
+    gtol: float = 1e-8,
+    max_steps: int | None = None,
+    precision="adaptive",
+    schedule=None,
+    throw: bool = False,
+    linear_solver: str = "qr",
+    max_rejections: int = 4,
+    cond_tol: float = 1e-2,
+) -> NLSQResult:
+    """Minimise ``0.5 * sum(rho(residual(x, *args) ** 2))`` (scipy ``least_squares``
+    semantics, jit/vmap/grad compatible, adaptive precision).
+
+    Args:
+      residual: ``residual(x, *args)`` returning a 1-D array or a pytree of arrays (it is
+        flattened). ``x`` has the pytree structure of ``x0``.
+      x0: initial guess (array or pytree of arrays); must be finite and inside ``bounds``.
+      args: tuple of extra arguments (data); arrays in it are cast to each rung's dtype.
+      method: ``"lm"`` (Levenberg–Marquardt trust region, Moré/MINPACK; default),
+        ``"gn"`` (damped Gauss–Newton) or ``"trf"`` (trust-region reflective, bounds).
+        ``"lm"``/``"gn"`` need ``m >= n`` and no bounds.
+      bounds: ``(lb, ub)`` scalars or arrays of ``x0``'s size; iterates stay strictly
+        feasible (``method="trf"`` is chosen automatically when bounds are given with the
+        default method).
+      loss, f_scale: robust loss (``"linear"``, ``"soft_l1"``, ``"huber"``, ``"cauchy"``,
+        ``"arctan"`` or a callable ``rho(z)``) and its soft margin, as in scipy.
+      x_scale: ``"jac"`` (column norms of the Jacobian, non-decreasing) or an array.
+      jac: ``"fwd"`` (``jax.jacfwd``), ``"rev"`` or a callable ``jac(x, *args)`` returning
+        the ``(m, n)`` Jacobian of the flat residual w.r.t. the flat ``x``.
+      ftol, xtol, gtol: scipy's termination tolerances (``gtol`` is MINPACK's scaled
+        cosine for ``lm``/``gn`` and ``||g * v||_inf`` for ``trf``).
+      max_steps: iteration cap (trial steps); default ``100 * (n + 1)``.
+      precision: ``"adaptive"`` (``f32 -> f64``; residual and Jacobian on f32 first while
+        the iterate stays float64), a :class:`~adaptprec.Ladder`/``"f32,f64"``, or one
+        dtype (fixed precision).
+      schedule: a ``adaptprec.schedule.PrecisionSchedule`` consulted every step (stall /
+        noise floor); the built-in triggers (non-finite values, convergence on a lower rung,
+        ``max_rejections`` rejected steps in a row, ``cond(J D^-1) * u > cond_tol``) are
+        always on. Escalation only goes up.
+      throw: raise (via ``equinox.error_if``) when the solve does not succeed.
+      linear_solver: ``"qr"`` (QR of ``[J f]``, default) or ``"normal"`` (normal equations
+        accumulated in float32 or wider).
+
+    Returns:
+      :class:`~adaptprec.NLSQResult`. ``x`` is differentiable with respect to the arrays in
+      ``args`` by implicit differentiation of the optimality condition ``grad_x cost = 0``
+      (parameters at an active bound are held fixed); ``x0`` gets a zero derivative.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import adaptprec as ap
+        >>> def rosen(x):
+        ...     return jnp.array([10.0 * (x[1] - x[0] ** 2), 1.0 - x[0]])
+        >>> res = ap.solve_nlsq(rosen, jnp.array([-1.2, 1.0]))
+        >>> [round(float(v), 8) for v in res.x], res.escalations >= 1
+        ([1.0, 1.0], Array(True, dtype=bool))
+    """
+    # ------------------------------------------------------------------ validation
+    if not callable(residual):
+        raise TypeError(f"residual must be callable, got {type(residual).__name__}")
+    if not isinstance(args, tuple):
+        args = (args,)
+    if method is not None and method not in METHODS:
+        raise ValueError(f"method={method!r} is not supported; use one of {METHODS}")
+    loss = check_loss(loss)
+    if not (isinstance(jac, str) and jac in ("fwd", "rev")) and not callable(jac):
+        raise ValueError(f"jac must be 'fwd', 'rev' or a callable, got {jac!r}")
+    if linear_solver not in ("qr", "normal"):
+        raise ValueError(f"linear_solver must be 'qr' or 'normal', got {linear_solver!r}")
+    for name, tol in (("ftol", ftol), ("xtol", xtol), ("gtol", gtol)):
+        if not np.isscalar(tol) or not np.isfinite(tol) or tol < 0:
+            raise ValueError(f"{name} must be a finite non-negative number, got {tol!r}")
+    if not (np.isscalar(f_scale) and np.isfinite(f_scale) and f_scale > 0):
+        if _is_concrete(f_scale):
+            raise ValueError(f"f_scale must be a positive finite number, got {f_scale!r}")
+    ladder = resolve_ladder(precision)
+    rungs = tuple(ladder.rungs if hasattr(ladder, "rungs") else ladder)
+    top_dt = np.dtype(rungs[-1])
+
+    x0_flat, unravel = ravel_pytree(x0)
+    if x0_flat.size == 0:
+        raise ValueError("x0 has no elements; give at least one parameter")
+    if not jnp.issubdtype(x0_flat.dtype, jnp.floating):
+        x0_flat = x0_flat.astype(top_dt)
+    _check_finite_tree(x0_flat, "x0")
+    _check_finite_tree(args, "the data in args")
+    n = int(x0_flat.size)
+
+    def fun_flat(x, *a):
+        out = residual(unravel(x), *a)
+        if isinstance(out, (jax.Array, np.ndarray)) or np.isscalar(out):
+            return jnp.ravel(out)
+        return ravel_pytree(out)[0]
+
+    try:
+        out_shape = jax.eval_shape(lambda x, a: residual(unravel(x), *a), x0_flat, args)
+    except Exception as exc:
+        raise TypeError(f"calling residual(x0, *args) failed while checking shapes: {exc}"
+                        ) from exc
+    out_leaves = jax.tree.leaves(out_shape)
+    if not out_leaves:
+        raise ValueError("residual returned no arrays; it must return a 1-D array")
+    if len(out_leaves) == 1 and jax.tree.structure(out_shape).num_leaves == 1 \
+            and not isinstance(out_shape, (tuple, list, dict)) and out_leaves[0].ndim != 1:
+        raise ValueError(f"residual must return a 1-D array (or a pytree of arrays); it "
+                         f"returned shape {out_leaves[0].shape}. Return jnp.ravel(r) or "
+                         "stack the residuals into a vector.")
+    for leaf in out_leaves:
+        if not jnp.issubdtype(leaf.dtype, jnp.floating):
+            raise TypeError(f"residual must return floating arrays, got {leaf.dtype}")
+    m = int(sum(int(np.prod(leaf.shape)) for leaf in out_leaves))
+
+    lb, ub = _broadcast_bounds(bounds, n, top_dt)
+    has_bounds = bool(np.any(np.isfinite(lb)) or np.any(np.isfinite(ub)))
+    if method is None:
+        method = "trf" if has_bounds else "lm"
+    if has_bounds and method in ("lm", "gn"):
+        raise ValueError(f"method={method!r} does not support bounds; use method='trf' "
+                         "(or leave method unset)")
+    if method in ("lm", "gn") and m < n:
+        raise ValueError(f"method={method!r} needs at least as many residuals as "
+                         f"parameters; got m={m} residuals for n={n} parameters. Use "
+                         "method='trf' or add residuals.")
+    if _is_concrete(x0_flat):
+        xv = np.asarray(x0_flat, np.float64)
+        if np.any(xv < lb) or np.any(xv > ub):
+            i = int(np.argmax((xv < lb) | (xv > ub)))
+            raise ValueError(f"x0 is outside the bounds: x0[{i}]={xv[i]} not in "
+                             f"[{lb[i]}, {ub[i]}]")
+    if isinstance(x_scale, str):
+        if x_scale != "jac":
+            raise ValueError(f"x_scale must be 'jac' or an array, got {x_scale!r}")
+        scale_inv0 = np.ones(n)
+    else:
+        xs = np.broadcast_to(np.asarray(x_scale, np.float64), (n,))
+        if not np.all(np.isfinite(xs)) or np.any(xs <= 0):
+            raise ValueError("x_scale must be 'jac' or an array of positive finite numbers")
+        scale_inv0 = 1.0 / xs
+    if max_steps is None:
+        max_steps = 100 * (n + 1)
+    if int(max_steps) < 1:
+        raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
+
+    # ------------------------------------------------------------------ compiled solver
+    cfg = LoopConfig(m=m, n=n, rungs=rungs, method=method, loss=loss, jac=jac,
+                     jac_scale=isinstance(x_scale, str), has_bounds=has_bounds,
+                     max_steps=int(max_steps), linear_solver=linear_solver,
+                     max_rejections=int(max_rejections), cond_tol=float(cond_tol),
+                     schedule=schedule)
+    key = (_hashable(residual), _hashable(jac), _hashable(loss), _hashable(schedule),
+           cfg._replace(loss=None, jac=None, schedule=None), bool(throw),
+           _sig(x0), _sig(args), str(x0_flat.dtype))
+    with _cache_lock:
+        solver = _cache.get(key)
+        if solver is None:
+            _stats["misses"] += 1
+            solver = _build_solver(fun_flat, unravel, cfg, bool(throw), ladder)
+            _cache[key] = solver
+            if len(_cache) > _CACHE_SIZE:
+                _cache.popitem(last=False)
+        else:
+            _stats["hits"] += 1
+            _cache.move_to_end(key)
+    return solver(x0_flat.astype(top_dt), args, jnp.asarray(lb, top_dt),
+                  jnp.asarray(ub, top_dt), jnp.asarray(scale_inv0, top_dt),
+                  jnp.asarray(f_scale, top_dt), jnp.asarray(ftol, top_dt),
+                  jnp.asarray(xtol, top_dt), jnp.asarray(gtol, top_dt))
+
+
+def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
+    rungs = cfg.rungs
+    top_dt = rungs[-1]
+    m = cfg.m
+
+    if cfg.method == "trf":
+        def step_fn(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub):
+            return trf_step(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub, m=m)
+
+        def gnorm_fn(x, g, R, fsn, lb, ub):
+            v, _ = cl_scaling(x, g, lb, ub)
+            return jnp.max(jnp.abs(g * v))
+
+        delta0_fn = trf_delta0
+    else:
+        inner = lm_step if cfg.method == "lm" else gn_step
+
+        def step_fn(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub):
+            return inner(x, R, qtf, scale_inv, Delta, alpha, m=m)
+
+        def gnorm_fn(x, g, R, fsn, lb, ub):
+            cn = jnp.sqrt(jnp.sum(R * R, axis=0))
+            den = cn * fsn
+            return jnp.max(jnp.where(den > 0, jnp.abs(g) / jnp.where(den > 0, den, 1.0),
+                                     0.0))
+
+        def delta0_fn(x, scale_inv, g, lb, ub):
+            d = 100.0 * jnp.linalg.norm(x * scale_inv)
+            return jnp.where(d > 0, d, 100.0)
+
+    run = build_loop(fun_flat, cfg, step_fn, gnorm_fn, delta0_fn)
+    loss = cfg.loss
+
+    def cost_fn(x, args, f_scale):
+        return robust_cost(loss, fun_flat(x, *args).astype(top_dt), f_scale)
+
+    @jax.custom_jvp
+    def implicit_x(x, args, f_scale, free):
+        return x
+
+    @implicit_x.defjvp
+    def _implicit_jvp(primals, tangents):
+        x, args, f_scale, free = primals
+        _, dargs, dfs, _ = tangents
+        grad_x = jax.grad(cost_fn)
+        H = jax.jacfwd(grad_x)(x, args, f_scale)
+        fz = free.astype(H.dtype)
+        H = H * fz[:, None] * fz[None, :] + jnp.diag(1.0 - fz)
+        _, rhs = jax.jvp(lambda a, s: grad_x(x, a, s), (args, f_scale), (dargs, dfs))
+        dx = -jnp.linalg.solve(H, rhs * fz)
+        return x, dx
+
+    def solve(x0, args, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol):
+        args_top = cast_floating(args, top_dt)
+        args_c = jax.lax.stop_gradient(args)
+        args_all = tuple(cast_floating(args_c, d) for d in rungs)
+        x0c = jax.lax.stop_gradient(x0)
+        if cfg.has_bounds:
+            x0c = make_strictly_feasible(x0c, lb, ub)
+        st = run(x0c, args_all, lb, ub, scale_inv0, jax.lax.stop_gradient(f_scale),
+                 ftol, xtol, gtol)
+        x_star = jax.lax.stop_gradient(st.x)
+        active = active_constraints(x_star, lb, ub, xtol) if cfg.has_bounds else \
+            jnp.zeros(x_star.shape, jnp.int32)
+        x = implicit_x(x_star, args_top, f_scale, active == 0)
+        # Final evaluation on the top rung: fun, (loss-modified) jac, grad, optimality.
+        if callable(cfg.jac):
+            f = fun_flat(x, *args_top)
+            J = jnp.asarray(cfg.jac(x, *args_top))
+        else:
+            jf = jax.jacfwd if cfg.jac == "fwd" else jax.jacrev
+            J, f = jf(lambda z: (fun_flat(z, *args_top),) * 2, has_aux=True)(x)
+        f = f.astype(top_dt)
+        J = J.astype(top_dt)
+        cost = robust_cost(loss, f, f_scale)
+        fs, Js = scale_for_robust_loss(loss, f, J, f_scale)
+        g = Js.T @ fs
+        if cfg.has_bounds:
+            v, _ = cl_scaling(x, g, lb, ub)
+            optimality = jnp.max(jnp.abs(g * v))
+        else:
+            optimality = jnp.max(jnp.abs(g))
+        status = st.status
+        if throw:
+            codes = sorted(k for k in STATUS_MESSAGES if k <= 0)
+            idx = jnp.searchsorted(jnp.asarray(codes), jnp.minimum(status, 0))
+            x = eqx.error_if(x, status <= 0, "solve_nlsq did not converge") if len(
+                codes) < 2 else eqx.branched_error_if(
+                    x, status <= 0, idx,
+                    [f"solve_nlsq failed (status {c}): {STATUS_MESSAGES[c]}" for c in codes])
+        return NLSQResult(
+            x=unravel(x), cost=cost, fun=f, jac=Js, grad=g, optimality=optimality,
+            active_mask=active, nfev=st.nfev, njev=st.njev + 1, nit=st.nit,
+            status=status, rung=st.rung, escalations=st.escalations,
+            rung_entered=st.rung_entered, rung_nfev=st.rung_nfev,
+            escalation_reason=st.esc_reason, ladder=tuple(np.dtype(d) for d in rungs))
+
+    return jax.jit(solve)
+
+
+_ = (Status, jac_scale)
