@@ -57,15 +57,3 @@ from .nlsq import NLSQResult, solve_nlsq  # noqa: E402
 from .batch import BatchResult, solve_nlsq_batch
 
 # --- autocast (issue 6): re-exports below this line ---
-from .autocast import (  # noqa: E402
-    ALWAYS_BF16,
-    ALWAYS_F16,
-    ALWAYS_F32,
-    AUTO_MIXED,
-    AUTO_MIXED_BF16,
-    AUTO_MIXED_CONSERVATIVE,
-    OpKind,
-    PrecisionPolicy,
-    autocast,
-    explain,
-)
