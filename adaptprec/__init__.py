@@ -44,6 +44,11 @@ from .loss_scale import (
 __version__ = "0.1.0"
 
 # --- guards, runtime, schedule (issue 3): re-exports below this line ---
+from . import guards
+from .guards import GuardResult
+from .report import Report
+from .monitor import monitor
+from .runtime import MixedPrecisionManager, adaptive
 from . import schedule
 from .schedule import PrecisionSchedule, iterate
 
@@ -57,3 +62,15 @@ from .nlsq import NLSQResult, solve_nlsq  # noqa: E402
 from .batch import BatchResult, solve_nlsq_batch
 
 # --- autocast (issue 6): re-exports below this line ---
+from .autocast import (  # noqa: E402
+    ALWAYS_BF16,
+    ALWAYS_F16,
+    ALWAYS_F32,
+    AUTO_MIXED,
+    AUTO_MIXED_BF16,
+    AUTO_MIXED_CONSERVATIVE,
+    OpKind,
+    PrecisionPolicy,
+    autocast,
+    explain,
+)

@@ -1,0 +1,447 @@
+"""Adaptive execution: run cheap, check inside ``jit``, escalate only when needed.
+
+:class:`MixedPrecisionManager` runs a kernel on the lowest rung of a precision ladder,
+evaluates its guards, and escalates with ``lax.cond`` — so a higher rung executes only
+when every rung below failed. :func:`adaptive` wraps a function with a manager.
+
+How it works
+    * Floating inputs are cast to each rung's dtype (a rung can also be an object with
+      ``.dtype`` and ``.wrap(fn)``, see :class:`Rung`); floating outputs are cast to one
+      output dtype (the policy's output dtype, else the inputs' floating dtype) so all
+      rungs agree.
+    * Rung ``k + 1`` runs inside the false branch of a ``lax.cond`` on rung ``k``'s guards.
+    * Under ``vmap`` the decision is made deliberately (``jax.custom_batching.custom_vmap``
+      — a batched ``cond`` would silently become a ``select`` that runs every rung):
+      ``batch="call"`` escalates the whole batch if any element fails (one scalar
+      decision); ``batch="element"`` gathers the failing elements into a buffer of
+      ``capacity`` slots, recomputes only them on the next rung and scatters them back; if
+      more fail than fit, the whole batch escalates. Nested ``vmap`` axes are flattened
+      into one batch.
+    * ``grad``/``jvp`` flow through the rung that produced the result (``custom_jvp``; the
+      tangent dispatches with ``lax.switch`` on the chosen rung — under ``vmap`` that
+      switch is a select, so batched derivatives evaluate every rung's derivative).
+    * When the top rung fails too, ``on_failure`` decides: ``"return"`` the top-rung
+      result with ``report.ok == False``, ``"nan"`` fill floating outputs with NaN, or
+      ``"raise"`` (``equinox.error_if``: a runtime error under ``jit``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.custom_batching import custom_vmap
+
+from .monitor import emit as _emit_report
+from ._rungs import Rung, is_rung_object, normalize_ladder
+from .guards import Guard, GuardContext, as_guard, finite
+from .policy import Policy, _is_floating_array, cast_floating
+from .precision import dtype_name, unit_roundoff
+from .report import Report, _reason
+
+__all__ = ["MixedPrecisionManager", "adaptive", "AdaptiveFunction", "Rung"]
+
+_BATCH_MODES = ("call", "element")
+_ON_FAILURE = ("return", "raise", "nan")
+
+
+def _is_dynamic(x) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+def _float0_zeros(x):
+    return np.zeros(np.shape(x), jax.dtypes.float0)
+
+
+class MixedPrecisionManager:
+    """Runs kernels on a precision ladder, escalating when guards fire.
+
+    Args:
+        ladder: at least two rungs, least precise first: ``"bf16,f32,f64"``, a
+            :class:`~adaptprec.Ladder`, or a sequence of dtypes/aliases and :class:`Rung`
+            objects.
+        guards: a :class:`~adaptprec.guards.Guard`, a callable ``fn(out, *inputs) -> bool``
+            or a sequence of them (default: ``[guards.finite()]``).
+        policy: a :class:`~adaptprec.Policy` or policy string; its *output* dtype is the
+            dtype floating outputs are returned in (default: the inputs' floating dtype).
+        batch: ``"call"`` (default) or ``"element"`` — the decision under ``vmap``.
+        capacity: for ``batch="element"``: slots in the buffer of failing elements, an
+            int or a fraction of the batch size (default 0.05).
+        on_failure: ``"return"`` (default), ``"nan"`` or ``"raise"`` when the top rung fails.
+        name: label used in reports and monitor logs (default: the kernel's name).
+
+    Bad configurations raise ``ValueError``/``TypeError`` here; a guard returning the wrong
+    type, or a kernel returning non-arrays, raises ``TypeError`` when first called.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import adaptprec as ap
+        >>> mgr = ap.MixedPrecisionManager("bf16,f32,f64", guards=[ap.guards.finite()])
+        >>> y, report = mgr.run(jnp.exp, jnp.array([1.0, 500.0]))  # e^500 > f32 max
+        >>> report.rung_name, y.dtype.name                         # output: input dtype
+        ('f64', 'float64')
+    """
+
+    def __init__(self, ladder: Any = "bf16,f32,f64",
+                 guards: Guard | Callable | Sequence[Guard | Callable] | None = None,
+                 policy: Policy | str | None = None, *, batch: str = "call",
+                 capacity: int | float = 0.05, on_failure: str = "return",
+                 name: str | None = None):
+        self.rungs, self.ladder = normalize_ladder(ladder, min_rungs=2)
+        if guards is None:
+            guards = [finite()]
+        elif isinstance(guards, Guard) or (callable(guards) and not isinstance(
+                guards, Sequence)):
+            guards = [guards]
+        elif not isinstance(guards, Sequence) or isinstance(guards, str):
+            raise TypeError(f"guards must be a Guard, a callable or a sequence of them, got "
+                            f"{guards!r}")
+        self.guards: tuple[Guard, ...] = tuple(as_guard(g) for g in guards)
+        if not self.guards:
+            raise ValueError("an adaptive kernel needs at least one guard, e.g. "
+                             "guards=[adaptprec.guards.finite()]")
+        self.policy = None if policy is None else Policy.parse(policy)
+        if batch not in _BATCH_MODES:
+            raise ValueError(f"batch must be 'call' or 'element', got {batch!r}")
+        if isinstance(capacity, bool) or not (
+                (isinstance(capacity, (int, np.integer)) and capacity >= 1)
+                or (isinstance(capacity, float) and 0 < capacity <= 1)):
+            raise ValueError(f"capacity must be an int >= 1 or a fraction in (0, 1], got "
+                             f"{capacity!r}")
+        if on_failure not in _ON_FAILURE:
+            raise ValueError(f"on_failure must be 'return', 'raise' or 'nan', got "
+                             f"{on_failure!r}")
+        self.batch, self.capacity, self.on_failure, self.name = (
+            batch, capacity, on_failure, name)
+        self.rung_names = tuple(
+            dtype_name(d) if not is_rung_object(r) else getattr(r, "name", None)
+            or f"{type(r).__name__}[{dtype_name(d)}]" for r, d in zip(self.rungs, self.ladder))
+        self.guard_names = tuple(g.name for g in self.guards)
+        self._cache: dict = {}
+
+    def __repr__(self):
+        return (f"MixedPrecisionManager(ladder={','.join(self.rung_names)!r}, guards="
+                f"{list(self.guard_names)}, batch={self.batch!r}, "
+                f"on_failure={self.on_failure!r})")
+
+    def _capacity(self, m: int) -> int:
+        if isinstance(self.capacity, float):
+            return max(1, math.ceil(self.capacity * m))
+        return int(self.capacity)
+
+    def run(self, fn: Callable, *args, **kwargs) -> tuple[Any, Report]:
+        """Run ``fn(*args, **kwargs)`` adaptively; returns ``(out, Report)``.
+
+        Array leaves of the arguments are traced; other leaves (Python numbers, strings,
+        ...) are static. Works under ``jit``, ``vmap`` and ``grad``.
+        """
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {fn!r}")
+        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+        dyn_pos = tuple(i for i, x in enumerate(leaves) if _is_dynamic(x))
+        static = tuple((i, x) for i, x in enumerate(leaves) if not _is_dynamic(x))
+        key = (fn, treedef, dyn_pos, static)
+        try:
+            compiled = self._cache.get(key)
+        except TypeError:       # unhashable static argument: no caching
+            key, compiled = None, None
+        if compiled is None:
+            compiled = jax.jit(_Program(self, fn, treedef, dyn_pos, static,
+                                        len(leaves)).run)
+            if key is not None:
+                self._cache[key] = compiled
+        return compiled(*[leaves[i] for i in dyn_pos])
+
+
+class _Program:
+    """One kernel with one argument structure: rung attempts, escalation, vmap, jvp."""
+
+    def __init__(self, mgr: MixedPrecisionManager, fn, treedef, dyn_pos, static, n_leaves):
+        self.mgr, self.fn, self.treedef = mgr, fn, treedef
+        self.dyn_pos, self.static, self.n_leaves = dyn_pos, static, n_leaves
+        self.n_rungs, self.n_guards = len(mgr.rungs), len(mgr.guards)
+        self.out_treedef = None
+        self.name = mgr.name or getattr(fn, "__name__", type(fn).__name__)
+
+    # ------------------------------------------------------------------ one attempt
+
+    def rebuild(self, dyn):
+        full = [None] * self.n_leaves
+        for i, x in self.static:
+            full[i] = x
+        for i, x in zip(self.dyn_pos, dyn):
+            full[i] = x
+        return jax.tree_util.tree_unflatten(self.treedef, full)
+
+    def out_dtype(self, dyn):
+        if self.mgr.policy is not None:
+            return self.mgr.policy.output
+        floats = [x.dtype for x in dyn if _is_floating_array(x)]
+        return np.dtype(jnp.result_type(*floats)) if floats else self.mgr.ladder.top
+
+    def call_at(self, k, dyn):
+        rung, dtype = self.mgr.rungs[k], self.mgr.ladder[k]
+        call = rung.wrap(self.fn) if is_rung_object(rung) else self.fn
+        args, kwargs = self.rebuild(dyn)
+        cargs, ckw = cast_floating((args, kwargs), dtype)
+        out = call(*cargs, **ckw)
+        leaves, treedef = jax.tree_util.tree_flatten(out)
+        bad = [type(x).__name__ for x in leaves if not _is_dynamic(x)]
+        if bad or not leaves:
+            raise TypeError(
+                f"adaptive kernel {self.name!r} must return arrays (a pytree of arrays); "
+                f"it returned leaves of type {bad or 'nothing'}. Return jnp arrays, e.g. "
+                "jnp.asarray(value).")
+        if self.out_treedef is None:
+            self.out_treedef = treedef
+        elif treedef != self.out_treedef:
+            raise TypeError(f"adaptive kernel {self.name!r} returned different pytree "
+                            f"structures on different rungs: {treedef} vs "
+                            f"{self.out_treedef}")
+        odt = self.out_dtype(dyn)
+        cast = [x.astype(odt) if _is_floating_array(x) else x for x in leaves]
+        return call, (args, kwargs), (cargs, ckw), out, cast
+
+    def attempt(self, k, *dyn):
+        call, inputs, (cargs, ckw), out, cast = self.call_at(k, dyn)
+        dtype = self.mgr.ladder[k]
+        ctx = GuardContext(call, cargs, ckw, inputs, out, dtype, unit_roundoff(dtype), k)
+        results = [g(ctx) for g in self.mgr.guards]
+        codes = jnp.stack([r.code for r in results])
+        values = jnp.stack([r.value for r in results])
+        ok = jnp.all(jnp.stack([r.ok for r in results]))
+        return tuple(cast), codes, values, ok
+
+    def fresh(self, k, attempt_out, batch=()):
+        out, c, v, ok = attempt_out
+        shape = batch + (self.n_rungs, self.n_guards)
+        codes = jnp.full(shape, -1, jnp.int32)
+        values = jnp.full(shape, jnp.nan, jnp.float32)
+        codes = codes.at[..., k, :].set(c)
+        values = values.at[..., k, :].set(v)
+        return out, codes, values, jnp.full(batch, k, jnp.int32), ok
+
+    # ---------------------------------------------------------------- single call
+
+    def single(self, *dyn):
+        rec = self.fresh(0, self.attempt(0, *dyn))
+
+        def climb(k, rec):
+            if k >= self.n_rungs:
+                return rec
+
+            def go(rec):
+                out, c, v, ok = self.attempt(k, *dyn)
+                return climb(k + 1, (out, rec[1].at[k].set(c), rec[2].at[k].set(v),
+                                     jnp.asarray(k, jnp.int32), ok))
+
+            return lax.cond(rec[4], lambda r: r, go, rec)
+
+        return climb(1, rec)
+
+    # ---------------------------------------------------------------------- batched
+
+    def batched_entry(self, dyn, flags):
+        sizes = {x.shape[0] for x, f in zip(dyn, flags) if f}
+        (size,) = sizes
+        prog = self
+
+        @custom_vmap
+        def batched(*d):
+            return prog.batched(d, flags, size)
+
+        @batched.def_vmap
+        def rule(axis, in_batched, *d):
+            # another vmap around this batch: flatten (axis, size) into one batch
+            merged, mflags = [], []
+            for x, f, g in zip(d, flags, in_batched):
+                if f and g:
+                    x = x.reshape((axis * size,) + x.shape[2:])
+                elif f:
+                    x = jnp.broadcast_to(x[None], (axis,) + x.shape)
+                    x = x.reshape((axis * size,) + x.shape[2:])
+                elif g:
+                    x = jnp.repeat(x, size, axis=0)
+                merged.append(x)
+                mflags.append(f or g)
+            rec = prog.batched_entry(merged, mflags)
+            rec = jax.tree_util.tree_map(
+                lambda y: y.reshape((axis, size) + y.shape[1:]), rec)
+            return rec, jax.tree_util.tree_map(lambda _: True, rec)
+
+        return batched(*dyn)
+
+    def vattempt(self, k, dyn, flags):
+        in_axes = tuple(0 if f else None for f in flags)
+        return jax.vmap(functools.partial(self.attempt, k), in_axes=in_axes)(*dyn)
+
+    def batched(self, dyn, flags, size):
+        rec = self.fresh(0, self.vattempt(0, dyn, flags), (size,))
+        return self.climb_batch(1, dyn, flags, rec, ~rec[4], size)
+
+    @staticmethod
+    def _merge(need, new, old):
+        def sel(n, o):
+            m = need.reshape(need.shape + (1,) * (n.ndim - 1))
+            return jnp.where(m, n, o)
+        return jax.tree_util.tree_map(sel, new, old)
+
+    def step_batch(self, k, dyn, flags, rec, need, size, compact_ok=True):
+        """Run rung k for the batch; elements in `need` (all, for batch="call") take it."""
+        out, c, v, ok = self.vattempt(k, dyn, flags)
+        if self.mgr.batch == "call":
+            new = (out, rec[1].at[:, k].set(c), rec[2].at[:, k].set(v),
+                   jnp.full((size,), k, jnp.int32), ok)
+            return self.climb_batch(k + 1, dyn, flags, new, ~ok, size, compact_ok)
+        new = (out, rec[1].at[:, k].set(c), rec[2].at[:, k].set(v),
+               jnp.full((size,), k, jnp.int32), ok)
+        new = self._merge(need, new, rec)
+        return self.climb_batch(k + 1, dyn, flags, new, need & ~ok, size, compact_ok)
+
+    def climb_batch(self, k, dyn, flags, rec, need, size, compact_ok=True):
+        """Escalate from rung k on; `compact_ok` is False inside a compacted buffer."""
+        if k >= self.n_rungs:
+            return rec
+        whole = functools.partial(self.step_batch, k, dyn, flags, need=need, size=size,
+                                  compact_ok=compact_ok)
+        cap = self.mgr._capacity(size)
+        if self.mgr.batch == "call" or size <= cap or not compact_ok:
+            return lax.cond(jnp.any(need), whole, lambda r: r, rec)
+
+        def compact(rec):
+            idx = jnp.nonzero(need, size=cap, fill_value=size)[0]
+            valid = idx < size
+            safe = jnp.where(valid, idx, 0)
+            sub_dyn = [jnp.take(x, safe, axis=0) if f else x for x, f in zip(dyn, flags)]
+            sub_rec = jax.tree_util.tree_map(lambda x: jnp.take(x, safe, axis=0), rec)
+            sub_rec = self.climb_batch(k, sub_dyn, flags, sub_rec, valid, cap, False)
+            return jax.tree_util.tree_map(
+                lambda full, sub: full.at[idx].set(sub, mode="drop"), rec, sub_rec)
+
+        n_fail = jnp.sum(need)
+        branch = jnp.where(n_fail == 0, 0, jnp.where(n_fail <= cap, 1, 2))
+        return lax.switch(branch, [lambda r: r, compact, whole], rec)
+
+    # ------------------------------------------------------------- grad through rung
+
+    def tangent_at(self, k, primals, tangents):
+        float_pos = None
+
+        def out_only(*d):
+            nonlocal float_pos
+            cast = self.call_at(k, d)[4]
+            float_pos = [i for i, x in enumerate(cast) if _is_floating_array(x)]
+            return [cast[i] for i in float_pos]
+
+        _, t = jax.jvp(out_only, primals, tangents)
+        return t
+
+    def build(self):
+        single = custom_vmap(self.single)
+
+        @single.def_vmap
+        def rule(axis, in_batched, *dyn):
+            rec = self.batched_entry(list(dyn), list(in_batched))
+            return rec, jax.tree_util.tree_map(lambda _: True, rec)
+
+        @jax.custom_jvp
+        def run_flat(*dyn):
+            return single(*dyn)
+
+        @run_flat.defjvp
+        def run_flat_jvp(primals, tangents):
+            rec = single(*primals)
+            out = rec[0]
+            float_idx = [i for i, x in enumerate(out) if _is_floating_array(x)]
+            branches = [functools.partial(self.tangent_at, k) for k in range(self.n_rungs)]
+            t_float = lax.switch(rec[3], branches, primals, tangents)
+            t_out = [_float0_zeros(x) for x in out]
+            for i, t in zip(float_idx, t_float):
+                t_out[i] = t
+            t_rec = (tuple(t_out), _float0_zeros(rec[1]), jnp.zeros_like(rec[2]),
+                     _float0_zeros(rec[3]), _float0_zeros(rec[4]))
+            return rec, t_rec
+
+        return run_flat
+
+    def run(self, *dyn):
+        out_leaves, codes, values, rung, ok = self.build()(*dyn)
+        out = jax.tree_util.tree_unflatten(self.out_treedef, list(out_leaves))
+        report = Report(rung=rung, escalations=rung, ok=ok, reason=_reason(codes, rung, ok),
+                        codes=codes, values=values, rung_names=self.mgr.rung_names,
+                        guard_names=self.mgr.guard_names)
+        if self.mgr.on_failure == "nan":
+            out = jax.tree_util.tree_map(
+                lambda x: jnp.where(ok, x, jnp.nan) if _is_floating_array(x) else x, out)
+        elif self.mgr.on_failure == "raise":
+            out = eqx.error_if(
+                out, ~ok,
+                f"adaptive kernel {self.name!r}: guards {list(self.mgr.guard_names)} still "
+                f"fail on the top rung ({self.mgr.rung_names[-1]}). Call .with_report(...) "
+                "with on_failure='return' to see which guard and its value.")
+        _emit_report(self.name, report)
+        return out, report
+
+
+class AdaptiveFunction:
+    """A function wrapped by :func:`adaptive`: call it, or ``.with_report(...)``.
+
+    Keeps the wrapped function's name, docstring and signature (``functools.wraps``).
+    """
+
+    def __init__(self, fn: Callable, manager: MixedPrecisionManager):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.manager = manager
+
+    def __call__(self, *args, **kwargs):
+        return self.manager.run(self.fn, *args, **kwargs)[0]
+
+    def with_report(self, *args, **kwargs) -> tuple[Any, Report]:
+        """``(out, Report)`` for this call."""
+        return self.manager.run(self.fn, *args, **kwargs)
+
+    def __repr__(self):
+        return f"adaptive({getattr(self.fn, '__name__', self.fn)!r}, {self.manager!r})"
+
+
+def adaptive(fn: Callable | None = None, *, ladder: Any = "bf16,f32,f64",
+             guards: Any = None, policy: Policy | str | None = None, batch: str = "call",
+             capacity: int | float = 0.05, on_failure: str = "return",
+             name: str | None = None):
+    """Make ``fn`` adaptive: cheapest rung first, escalate when a guard fires.
+
+    Usable as ``@adaptive`` or ``@adaptive(ladder=..., guards=[...], ...)`` or
+    ``adaptive(fn, ...)``; the keyword arguments are those of
+    :class:`MixedPrecisionManager` and are validated here, at wrap time. The result keeps
+    ``fn``'s signature, returns what ``fn`` returns (floating leaves in the output dtype),
+    and has ``.with_report(*args, **kwargs) -> (out, Report)``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> import adaptprec as ap
+        >>> @ap.adaptive(ladder="bf16,f32,f64", guards=[ap.guards.finite()])
+        ... def softplus_sum(x):
+        ...     return jnp.sum(jnp.log1p(jnp.exp(x)), dtype=jnp.float32)
+        >>> y, rep = jax.jit(softplus_sum.with_report)(jnp.linspace(-3.0, 3.0, 8))
+        >>> rep.rung_name, bool(rep.ok)
+        ('bf16', True)
+        >>> import inspect; str(inspect.signature(softplus_sum))
+        '(x)'
+    """
+    mgr = MixedPrecisionManager(ladder, guards, policy, batch=batch, capacity=capacity,
+                                on_failure=on_failure, name=name)
+
+    def wrap(f):
+        if not callable(f):
+            raise TypeError(f"adaptive wraps a callable, got {f!r}")
+        return AdaptiveFunction(f, mgr)
+
+    return wrap if fn is None else wrap(fn)
