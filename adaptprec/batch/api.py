@@ -22,8 +22,8 @@ from .sharding import infer_mesh, shard_solve
 
 __all__ = ["solve_nlsq_batch"]
 
-# Lower rungs stop once progress is below what the rung can resolve: tolerance
-# max(tol, _RUNG_TOL * u_rung). The top rung uses the user's tolerances.
+# A rung stops once progress is below what it can resolve: tolerance
+# max(tol, _RUNG_TOL * u_rung) (for float64 and scipy's defaults that is the user's tol).
 _RUNG_TOL = 16.0
 
 
@@ -54,11 +54,8 @@ def _plans(ladder: Ladder, ftol, xtol, gtol, max_steps) -> tuple:
     plans = []
     for i, d in enumerate(ladder):
         acc = np.promote_types(d, np.float32)
-        if i == len(ladder) - 1:
-            opts = LMOptions(ftol, xtol, gtol, max_steps)
-        else:
-            t = _RUNG_TOL * unit_roundoff(d)
-            opts = LMOptions(max(ftol, t), max(xtol, t), max(gtol, t), max_steps)
+        t = _RUNG_TOL * unit_roundoff(d)
+        opts = LMOptions(max(ftol, t), max(xtol, t), max(gtol, t), max_steps)
         plans.append(RungPlan(np.dtype(d), np.dtype(acc), opts))
     return tuple(plans)
 
@@ -136,8 +133,9 @@ def solve_nlsq_batch(
         precision: ``"adaptive"`` (ladder ``f32,f64``; needs ``jax_enable_x64``), a ladder
             string such as ``"bf16,f32,f64"``/:class:`~adaptprec.Ladder`, or one dtype
             (``"f32"``, ``"f64"``) to solve everything at that precision.
-        ftol, xtol, gtol: scipy's termination tolerances, applied on the top rung; lower
-            rungs use ``max(tol, 16 u_rung)``.
+        ftol, xtol, gtol: scipy's termination tolerances; each rung uses
+            ``max(tol, 16 u_rung)`` (float32: about 1e-6), so a float32 rung stops where
+            float32 stops resolving progress and its guards decide about float64.
         max_steps: iterations per fit and rung (default ``100 * n``, scipy's lm budget).
         return_pcov: also compute the per-fit covariance (``curve_fit`` semantics).
         nan_policy: ``"propagate"`` (fits with non-finite starts/data get status
