@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..precision import unit_roundoff
+from ..precision import max_value, unit_roundoff
 from ._common import (
     apply,
     check_array,
@@ -128,12 +128,33 @@ class SolveInfo(eqx.Module):
 
 
 class _Factors(eqx.Module):
-    lu: jax.Array        # (m, n, n) in the factor compute dtype
+    """Low-precision LU of ``A^T`` (not ``A``): LAPACK wants column-major input, and the
+    column-major layout of ``A^T`` is the row-major buffer of ``A``, so factoring the
+    transpose saves a transposing copy of ``A`` (here and in the fallback). Solves with
+    ``A`` are then transposed solves with these factors."""
+
+    lu: jax.Array        # (m, n, n) factor compute dtype: A^T[perm] = L U
     perm: jax.Array      # (m, n)
     cast_ok: jax.Array   # (m,) A finite after rounding to the factor precision
     factor_ok: jax.Array  # (m,) no zero / non-finite pivot
-    norm1: jax.Array     # (m,) ||A||_1, working dtype
     norminf: jax.Array   # (m,) ||A||_inf, working dtype
+
+
+def _factor(A, storage, compute) -> _Factors:
+    """Round A once to the factor precision and factor ``A^T``.
+
+    ``||A||_inf`` comes from one read of ``A`` in the working precision; it also decides
+    whether the cast can overflow (no entry can exceed the largest row sum), so a NaN/Inf
+    or too-large entry sets ``cast_ok = False`` without another pass over ``A``.
+    """
+    ninf = jnp.max(jnp.sum(jnp.abs(A), axis=-1), axis=-1)
+    cast_ok = ninf <= max_value(storage)
+    a_low = A.astype(storage)
+    if np.dtype(compute) != np.dtype(storage):
+        a_low = a_low.astype(compute)
+    lu, _, perm = lax.linalg.lu(jnp.swapaxes(a_low, -1, -2))
+    factor_ok = ~jax.vmap(zero_pivot)(lu)
+    return _Factors(lu, perm, cast_ok, factor_ok, ninf)
 
 
 def _colnorm(x):
@@ -141,27 +162,19 @@ def _colnorm(x):
     return jnp.max(jnp.abs(x), axis=1)
 
 
-def _factor(A, storage, compute) -> _Factors:
-    """Round A once to the factor precision and factor it. Norms and the overflow check
-    come from one reduction over |A_low| (a non-finite norm means a non-finite entry)."""
-    a_low = A.astype(storage)
-    if np.dtype(compute) != np.dtype(storage):
-        a_low = a_low.astype(compute)
-    n1, ninf = jax.vmap(matrix_norms)(a_low)
-    cast_ok = jnp.isfinite(n1) & jnp.isfinite(ninf)
-    lu, _, perm = lax.linalg.lu(a_low)
-    factor_ok = ~jax.vmap(zero_pivot)(lu)
-    w = A.dtype
-    return _Factors(lu, perm, cast_ok, factor_ok, n1.astype(w), ninf.astype(w))
+def _norm1(A):
+    """||A||_1 of each matrix of a batch (only computed by consumers that need it)."""
+    return jnp.max(jnp.sum(jnp.abs(A), axis=-2), axis=-1)
 
 
 def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol):
     """Refine all systems of the batch; fall back where needed. A (m,n,n), B (m,n,k)."""
     w = A.dtype
     m, n, _ = A.shape
-    anrm = fac.norm1 if transpose else fac.norminf   # ||op(A)||_inf
+    anrm = _norm1(A) if transpose else fac.norminf   # ||op(A)||_inf
+    tf = not transpose   # the factors are of A^T: solves with op(A) flip the transpose
     mv = jax.vmap(partial(apply, transpose=transpose))
-    low = jax.vmap(partial(scaled_lowsolve, work_dtype=w, transpose=transpose))
+    low = jax.vmap(partial(scaled_lowsolve, work_dtype=w, transpose=tf))
 
     if refine == "lu":
         def correct(r):
@@ -172,7 +185,7 @@ def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol):
                 return apply(a, v[:, None], transpose=transpose)[:, 0]
 
             def precond(v):
-                return scaled_lowsolve(lu, perm, v[:, None], w, transpose=transpose)[:, 0]
+                return scaled_lowsolve(lu, perm, v[:, None], w, transpose=tf)[:, 0]
 
             col = partial(fgmres, matvec, precond, restart=min(n, _GMRES_RESTART),
                           tol=_GMRES_TOL)
@@ -222,16 +235,17 @@ def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol):
 
     def fallback(ops):
         x, r, anrm_ = ops
-        lu64, _, perm64 = lax.linalg.lu(A)
-        xf = jax.vmap(partial(lu_solve, transpose=transpose))(lu64, perm64, B)
+        lu64, _, perm64 = lax.linalg.lu(jnp.swapaxes(A, -1, -2))
+        xf = jax.vmap(partial(lu_solve, transpose=tf))(lu64, perm64, B)
         rf = B - mv(A, xf)
         zero = jax.vmap(zero_pivot)(lu64)
         finite_in = (jnp.all(jnp.isfinite(A), axis=(1, 2))
                      & jnp.all(jnp.isfinite(B), axis=(1, 2)))
         n1, ninf = jax.vmap(matrix_norms)(A)
         anrm_f = n1 if transpose else ninf
-        kappa = anrm_f * jax.vmap(partial(inverse_norm1, dtype=w, transpose=transpose))(
-            lu64, perm64)
+        # kappa_1(op(A)) = ||op(A)||_1 ||op(A)^{-1}||_1; op(A)^{-1} = M^{-T} for tf.
+        kappa = (ninf if transpose else n1) * jax.vmap(
+            partial(inverse_norm1, dtype=w, transpose=tf))(lu64, perm64)
         nan_out = need & (zero | ~finite_in)
         sel = need[:, None, None]
         x = jnp.where(sel, xf, x)
@@ -248,8 +262,8 @@ def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol):
 
     x, r, anrm, status, kappa_f = lax.cond(jnp.any(need), fallback, keep, (x, r, anrm))
 
-    kappa_low = anrm * jax.vmap(partial(inverse_norm1, dtype=w, transpose=transpose))(
-        fac.lu, fac.perm)
+    kappa_low = (fac.norminf if transpose else _norm1(A)) * jax.vmap(
+        partial(inverse_norm1, dtype=w, transpose=tf))(fac.lu, fac.perm)
     kappa = jnp.where(need, kappa_f, kappa_low)
     bn, xn, rn = _colnorm(B), _colnorm(x), _colnorm(r)
     denom = anrm[:, None] * xn + bn
