@@ -1,0 +1,161 @@
+"""``explain``: what a precision policy will do to a function, before running it.
+
+``explain(fn, policy)(*args)`` traces ``autocast(fn, policy)`` abstractly (nothing is
+computed) and returns an :class:`Explanation`: per op kind the number of ops, the dtypes
+they compute in and the casts the policy inserts, the total cast count, and the
+primitives autocast does not know (they run at their input dtype) or had to run at the
+dtype they were traced at. Counts are static: an op inside a loop body counts once.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> import adaptprec as ap
+    >>> def f(x, w):
+    ...     return jax.nn.softmax(x @ w)
+    >>> x, w = jnp.ones((2, 4), jnp.float32), jnp.ones((4, 4), jnp.float32)
+    >>> ex = ap.explain(f, ap.AUTO_MIXED_BF16)(x, w)
+    >>> ex.casts, ex.row("compute").dtypes
+    (2, ('bfloat16->float32',))
+    >>> ex.casts < ap.explain(f, ap.AUTO_MIXED_CONSERVATIVE)(x, w).casts
+    True
+    >>> print(ex)  # doctest: +NORMALIZE_WHITESPACE
+    policy auto_mixed_bf16
+    kind             ops  casts  dtypes
+    compute            1      2  bfloat16->float32
+    reduction          2      0  float32
+    elementwise        3      0  float32
+    transcendental     2      0  float32
+    data_movement      2      0  float32
+    total             10      2
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from ._stats import _Stats
+from .interpret import _is_dynamic, _run
+from .opkind import OpKind
+from .presets import AUTO_MIXED_BF16, PrecisionPolicy
+
+__all__ = ["explain", "Explanation", "KindRow"]
+
+
+@dataclasses.dataclass(frozen=True)
+class KindRow:
+    """One line of an :class:`Explanation`: an op kind's ops, casts and compute dtypes.
+
+    Example:
+        >>> from adaptprec.autocast import KindRow, OpKind
+        >>> KindRow(OpKind.REDUCTION, 2, 1, ("float32",), (("reduce_sum", 2),)).casts
+        1
+    """
+
+    kind: OpKind
+    ops: int
+    casts: int
+    dtypes: tuple[str, ...]
+    primitives: tuple[tuple[str, int], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """The cost of a policy on one function; ``str()`` prints the table.
+
+    Attributes:
+        policy: the policy explained.
+        rows: one :class:`KindRow` per op kind that occurs (table order).
+        casts: total casts the policy inserts (``convert_element_type`` ops).
+        ops: total primitives evaluated (control-flow primitives included).
+        retained_converts: conversions of ``fn`` itself that are still performed.
+        unknown_primitives: primitives not in the table (run at their input dtype).
+        traced_dtype_primitives: primitives run at the dtype they were traced at.
+        jaxpr: the transformed program (a ``ClosedJaxpr``), for inspection.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import adaptprec as ap
+        >>> ex = ap.explain(jnp.exp, "always_bf16")(jnp.ones(3, jnp.float32))
+        >>> ex.casts, ex.row("transcendental").dtypes
+        (2, ('bfloat16',))
+    """
+
+    policy: PrecisionPolicy
+    rows: tuple[KindRow, ...]
+    casts: int
+    ops: int
+    retained_converts: int
+    unknown_primitives: tuple[str, ...]
+    traced_dtype_primitives: tuple[str, ...]
+    jaxpr: Any = dataclasses.field(repr=False, compare=False)
+
+    def row(self, kind: OpKind | str) -> KindRow:
+        """The row of ``kind`` (a zero row if no op of that kind occurs)."""
+        kind = OpKind.parse(kind)
+        for r in self.rows:
+            if r.kind is kind:
+                return r
+        return KindRow(kind, 0, 0, (), ())
+
+    def __str__(self) -> str:
+        lines = [f"policy {self.policy}",
+                 f"{'kind':<16}{'ops':>4}{'casts':>7}  dtypes"]
+        for r in self.rows:
+            lines.append(f"{r.kind.value:<16}{r.ops:>4}{r.casts:>7}  "
+                         f"{', '.join(r.dtypes) or '-'}")
+        lines.append(f"{'total':<16}{self.ops:>4}{self.casts:>7}")
+        if self.unknown_primitives:
+            lines.append("unknown primitives (run at their input dtype): "
+                         + ", ".join(self.unknown_primitives))
+        if self.traced_dtype_primitives:
+            lines.append("run at their traced dtype: "
+                         + ", ".join(self.traced_dtype_primitives))
+        return "\n".join(lines)
+
+
+def explain(fn: Callable, policy: PrecisionPolicy | str = AUTO_MIXED_BF16) -> Callable:
+    """``explain(fn, policy)(*args, **kwargs)`` -> :class:`Explanation` (nothing is run).
+
+    Arguments are only used for their shapes and dtypes (``jax.ShapeDtypeStruct`` works).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> import adaptprec as ap
+        >>> spec = jax.ShapeDtypeStruct((8,), jnp.float32)
+        >>> ap.explain(lambda x: jnp.log(jnp.sum(jnp.exp(x))), "auto_mixed")(spec).casts
+        0
+    """
+    pol = PrecisionPolicy.parse(policy)
+    if not callable(fn):
+        raise TypeError(f"explain needs a callable, got {fn!r} of type "
+                        f"{type(fn).__name__}")
+
+    def run(*args: Any, **kwargs: Any) -> Explanation:
+        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+        dyn_idx = [i for i, leaf in enumerate(leaves)
+                   if _is_dynamic(leaf) or isinstance(leaf, jax.ShapeDtypeStruct)]
+        stats = _Stats()
+
+        def flat(*xs):
+            ls = list(leaves)
+            for i, x in zip(dyn_idx, xs):
+                ls[i] = x
+            a, k = jax.tree_util.tree_unflatten(treedef, ls)
+            return _run(fn, pol, a, k, stats)
+
+        closed = jax.make_jaxpr(flat)(*[leaves[i] for i in dyn_idx])
+        rows = tuple(
+            KindRow(kind, stats.ops[kind], stats.casts[kind],
+                    tuple(sorted(stats.dtypes.get(kind, ()))),
+                    tuple(sorted(stats.primitives.get(kind, {}).items())))
+            for kind in OpKind if stats.ops[kind] or stats.casts[kind])
+        return Explanation(
+            policy=pol, rows=rows, casts=sum(stats.casts.values()),
+            ops=sum(stats.ops.values()), retained_converts=stats.retained_converts,
+            unknown_primitives=tuple(sorted(stats.unknown)),
+            traced_dtype_primitives=tuple(sorted(stats.fallback)), jaxpr=closed)
+
+    return run
