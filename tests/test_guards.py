@@ -1,0 +1,185 @@
+"""Each guard fires when it should and stays quiet when it should (vs independent refs)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.linalg
+
+from adaptprec import guards
+from adaptprec.guards import GuardResult
+
+H8 = jnp.asarray(scipy.linalg.hilbert(8))              # kappa_1 ~ 3.4e10
+_rng = np.random.default_rng(0)
+WELL = jnp.asarray(np.eye(8) * 4 + _rng.standard_normal((8, 8)) * 0.3)
+RHS = jnp.asarray(_rng.standard_normal(8))
+
+
+def seq_sum(x):
+    """Sequential sum accumulating in x.dtype (stalls at 256 in bfloat16)."""
+    return jax.lax.scan(lambda c, v: (c + v, None), jnp.zeros((), x.dtype), x)[0]
+
+
+def test_finite():
+    g = guards.finite()
+    r = g.evaluate(jnp.exp, jnp.array([1.0, 100.0, 200.0]), dtype="f32")
+    assert not bool(r.ok) and int(r.code) == guards.NONFINITE and float(r.value) == 2.0
+    r = g.evaluate(jnp.exp, jnp.array([1.0, 100.0, 200.0]), dtype="f64")
+    assert bool(r.ok) and int(r.code) == 0 and float(r.value) == 0.0
+    # pytree outputs, ints ignored
+    r = g.evaluate(lambda x: {"a": x, "n": jnp.arange(2), "b": jnp.log(x)},
+                   jnp.array([0.0, 1.0]), dtype="f32")
+    assert not bool(r.ok) and float(r.value) == 1.0
+
+
+def test_headroom_overflow_and_flush():
+    g = guards.headroom(0.5)
+    f16_max = float(np.finfo(np.float16).max)
+    x = jnp.array([100.0, -200.0])
+    r = g.evaluate(lambda x: x * 200.0, x, dtype="f16")          # 40000 > 0.5 * 65504
+    assert not bool(r.ok) and guards.code_name(r.code) == "overflow"
+    np.testing.assert_allclose(float(r.value), 40000.0 / f16_max, rtol=1e-3)
+    assert bool(g.evaluate(lambda x: x * 100.0, x, dtype="f16").ok)   # 20000 < 32752
+    assert bool(g.evaluate(lambda x: x * 200.0, x, dtype="f32").ok)
+    # flush to zero of nonzero inputs (zeros are not flushes)
+    tiny = jnp.array([0.0, 1e-30, 3.0])
+    r = g.evaluate(lambda x: x + 1, tiny, dtype="f16")
+    assert not bool(r.ok) and int(r.code) == guards.UNDERFLOW and float(r.value) == 1.0
+    assert bool(g.evaluate(lambda x: x + 1, tiny, dtype="f32").ok)
+    assert bool(g.evaluate(lambda x: x + 1, jnp.array([0.0, 3.0]), dtype="f16").ok)
+    with pytest.raises(ValueError, match="fraction"):
+        guards.headroom(1.5)
+
+
+def test_condition_difference_matches_closed_form():
+    # f(x, y) = x - y: componentwise relative condition (|x| + |y|) / |x - y|
+    g = guards.condition(tol=1e-2, n_dirs=8)
+    for x, y in [(1.0, 0.5), (1.0, 0.99), (3.0, -1.0), (10.0, 9.9)]:
+        r = g.evaluate(lambda a, b: a - b, jnp.array(x), jnp.array(y), dtype="f64")
+        exact = (abs(x) + abs(y)) / abs(x - y)
+        np.testing.assert_allclose(float(r.value), exact, rtol=1e-6)
+        # fires exactly when kappa * u > tol
+        for dt, u in (("bf16", 2.0 ** -8), ("f32", 2.0 ** -24)):
+            r = g.evaluate(lambda a, b: a - b, jnp.array(x), jnp.array(y), dtype=dt)
+            jdt = {"bf16": jnp.bfloat16, "f32": jnp.float32}[dt]
+            kap = (abs(x) + abs(y)) / abs(float(jnp.asarray(x, jdt)) - float(jnp.asarray(y, jdt)))
+            assert bool(r.ok) == (kap * u <= 1e-2), (x, y, dt)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _solve_guard(guard, a, b, dtype):
+    return guard.evaluate(jnp.linalg.solve, a, b, dtype=dtype)
+
+
+COND = guards.condition(tol=1e-2)
+MCOND = guards.matrix_condition(tol=1e-2)
+
+
+def test_condition_hilbert_vs_well_conditioned():
+    r_h32 = _solve_guard(COND, H8, RHS, "f32")
+    r_h64 = _solve_guard(COND, H8, RHS, "f64")
+    r_w32 = _solve_guard(COND, WELL, RHS, "f32")
+    assert not bool(r_h32.ok) and bool(r_h64.ok) and bool(r_w32.ok)
+    # the estimate is of the order of the true condition number (a lower estimate)
+    kappa = np.linalg.cond(np.asarray(H8), 1)
+    assert kappa / 1e3 < float(r_h64.value) < kappa * 10
+    assert float(r_w32.value) < 10 * np.linalg.cond(np.asarray(WELL), 1)
+
+
+def test_matrix_condition_vs_numpy():
+    g, solve = MCOND, jnp.linalg.solve
+    for a in (H8, WELL):
+        exact = np.linalg.cond(np.asarray(a), 1)
+        r = _solve_guard(g, a, RHS, "f64")
+        assert exact / 3 <= float(r.value) <= exact * (1 + 1e-6)
+        assert bool(r.ok)
+    assert not bool(_solve_guard(g, H8, RHS, "f32").ok)
+    assert bool(_solve_guard(g, WELL, RHS, "f32").ok)
+    singular = jnp.ones((8, 8))
+    r = _solve_guard(g, singular, RHS, "f64")
+    assert not bool(r.ok) and float(r.value) == np.inf
+    # keyword argument selection and a clear error for non-square input
+    gk = guards.matrix_condition(tol=1e-2, arg="a")
+    r = jax.jit(lambda a, b: gk.evaluate(lambda a, b: solve(a, b), a=a, b=b, dtype="f32"))(
+        H8, RHS)
+    assert not bool(r.ok)
+    with pytest.raises(ValueError, match="square matrix"):
+        g.evaluate(lambda v: v, jnp.ones(3))
+
+
+def test_residual_catches_bf16_sum_stall():
+    def rel_err(out, x):
+        ref = jnp.sum(x.astype(jnp.float64))
+        return jnp.abs(out.astype(jnp.float64) - ref) / jnp.abs(ref)
+
+    g = guards.residual(rel_err, tol=1e-3)
+    x = jnp.ones(1000)
+    r = g.evaluate(seq_sum, x, dtype="bf16")
+    assert float(seq_sum(x.astype(jnp.bfloat16))) == 256.0
+    assert not bool(r.ok) and int(r.code) == guards.RESIDUAL
+    np.testing.assert_allclose(float(r.value), (1000 - 256) / 1000, rtol=1e-6)
+    assert bool(g.evaluate(seq_sum, x, dtype="f32").ok)
+
+
+def test_backward_error_value_and_firing():
+    g = guards.backward_error()
+    a, b = np.asarray(WELL), np.asarray(RHS)
+    x = np.linalg.solve(a, b) * (1 + 1e-3)        # a 1e-3 relative perturbation
+    r = g.evaluate(lambda A, b: jnp.asarray(x), WELL, RHS, dtype="f64")
+    eta = np.abs(b - a @ x).max() / (np.abs(a).sum(1).max() * np.abs(x).max()
+                                     + np.abs(b).max())
+    np.testing.assert_allclose(float(r.value), eta, rtol=1e-5)
+    assert not bool(r.ok)
+    assert bool(_solve_guard(g, WELL, RHS, "f32").ok)
+    assert bool(_solve_guard(g, H8, RHS, "f64").ok)   # a backward-stable solve
+    assert bool(guards.backward_error(tol=1e-2).evaluate(
+        lambda A, b: jnp.asarray(x), WELL, RHS).ok)
+
+
+def test_predicate_and_user_results():
+    g = guards.predicate(lambda out, x: jnp.all(out >= 0))
+    assert bool(g.evaluate(jnp.sqrt, jnp.array([4.0])).ok)
+    assert not bool(g.evaluate(jnp.negative, jnp.array([4.0])).ok)
+    gr = guards.as_guard(lambda out, x: GuardResult.make(out[0] < 1, 42, out[0]))
+    r = gr.evaluate(lambda x: x * 2, jnp.array([3.0]))
+    assert not bool(r.ok) and int(r.code) == 42 and float(r.value) == 6.0
+    assert guards.code_name(42) == "code 42"
+
+
+def test_bad_guard_results_are_type_errors():
+    with pytest.raises(TypeError, match="scalar bool"):
+        guards.predicate(lambda out, x: out > 0).evaluate(jnp.sin, jnp.ones(3))
+    with pytest.raises(TypeError, match=r"float\d+ scalar"):
+        guards.predicate(lambda out, x: jnp.sum(out)).evaluate(jnp.sin, jnp.ones(3))
+    with pytest.raises(TypeError, match="str"):
+        guards.predicate(lambda out, x: "yes").evaluate(jnp.sin, jnp.ones(3))
+    with pytest.raises(TypeError, match="must be a Guard"):
+        guards.as_guard(3)
+    with pytest.raises(ValueError, match="tol"):
+        guards.condition(tol=-1)
+    with pytest.raises(TypeError, match="callable"):
+        guards.residual(1.0, tol=1.0)
+
+
+def test_guards_under_jit_and_vmap():
+    @jax.jit
+    @jax.vmap
+    def checks(x):
+        f = guards.finite().evaluate(jnp.exp, x, dtype="f32")
+        h = guards.headroom(0.5).evaluate(jnp.exp, x, dtype="f32")
+        return f.ok, h.ok, f.code
+
+    xs = jnp.array([[1.0, 2.0], [1.0, 100.0], [60.0, 88.0]])
+    f_ok, h_ok, code = checks(xs)
+    np.testing.assert_array_equal(np.asarray(f_ok), [True, False, True])
+    # e^88 = 1.65e38 > 0.5 * f32 max = 1.7e38? no: 1.65e38 < 1.7e38 -> ok; inf -> not
+    ref = np.exp(np.asarray(xs).max(1)) <= 0.5 * np.finfo(np.float32).max
+    np.testing.assert_array_equal(np.asarray(h_ok), ref)
+    np.testing.assert_array_equal(np.asarray(code), [0, 1, 0])
+
+    mc = jax.vmap(lambda a: _solve_guard(MCOND, a, RHS, "f64").value)(jnp.stack([H8, WELL]))
+    np.testing.assert_allclose(np.asarray(mc), [np.linalg.cond(np.asarray(H8), 1),
+                                                np.linalg.cond(np.asarray(WELL), 1)],
+                               rtol=0.67)
