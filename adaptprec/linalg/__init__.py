@@ -15,6 +15,9 @@ Example:
 """
 
 from .cond import cond_estimate
+from .lstsq import lstsq
+from .matmul import matmul, pad_to_multiple
 from .solve import STATUS_MESSAGES, SolveInfo, solve
 
-__all__ = ["cond_estimate", "solve", "SolveInfo", "STATUS_MESSAGES"]
+__all__ = ["matmul", "pad_to_multiple", "cond_estimate", "solve", "lstsq", "SolveInfo",
+           "STATUS_MESSAGES"]

@@ -7,6 +7,8 @@ stay un-batched (the fallback ``lax.cond``) can be taken over the whole batch.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 import jax
@@ -131,3 +133,56 @@ def apply(a, x, *, transpose: bool = False):
     if transpose:
         return lax.dot_general(a, x, (((0,), (0,)), ((), ())))
     return a @ x
+
+
+def check_options(refine, max_iters, tol, what):
+    """Validate the refinement options shared by ``solve`` and ``lstsq``."""
+    if refine not in ("lu", "gmres"):
+        raise ValueError(f"{what}: refine must be 'lu' or 'gmres', got {refine!r}")
+    if isinstance(max_iters, bool) or not isinstance(max_iters, (int, np.integer)) \
+            or max_iters < 0:
+        raise ValueError(f"{what}: max_iters must be an int >= 0, got {max_iters!r}")
+    if tol is not None and not (isinstance(tol, (int, float)) and math.isfinite(tol)
+                                and tol > 0):
+        raise ValueError(f"{what}: tol must be None or a positive float, got {tol!r}")
+
+
+def prepare_system(A, b, w, what):
+    """Check ``b`` against ``A`` (``(..., m, n)``), reject NaN/Inf in concrete inputs, cast
+    to the working dtype ``w`` and flatten the batch.
+
+    ``b`` is a vector when ``b.ndim == 1`` or ``b.ndim == A.ndim - 1`` (one vector per
+    matrix), else ``(..., m, k)``. Returns ``(A3, B3, x_shape, batch)`` with
+    ``A3: (p, m, n)``, ``B3: (p, m, k)`` and the shape the solution must be given.
+    """
+    b = check_array(b, "b", what)
+    m, n = A.shape[-2], A.shape[-1]
+    if m == 0 or n == 0:
+        raise ValueError(f"{what}: A is empty (shape {tuple(A.shape)})")
+    if b.ndim == 0:
+        raise ValueError(f"{what}: b must have at least one dimension, got a scalar")
+    vector = b.ndim == 1 or b.ndim == A.ndim - 1
+    rows = b.shape[-1] if vector else b.shape[-2]
+    if rows != m:
+        raise ValueError(
+            f"{what}: b of shape {tuple(b.shape)} does not match A of shape "
+            f"{tuple(A.shape)}: b must be ({m},), (..., {m}) or (..., {m}, k)"
+        )
+    b_batch = () if b.ndim == 1 else (b.shape[:-1] if vector else b.shape[:-2])
+    try:
+        batch = tuple(np.broadcast_shapes(tuple(A.shape[:-2]), tuple(b_batch)))
+    except ValueError:
+        raise ValueError(
+            f"{what}: batch dimensions of A {tuple(A.shape[:-2])} and b {tuple(b_batch)} "
+            "do not broadcast"
+        ) from None
+    if is_concrete(A, b):
+        check_finite(what, A=A, b=b)
+    A = jnp.asarray(A).astype(w)
+    b = jnp.asarray(b).astype(w)
+    B = b[..., None] if vector else b
+    k = B.shape[-1]
+    A3 = jnp.broadcast_to(A, batch + (m, n)).reshape((-1, m, n))
+    B3 = jnp.broadcast_to(B, batch + (m, k)).reshape((-1, m, k))
+    x_shape = batch + ((n,) if vector else (n, k))
+    return A3, B3, x_shape, batch

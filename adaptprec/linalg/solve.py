@@ -37,8 +37,8 @@ from ..precision import max_value, unit_roundoff
 from ._common import (
     apply,
     check_array,
-    check_finite,
-    is_concrete,
+    check_options,
+    prepare_system,
     lu_solve,
     matrix_norms,
     resolve_precisions,
@@ -291,17 +291,6 @@ def _solve_batched(A, B, *, storage, compute, refine, max_iters, tol):
     return lax.custom_linear_solve(matvec, B, solve_fn, transpose_solve_fn, has_aux=True)
 
 
-def _check_options(refine, max_iters, tol, what):
-    if refine not in ("lu", "gmres"):
-        raise ValueError(f"{what}: refine must be 'lu' or 'gmres', got {refine!r}")
-    if isinstance(max_iters, bool) or not isinstance(max_iters, (int, np.integer)) \
-            or max_iters < 0:
-        raise ValueError(f"{what}: max_iters must be an int >= 0, got {max_iters!r}")
-    if tol is not None and not (isinstance(tol, (int, float)) and math.isfinite(tol)
-                                and tol > 0):
-        raise ValueError(f"{what}: tol must be None or a positive float, got {tol!r}")
-
-
 def solve(A, b, *, factor="f32", working="f64", refine="lu", max_iters=30, tol=None):
     r"""Solve ``A x = b`` by low-precision LU and working-precision iterative refinement.
 
@@ -351,49 +340,20 @@ def solve(A, b, *, factor="f32", working="f64", refine="lu", max_iters=30, tol=N
         (0, False, True)
     """
     what = "solve"
-    _check_options(refine, max_iters, tol, what)
+    check_options(refine, max_iters, tol, what)
     storage, compute, w = resolve_precisions(factor, working, what=what)
     A = check_array(A, "A", what)
-    b = check_array(b, "b", what)
     if A.ndim < 2 or A.shape[-1] != A.shape[-2]:
         raise ValueError(
             f"{what}: A must be a square matrix or a stack of them, shape (..., n, n); got "
             f"shape {tuple(A.shape)}. For rectangular A use ap.linalg.lstsq."
         )
     n = A.shape[-1]
-    if n == 0:
-        raise ValueError(f"{what}: A is empty (n = 0)")
-    if b.ndim == 0:
-        raise ValueError(f"{what}: b must have at least one dimension, got a scalar")
-    vector = b.ndim == 1 or b.ndim == A.ndim - 1
-    rows = b.shape[-1] if vector else b.shape[-2]
-    if rows != n:
-        raise ValueError(
-            f"{what}: b of shape {tuple(b.shape)} does not match A of shape "
-            f"{tuple(A.shape)}: b must be (n,), (..., n) or (..., n, k) with n = {n}"
-        )
-    b_batch = b.shape[:-1] if vector else b.shape[:-2]
-    if b.ndim == 1:
-        b_batch = ()
-    try:
-        batch = tuple(np.broadcast_shapes(tuple(A.shape[:-2]), tuple(b_batch)))
-    except ValueError:
-        raise ValueError(
-            f"{what}: batch dimensions of A {tuple(A.shape[:-2])} and b {tuple(b_batch)} "
-            "do not broadcast"
-        ) from None
-    if is_concrete(A, b):
-        check_finite(what, A=A, b=b)
-    A = jnp.asarray(A).astype(w)
-    b = jnp.asarray(b).astype(w)
-    B = b[..., None] if vector else b
-    k = B.shape[-1]
-    A3 = jnp.broadcast_to(A, batch + (n, n)).reshape((-1, n, n))
-    B3 = jnp.broadcast_to(B, batch + (n, k)).reshape((-1, n, k))
+    A3, B3, out_shape, batch = prepare_system(A, b, w, what)
     tol_ = float(math.sqrt(n) * unit_roundoff(w)) if tol is None else float(tol)
     x, info = _solve_batched(A3, B3, storage=storage, compute=compute, refine=refine,
                              max_iters=int(max_iters), tol=tol_)
-    x = x.reshape(batch + ((n,) if vector else (n, k)))
+    x = x.reshape(out_shape)
     info = jax.tree_util.tree_map(lambda f: f.reshape(batch), info)
     return x, info
 
