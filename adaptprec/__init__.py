@@ -53,6 +53,7 @@ from . import schedule
 from .schedule import PrecisionSchedule, iterate
 
 # --- linalg (issue 7): re-exports below this line ---
+from . import linalg  # noqa: E402  (users call ap.linalg.solve, ap.linalg.lstsq, ...)
 
 # --- nlsq (issue 4): re-exports below this line ---
 from . import nlsq  # noqa: E402
