@@ -359,12 +359,13 @@ class PrecisionPolicy:
 
     def __str__(self) -> str:
         mine = self._fields_str()
-        best: tuple[int, str, list[str]] | None = None
+        best: tuple[tuple[int, bool], str, list[str]] | None = None
         for pname, preset in PRESETS.items():
             theirs = preset._fields_str()
             diff = [f"{k}={v}" for k, v in mine.items() if theirs.get(k) != v]
-            if best is None or len(diff) < len(best[2]):
-                best = (len(diff), pname, diff)
+            score = (len(diff), preset.dtype != self.dtype)
+            if best is None or score < best[0]:
+                best = (score, pname, diff)
         assert best is not None
         return ",".join([best[1], *best[2]])
 
