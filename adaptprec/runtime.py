@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.custom_batching import custom_vmap
+from jax.sharding import PartitionSpec
 
 from .monitor import emit as _emit_report
 from ._rungs import Rung, is_rung_object, normalize_ladder
@@ -54,6 +55,60 @@ _ON_FAILURE = ("return", "raise", "nan")
 
 def _is_dynamic(x) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
+def _explicit_sharding(x):
+    """The explicit (sharding-in-types) sharding of a traced value, else None."""
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or not getattr(mesh, "explicit_axes", ()):
+        return None
+    return sharding
+
+
+def _replicated_sharding(x):
+    sharding = _explicit_sharding(x)
+    return None if sharding is None else sharding.update(spec=PartitionSpec())
+
+
+def _replicated(x):
+    """``x`` replicated across an explicit mesh (a no-op otherwise)."""
+    sharding = _replicated_sharding(x)
+    return x if sharding is None else jax.sharding.reshard(x, sharding)
+
+
+def _gather_rows(x, idx):
+    return x.at[idx].get(out_sharding=_replicated_sharding(x))
+
+
+def _scatter_rows(full, idx, sub):
+    return full.at[idx].set(sub, mode="drop", out_sharding=_explicit_sharding(full))
+
+
+def _shard_like_batch(tree, dyn, flags):
+    """With an explicit mesh, shard every output's batch axis like the inputs' batch axis.
+
+    ``vmap`` over an explicitly sharded axis expects all batched results to carry that
+    sharding; results built from scratch (rung indices, reports) would not.
+    """
+    for x, f in zip(dyn, flags):
+        sharding = _explicit_sharding(x) if f else None
+        if sharding is not None:
+            axis = sharding.spec[0] if len(sharding.spec) else None
+
+            def reshard(y):
+                spec = PartitionSpec(axis, *([None] * (y.ndim - 1)))
+                return jax.sharding.reshard(y, sharding.update(spec=spec))
+
+            return jax.tree_util.tree_map(reshard, tree)
+    return tree
+
+
+def _set_rung_row(arr, k, row):
+    """``arr[..., k, :] = row`` as a select, which keeps any sharding of the batch axis."""
+    n_rungs = arr.shape[-2]
+    mask = (jnp.arange(n_rungs) == k)[:, None]
+    return jnp.where(mask, jnp.expand_dims(row, -2), arr)
 
 
 def _float0_zeros(x):
@@ -153,11 +208,14 @@ class MixedPrecisionManager:
         except TypeError:       # unhashable static argument: no caching
             key, compiled = None, None
         if compiled is None:
-            compiled = jax.jit(_Program(self, fn, treedef, dyn_pos, static,
-                                        len(leaves)).run)
+            program = _Program(self, fn, treedef, dyn_pos, static, len(leaves))
+            compiled = (program.run, jax.jit(program.run))
             if key is not None:
                 self._cache[key] = compiled
-        return compiled(*[leaves[i] for i in dyn_pos])
+        dyn = [leaves[i] for i in dyn_pos]
+        # Eager calls compile once; inside a transformation (jit, vmap, grad) trace inline.
+        traced = any(isinstance(x, jax.core.Tracer) for x in dyn)
+        return compiled[0](*dyn) if traced else compiled[1](*dyn)
 
 
 class _Program:
@@ -224,8 +282,8 @@ class _Program:
         shape = batch + (self.n_rungs, self.n_guards)
         codes = jnp.full(shape, -1, jnp.int32)
         values = jnp.full(shape, jnp.nan, jnp.float32)
-        codes = codes.at[..., k, :].set(c)
-        values = values.at[..., k, :].set(v)
+        codes = _set_rung_row(codes, k, c)
+        values = _set_rung_row(values, k, v)
         return out, codes, values, jnp.full(batch, k, jnp.int32), ok
 
     # ---------------------------------------------------------------- single call
@@ -239,7 +297,8 @@ class _Program:
 
             def go(rec):
                 out, c, v, ok = self.attempt(k, *dyn)
-                return climb(k + 1, (out, rec[1].at[k].set(c), rec[2].at[k].set(v),
+                return climb(k + 1, (out, _set_rung_row(rec[1], k, c),
+                                     _set_rung_row(rec[2], k, v),
                                      jnp.asarray(k, jnp.int32), ok))
 
             return lax.cond(rec[4], lambda r: r, go, rec)
@@ -297,11 +356,11 @@ class _Program:
         """Run rung k for the batch; elements in `need` (all, for batch="call") take it."""
         out, c, v, ok = self.vattempt(k, dyn, flags)
         if self.mgr.batch == "call":
-            new = (out, rec[1].at[:, k].set(c), rec[2].at[:, k].set(v),
-                   jnp.full((size,), k, jnp.int32), ok)
+            new = (out, _set_rung_row(rec[1], k, c), _set_rung_row(rec[2], k, v),
+                   jnp.full_like(rec[3], k), ok)
             return self.climb_batch(k + 1, dyn, flags, new, ~ok, size, compact_ok)
-        new = (out, rec[1].at[:, k].set(c), rec[2].at[:, k].set(v),
-               jnp.full((size,), k, jnp.int32), ok)
+        new = (out, _set_rung_row(rec[1], k, c), _set_rung_row(rec[2], k, v),
+               jnp.full_like(rec[3], k), ok)
         new = self._merge(need, new, rec)
         return self.climb_batch(k + 1, dyn, flags, new, need & ~ok, size, compact_ok)
 
@@ -316,14 +375,15 @@ class _Program:
             return lax.cond(jnp.any(need), whole, lambda r: r, rec)
 
         def compact(rec):
-            idx = jnp.nonzero(need, size=cap, fill_value=size)[0]
+            # the buffer is small: build it replicated even when the batch is sharded
+            idx = jnp.nonzero(_replicated(need), size=cap, fill_value=size)[0]
             valid = idx < size
             safe = jnp.where(valid, idx, 0)
-            sub_dyn = [jnp.take(x, safe, axis=0) if f else x for x, f in zip(dyn, flags)]
-            sub_rec = jax.tree_util.tree_map(lambda x: jnp.take(x, safe, axis=0), rec)
+            sub_dyn = [_gather_rows(x, safe) if f else x for x, f in zip(dyn, flags)]
+            sub_rec = jax.tree_util.tree_map(lambda x: _gather_rows(x, safe), rec)
             sub_rec = self.climb_batch(k, sub_dyn, flags, sub_rec, valid, cap, False)
             return jax.tree_util.tree_map(
-                lambda full, sub: full.at[idx].set(sub, mode="drop"), rec, sub_rec)
+                lambda full, sub: _scatter_rows(full, idx, sub), rec, sub_rec)
 
         n_fail = jnp.sum(need)
         branch = jnp.where(n_fail == 0, 0, jnp.where(n_fail <= cap, 1, 2))
@@ -349,6 +409,7 @@ class _Program:
         @single.def_vmap
         def rule(axis, in_batched, *dyn):
             rec = self.batched_entry(list(dyn), list(in_batched))
+            rec = _shard_like_batch(rec, dyn, in_batched)
             return rec, jax.tree_util.tree_map(lambda _: True, rec)
 
         @jax.custom_jvp
