@@ -16,6 +16,8 @@ APIs, so the result is an ordinary traceable function that composes with ``jit``
   :func:`jax.custom_vjp` whose rules are the original rules (the JVP jaxpr / the forward
   jaxpr re-evaluated under the policy, the user's backward function as is), so custom
   derivatives keep working;
+* ``LINALG`` primitives never run below float32 (LAPACK and cuSOLVER have no
+  half-precision factorizations), whatever the rule says;
 * other primitives carrying jaxprs (``reduce`` with a custom computation,
   ``custom_linear_solve``...) and primitives that refuse the new dtypes run at the dtype
   they were traced at; :func:`~adaptprec.autocast.explain` lists them.
@@ -277,6 +279,8 @@ def _first_order(ctx: _Ctx, eqn, invals) -> list:
     arrays = [_dtype(invals[i]) for i in floats if not isinstance(invals[i], _Lit)]
     in_dtype = _widest(arrays or [_dtype(invals[i]) for i in floats])
     target = np.dtype(_resolve(policy, rule, in_dtype, name, kind))
+    if kind is OpKind.LINALG and jnp.finfo(target).bits < 32:
+        target = np.dtype(np.float32)  # LAPACK/cuSOLVER have no half-precision kernels
     params = dict(eqn.params)
     if "preferred_element_type" in params and kind is OpKind.COMPUTE:
         params = _compute_params(policy, rule, target, params)
