@@ -1,0 +1,123 @@
+"""Overhead of adaptive execution, measured against direct baselines in the same run.
+
+1. An un-escalated adaptive call vs the plain jitted kernel at rung 0 (target <= 1.05 for
+   kernels of 1 ms or more).
+2. An escalated call (rung 0 fails, the top rung runs) vs running rung 0 plus the top rung
+   directly in one jitted function (target <= 1.05).
+3. ``batch="element"`` with 1% failing elements vs escalating the whole batch
+   (``batch="call"``), under ``vmap``.
+
+Each figure is the median wall time over repeated calls of compiled functions
+(``block_until_ready``), interleaving candidate and baseline to share machine noise.
+
+Run:  python benchmarks/bench_adaptive.py [--n 512] [--repeats 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import adaptprec as ap  # noqa: E402
+
+
+def _timed(fn, *args):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    return time.perf_counter() - t0
+
+
+def compare(candidate, baseline, args, repeats):
+    """Median times (s) of candidate and baseline, calls interleaved after warm-up."""
+    for _ in range(3):
+        jax.block_until_ready(candidate(*args))
+        jax.block_until_ready(baseline(*args))
+    tc, tb = [], []
+    for _ in range(repeats):
+        tc.append(_timed(candidate, *args))
+        tb.append(_timed(baseline, *args))
+    return statistics.median(tc), statistics.median(tb)
+
+
+def kernel(a, b):
+    """A ~ms matmul chain: (a @ b) @ b, accumulated at the input precision."""
+    return (a @ b) @ b
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=512, help="matrix size for 1 and 2")
+    p.add_argument("--batch", type=int, default=2000, help="batch size for 3")
+    p.add_argument("--repeats", type=int, default=30)
+    args = p.parse_args(argv)
+    n, reps = args.n, args.repeats
+    rng = np.random.default_rng(0)
+    print(f"jax {jax.__version__}, backend {jax.default_backend()}, "
+          f"{len(jax.devices())} device(s); n={n}, batch={args.batch}, repeats={reps}")
+    print("command: python benchmarks/bench_adaptive.py " + " ".join(sys.argv[1:]))
+
+    # 1. un-escalated: ladder f32 -> f64, inputs f32, rung 0 passes the finite guard
+    a = jnp.asarray(rng.standard_normal((n, n)), jnp.float32)
+    b = jnp.asarray(rng.standard_normal((n, n)) / np.sqrt(n), jnp.float32)
+    adaptive = jax.jit(ap.adaptive(kernel, ladder="f32,f64", guards=[ap.guards.finite()]))
+    plain = jax.jit(kernel)
+    _, rep = ap.adaptive(kernel, ladder="f32,f64").with_report(a, b)
+    assert rep.rung_name == "f32"
+    tc, tb = compare(adaptive, plain, (a, b), reps)
+    print(f"1. un-escalated adaptive vs plain f32 kernel: {tc * 1e3:8.2f} ms vs "
+          f"{tb * 1e3:8.2f} ms  ratio {tc / tb:.3f}  (target <= 1.05)")
+
+    # 2. escalated: a ~ 1e30, b ~ 1e10: (a @ b) @ b ~ 1e50 overflows f32, f64 is fine
+    big64 = a.astype(jnp.float64) * 1e30
+    b64 = b.astype(jnp.float64) * 1e10
+    _, rep = ap.adaptive(kernel, ladder="f32,f64").with_report(big64, b64)
+    assert rep.rung_name == "f64"
+
+    @jax.jit
+    def rung0_plus_top(x, y):
+        lo = kernel(x.astype(jnp.float32), y.astype(jnp.float32))
+        hi = kernel(x, y)
+        return lo, hi
+
+    tc, tb = compare(adaptive, rung0_plus_top, (big64, b64), reps)
+    print(f"2. escalated adaptive vs rung0 + top directly: {tc * 1e3:8.2f} ms vs "
+          f"{tb * 1e3:8.2f} ms  ratio {tc / tb:.3f}  (target <= 1.05)")
+
+    # 3. element vs call batching with 1% failing elements
+    m = 128
+    mat = jnp.asarray(rng.standard_normal((m, m)) / np.sqrt(m))
+
+    def per_element(x):
+        y = x
+        for _ in range(8):
+            y = jnp.tanh(mat.astype(x.dtype) @ y)
+        return jnp.log(jnp.sum(jnp.exp(y * x[0])))
+
+    xs = rng.standard_normal((args.batch, m))
+    n_fail = max(1, args.batch // 100)
+    fail = rng.choice(args.batch, n_fail, replace=False)
+    xs[fail, 0] = 200.0          # exp(200 * y) overflows f32, fine in f64
+    xs = jnp.asarray(xs)
+    ladder = "f32,f64"
+    elem = jax.jit(jax.vmap(ap.adaptive(per_element, ladder=ladder, batch="element",
+                                        capacity=0.02)))
+    call = jax.jit(jax.vmap(ap.adaptive(per_element, ladder=ladder, batch="call")))
+    ye, yc = elem(xs), call(xs)
+    assert np.all(np.isfinite(np.asarray(ye))) and np.all(np.isfinite(np.asarray(yc)))
+    tc, tb = compare(elem, call, (xs,), reps)
+    print(f"3. batch='element' (1% = {n_fail} failing, capacity 2%) vs batch='call' "
+          f"(whole batch escalates): {tc * 1e3:8.2f} ms vs {tb * 1e3:8.2f} ms  "
+          f"ratio {tc / tb:.3f}  (speed-up {tb / tc:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
