@@ -243,12 +243,21 @@ class _CountState(ScheduleState):
     count: Int[Array, ""]
 
 
+class _StallState(ScheduleState):
+    count: Int[Array, ""]
+    best: Float[Array, ""]
+
+
 class StallEscalation(PrecisionSchedule):
     """Escalate when progress stalls for ``patience`` consecutive steps.
 
-    A step stalls when ``stats.rel_decrease < rate`` or it was rejected
-    (``stats.accepted`` false). Any guard failure escalates at once. The stall counter
-    resets after each escalation.
+    A step stalls when ``stats.rel_decrease < rate``, when it was rejected
+    (``stats.accepted`` false), or when ``stats.value`` is not at least ``rate`` (relative)
+    below the best value seen on this rung — so an iteration that oscillates at the rung's
+    rounding floor (alternately up and down by more than ``rate``) counts as stalled too.
+    For a monotonically decreasing ``value`` the last two tests coincide. Any guard
+    failure escalates at once. The stall counter and the best value reset after each
+    escalation.
 
     Example:
         >>> from adaptprec.schedule import StallEscalation, ScheduleStats
@@ -256,6 +265,11 @@ class StallEscalation(PrecisionSchedule):
         >>> st = s.init("f32,f64")
         >>> for _ in range(3):
         ...     st = s.update(st, ScheduleStats.make(1.0, rel_decrease=0.0))
+        >>> int(st.rung)
+        1
+        >>> st = s.init("f32,f64")               # oscillating: +-8% per step, no progress
+        >>> for v in (1.0, 0.92, 1.0, 0.92, 1.0):
+        ...     st = s.update(st, ScheduleStats.make(v, rel_decrease=(1.0 - v) or -0.08))
         >>> int(st.rung)
         1
     """
@@ -268,14 +282,18 @@ class StallEscalation(PrecisionSchedule):
             raise ValueError(f"patience must be >= 1, got {self.patience}")
 
     def init(self, ladder):
-        return _CountState.initial(ladder, count=jnp.asarray(0, jnp.int32))
+        best = jnp.asarray(jnp.inf, jnp.result_type(float))
+        return _StallState.initial(ladder, count=jnp.asarray(0, jnp.int32), best=best)
 
     def update(self, state, stats):
-        stalled = (~stats.accepted) | (stats.rel_decrease < self.rate)
+        value = stats.value.astype(state.best.dtype)
+        no_new_best = value > state.best - self.rate * jnp.abs(state.best)
+        stalled = (~stats.accepted) | (stats.rel_decrease < self.rate) | no_new_best
         count = jnp.where(stalled, state.count + 1, 0)
         up = (stats.guard_failures > 0) | (count >= self.patience)
+        best = jnp.where(up, jnp.inf, jnp.minimum(state.best, value))
         return state.move(state.rung + up.astype(jnp.int32),
-                     count=jnp.where(up, 0, count).astype(jnp.int32))
+                          count=jnp.where(up, 0, count).astype(jnp.int32), best=best)
 
 
 class _NoiseState(ScheduleState):

@@ -52,12 +52,14 @@ def _run(schedule, steps, values=None):
     return [int(r) for r in rungs], [int(e) for e in esc]
 
 
-def _ref_stall(steps, rate, patience):
-    rung, esc, count, out = 0, 0, 0, []
-    for rel, acc, fail in steps:
-        count = count + 1 if (not acc or rel < rate) else 0
+def _ref_stall(steps, values, rate, patience):
+    rung, esc, count, best, out = 0, 0, 0, np.inf, []
+    for (rel, acc, fail), v in zip(steps, values):
+        no_new_best = v > best - rate * abs(best)
+        count = count + 1 if (not acc or rel < rate or no_new_best) else 0
+        best = min(best, v)
         if fail or count >= patience:
-            count = 0
+            count, best = 0, np.inf
             if rung < TOP:
                 rung, esc = rung + 1, esc + 1
         out.append((rung, esc))
@@ -80,10 +82,12 @@ def _ref_hyst(steps, down_after):
 
 
 @settings(max_examples=25, deadline=None)
-@given(steps_strategy)
-def test_stall_escalation_matches_reference(steps):
-    rungs, esc = _run(StallEscalation(rate=1e-3, patience=2), steps)
-    assert list(zip(rungs, esc)) == _ref_stall(steps, 1e-3, 2)
+@given(steps_strategy, st.lists(st.sampled_from([1.0, 0.5, 0.9999, 2.0, 0.25]), min_size=12,
+                                max_size=12))
+def test_stall_escalation_matches_reference(steps, values):
+    values = values[:len(steps)]
+    rungs, esc = _run(StallEscalation(rate=1e-3, patience=2), steps, values)
+    assert list(zip(rungs, esc)) == _ref_stall(steps, values, 1e-3, 2)
 
 
 @settings(max_examples=25, deadline=None)
@@ -120,7 +124,7 @@ def test_fixed_and_any_of():
     # any_of: stall climbs, hysteresis steps back down after clean steps
     sched = any_of(StallEscalation(rate=1e-3, patience=1), Hysteresis(down_after=2))
     steps = [(0.0, True, 0), (1.0, True, 0), (1.0, True, 0), (1.0, True, 0), (1.0, True, 0)]
-    rungs, esc = _run(sched, steps)
+    rungs, esc = _run(sched, steps, [1.0, 0.5, 0.25, 0.125, 0.0625])
     assert rungs == [1, 1, 0, 0, 0] and esc[-1] == 1
     with pytest.raises(TypeError, match="PrecisionSchedule"):
         any_of("stall")
