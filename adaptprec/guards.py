@@ -299,7 +299,7 @@ class _Headroom(Guard):
         ratio = jnp.float32(0)
         for x in _float_leaves(ctx.out):
             m = jnp.max(jnp.abs(x.astype(_wide(x.dtype)))) if x.size else 0.0
-            ratio = jnp.maximum(ratio, (m / big).astype(jnp.float32))
+            ratio = jnp.maximum(ratio, (m * (1.0 / big)).astype(jnp.float32))
         ratio = jnp.where(jnp.isnan(ratio), jnp.inf, ratio)
         room_ok = ratio <= self.fraction
         # nonzero inputs flushed to zero by the cast to the rung
