@@ -13,7 +13,7 @@ import numpy as np
 from ..precision import Ladder, canonical_dtype, dtype_name, require_x64, unit_roundoff
 from . import _status as st
 from ._problem import Residual, build_problem, nonfinite_fits
-from .chunking import auto_chunk_size, is_traced, run_chunked
+from .chunking import auto_chunk_size, is_traced, map_blocks, run_chunked
 from .covariance import batched_pcov
 from .escalation import RungPlan, solve_ladder
 from .lm_batched import LMOptions, make_fj
@@ -37,6 +37,7 @@ class _Config(NamedTuple):
     noise_floor: float
     return_pcov: bool
     absolute_sigma: bool
+    block_size: int
 
 
 def _ladder(precision) -> Ladder:
@@ -65,6 +66,9 @@ def _core(residual: Residual, cfg: _Config) -> Callable:
     """The jitted solver for one residual and configuration (shapes cached by jit)."""
 
     def solve(x0, bargs, sargs):
+        return map_blocks(solve_block, x0, bargs, sargs, cfg.block_size)
+
+    def solve_block(x0, bargs, sargs):
         size = x0.shape[0]
         cap = int(min(size, max(cfg.escalate_min, int(np.ceil(size * cfg.escalate_fraction)))))
         s, rung = solve_ladder(residual, x0, bargs, sargs, cfg.plans,
@@ -107,6 +111,7 @@ def solve_nlsq_batch(
     escalate_fraction: float = 0.125,
     cond_tol: float = 1e-2,
     noise_floor: float = 10.0,
+    block_size: int = 2048,
     chunk_size: Optional[int] = None,
     progress: Optional[Callable[[int, int], None]] = None,
     mesh=None,
@@ -146,6 +151,9 @@ def solve_nlsq_batch(
         escalate_fraction: capacity of the escalation buffer as a fraction of the batch
             (at least 64 fits); more flagged fits are processed in rounds.
         cond_tol, noise_floor: escalation guards (see :mod:`adaptprec.batch.escalation`).
+        block_size: fits iterated in lockstep inside the compiled program (blocks run
+            one after another through ``lax.map``; a few thousand keeps the working set in
+            cache on CPU, see :func:`~adaptprec.batch.chunking.map_blocks`).
         chunk_size: solve at most this many fits at a time (default: all, unless the
             working set would exceed about 1 GiB).
         progress: ``progress(done, total)`` called after each chunk (eager calls only),
@@ -193,6 +201,8 @@ def solve_nlsq_batch(
         factor = compaction
     else:
         raise ValueError(f"compaction must be 'auto', None or an int >= 2, got {compaction!r}")
+    if int(block_size) < 1:
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
     if not 0 < escalate_fraction <= 1:
         raise ValueError(f"escalate_fraction must be in (0, 1], got {escalate_fraction!r}")
     traced = is_traced(prob.x0, prob.bargs, prob.sargs)
@@ -208,7 +218,8 @@ def solve_nlsq_batch(
 
     cfg = _Config(_plans(ladder, float(ftol), float(xtol), float(gtol), int(max_steps)),
                   float(escalate_fraction), 64, factor, 256, float(cond_tol),
-                  float(noise_floor), bool(return_pcov), bool(absolute_sigma))
+                  float(noise_floor), bool(return_pcov), bool(absolute_sigma),
+                  int(block_size))
     solve = _core(prob.residual, cfg)
 
     if mesh is None:

@@ -1,5 +1,8 @@
 """Chunking: batches larger than memory are solved ``chunk_size`` fits at a time.
 
+(Inside one compiled solve, :func:`map_blocks` also cuts the batch into cache-sized
+blocks; that is for speed, chunking is for memory and progress.)
+
 Eagerly (concrete inputs) the chunks run in a host loop over ONE compiled program (the last
 chunk is padded by repeating its first fit, so there is no recompilation), and an opt-in
 ``progress(done, total)`` callback is called after every chunk; nothing is printed unless
@@ -21,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["TextProgress", "is_traced", "run_chunked", "auto_chunk_size"]
+__all__ = ["TextProgress", "is_traced", "map_blocks", "run_chunked", "auto_chunk_size"]
 
 
 class TextProgress:
@@ -82,6 +85,34 @@ def _pad_rows(tree, rows: int):
         reps = jnp.repeat(a[:1], rows, axis=0)
         return jnp.concatenate([a, reps], axis=0)
     return jax.tree.map(pad, tree)
+
+
+def map_blocks(solve: Callable, x0, bargs, sargs, block_size: int):
+    """``solve`` applied to cache-sized blocks of fits inside one program (``lax.map``).
+
+    On CPU the per-iteration work of a small fit is tiny, so speed is set by memory
+    traffic: a block of a few thousand fits keeps the iteration's working set
+    (``B m n`` Jacobian entries and the normal equations) in cache. Measured on the 2-D
+    Gaussian (5x5 pixels): 2,000-fit blocks run about 3x faster than one 100,000-fit
+    lockstep batch. Blocks also bound lockstep: a slow fit delays only its own block.
+    The batch is padded to a multiple of ``block_size`` by repeating its first fit.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.batch.chunking import map_blocks
+        >>> out = map_blocks(lambda x, b, s: {"y": x + b[0]}, jnp.arange(5.0)[:, None],
+        ...                  (jnp.ones((5, 1)),), (), 2)
+        >>> out["y"][:, 0].tolist()
+        [1.0, 2.0, 3.0, 4.0, 5.0]
+    """
+    size = x0.shape[0]
+    if size <= block_size:
+        return solve(x0, bargs, sargs)
+    nblocks = -(-size // block_size)
+    xs = _pad_rows((x0, bargs), nblocks * block_size - size)
+    xs = jax.tree.map(lambda a: a.reshape((nblocks, block_size) + a.shape[1:]), xs)
+    out = jax.lax.map(lambda c: solve(c[0], c[1], sargs), xs)
+    return jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:])[:size], out)
 
 
 def run_chunked(solve: Callable, x0, bargs, sargs, chunk_size: int,
