@@ -182,6 +182,11 @@ class ScheduleState(eqx.Module):
         return dataclasses.replace(self, rung=new_rung, escalations=escalations, **changes)
 
 
+def _require_positive(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
 class PrecisionSchedule(eqx.Module):
     """Abstract precision schedule: ``init(ladder) -> state``, ``update(state, stats)``.
 
@@ -278,8 +283,7 @@ class StallEscalation(PrecisionSchedule):
     patience: int = eqx.field(default=3, static=True)
 
     def __check_init__(self):
-        if self.patience < 1:
-            raise ValueError(f"patience must be >= 1, got {self.patience}")
+        _require_positive("patience", self.patience)
 
     def init(self, ladder):
         best = jnp.asarray(jnp.inf, jnp.result_type(float))
@@ -326,8 +330,7 @@ class NoiseFloor(PrecisionSchedule):
     patience: int = eqx.field(default=1, static=True)
 
     def __check_init__(self):
-        if self.patience < 1:
-            raise ValueError(f"patience must be >= 1, got {self.patience}")
+        _require_positive("patience", self.patience)
 
     def init(self, ladder):
         prev = jnp.asarray(jnp.inf, jnp.result_type(float))
@@ -374,8 +377,7 @@ class Hysteresis(PrecisionSchedule):
     down_after: int = eqx.field(default=10, static=True)
 
     def __check_init__(self):
-        if self.down_after < 1:
-            raise ValueError(f"down_after must be >= 1, got {self.down_after}")
+        _require_positive("down_after", self.down_after)
 
     def init(self, ladder):
         zero = jnp.asarray(0, jnp.int32)
