@@ -470,3 +470,11 @@ def test_policy_rungs_in_adaptive_ladder():
     out, rep = jax.jit(fn.with_report)(x * 1e5, w)
     assert int(rep.rung) == 1 and bool(rep.ok)
     assert rel_err(out, kernel(x * 1e5, w)) < 1e-5
+    # the ladder of the design: a bfloat16 autocast rung, then float32, then float64.
+    # x = 1 + 2^-10 rounds to 1 in bfloat16, so (x - 1) * 1024 is 0 there and 1 above.
+    exact = ap.adaptive(lambda x: jnp.sum((x - 1.0) * 1024.0 * jnp.exp(x - x)),
+                        ladder=(ap.AUTO_MIXED_BF16, ap.ALWAYS_F32, "f64"),
+                        guards=[ap.guards.finite(), ap.guards.predicate(lambda out, x: out > 0.5)])
+    x = jnp.full(4, 1.0 + 2.0 ** -10, jnp.float64)
+    out, rep = jax.jit(exact.with_report)(x)
+    assert int(rep.rung) == 1 and bool(rep.ok) and float(out) == 4.0

@@ -245,8 +245,10 @@ def _eval_closed(ctx: _Ctx, closed: ClosedJaxpr, args: Sequence[Any]) -> list:
     return _eval_jaxpr(ctx, closed.jaxpr, closed.consts, args)
 
 
-# Primitives whose meaning depends on the exact traced dtype of their operands.
-_TRACED_DTYPE = frozenset({"bitcast_convert_type"})
+# Primitives whose meaning depends on the exact traced dtype of their operands: bit
+# casts, and opaque host/FFI code with a declared signature.
+_TRACED_DTYPE = frozenset({"bitcast_convert_type", "pure_callback", "io_callback",
+                           "debug_callback", "ffi_call"})
 # Variadic primitives whose operands are independent (never unify their dtypes).
 _INDEPENDENT = frozenset({"device_put", "optimization_barrier", "sharding_constraint"})
 
@@ -258,8 +260,6 @@ def _at_traced_dtype(ctx: _Ctx, eqn, invals) -> list:
     args = [ctx.cast(v, var.aval.dtype, kind) if _is_float(_dtype(v)) else _raw(v)
             for v, var in zip(invals, eqn.invars)]
     ctx.stats.fallback.add(name)
-    if kind is OpKind.UNKNOWN:
-        ctx.stats.unknown.add(name)
     ctx.stats.op(kind, name, "as traced")
     return _as_list(eqn.primitive.bind(*args, **eqn.params), eqn.primitive)
 

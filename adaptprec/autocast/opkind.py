@@ -111,7 +111,7 @@ def _table() -> dict[str, OpKind]:
                          "expand_dims sort top_k copy copy_p device_put iota split tile "
                          "select_and_gather_add select_and_scatter_add "
                          "optimization_barrier sharding_constraint bitcast_convert_type "
-                         "convert_element_type",
+                         "convert_element_type debug_print debug_callback",
         k.CONTROL: "jit pjit closed_call core_call remat2 checkpoint custom_jvp_call "
                    "custom_vjp_call custom_vjp_call_jaxpr scan while cond",
     }
