@@ -144,7 +144,7 @@ def solve_nlsq_batch(
         max_steps: iterations per fit and rung (default ``100 * n``, scipy's lm budget).
         return_pcov: also compute the per-fit covariance (``curve_fit`` semantics).
         nan_policy: ``"propagate"`` (fits with non-finite starts/data get status
-            ``-2``; the others are unaffected) or ``"raise"`` (``ValueError`` listing the
+            ``-3`` (non-finite residual); the others are unaffected) or ``"raise"`` (``ValueError`` listing the
             bad fits; needs concrete inputs).
         compaction: ``"auto"`` (regroup stragglers into buffers ``B/8, B/64, ...`` of at
             least 256 fits), ``None``/``0`` (off), or an int shrink factor.
@@ -214,7 +214,7 @@ def solve_nlsq_batch(
         if bad.size:
             raise ValueError(f"{bad.size} fit(s) have non-finite starts or data, e.g. fits "
                              f"{bad[:10].tolist()}; clean them or use "
-                             f"nan_policy='propagate' (status -2 for those fits only)")
+                             f"nan_policy='propagate' (status -3 for those fits only)")
 
     cfg = _Config(_plans(ladder, float(ftol), float(xtol), float(gtol), int(max_steps)),
                   float(escalate_fraction), 64, factor, 256, float(cond_tol),

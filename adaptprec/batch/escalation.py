@@ -3,8 +3,9 @@ r"""Per-fit precision escalation with compaction (the runtime's ``batch="element
 The whole batch is solved on the ladder's bottom rung (float32 by default). Each fit is
 then judged on its own; a fit is *flagged* for the next rung when
 
-* its status is a failure: non-finite residual/Jacobian, damping limit reached without
-  convergence (stalled), or step budget exhausted;
+* its status is a failure: non-finite residual/Jacobian (-3/-4), no finite trial point
+  (-5), damping limit reached without convergence (stalled, -6), or step budget
+  exhausted (0);
 * its scaled normal matrix is ill-conditioned for the rung:
   :math:`\hat\kappa(D^{-1}J^\top J D^{-1})\,u_{\text{rung}} > \text{cond\_tol}`, with
   :math:`D=\mathrm{diag}(J^\top J)^{1/2}` and :math:`\hat\kappa` the squared ratio of the
@@ -96,8 +97,7 @@ def escalation_flags(s: LMState, u: float, gtol: float, cond_tol: float,
         >>> escalation_flags(s, 2.0**-24, 1e-8, 1e-2, 10.0).tolist()
         [False, True]
     """
-    failed = ((s.status == st.NONFINITE) | (s.status == st.STALLED)
-              | (s.status == st.MAX_STEPS))
+    failed = jnp.isin(s.status, jnp.array(st.FAILURES, s.status.dtype))
     illcond = scaled_condition(s.jtj) * u > cond_tol
     cos = gradient_cosine(s.cost, s.jtj, s.jtf)
     above = ~(cos <= max(gtol, floor * float(np.sqrt(u))))

@@ -180,7 +180,7 @@ def _gauss_newton_test(cost, jtj, jtf, d2, x, opts: LMOptions):
 
 
 def lm_init(fj, x, bargs, sargs, opts: LMOptions, active=None) -> LMState:
-    """Evaluate the starts and build the initial state (non-finite starts get NONFINITE).
+    """Evaluate the starts and build the initial state (non-finite starts get status -3 or -4).
 
     Example:
         >>> import jax.numpy as jnp
@@ -195,13 +195,16 @@ def lm_init(fj, x, bargs, sargs, opts: LMOptions, active=None) -> LMState:
     acc = f.dtype
     x = x.astype(acc)
     cost, jtj, jtf = _normal_equations(f, jac)
-    finite = _finite_rows(x, cost, jtj, jtf)
+    finite_f = _finite_rows(x, cost)
+    finite = finite_f & _finite_rows(jtj, jtf)
     d2 = jnp.diagonal(jtj, axis1=-2, axis2=-1)
     d2 = jnp.where(d2 > 0, d2, 1).astype(acc)
     if active is None:
         active = jnp.ones((b,), bool)
     gconv = gradient_cosine(cost, jtj, jtf) <= opts.gtol
-    status = jnp.where(~finite, st.NONFINITE, jnp.where(gconv, st.GTOL, st.RUNNING))
+    status = jnp.where(~finite_f, st.NONFINITE_RESIDUAL,
+                       jnp.where(~finite, st.NONFINITE_JACOBIAN,
+                                 jnp.where(gconv, st.GTOL, st.RUNNING)))
     status = status.astype(jnp.int32)
     run = active & finite & ~gconv
     ones = jnp.ones((b,), jnp.int32)
@@ -277,7 +280,7 @@ def lm_step(fj, s: LMState, bargs, sargs, opts: LMOptions) -> LMState:
            jnp.where(ftol_ok | gn_f, st.FTOL,
            jnp.where(xtol_ok, st.XTOL,
            jnp.where(gtol_ok, st.GTOL,
-           jnp.where(lam_n > _LAMBDA_MAX, st.STALLED,
+           jnp.where(lam_n > _LAMBDA_MAX, jnp.where(finite, st.STALLED, st.NO_FINITE_STEP),
            jnp.where(nit >= opts.max_steps, st.MAX_STEPS, st.RUNNING))))))
     status = jnp.where(active, code, s.status).astype(jnp.int32)
     inc = active.astype(jnp.int32)

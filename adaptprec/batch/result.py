@@ -19,8 +19,10 @@ class BatchResult(eqx.Module):
     Fields follow :class:`scipy.optimize.OptimizeResult` where one exists:
 
     - ``x`` ``(B, n)`` solutions; ``cost`` ``(B,)`` ``0.5 * ||f||^2`` at ``x``;
-    - ``status`` ``(B,)`` int32 codes (scipy's 0..4, plus negative adaptprec failure codes;
-      :meth:`message` explains one); ``success`` ``(B,)`` = ``status > 0``;
+    - ``status`` ``(B,)`` int32 codes, those of :class:`adaptprec.nlsq.common.Status`
+      (scipy's 0..4; -3/-4 non-finite residual/Jacobian, -5 no finite trial point) plus
+      -6 (stalled: no reduction possible at the precision); :meth:`message` explains one;
+      ``success`` ``(B,)`` = ``status > 0``;
     - ``rung`` ``(B,)`` index into ``ladder`` of the precision that produced the fit;
     - ``nfev``, ``njev``, ``nit`` ``(B,)`` counts summed over rungs;
     - ``optimality`` ``(B,)`` ``||J^T f||_inf`` at ``x``;
@@ -34,12 +36,12 @@ class BatchResult(eqx.Module):
     Example:
         >>> import jax.numpy as jnp
         >>> from adaptprec.batch import BatchResult
-        >>> r = BatchResult(x=jnp.zeros((2, 1)), cost=jnp.zeros(2), status=jnp.array([1, -2]),
+        >>> r = BatchResult(x=jnp.zeros((2, 1)), cost=jnp.zeros(2), status=jnp.array([1, -3]),
         ...                 success=jnp.array([True, False]), rung=jnp.array([0, 1]),
         ...                 nfev=jnp.ones(2, int), njev=jnp.ones(2, int), nit=jnp.ones(2, int),
         ...                 optimality=jnp.zeros(2), pcov=None, ladder=("f32", "f64"))
         >>> r.batch_size, r.num_escalated, r.message(1)[:30]
-        (2, 1, 'The residual or Jacobian is no')
+        (2, 1, 'The residual is non-finite (Na')
     """
 
     x: jax.Array
