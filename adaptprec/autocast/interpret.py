@@ -462,24 +462,34 @@ def _cond(ctx: _Ctx, eqn, invals) -> list:
     return list(out)
 
 
-def _custom_jvp(ctx: _Ctx, eqn, invals) -> list:
-    """Re-wrap with jax.custom_jvp: primal = call_jaxpr under the policy, rule = the
-    original JVP jaxpr under the policy (tangents cast to the primal output dtypes)."""
-    p = eqn.params
-    call: ClosedJaxpr = p["call_jaxpr"]
-    jvp_fun = p["jvp_jaxpr_fun"]
-    nconst = p["num_consts"]
-    symbolic = p["symbolic_zeros"]
+def _custom_setup(ctx: _Ctx, eqn, invals):
+    """Shared by the custom_jvp/custom_vjp handlers: the array operands (literals are
+    closed over), their positions, ``rebuild``, a recorder with a fresh cast cache (rules
+    run in other traces), and the primal evaluated under the policy — recorded or quiet."""
+    call: ClosedJaxpr = eqn.params["call_jaxpr"]
     arrays, pos, rebuild = _split_literals(invals)
     rec = _Recorder(ctx, inherit_cache=False)
-    ctx.stats.op(OpKind.CONTROL, "custom_jvp_call", None)
+    ctx.stats.op(OpKind.CONTROL, eqn.primitive.name, None)
 
     def primal(*xs):
         return [_raw(o) for o in _eval_closed(rec.child(), call, rebuild(xs))]
 
+    def quiet(*xs):
+        return [_raw(o) for o in _eval_closed(rec.quiet(), call, rebuild(xs))]
+
+    return arrays, pos, rebuild, rec, primal, quiet
+
+
+def _custom_jvp(ctx: _Ctx, eqn, invals) -> list:
+    """Re-wrap with jax.custom_jvp: primal = call_jaxpr under the policy, rule = the
+    original JVP jaxpr under the policy (tangents cast to the primal output dtypes)."""
+    p = eqn.params
+    jvp_fun, nconst, symbolic = p["jvp_jaxpr_fun"], p["num_consts"], p["symbolic_zeros"]
+    arrays, pos, rebuild, rec, primal, quiet = _custom_setup(ctx, eqn, invals)
+
     def rule(primals, tangents):
         full = rebuild(primals)
-        out = [_raw(o) for o in _eval_closed(rec.quiet(), call, full)]
+        out = quiet(*primals)
         tfull: list = [None] * len(full)
         for i, t in zip(pos, tangents):
             tfull[i] = t
@@ -514,20 +524,13 @@ def _custom_vjp(ctx: _Ctx, eqn, invals) -> list:
     original forward jaxpr under the policy, bwd = the user's backward function as is
     (cotangents cast to the dtypes of the primal inputs)."""
     p = eqn.params
-    call: ClosedJaxpr = p["call_jaxpr"]
     fwd_thunk, bwd, out_trees = p["fwd_jaxpr_thunk"], p["bwd"], p["out_trees"]
     nconst = p["num_consts"]
-    arrays, pos, rebuild = _split_literals(invals)
-    rec = _Recorder(ctx, inherit_cache=False)
-    ctx.stats.op(OpKind.CONTROL, "custom_vjp_call", None)
-
-    def primal(*xs):
-        return [_raw(o) for o in _eval_closed(rec.child(), call, rebuild(xs))]
+    arrays, pos, rebuild, rec, primal, quiet = _custom_setup(ctx, eqn, invals)
 
     def fwd(*xs):
         full = rebuild(xs)
-        shapes = jax.eval_shape(
-            lambda *a: [_raw(o) for o in _eval_closed(rec.quiet(), call, rebuild(a))], *xs)
+        shapes = jax.eval_shape(quiet, *xs)
         nonzeros = [not isinstance(v, _Lit) for v in full[nconst:]]
         jaxpr, consts = fwd_thunk.call_wrapped(*nonzeros)
         res_out = _eval_jaxpr(rec.quiet(), jaxpr, consts, full[nconst:])

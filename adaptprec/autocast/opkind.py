@@ -70,16 +70,20 @@ class OpKind(enum.Enum):
     @classmethod
     def parse(cls, name: str | OpKind) -> OpKind:
         """The kind named ``name`` (case-insensitive, ``-`` or ``_``); ``ValueError`` if none."""
-        if isinstance(name, OpKind):
-            return name
-        if isinstance(name, str):
-            key = name.strip().lower().replace("-", "_")
-            for kind in cls:
-                if kind.value == key:
-                    return kind
-        raise ValueError(
-            f"unknown op kind {name!r}; op kinds are: {', '.join(k.value for k in cls)}"
-        )
+        return _parse_enum(cls, name, "op kind")
+
+
+def _parse_enum(cls, value, what: str):
+    """The member of enum ``cls`` whose value is ``value`` (case-insensitive, ``-`` = ``_``)."""
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, str):
+        key = value.strip().lower().replace("-", "_")
+        for member in cls:
+            if member.value == key:
+                return member
+    raise ValueError(f"unknown {what} {value!r}; {what}s are: "
+                     f"{', '.join(m.value for m in cls)}")
 
 
 def _table() -> dict[str, OpKind]:

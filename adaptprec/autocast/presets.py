@@ -77,7 +77,7 @@ import numpy as np
 from jax import lax
 
 from ..precision import DTypeLike, canonical_dtype, dtype_name
-from .opkind import PRIMITIVE_KINDS, OpKind, classify
+from .opkind import PRIMITIVE_KINDS, OpKind, _parse_enum, classify
 
 __all__ = [
     "Rule",
@@ -109,14 +109,7 @@ class Rule(enum.Enum):
     @classmethod
     def parse(cls, value: str | Rule) -> Rule:
         """The rule named ``value``; ``ValueError`` if none."""
-        if isinstance(value, Rule):
-            return value
-        key = str(value).strip().lower()
-        for rule in cls:
-            if rule.value == key:
-                return rule
-        raise ValueError(f"unknown rule {value!r}; rules are "
-                         f"{', '.join(r.value for r in cls)}")
+        return _parse_enum(cls, value, "rule")
 
 
 RuleLike = Union[Rule, str, DTypeLike]
