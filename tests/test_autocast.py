@@ -274,6 +274,21 @@ def test_grad_of_autocast_matches_reference(mlp_data):
     assert abs(float(dd) - float(fd)) < 1e-3 * max(1.0, abs(float(fd)))
 
 
+def test_always_f32_on_float32_is_bit_identical_and_backward_pass_can_be_autocast(mlp_data):
+    params, x, labels = mlp_data
+    np.testing.assert_array_equal(jax.jit(ap.autocast(mlp, ap.ALWAYS_F32))(params, x),
+                                  _mlp_ref(params, x))
+    # autocast of a gradient function: the backward pass itself runs under the policy
+    g = jax.grad(mlp_loss)
+    ref = jax.jit(g)(params, x, labels)
+    got = jax.jit(ap.autocast(g, ap.AUTO_MIXED_BF16))(params, x, labels)
+    closed = jax.make_jaxpr(ap.autocast(g, ap.AUTO_MIXED_BF16))(params, x, labels)
+    dots = [e for e in all_eqns(closed) if e.primitive.name == "dot_general"]
+    assert len(dots) > 3 and all(v.aval.dtype == jnp.bfloat16 for e in dots for v in e.invars)
+    for r, m in zip(jax.tree_util.tree_leaves(ref), jax.tree_util.tree_leaves(got)):
+        assert m.dtype == r.dtype and rel_err(m, r) < 0.1
+
+
 def test_vmap_equals_loop_and_jit(mlp_data):
     params, _, _ = mlp_data
     xs = jnp.asarray(np.random.default_rng(5).standard_normal((3, 8, 16)), jnp.float32)
@@ -393,6 +408,17 @@ def test_outputs_follow_policy_output_and_inputs_follow_boundary():
     assert exps[0].invars[0].aval.dtype == jnp.float32
     out = ap.autocast(f, ap.AUTO_MIXED_BF16)(x.astype(jnp.float64))
     assert out[0].dtype == jnp.float64  # returned in the dtype fn returns
+
+
+def test_decorator_form():
+    @ap.autocast(policy="always_bf16")
+    def f(x):
+        return jnp.exp(x) * 3.0
+
+    x = jnp.linspace(0.0, 1.0, 5, dtype=jnp.float32)
+    assert f.policy == ap.ALWAYS_BF16 and f.__name__ == "f"
+    np.testing.assert_allclose(f(x), 3.0 * jnp.exp(x), rtol=2e-2)
+    assert not np.array_equal(f(x), 3.0 * jnp.exp(x))
 
 
 def test_per_primitive_override():
