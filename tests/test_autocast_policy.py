@@ -239,3 +239,31 @@ def test_table_covers_primitives_of_real_jax_programs():
                                   program(*args)))
     out, ref = both(a, x, jnp.array([0, 2]))
     np.testing.assert_allclose(out, ref, rtol=3e-2, atol=3e-2)
+
+
+def test_without_x64_float64_is_refused_and_autocast_still_works():
+    import subprocess
+    import sys
+
+    code = """
+import jax, jax.numpy as jnp
+import adaptprec as ap
+assert not jax.config.jax_enable_x64
+for make in (lambda: ap.PrecisionPolicy("f64"), lambda: ap.PrecisionPolicy.parse("exp=f64")):
+    try:
+        make()
+    except ValueError as exc:
+        assert "jax_enable_x64" in str(exc), exc
+    else:
+        raise AssertionError("float64 accepted with x64 off")
+f = lambda x: jax.nn.logsumexp(jnp.tanh(x @ x), axis=-1)
+x = jnp.eye(4) * 0.5
+y = ap.autocast(f, ap.AUTO_MIXED_BF16)(x)
+assert y.dtype == jnp.float32 and float(jnp.max(jnp.abs(y - f(x)))) < 3e-2
+print("ok")
+"""
+    env = {k: v for k, v in __import__("os").environ.items() if k != "JAX_ENABLE_X64"}
+    env["JAX_ENABLE_X64"] = "0"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

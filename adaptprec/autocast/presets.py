@@ -76,7 +76,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from ..precision import DTypeLike, canonical_dtype, dtype_name
+from ..precision import DTypeLike, canonical_dtype, dtype_name, require_x64
 from .opkind import PRIMITIVE_KINDS, OpKind, _parse_enum, classify
 
 __all__ = [
@@ -125,10 +125,15 @@ _PRECISIONS = {"default": lax.Precision.DEFAULT, "high": lax.Precision.HIGH,
 
 def _floating(value: DTypeLike, what: str) -> np.dtype:
     try:
-        return canonical_dtype(value)
+        dtype = canonical_dtype(value, check_x64=False)
     except ValueError as exc:
         raise ValueError(f"{what} must be a floating dtype (bf16, f16, f32, f64 or an "
                          f"alias); got {value!r}: {exc}") from None
+    try:
+        require_x64(dtype)
+    except ValueError as exc:
+        raise ValueError(f"{what} {value!r}: {exc}") from None
+    return dtype
 
 
 def _parse_rule(key: str, value: RuleLike) -> _RuleValue:
@@ -139,12 +144,13 @@ def _parse_rule(key: str, value: RuleLike) -> _RuleValue:
     if isinstance(value, str) and value.strip().lower() == "keep":
         return Rule.INPUT
     try:
-        return canonical_dtype(value)
+        canonical_dtype(value, check_x64=False)
     except ValueError:
         raise ValueError(
             f"the rule for {key!r} must be one of {', '.join(r.value for r in Rule)} or a "
             f"floating dtype (bf16, f16, f32, f64); got {value!r}"
         ) from None
+    return _floating(value, f"the rule for {key!r}")
 
 
 def _parse_key(key: OpKind | str) -> str:
