@@ -171,7 +171,7 @@ def _parse_key(key: OpKind | str) -> str:
         f"unknown op kind or primitive {key!r} in precision policy; op kinds are "
         f"{', '.join(k.value for k in OpKind)}; primitives are named as in jaxprs (e.g. "
         f"'exp', 'dot_general', 'reduce_sum', 'scatter-add'; the full list is "
-        f"adaptprec.autocast.PRIMITIVE_KINDS)"
+        f"PRIMITIVE_KINDS in the adaptprec.autocast package)"
     )
 
 
