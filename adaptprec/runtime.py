@@ -104,6 +104,10 @@ def _shard_like_batch(tree, dyn, flags):
     return tree
 
 
+def _unbatched(rec):
+    return rec, jax.tree_util.tree_map(lambda _: False, rec)
+
+
 def _set_rung_row(arr, k, row):
     """``arr[..., k, :] = row`` as a select, which keeps any sharding of the batch axis."""
     n_rungs = arr.shape[-2]
@@ -318,6 +322,8 @@ class _Program:
 
         @batched.def_vmap
         def rule(axis, in_batched, *d):
+            if not any(in_batched):     # e.g. only tangents are batched (jacfwd of grad)
+                return _unbatched(prog.batched(d, flags, size))
             # another vmap around this batch: flatten (axis, size) into one batch
             merged, mflags = [], []
             for x, f, g in zip(d, flags, in_batched):
@@ -408,6 +414,8 @@ class _Program:
 
         @single.def_vmap
         def rule(axis, in_batched, *dyn):
+            if not any(in_batched):     # e.g. only tangents are batched (jacfwd of grad)
+                return _unbatched(self.single(*dyn))
             rec = self.batched_entry(list(dyn), list(in_batched))
             rec = _shard_like_batch(rec, dyn, in_batched)
             return rec, jax.tree_util.tree_map(lambda _: True, rec)
@@ -433,6 +441,7 @@ class _Program:
         return run_flat
 
     def run(self, *dyn):
+        self.out_treedef = None          # set by the first rung traced for these shapes
         out_leaves, codes, values, rung, ok = self.build()(*dyn)
         out = jax.tree_util.tree_unflatten(self.out_treedef, list(out_leaves))
         report = Report(rung=rung, escalations=rung, ok=ok, reason=_reason(codes, rung, ok),

@@ -85,7 +85,7 @@ def test_vmap_matches_loop():
 
 def test_float32_and_dtype_of_result():
     a = np.random.default_rng(1).standard_normal((N, N)).astype(np.float32)
-    est = _inv_est(jnp.asarray(a))
+    est = _inv_est_jit(jnp.asarray(a))
     assert est.dtype == jnp.float32 and est.shape == ()
     np.testing.assert_allclose(float(est), _exact_inv_norm(a), rtol=1e-3)
 

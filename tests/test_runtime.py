@@ -340,3 +340,16 @@ def test_manager_run_and_pytree_outputs():
     out, rep = mgr.run(both, {"x": jnp.array([1.0, 100.0], jnp.float32)})
     assert rep.rung_name == "f64" and out["n"].dtype == jnp.int32
     assert out["e"].dtype == jnp.float32 and np.isinf(np.asarray(out["e"])[1])
+
+
+def test_forward_mode_hessian_and_two_shapes_in_one_trace():
+    f = ap.adaptive(lambda x: jnp.exp(x) * x, ladder="f32,f64")
+    x = jnp.array([1.0, 100.0])                       # e^100 overflows f32 -> f64
+    ref = np.diag(np.exp(np.asarray(x)) * (1 + np.asarray(x)))
+    np.testing.assert_allclose(np.asarray(jax.jacfwd(f)(x)), ref, rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(jax.jacrev(f)(x)), ref, rtol=1e-12)
+    h = ap.adaptive(lambda x: jnp.sum(jnp.exp(x)), ladder="f32,f64")
+    np.testing.assert_allclose(np.asarray(jax.hessian(h)(jnp.array([1.0, 2.0]))),
+                               np.diag(np.exp([1.0, 2.0])), rtol=1e-6)   # f32 rung
+    a, b = jax.jit(lambda a, b: (f(a), f(b)))(jnp.ones(2), jnp.ones((3, 3)))
+    assert a.shape == (2,) and b.shape == (3, 3)
