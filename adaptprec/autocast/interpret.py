@@ -294,8 +294,10 @@ def _first_order(ctx: _Ctx, eqn, invals) -> list:
     except (TypeError, ValueError):
         # The primitive does not accept these dtypes: run it as traced.
         return _at_traced_dtype(ctx, eqn, invals)
-    ctx.stats.op(kind, name, target if "preferred_element_type" not in params
-                 else f"{np.dtype(target).name}->{np.dtype(params['preferred_element_type']).name}")
+    label = target
+    if "preferred_element_type" in params:  # operands -> accumulator
+        label = f"{target.name}->{np.dtype(params['preferred_element_type']).name}"
+    ctx.stats.op(kind, name, label)
     if policy.cast_back and rule in (Rule.HIGH, Rule.ACCUMULATE):
         outs = [ctx.cast(o, policy.dtype, kind) if _is_float(o.dtype) else o
                 for o in outs]
