@@ -189,7 +189,6 @@ def test_cond_branches_are_transformed_and_merged():
     def f(x, flag):
         return lax.cond(flag, lambda v: jnp.exp(v) @ v, lambda v: jnp.sum(v) * v, x)
 
-    x = jnp.linspace(0.0, 1.0, 6, dtype=jnp.float32).reshape(2, 3)[:, :2]
     x = jnp.eye(2, dtype=jnp.float32) + 0.1
     g = ap.autocast(f, ap.AUTO_MIXED_BF16)
     for flag in (True, False):
@@ -378,7 +377,8 @@ def test_custom_rules_are_the_ones_used():
 def test_integers_and_bools_are_untouched():
     def f(x, idx, mask):
         y = jnp.where(mask, x[idx] * 2, 0.0)
-        return y, idx + 1, jnp.argmax(y), mask & (y > 0)
+        return (y, idx + 1, jnp.argmax(y), mask & (y > 0),
+                mask.astype(jnp.int32) + idx.astype(jnp.int16), (y > 1).astype(jnp.int8))
 
     x = jnp.arange(6.0, dtype=jnp.float32)
     idx = jnp.array([1, 3, 5], jnp.int32)
@@ -389,12 +389,16 @@ def test_integers_and_bools_are_untouched():
         assert [o.dtype for o in outs] == [r.dtype for r in refs]
         for o, r in zip(outs[1:], refs[1:]):
             np.testing.assert_array_equal(o, r)
-        closed = jax.make_jaxpr(ap.autocast(f, pol))(x, idx, mask)
-        for e in all_eqns(closed):
-            if e.primitive.name == "convert_element_type":
-                assert jnp.issubdtype(e.invars[0].aval.dtype, jnp.floating) or \
-                    e.params["new_dtype"] in (jnp.float32, jnp.bfloat16) or \
-                    not jnp.issubdtype(e.params["new_dtype"], jnp.floating)
+        # the non-floating conversions are exactly those of fn: autocast adds none
+        def int_converts(closed):
+            return sorted((e.invars[0].aval.dtype.name, e.params["new_dtype"].name)
+                          for e in all_eqns(closed) if e.primitive.name == "convert_element_type"
+                          and not jnp.issubdtype(e.invars[0].aval.dtype, jnp.floating)
+                          and not jnp.issubdtype(e.params["new_dtype"], jnp.floating))
+
+        expected = int_converts(jax.make_jaxpr(f)(x, idx, mask))
+        assert len(expected) >= 2
+        assert int_converts(jax.make_jaxpr(ap.autocast(f, pol))(x, idx, mask)) == expected
 
 
 def test_outputs_follow_policy_output_and_inputs_follow_boundary():
