@@ -1,0 +1,249 @@
+"""Tests of solve_nlsq_batch: references are scipy least_squares(method="lm"), numpy
+lstsq for linear problems, and the single-fit maths; compiled solvers are shared."""
+
+from __future__ import annotations
+
+import io
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.optimize import least_squares
+
+import adaptprec as ap
+from adaptprec._demos.batch import gauss2d, make_problem
+from adaptprec.batch import BatchResult, TextProgress
+from adaptprec.batch import _status as st
+from adaptprec.batch.compaction import run_compacted
+from adaptprec.batch.lm_batched import LMOptions, lm_init, lm_run, lm_step, make_fj
+
+XY, DATA, TRUTH, X0 = make_problem(200, seed=1)
+GAUSS_KW = dict(args=(XY,), in_axes=None, ydata=DATA)
+
+T = np.linspace(0.0, 3.0, 20)
+
+
+def decay(p, t):
+    return p[0] * np.exp(-p[1] * t) + p[2] if isinstance(p, np.ndarray) else \
+        p[0] * jnp.exp(-p[1] * t) + p[2]
+
+
+def _decay_problem(b, seed=0):
+    rng = np.random.default_rng(seed)
+    true = np.column_stack([rng.uniform(1, 5, b), rng.uniform(0.3, 2.0, b), rng.uniform(-1, 1, b)])
+    y = true[:, :1] * np.exp(-true[:, 1:2] * T) + true[:, 2:3] + 0.01 * rng.normal(size=(b, T.size))
+    x0 = np.column_stack([np.ones(b), np.ones(b), np.zeros(b)])
+    return x0, y, true
+
+
+DX0, DY, DTRUE = _decay_problem(20)
+TOL = dict(ftol=1e-12, xtol=1e-12, gtol=1e-12)
+DECAY_KW = dict(args=(T,), in_axes=None, ydata=DY, precision="f64", **TOL)
+
+
+@pytest.fixture(scope="module")
+def gauss():
+    return ap.solve_nlsq_batch(gauss2d, X0, **GAUSS_KW)
+
+
+@pytest.fixture(scope="module")
+def decay64():
+    return ap.solve_nlsq_batch(decay, DX0, **DECAY_KW)
+
+
+def _scipy(fun, x0):
+    r = least_squares(fun, x0, method="lm")
+    J = r.jac
+    m, n = J.shape
+    cov = np.linalg.inv(J.T @ J) * (2 * r.cost / (m - n))
+    return r, np.sqrt(np.diag(cov))
+
+
+# ----------------------------------------------------------------- agreement with scipy
+def test_adaptive_gaussian_agrees_with_scipy(gauss):
+    assert isinstance(gauss, BatchResult)
+    assert gauss.ladder == ("f32", "f64")
+    assert gauss.x.dtype == jnp.float64
+    assert bool(gauss.success.all())
+    for k in range(0, 200, 17):
+        ref, sd = _scipy(lambda p: np.asarray(gauss2d(p, XY)) - DATA[k], X0[k])
+        # float32 bulk: within 1% of a standard error of scipy's float64 answer
+        np.testing.assert_array_less(np.abs(np.asarray(gauss.x[k]) - ref.x), 0.01 * sd)
+        assert abs(float(gauss.cost[k]) - ref.cost) <= 1e-5 * ref.cost
+
+
+def test_f64_decay_matches_scipy_tightly(decay64):
+    assert decay64.ladder == ("f64",) and bool((decay64.rung == 0).all())
+    for k in range(20):
+        ref = least_squares(lambda p: decay(p, T) - DY[k], DX0[k], method="lm", **TOL)
+        np.testing.assert_allclose(np.asarray(decay64.x[k]), ref.x, rtol=1e-7, atol=1e-9)
+        np.testing.assert_allclose(float(decay64.cost[k]), ref.cost, rtol=1e-12)
+    np.testing.assert_array_less(np.abs(np.asarray(decay64.x) - DTRUE), 0.1)
+    assert set(decay64.status_counts()) <= {1, 2, 3, 4}
+
+
+def test_pcov_matches_scipy_curve_fit():
+    from scipy.optimize import curve_fit
+    r = ap.solve_nlsq_batch(decay, DX0[:4], args=(T,), in_axes=None, ydata=DY[:4],
+                            precision="f64", return_pcov=True, **TOL)
+    for k in range(4):
+        popt, pcov = curve_fit(lambda t, a, b, c: decay(np.array([a, b, c]), t), T, DY[k],
+                               p0=DX0[k])
+        np.testing.assert_allclose(np.asarray(r.x[k]), popt, rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(np.asarray(r.pcov[k]), pcov, rtol=1e-4, atol=1e-12)
+
+
+# ----------------------------------------------------------------- kernel properties
+_FJ = make_fj(lambda x, b, s: x[0] * jnp.exp(-x[1] * s) + x[2] - b[0], jnp.float64, jnp.float64)
+_OPTS = LMOptions(1e-10, 1e-10, 1e-10, 200)
+_init = jax.jit(lambda x, b, s: lm_init(_FJ, x, b, s, _OPTS))
+_step = jax.jit(lambda st_, b, s: lm_step(_FJ, st_, b, s, _OPTS))
+
+
+def test_frozen_fits_do_not_change():
+    s = _init(jnp.asarray(DX0[:6]), (jnp.asarray(DY[:6]),), jnp.asarray(T))
+    frozen = jnp.array([True, False, True, False, False, True])
+    s = s._replace(active=s.active & ~frozen)
+    s2 = _step(s, (jnp.asarray(DY[:6]),), jnp.asarray(T))
+    for a, b in zip(s, s2):
+        np.testing.assert_array_equal(np.asarray(a)[np.asarray(frozen)],
+                                      np.asarray(b)[np.asarray(frozen)])
+    moved = np.asarray(~frozen)
+    assert np.all(np.asarray(s2.nit)[moved] == 1) and np.all(np.asarray(s2.nfev)[moved] == 2)
+    assert np.any(np.asarray(s.x)[moved] != np.asarray(s2.x)[moved])
+
+
+def test_converged_start_is_returned_unchanged():
+    exact = DTRUE[:3]
+    y = exact[:, :1] * np.exp(-exact[:, 1:2] * T) + exact[:, 2:3]
+    r = ap.solve_nlsq_batch(decay, exact, args=(T,), in_axes=None, ydata=y, precision="f64",
+                            **TOL)
+    np.testing.assert_array_equal(np.asarray(r.x), exact)
+    assert bool(r.success.all()) and int(r.nit.max()) <= 1
+
+
+def test_compaction_gives_the_same_fits():
+    x0 = jnp.asarray(np.tile(DX0, (4, 1)) * np.repeat([1.0, 3.0, 9.0, 0.2], 20)[:, None])
+    y = (jnp.asarray(np.tile(DY, (4, 1))),)
+    s0 = _init(x0, y, jnp.asarray(T))
+    plain = jax.jit(lambda s, y: lm_run(_FJ, s, y, jnp.asarray(T), _OPTS))(s0, y)
+    compact = jax.jit(lambda s, y: run_compacted(_FJ, s, y, jnp.asarray(T), _OPTS,
+                                                 (80, 16)))(s0, y)
+    assert int(np.ptp(np.asarray(plain.nit))) > 0  # some fits really straggle
+    for a, b in zip(plain, compact):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# ----------------------------------------------------------------- per-fit escalation
+def _escalation_problem():
+    rng = np.random.default_rng(3)
+    b = 40
+    shift = np.zeros(b)
+    scale = np.ones(b)
+    ill = np.arange(5, 10)      # nearly collinear columns: cond(J^T J) ~ 1e7
+    huge = np.arange(20, 25)    # residuals ~1e30: cost overflows float32
+    shift[ill] = 1e3
+    scale[huge] = 1e30
+    t = np.linspace(0.0, 1.0, 12)
+    p = np.column_stack([rng.uniform(0.5, 2, b), rng.uniform(-2, 2, b)])
+    y = scale[:, None] * (p[:, :1] + p[:, 1:2] * (t + shift[:, None])
+                          + 0.01 * rng.normal(size=(b, t.size)))
+    return t, shift, scale, y, sorted(set(ill) | set(huge))
+
+
+def test_only_the_fits_that_need_f64_escalate():
+    t, shift, scale, y, need = _escalation_problem()
+
+    def model(p, c, s, t):
+        return s * (p[0] + p[1] * (t + c))
+
+    r = ap.solve_nlsq_batch(model, np.ones((40, 2)), (shift, scale, t), in_axes=(0, 0, None),
+                            ydata=y, **TOL)
+    esc = np.flatnonzero(np.asarray(r.rung) == 1).tolist()
+    assert esc == need and r.num_escalated == 10
+    assert bool(r.success.all())
+    for k in range(40):   # linear least squares: exact reference by lstsq in float64
+        A = scale[k] * np.column_stack([np.ones_like(t), t + shift[k]])
+        ref = np.linalg.lstsq(A, y[k], rcond=None)[0]
+        # escalated fits reach float64 normal-equation accuracy (cond(J) ~ 3e3 for the
+        # shifted ones), the others float32 accuracy
+        tol = 1e-8 * (1 + shift[k]) ** 2 if k in need else 1e-4
+        np.testing.assert_allclose(np.asarray(r.x[k]), ref, rtol=tol, atol=tol)
+    f32 = ap.solve_nlsq_batch(model, np.ones((40, 2)), (shift, scale, t), in_axes=(0, 0, None),
+                              ydata=y, precision="f32")
+    assert set(np.flatnonzero(np.asarray(f32.status) < 0)) == set(range(20, 25))
+
+
+# ----------------------------------------------------------------- chunks and blocks
+def test_chunked_and_blocked_equal_unchunked(decay64):
+    seen = []
+    chunked = ap.solve_nlsq_batch(decay, DX0, chunk_size=7, progress=lambda d, t: seen.append((d, t)),
+                                  **DECAY_KW)
+    assert seen == [(0, 20), (7, 20), (14, 20), (20, 20)]
+    blocked = ap.solve_nlsq_batch(decay, DX0, block_size=8, **DECAY_KW)
+    for other in (chunked, blocked):
+        for f in ("x", "cost", "status", "nit", "nfev", "rung"):
+            np.testing.assert_allclose(np.asarray(getattr(other, f)),
+                                       np.asarray(getattr(decay64, f)), rtol=1e-12, atol=0)
+    buf = io.StringIO()
+    ap.solve_nlsq_batch(decay, DX0, chunk_size=7, progress=TextProgress(buf), **DECAY_KW)
+    assert "20/20 fits" in buf.getvalue()
+
+
+# ----------------------------------------------------------------- transformations
+def test_jit_and_vmap(decay64):
+    def solve(x0, y):
+        return ap.solve_nlsq_batch(decay, x0, args=(T,), in_axes=None, ydata=y,
+                                   precision="f64", **TOL).x
+
+    jitted = jax.jit(solve)(DX0, DY)
+    np.testing.assert_allclose(np.asarray(jitted), np.asarray(decay64.x), rtol=1e-12)
+    stacked = jax.vmap(solve)(jnp.stack([DX0[:10], DX0[10:]]), jnp.stack([DY[:10], DY[10:]]))
+    np.testing.assert_allclose(np.asarray(stacked).reshape(20, 3), np.asarray(decay64.x),
+                               rtol=1e-12)
+
+
+# ----------------------------------------------------------------- bad input
+def test_bad_fit_does_not_spoil_the_others(gauss):
+    data = DATA.copy()
+    data[5, 3] = np.nan
+    data[77] = np.inf
+    r = ap.solve_nlsq_batch(gauss2d, X0, args=(XY,), in_axes=None, ydata=data)
+    bad = [5, 77]
+    assert r.status[np.array(bad)].tolist() == [st.NONFINITE_RESIDUAL] * 2
+    assert not bool(r.success[5]) and "non-finite" in r.message(5)
+    keep = np.setdiff1d(np.arange(200), bad)
+    for f in ("x", "cost", "status", "rung", "nit"):
+        np.testing.assert_array_equal(np.asarray(getattr(r, f))[keep],
+                                      np.asarray(getattr(gauss, f))[keep])
+    x0 = X0.copy()
+    x0[9, 0] = np.nan
+    r2 = ap.solve_nlsq_batch(gauss2d, x0, **GAUSS_KW)
+    assert int(r2.status[9]) == st.NONFINITE_RESIDUAL and bool(r2.success[:9].all())
+    with pytest.raises(ValueError, match=r"fits \[5, 77\]"):
+        ap.solve_nlsq_batch(gauss2d, X0, args=(XY,), in_axes=None, ydata=data,
+                            nan_policy="raise")
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: ap.solve_nlsq_batch(decay, DX0[:3], args=(T,), in_axes=None, ydata=DY[:4]),
+     "ydata must have shape"),
+    (lambda: ap.solve_nlsq_batch(lambda p, y: p - y, np.zeros((3, 2)), (np.zeros((4, 2)),)),
+     "batch size mismatch: x0 has 3 fits"),
+    (lambda: ap.solve_nlsq_batch(decay, np.zeros((0, 3)), args=(T,), in_axes=None,
+                                 ydata=np.zeros((0, 20))), "empty batch"),
+    (lambda: ap.solve_nlsq_batch(decay, np.zeros(3), args=(T,), in_axes=None), r"shape \(B, n\)"),
+    (lambda: ap.solve_nlsq_batch(lambda p: jnp.outer(p, p), np.zeros((2, 2))), "1-D"),
+    (lambda: ap.solve_nlsq_batch(lambda p: p[:1], np.zeros((2, 2))), "m = 1 < n = 2"),
+    (lambda: ap.solve_nlsq_batch(decay, DX0, args=(T,), in_axes=None, ydata=DY,
+                                 sigma=np.ones(3)), "sigma must have shape"),
+    (lambda: ap.solve_nlsq_batch(decay, DX0, args=(T,), in_axes=None, ydata=DY,
+                                 nan_policy="omit"), "nan_policy"),
+    (lambda: ap.solve_nlsq_batch(decay, DX0, args=(T,), in_axes=(0, 0)), "in_axes has 2"),
+    (lambda: ap.solve_nlsq_batch(decay, DX0, args=(T,), in_axes=None, ydata=DY,
+                                 precision="f8"), "unknown floating dtype alias"),
+])
+def test_boundary_errors(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
