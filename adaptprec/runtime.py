@@ -41,6 +41,7 @@ from jax.custom_batching import custom_vmap
 from jax.sharding import PartitionSpec
 
 from .monitor import emit as _emit_report
+from .monitor import enabled as _monitor_enabled
 from ._rungs import Rung, is_rung_object, normalize_ladder
 from .guards import Guard, GuardContext, as_guard, finite
 from .policy import Policy, _is_floating_array, cast_floating
@@ -307,7 +308,9 @@ class _Program:
 
             return lax.cond(rec[4], lambda r: r, go, rec)
 
-        return climb(1, rec)
+        rec = climb(1, rec)
+        self.emit(rec)
+        return rec
 
     # ---------------------------------------------------------------------- batched
 
@@ -349,7 +352,9 @@ class _Program:
 
     def batched(self, dyn, flags, size):
         rec = self.fresh(0, self.vattempt(0, dyn, flags), (size,))
-        return self.climb_batch(1, dyn, flags, rec, ~rec[4], size)
+        rec = self.climb_batch(1, dyn, flags, rec, ~rec[4], size)
+        self.emit(rec)   # once per batch (a callback under vmap would run per element)
+        return rec
 
     @staticmethod
     def _merge(need, new, old):
@@ -440,13 +445,24 @@ class _Program:
 
         return run_flat
 
+    def report(self, codes, values, rung, ok):
+        reason = _reason
+        for _ in range(rung.ndim):
+            reason = jax.vmap(reason)
+        return Report(rung=rung, escalations=rung, ok=ok, reason=reason(codes, rung, ok),
+                      codes=codes, values=values, rung_names=self.mgr.rung_names,
+                      guard_names=self.mgr.guard_names)
+
+    def emit(self, rec):
+        """Send the report to active monitors (nothing is traced when none is active)."""
+        if _monitor_enabled():
+            _emit_report(self.name, self.report(*rec[1:]))
+
     def run(self, *dyn):
         self.out_treedef = None          # set by the first rung traced for these shapes
         out_leaves, codes, values, rung, ok = self.build()(*dyn)
         out = jax.tree_util.tree_unflatten(self.out_treedef, list(out_leaves))
-        report = Report(rung=rung, escalations=rung, ok=ok, reason=_reason(codes, rung, ok),
-                        codes=codes, values=values, rung_names=self.mgr.rung_names,
-                        guard_names=self.mgr.guard_names)
+        report = self.report(codes, values, rung, ok)
         if self.mgr.on_failure == "nan":
             out = jax.tree_util.tree_map(
                 lambda x: jnp.where(ok, x, jnp.nan) if _is_floating_array(x) else x, out)
@@ -456,7 +472,6 @@ class _Program:
                 f"adaptive kernel {self.name!r}: guards {list(self.mgr.guard_names)} still "
                 f"fail on the top rung ({self.mgr.rung_names[-1]}). Call .with_report(...) "
                 "with on_failure='return' to see which guard and its value.")
-        _emit_report(self.name, report)
         return out, report
 
 

@@ -245,10 +245,13 @@ def test_monitor_is_free_when_off_and_collects_when_on():
         assert "debug_callback" in str(jax.make_jaxpr(f)(jnp.ones(2)))
         jf(jnp.array([1.0, 800.0]))                   # re-traced inside the block
         jf(jnp.array([1.0, 2.0]))
-    assert [r.rung_name for r in log.reports] == ["f64", "f32"]
+        jax.vmap(f)(jnp.ones((5, 2)).at[3, 1].set(800.0))     # one entry for the batch
+    assert [r.rung_name for r in log.reports[:2]] == ["f64", "f32"]
+    assert log.reports[2].batch_shape == (5,) and len(log) == 3
+    assert "5 calls: f64 5" in log.reports[2].summary()
     assert log[0][0] == "plain_exp" and "plain_exp: f64 after 1 escalation" in log.summary()
     jf(jnp.ones(2))
-    assert len(log) == 2                              # nothing logged after the block
+    assert len(log) == 3                              # nothing logged after the block
 
 
 def test_bad_input_is_caught_at_the_boundary():
