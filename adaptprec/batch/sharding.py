@@ -48,6 +48,16 @@ def infer_mesh(x0) -> tuple[Optional[Mesh], Optional[str]]:
     return None, None
 
 
+def _place(a, mesh: Mesh, spec):
+    """Put ``a`` on ``mesh`` with ``spec`` (``jax.reshard`` when traced)."""
+    sharding = NamedSharding(mesh, spec)
+    if isinstance(a, jax.core.Tracer):
+        return jax.reshard(a, sharding)
+    if not hasattr(a, "shape"):
+        a = jnp.asarray(a)
+    return jax.device_put(a, sharding)
+
+
 @functools.lru_cache(maxsize=32)
 def _sharded(solve: Callable, mesh: Mesh, axis: str):
     fn = jax.shard_map(solve, mesh=mesh, in_specs=(P(axis), P(axis), P()),
@@ -82,5 +92,7 @@ def shard_solve(solve: Callable, mesh: Mesh, axis: str, x0, bargs, sargs):
         return jnp.concatenate([a, jnp.repeat(a[:1], pad, axis=0)], axis=0)
 
     x0p, bargsp = jax.tree.map(padded, (x0, bargs))
+    x0p, bargsp = jax.tree.map(lambda a: _place(a, mesh, P(axis)), (x0p, bargsp))
+    sargs = jax.tree.map(lambda a: _place(a, mesh, P()), sargs)
     out = _sharded(solve, mesh, axis)(x0p, bargsp, sargs)
     return jax.tree.map(lambda a: a[:size], out)

@@ -1,0 +1,64 @@
+"""solve_nlsq_batch split over 8 host devices equals the one-device run (subprocess)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent(r"""
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import adaptprec as ap
+    from adaptprec._demos.batch import gauss2d, make_problem
+    assert len(jax.devices()) == 8 and ap.x64_enabled()
+
+    FIELDS = ("x", "cost", "status", "rung", "nit", "nfev", "success")
+
+    def same(a, b):
+        for f in FIELDS:
+            np.testing.assert_array_equal(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)),
+                                          err_msg=f)
+
+    # Gaussian spots, adaptive ladder, one fit with NaN data and one that must escalate
+    xy, data, truth, x0 = make_problem(64, seed=2)
+    data[3, 0] = np.nan
+    data[40] *= 1e20                      # float32 cost overflows: escalates on its device
+    x0[40, [0, 4]] *= 1e20
+    kw = dict(args=(xy,), in_axes=None, ydata=data)
+    one = ap.solve_nlsq_batch(gauss2d, x0, **kw)
+    assert int(one.status[3]) == -3 and int(one.rung[40]) == 1, (one.status, one.rung)
+    mesh = jax.make_mesh((8,), ("fits",))
+    many = ap.solve_nlsq_batch(gauss2d, x0, mesh=mesh, **kw)
+    assert len(many.x.sharding.device_set) == 8
+    same(one, many)
+    pre = jax.device_put(jnp.asarray(x0), NamedSharding(mesh, P("fits")))
+    ydata = jax.device_put(jnp.asarray(data), NamedSharding(mesh, P("fits")))
+    inferred = ap.solve_nlsq_batch(gauss2d, pre, args=(xy,), in_axes=None, ydata=ydata)
+    assert len(inferred.x.sharding.device_set) == 8
+    same(one, inferred)
+
+    # a batch that does not divide the device count (padded, then trimmed)
+    t = np.linspace(0, 2, 15)
+    rng = np.random.default_rng(0)
+    y = 2.0 * np.exp(-rng.uniform(0.5, 2, (13, 1)) * t) + 0.01 * rng.normal(size=(13, 15))
+    dec = lambda p, t: p[0] * jnp.exp(-p[1] * t)
+    kw = dict(args=(t,), in_axes=None, ydata=y, precision="f64")
+    a = ap.solve_nlsq_batch(dec, np.ones((13, 2)), **kw)
+    b = ap.solve_nlsq_batch(dec, np.ones((13, 2)), mesh=Mesh(np.array(jax.devices()), ("d",)),
+                            **kw)
+    assert b.x.shape == (13, 2)
+    same(a, b)
+    print("OK")
+""")
+
+
+@pytest.mark.multidevice
+def test_sharded_over_8_devices_equals_one_device():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_ENABLE_X64="1", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert proc.stdout.strip().endswith("OK")
