@@ -273,6 +273,14 @@ def test_cast_overflow_falls_back_with_correct_answer():
 
 
 @pytest.mark.slow
+def test_estimate_cond_false_gives_nan_on_refinement_path():
+    x, info = ap.linalg.solve(prescribed(10.0, seed=30), np.ones(N), estimate_cond=False)
+    assert bool(jnp.isnan(info.cond_estimate)) and int(info.status) == 0
+    _, info = ap.linalg.solve(prescribed(1e12, seed=31), np.ones(N), estimate_cond=False)
+    assert bool(info.fell_back) and float(info.cond_estimate) > 1e11    # fallback: always
+
+
+@pytest.mark.slow
 def test_half_precision_factor_with_f32_working():
     A = prescribed(10.0, seed=20).astype(np.float32)
     b = np.ones(N, np.float32)

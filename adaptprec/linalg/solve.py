@@ -167,7 +167,7 @@ def _norm1(A):
     return jnp.max(jnp.sum(jnp.abs(A), axis=-2), axis=-1)
 
 
-def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol):
+def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol, estimate_cond):
     """Refine all systems of the batch; fall back where needed. A (m,n,n), B (m,n,k)."""
     w = A.dtype
     m, n, _ = A.shape
@@ -262,8 +262,11 @@ def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol):
 
     x, r, anrm, status, kappa_f = lax.cond(jnp.any(need), fallback, keep, (x, r, anrm))
 
-    kappa_low = (fac.norminf if transpose else _norm1(A)) * jax.vmap(
-        partial(inverse_norm1, dtype=w, transpose=tf))(fac.lu, fac.perm)
+    if estimate_cond:
+        kappa_low = (fac.norminf if transpose else _norm1(A)) * jax.vmap(
+            partial(inverse_norm1, dtype=w, transpose=tf))(fac.lu, fac.perm)
+    else:
+        kappa_low = jnp.full((m,), jnp.nan, w)
     kappa = jnp.where(need, kappa_f, kappa_low)
     bn, xn, rn = _colnorm(B), _colnorm(x), _colnorm(r)
     denom = anrm[:, None] * xn + bn
@@ -273,11 +276,12 @@ def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol):
     return x, info
 
 
-@partial(jax.jit, static_argnames=("storage", "compute", "refine", "max_iters", "tol"))
-def _solve_batched(A, B, *, storage, compute, refine, max_iters, tol):
+@partial(jax.jit, static_argnames=("storage", "compute", "refine", "max_iters", "tol",
+                                   "estimate_cond"))
+def _solve_batched(A, B, *, storage, compute, refine, max_iters, tol, estimate_cond):
     A_s = lax.stop_gradient(A)
     fac = _factor(A_s, storage, compute)
-    kw = dict(refine=refine, max_iters=max_iters, tol=tol)
+    kw = dict(refine=refine, max_iters=max_iters, tol=tol, estimate_cond=estimate_cond)
 
     def matvec(X):
         return jnp.matmul(A, X)
@@ -291,7 +295,8 @@ def _solve_batched(A, B, *, storage, compute, refine, max_iters, tol):
     return lax.custom_linear_solve(matvec, B, solve_fn, transpose_solve_fn, has_aux=True)
 
 
-def solve(A, b, *, factor="f32", working="f64", refine="lu", max_iters=30, tol=None):
+def solve(A, b, *, factor="f32", working="f64", refine="lu", max_iters=30, tol=None,
+          estimate_cond=True):
     r"""Solve ``A x = b`` by low-precision LU and working-precision iterative refinement.
 
     LAPACK ``dsgesv`` semantics (see the module docstring and ``docs/linalg.md``): factor
@@ -313,6 +318,10 @@ def solve(A, b, *, factor="f32", working="f64", refine="lu", max_iters=30, tol=N
             converges for larger condition numbers before falling back).
         max_iters: cap on refinement steps (dsgesv's ``ITERMAX = 30``).
         tol: stopping tolerance; default :math:`\sqrt{n}\,u_{working}`.
+        estimate_cond: compute ``info.cond_estimate`` on the refinement path (a few
+            pairs of O(n^2) triangular solves; under ``jit`` XLA drops it anyway when the
+            caller ignores it). ``False`` gives NaN there; the fallback path always
+            estimates it (it decides status 5).
 
     Returns:
         ``(x, info)``: ``x`` in the working dtype with ``b``'s shape (batch-broadcast), and
@@ -352,7 +361,8 @@ def solve(A, b, *, factor="f32", working="f64", refine="lu", max_iters=30, tol=N
     A3, B3, out_shape, batch = prepare_system(A, b, w, what)
     tol_ = float(math.sqrt(n) * unit_roundoff(w)) if tol is None else float(tol)
     x, info = _solve_batched(A3, B3, storage=storage, compute=compute, refine=refine,
-                             max_iters=int(max_iters), tol=tol_)
+                             max_iters=int(max_iters), tol=tol_,
+                             estimate_cond=bool(estimate_cond))
     x = x.reshape(out_shape)
     info = jax.tree_util.tree_map(lambda f: f.reshape(batch), info)
     return x, info
