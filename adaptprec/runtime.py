@@ -396,7 +396,7 @@ class _Program:
             return jax.tree_util.tree_map(
                 lambda full, sub: _scatter_rows(full, idx, sub), rec, sub_rec)
 
-        n_fail = jnp.sum(need)
+        n_fail = jnp.sum(need, dtype=jnp.int32)
         branch = jnp.where(n_fail == 0, 0, jnp.where(n_fail <= cap, 1, 2))
         return lax.switch(branch, [lambda r: r, compact, whole], rec)
 
