@@ -145,6 +145,15 @@ class GuardContext(NamedTuple):
         inputs: ``(args, kwargs)`` as the user passed them (uncast).
         out: ``fn``'s output at this rung (before any output cast).
         dtype: the rung's dtype; ``u``: its unit roundoff; ``rung``: its ladder index.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec import guards
+        >>> x = jnp.array([1.0, 2.0])
+        >>> ctx = guards.GuardContext(jnp.exp, (x,), {}, ((x,), {}), jnp.exp(x),
+        ...                           x.dtype, 2.0 ** -24)
+        >>> bool(guards.finite()(ctx).ok)
+        True
     """
 
     fn: Callable

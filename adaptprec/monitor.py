@@ -67,7 +67,16 @@ class MonitorLog:
 
 
 def enabled() -> bool:
-    """Whether a :func:`monitor` block is active in this thread (read at trace time)."""
+    """Whether a :func:`monitor` block is active in this thread (read at trace time).
+
+    Example:
+        >>> import adaptprec as ap
+        >>> from adaptprec.monitor import enabled
+        >>> with ap.monitor():
+        ...     inside = enabled()
+        >>> inside, enabled()
+        (True, False)
+    """
     return bool(_ENABLED.value)
 
 
@@ -78,7 +87,20 @@ def _record(name: str, report: Report) -> None:
 
 
 def emit(name: str, report: Report) -> None:
-    """Send ``report`` to the active monitors (a no-op, adding nothing, when off)."""
+    """Send ``report`` to the active monitors (a no-op, adding nothing, when off).
+
+    Called by the runtime for every adaptive call; custom drivers may call it too.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import adaptprec as ap
+        >>> from adaptprec.monitor import emit
+        >>> _, rep = ap.adaptive(jnp.sin, ladder="bf16,f32").with_report(jnp.ones(2))
+        >>> with ap.monitor() as log:
+        ...     emit("mine", rep)
+        >>> log[0][0], log[0][1].rung_name
+        ('mine', 'bf16')
+    """
     if enabled():
         jax.debug.callback(lambda r: _record(name, r), report)
 

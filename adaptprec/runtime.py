@@ -478,7 +478,15 @@ class _Program:
 class AdaptiveFunction:
     """A function wrapped by :func:`adaptive`: call it, or ``.with_report(...)``.
 
-    Keeps the wrapped function's name, docstring and signature (``functools.wraps``).
+    Keeps the wrapped function's name, docstring and signature (``functools.wraps``);
+    ``.manager`` is its :class:`MixedPrecisionManager`, ``.fn`` the original function.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import adaptprec as ap
+        >>> f = ap.adaptive(jnp.tanh, ladder="bf16,f32")
+        >>> f.__name__, f.manager.rung_names
+        ('tanh', ('bf16', 'f32'))
     """
 
     def __init__(self, fn: Callable, manager: MixedPrecisionManager):

@@ -404,6 +404,12 @@ class AnyOf(PrecisionSchedule):
     Each child is updated at the common rung. If any child proposes a higher rung the
     highest proposal wins; otherwise the lowest proposal (so a :class:`Hysteresis` child
     can step down when no other child wants to climb).
+
+    Example:
+        >>> from adaptprec.schedule import AnyOf, Fixed, Hysteresis
+        >>> s = AnyOf((Fixed(1), Hysteresis(down_after=5)))
+        >>> int(s.init("bf16,f32,f64").rung)
+        1
     """
 
     schedules: tuple[PrecisionSchedule, ...]
@@ -483,6 +489,14 @@ class IterateResult(NamedTuple):
         stats: the last step's :class:`ScheduleStats`.
         rung_trace: rung index each step ran at, ``-1`` after the last step
             (shape ``(max_steps,)``).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.schedule import Fixed, ScheduleStats, iterate
+        >>> halve = lambda x, dtype: (x / 2, ScheduleStats.make(jnp.abs(x / 2)))
+        >>> res = iterate(halve, jnp.array(8.0), Fixed("f32"), "bf16,f32", max_steps=3)
+        >>> float(res.state), int(res.steps), res.rung_trace.tolist()
+        (1.0, 3, [1, 1, 1])
     """
 
     state: Any
