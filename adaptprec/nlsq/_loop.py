@@ -141,8 +141,11 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             fs, Js = scale_for_robust_loss(loss, f, J, jnp.asarray(f_scale, wt))
             R, qtf = _factor(Js, fs, cfg.linear_solver)
             jok = jnp.all(jnp.isfinite(R)) & jnp.all(jnp.isfinite(qtf))
+            # ||f|| for MINPACK's gtol cosine; sqrt(2 cost) with a robust loss (the
+            # rescaled residual can be huge where rho'' < 0).
+            fnorm = jnp.sqrt(2.0 * robust_cost(loss, f, jnp.asarray(f_scale, wt)))
             return (f.astype(top_dt), R.astype(top_dt), qtf.astype(top_dt),
-                    jnp.linalg.norm(fs).astype(top_dt), jok)
+                    fnorm.astype(top_dt), jok)
 
         return br
 
@@ -212,7 +215,9 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             consec = jnp.where(accepted, 0, st.consec_rej + 1)
             cond_est = step.s[0] / jnp.maximum(step.s[-1], jnp.finfo(top_dt).tiny)
             cond_bad = cond_est * us[st.rung] > cfg.cond_tol
-            bad = (~st.ok) | (~finite_t) | collapsed
+            # A non-finite trial point first shrinks the radius; escalate when the current
+            # point is bad or two trials in a row were non-finite.
+            bad = (~st.ok) | collapsed | ((~finite_t) & (st.consec_rej >= 1))
             sched_n = st.sched
             sched_up = jnp.asarray(False)
             if cfg.schedule is not None:
@@ -245,8 +250,12 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             alpha_n = step.alpha * st.Delta / jnp.where(Delta_n > 0, Delta_n, 1.0)
             nit = st.nit + 1
             top_steps = st.top_steps + on_top.astype(jnp.int32)
-            # --- termination (only on the top rung, after a verifying step there)
             g_e = R_e.T @ qtf_e
+            # A radius shrunk by rounding noise on the lower rung would make the first
+            # steps on the new rung look converged: start the new rung afresh.
+            Delta_n = jnp.where(want_up, delta0_fn(x_e, scale_inv_e, g_e, lb, ub), Delta_n)
+            alpha_n = jnp.where(want_up, 0.0, alpha_n)
+            # --- termination (only on the top rung, after a verifying step there)
             gtol_e = ok_e & (gnorm_fn(x_e, g_e, R_e, fsn_e, lb, ub) < gtol)
             status = jnp.asarray(Status.RUNNING, jnp.int32)
             status = jnp.where(on_top & (code > 0), code, status)
@@ -292,8 +301,10 @@ def _consult_schedule(schedule, st, cost_t, actual, accepted, bad, f_scale):
     value = jnp.where(accepted, cost_t, st.cost)
     rel = jnp.where(accepted, actual, 0.0) / jnp.maximum(jnp.abs(st.cost),
                                                          jnp.finfo(st.cost.dtype).tiny)
-    stats = ScheduleStats.make(step=st.nit, value=value, rel_decrease=rel,
-                               accepted=accepted, guard_failures=bad.astype(jnp.int32))
+    stats = ScheduleStats.make(value, step=st.nit, rel_decrease=rel, accepted=accepted,
+                               guard_failures=bad.astype(jnp.int32),
+                               scale=jnp.maximum(jnp.abs(st.cost),
+                                                 jnp.finfo(st.cost.dtype).tiny))
     new = schedule.update(st.sched, stats)
     return new, new.rung > st.rung
 
@@ -301,9 +312,17 @@ def _consult_schedule(schedule, st, cost_t, actual, accepted, bad, f_scale):
 def _sched_set_rung(sched, rung):
     if sched is None:
         return None
-    import equinox as eqx
+    import dataclasses
 
-    return eqx.tree_at(lambda s: s.rung, sched, jnp.asarray(rung, sched.rung.dtype))
+    return dataclasses.replace(sched, rung=jnp.asarray(rung, sched.rung.dtype))
+
+
+def default_schedule():
+    """``any_of(NoiseFloor(10), StallEscalation(1e-6, 3))``: climb when accepted steps
+    decrease the cost by less than ``10 u cost`` or progress stalls for 3 steps."""
+    from ..schedule import NoiseFloor, StallEscalation, any_of
+
+    return any_of(NoiseFloor(factor=10.0), StallEscalation(rate=1e-6, patience=3))
 
 
 _ = np

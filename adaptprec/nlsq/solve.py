@@ -30,7 +30,7 @@ from jax.flatten_util import ravel_pytree
 
 from ..policy import cast_floating
 from ..precision import Ladder, canonical_dtype, x64_enabled
-from ._loop import LoopConfig, build_loop
+from ._loop import LoopConfig, build_loop, default_schedule
 from .common import STATUS_MESSAGES, Status, check_loss, jac_scale, robust_cost
 from .common import scale_for_robust_loss
 from .gn import gn_step
@@ -46,6 +46,7 @@ _CACHE_SIZE = 64
 _cache: collections.OrderedDict = collections.OrderedDict()
 _cache_lock = threading.Lock()
 _stats = {"hits": 0, "misses": 0}
+_DEFAULT_SCHEDULE = [None]
 
 
 def clear_cache() -> None:
@@ -160,9 +161,9 @@ def solve_nlsq(
     f_scale: float = 1.0,
     x_scale="jac",
     jac="fwd",
-    ftol: float = 1e-8,
-    xtol: float = 1e-8,
-    gtol: float = 1e-8,
+    ftol: float = 1e-15,
+    xtol: float = 1e-10,
+    gtol: float = 1e-10,
     max_steps: int | None = None,
     precision="adaptive",
     schedule=None,
@@ -304,6 +305,13 @@ def solve_nlsq(
     if int(max_steps) < 1:
         raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
 
+    if schedule is None and len(rungs) > 1:
+        schedule = _DEFAULT_SCHEDULE[0] or _DEFAULT_SCHEDULE.__setitem__(
+            0, default_schedule()) or _DEFAULT_SCHEDULE[0]
+    elif schedule is not None and not (hasattr(schedule, "init") and
+                                       hasattr(schedule, "update")):
+        raise TypeError(f"schedule must be an adaptprec.schedule.PrecisionSchedule, got "
+                        f"{type(schedule).__name__}")
     # ------------------------------------------------------------------ compiled solver
     cfg = LoopConfig(m=m, n=n, rungs=rungs, method=method, loss=loss, jac=jac,
                      jac_scale=isinstance(x_scale, str), has_bounds=has_bounds,
@@ -357,7 +365,7 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
                                      0.0))
 
         def delta0_fn(x, scale_inv, g, lb, ub):
-            d = 100.0 * jnp.linalg.norm(x * scale_inv)
+            d = 100.0 * jnp.linalg.norm(x * scale_inv)  # MINPACK's factor = 100
             return jnp.where(d > 0, d, 100.0)
 
     run = build_loop(fun_flat, cfg, step_fn, gnorm_fn, delta0_fn)

@@ -1,0 +1,218 @@
+"""`curve_fit`: scipy's ``curve_fit`` semantics on :func:`adaptprec.solve_nlsq`.
+
+``f(xdata, *params)`` is fitted to ``ydata``. ``sigma`` is either the 1-D standard
+deviations of ``ydata`` (residuals divided by ``sigma``) or the ``(m, m)`` covariance
+matrix of ``ydata`` (residuals whitened by its Cholesky factor, ``r = L^{-1} (f - y)``).
+``pcov`` is ``(J^T J)^+`` of the whitened, undamped Jacobian at the solution, by SVD
+with scipy's rank threshold ``eps * max(m, n) * s_max``; parameters with a component in
+the numerical null space (not identifiable) get ``inf`` rows and columns. Unless
+``absolute_sigma``, ``pcov`` is multiplied by the reduced chi-square ``2 cost / (m - n)``.
+
+Example:
+    >>> import jax.numpy as jnp
+    >>> import adaptprec as ap
+    >>> x = jnp.linspace(0.0, 4.0, 50)
+    >>> y = 2.5 * jnp.exp(-1.3 * x) + 0.5 + 0.01 * jnp.sin(7 * x)
+    >>> popt, pcov = ap.curve_fit(lambda x, a, b, c: a * jnp.exp(-b * x) + c, x, y,
+    ...                           p0=[1.0, 1.0, 0.0])
+    >>> [round(float(v), 2) for v in popt], pcov.shape
+    ([2.5, 1.3, 0.5], (3, 3))
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import warnings
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.linalg import solve_triangular
+
+from .common import covariance_from_jac
+from .solve import _is_concrete, solve_nlsq
+
+__all__ = ["curve_fit", "OptimizeWarning"]
+
+
+class OptimizeWarning(UserWarning):
+    """Warned when the covariance of the parameters cannot be estimated."""
+
+
+def _call(f, xdata, p):
+    return f(xdata, *[p[i] for i in range(p.shape[0])])
+
+
+@functools.lru_cache(maxsize=256)
+def _residual_for(f: Callable, kind: str) -> Callable:
+    """A stable residual function per (model, sigma kind), so solve_nlsq's cache hits."""
+    if kind == "none":
+        def residual(p, xdata, ydata):
+            return jnp.ravel(_call(f, xdata, p) - ydata)
+    elif kind == "1d":
+        def residual(p, xdata, ydata, w):
+            return jnp.ravel((_call(f, xdata, p) - ydata) * w)
+    else:
+        def residual(p, xdata, ydata, L):
+            r = jnp.ravel(_call(f, xdata, p) - ydata)
+            return solve_triangular(L, r, lower=True)
+    return residual
+
+
+@functools.lru_cache(maxsize=256)
+def _jac_for(jac: Callable, kind: str) -> Callable:
+    if kind == "none":
+        def J(p, xdata, ydata):
+            return jnp.asarray(_call(jac, xdata, p))
+    elif kind == "1d":
+        def J(p, xdata, ydata, w):
+            return jnp.asarray(_call(jac, xdata, p)) * w[:, None]
+    else:
+        def J(p, xdata, ydata, L):
+            return solve_triangular(L, jnp.asarray(_call(jac, xdata, p)), lower=True)
+    return J
+
+
+def _n_params(f) -> int:
+    try:
+        sig = inspect.signature(f)
+    except (TypeError, ValueError) as exc:
+        raise ValueError("p0 is required when the signature of f cannot be inspected"
+                         ) from exc
+    ps = [p for p in sig.parameters.values()
+          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind == p.VAR_POSITIONAL for p in sig.parameters.values()) or len(ps) < 2:
+        raise ValueError("Unable to determine number of fit parameters; give p0.")
+    return len(ps) - 1
+
+
+def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bool = False,
+              check_finite=None, bounds=(-np.inf, np.inf), method=None, jac=None, *,
+              full_output: bool = False, nan_policy=None, **kwargs):
+    """Fit ``f(xdata, *params)`` to ``ydata``; returns ``(popt, pcov)`` (scipy semantics).
+
+    Args:
+      f: model ``f(xdata, *params)`` written with ``jax.numpy``.
+      xdata, ydata: data (``ydata`` 1-D); ``xdata`` may be any array (last axis = points).
+      p0: initial guess (default: ones, sized from ``f``'s signature).
+      sigma: ``None``, 1-D standard deviations (or a scalar), or an ``(m, m)`` covariance.
+      absolute_sigma: if false, ``pcov`` is scaled by the reduced chi-square.
+      check_finite, nan_policy: as scipy: by default non-finite data raise ``ValueError``;
+        ``nan_policy="omit"`` drops points with NaN in ``xdata``/``ydata``.
+      bounds, method: as :func:`~adaptprec.solve_nlsq` (``method=None``: ``"lm"`` without
+        bounds, ``"trf"`` with).
+      jac: ``None`` (autodiff) or ``jac(xdata, *params)`` returning the ``(m, n)``
+        Jacobian of ``f``.
+      full_output: also return ``infodict`` (``nfev``, ``fvec``, ``result``), ``mesg``
+        and ``ier`` (the status).
+      **kwargs: passed to :func:`~adaptprec.solve_nlsq` (``precision``, ``loss``,
+        ``ftol``, ``max_steps``...).
+
+    Raises ``RuntimeError`` (concrete inputs only) when the fit does not succeed, like
+    scipy; under ``jit`` check ``ier``/the result instead.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import adaptprec as ap
+        >>> x = jnp.arange(5.0)
+        >>> popt, pcov = ap.curve_fit(lambda x, a, b: a * x + b, x, 2 * x + 1,
+        ...                           sigma=jnp.full(5, 0.1), absolute_sigma=True)
+        >>> [round(float(v), 8) for v in popt], round(float(pcov[1, 1]), 6)
+        ([2.0, 1.0], 0.006)
+    """
+    if "args" in kwargs:
+        raise ValueError("'args' is not a supported keyword argument (curve_fit passes "
+                         "the parameters to f as f(xdata, *params)).")
+    concrete = _is_concrete((xdata, ydata, sigma))
+    if check_finite is None:
+        check_finite = nan_policy is None
+    if nan_policy not in (None, "raise", "omit"):
+        raise ValueError("nan_policy must be one of {None, 'raise', 'omit'}; "
+                         "'propagate' is not supported by this function.")
+    if concrete:
+        ydata = np.asarray(ydata, dtype=np.float64) if not isinstance(ydata, jax.Array) \
+            else ydata
+        if check_finite:
+            for arr, name in ((xdata, "xdata"), (ydata, "ydata")):
+                a = np.asarray(arr)
+                if np.issubdtype(a.dtype, np.inexact) and not np.all(np.isfinite(a)):
+                    raise ValueError(f"{name} contains NaN or Inf; remove those points or "
+                                     "pass nan_policy='omit'.")
+        elif nan_policy is not None:
+            xa, ya = np.asarray(xdata, np.float64), np.asarray(ydata, np.float64)
+            has_nan = np.isnan(xa)
+            has_nan = has_nan.any(axis=tuple(range(has_nan.ndim - 1))) if xa.ndim else \
+                np.zeros(ya.shape, bool)
+            has_nan = has_nan | np.isnan(ya)
+            if np.any(has_nan):
+                if nan_policy == "raise":
+                    raise ValueError("The input contains nan values (nan_policy='raise').")
+                xdata = jnp.asarray(xa[..., ~has_nan])
+                ydata = jnp.asarray(ya[~has_nan])
+                if sigma is not None:
+                    s = np.asarray(sigma)
+                    if s.ndim == 1 and s.size > 1:
+                        sigma = s[~has_nan]
+                    elif s.ndim == 2:
+                        sigma = s[~has_nan][:, ~has_nan]
+    ydata = jnp.asarray(ydata)
+    if ydata.ndim != 1:
+        ydata = jnp.ravel(ydata)
+    if ydata.size == 0:
+        raise ValueError("`ydata` must not be empty!")
+    xdata = jnp.asarray(xdata) if isinstance(xdata, (list, tuple, np.ndarray)) else xdata
+    m = int(ydata.size)
+    if p0 is None:
+        n = _n_params(f)
+        p0 = np.ones(n)
+    p0 = jnp.atleast_1d(jnp.asarray(p0, dtype=jnp.result_type(float)))
+    n = int(p0.size)
+
+    if sigma is None:
+        kind, extra = "none", ()
+    else:
+        s = jnp.asarray(sigma, dtype=ydata.dtype if jnp.issubdtype(ydata.dtype,
+                                                                  jnp.floating) else float)
+        if s.size == 1 or s.shape == (m,):
+            if concrete and np.any(np.asarray(s) <= 0):
+                raise ValueError("1-D `sigma` must be positive (standard deviations).")
+            kind, extra = "1d", (jnp.broadcast_to(1.0 / s.reshape(-1), (m,)),)
+        elif s.shape == (m, m):
+            L = jnp.linalg.cholesky(s)
+            if concrete and not np.all(np.isfinite(np.asarray(L))):
+                raise ValueError("`sigma` must be positive definite (a covariance matrix).")
+            kind, extra = "2d", (L,)
+        else:
+            raise ValueError(f"`sigma` has incorrect shape {tuple(s.shape)}: expected a "
+                             f"scalar, ({m},) standard deviations or a ({m}, {m}) "
+                             "covariance matrix.")
+
+    residual = _residual_for(f, kind)
+    jac_arg = "fwd" if jac is None or (isinstance(jac, str)) else _jac_for(jac, kind)
+    if isinstance(jac, str) and jac in ("fwd", "rev"):
+        jac_arg = jac
+    res = solve_nlsq(residual, p0, args=(xdata, ydata, *extra), bounds=bounds,
+                     method=method, jac=jac_arg, **kwargs)
+    popt = res.x
+    pcov, _ = covariance_from_jac(res.jac)
+    dof = m - n
+    if absolute_sigma:
+        pass
+    elif dof > 0:
+        pcov = pcov * (2.0 * res.cost / dof)
+    else:
+        pcov = jnp.full_like(pcov, jnp.inf)
+    if _is_concrete(pcov):
+        if concrete and not bool(res.success):
+            raise RuntimeError("Optimal parameters not found: " + res.message)
+        if np.any(np.isinf(np.asarray(pcov))):
+            warnings.warn("Covariance of the parameters could not be estimated (inf "
+                          "where a parameter is not identifiable)", OptimizeWarning,
+                          stacklevel=2)
+    if full_output:
+        infodict = {"nfev": res.nfev, "fvec": res.fun, "result": res}
+        mesg = res.message if _is_concrete(res.status) else ""
+        return popt, pcov, infodict, mesg, res.status
+    return popt, pcov

@@ -1,0 +1,294 @@
+"""solve_nlsq: references (scipy least_squares, closed forms, finite differences), the
+precision trace, caching/trace counts, jit/vmap/grad, non-finite handling, bad input."""
+
+import warnings
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.optimize as so
+
+import adaptprec as ap
+from adaptprec.nlsq import Status, cache_info
+from adaptprec.schedule import Fixed, StallEscalation
+
+# ---------------------------------------------------------------- shared problems
+T = np.linspace(0.0, 3.0, 40)
+_rng = np.random.default_rng(0)
+Y = 2.0 * np.exp(-1.3 * T) + 0.3 + 0.02 * _rng.standard_normal(T.size)
+Y_OUT = Y.copy()
+Y_OUT[::7] += 1.5  # outliers for the robust losses
+
+
+def expo(p, t, y):
+    return p[0] * jnp.exp(-p[1] * t) + p[2] - y
+
+
+def expo_np(p, t, y):
+    return p[0] * np.exp(-p[1] * t) + p[2] - y
+
+
+def rosen(x):
+    return jnp.array([10.0 * (x[1] - x[0] ** 2), 1.0 - x[0]])
+
+
+P0 = np.array([1.0, 1.0, 0.0])
+TIGHT = dict(ftol=1e-15, xtol=1e-15, gtol=1e-15)
+
+
+def _scipy(fun, x0, args=(), **kw):
+    return so.least_squares(fun, x0, args=args, **TIGHT, **kw)
+
+
+# ---------------------------------------------------------------- basic accuracy
+@pytest.mark.parametrize("method", ["lm", "gn", "trf"])
+def test_rosenbrock_all_methods(method):
+    res = ap.solve_nlsq(rosen, jnp.array([-1.2, 1.0]), method=method)
+    np.testing.assert_allclose(np.asarray(res.x), [1.0, 1.0], rtol=1e-9)
+    assert bool(res.success) and res.status_int in (1, 2, 3, 4)
+    assert res.rung_name == "f64"
+
+
+def test_expfit_matches_scipy_lm_and_trace():
+    res = ap.solve_nlsq(expo, jnp.asarray(P0), args=(jnp.asarray(T), jnp.asarray(Y)))
+    ref = _scipy(expo_np, P0, (T, Y), method="lm")
+    np.testing.assert_allclose(np.asarray(res.x), ref.x, rtol=1e-8)
+    np.testing.assert_allclose(float(res.cost), ref.cost, rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(res.fun), ref.fun, atol=1e-10)
+    np.testing.assert_allclose(np.asarray(res.jac), ref.jac, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(res.grad), ref.jac.T @ ref.fun, atol=1e-9)
+    # adaptive: started on f32, finished (and verified) on f64
+    tr = res.trace()
+    assert [t["rung"] for t in tr] == ["f32", "f64"]
+    assert int(res.escalations) == 1 and tr[1]["nfev"] >= 2
+    assert int(res.rung_nfev.sum()) == int(res.nfev)
+
+
+@pytest.mark.parametrize("loss", ["soft_l1", "cauchy",
+                                  pytest.param("huber", marks=pytest.mark.slow),
+                                  pytest.param("arctan", marks=pytest.mark.slow)])
+def test_robust_losses_match_scipy(loss):
+    x0 = np.array([1.5, 1.0, 0.5])  # robust fits start near a least-squares fit
+    res = ap.solve_nlsq(expo, jnp.asarray(x0), args=(jnp.asarray(T), jnp.asarray(Y_OUT)),
+                        loss=loss, f_scale=0.1, method="trf")
+    ref = _scipy(expo_np, x0, (T, Y_OUT), loss=loss, f_scale=0.1, method="trf")
+    np.testing.assert_allclose(np.asarray(res.x), ref.x, rtol=1e-6)
+    np.testing.assert_allclose(float(res.cost), ref.cost, rtol=1e-9)
+    # the robust fit is much closer to the clean truth than plain least squares
+    lin = _scipy(expo_np, P0, (T, Y_OUT), method="lm")
+    assert abs(ref.x[0] - 2.0) < abs(lin.x[0] - 2.0)
+
+
+def test_callable_loss_equals_scipy_cauchy():
+    x0 = np.array([1.5, 1.0, 0.5])
+    res_c = ap.solve_nlsq(expo, jnp.asarray(x0), args=(jnp.asarray(T), jnp.asarray(Y_OUT)),
+                          loss=lambda z: jnp.log1p(z), f_scale=0.1)
+    ref = _scipy(expo_np, x0, (T, Y_OUT), loss="cauchy", f_scale=0.1, method="trf")
+    np.testing.assert_allclose(np.asarray(res_c.x), ref.x, rtol=1e-6)
+
+
+def test_bounds_match_scipy_trf():
+    lb, ub = np.array([0.0, 1.5, -1.0]), np.array([1.8, 5.0, 1.0])
+    x0 = np.array([1.0, 2.0, 0.0])
+    res = ap.solve_nlsq(expo, jnp.asarray(x0), args=(jnp.asarray(T), jnp.asarray(Y)),
+                        bounds=(lb, ub))
+    ref = _scipy(expo_np, x0, (T, Y), bounds=(lb, ub), method="trf")
+    np.testing.assert_allclose(np.asarray(res.x), ref.x, rtol=1e-6, atol=1e-9)
+    np.testing.assert_array_equal(np.asarray(res.active_mask), ref.active_mask)
+    assert list(np.asarray(res.active_mask)) == [1, -1, 0]
+    x = np.asarray(res.x)
+    assert np.all(x >= lb) and np.all(x <= ub)
+    np.testing.assert_allclose(float(res.cost), ref.cost, rtol=1e-9)
+
+
+def test_pytree_x0_and_residual():
+    def resid(p, t, y):
+        r = p["a"] * jnp.exp(-p["k"] * t) + p["c"] - y
+        return {"head": r[:20], "tail": r[20:]}
+
+    p0 = {"a": jnp.array(1.0), "k": jnp.array(1.0), "c": jnp.array(0.0)}
+    res = ap.solve_nlsq(resid, p0, args=(jnp.asarray(T), jnp.asarray(Y)))
+    ref = _scipy(expo_np, P0, (T, Y), method="lm")
+    assert set(res.x) == {"a", "k", "c"}
+    np.testing.assert_allclose([float(res.x[k]) for k in ("a", "k", "c")], ref.x, rtol=1e-8)
+    assert res.fun.shape == (T.size,)
+
+
+def test_user_jacobian_and_rev_mode():
+    def jac(p, t, y):
+        e = jnp.exp(-p[1] * t)
+        return jnp.stack([e, -p[0] * t * e, jnp.ones_like(t)], axis=1)
+
+    args = (jnp.asarray(T), jnp.asarray(Y))
+    r1 = ap.solve_nlsq(expo, jnp.asarray(P0), args=args, jac=jac)
+    ref = _scipy(expo_np, P0, (T, Y), method="lm")
+    np.testing.assert_allclose(np.asarray(r1.x), ref.x, rtol=1e-8)
+
+
+@pytest.mark.slow
+def test_rev_mode_normal_equations():
+    args = (jnp.asarray(T), jnp.asarray(Y))
+    r2 = ap.solve_nlsq(expo, jnp.asarray(P0), args=args, jac="rev", linear_solver="normal")
+    ref = _scipy(expo_np, P0, (T, Y), method="lm")
+    np.testing.assert_allclose(np.asarray(r2.x), ref.x, rtol=1e-8)
+
+
+# ---------------------------------------------------------------- precision control
+def test_fixed_precisions_and_schedule():
+    args = (jnp.asarray(T), jnp.asarray(Y))
+    ref = _scipy(expo_np, P0, (T, Y), method="lm").x
+    r32 = ap.solve_nlsq(expo, jnp.asarray(P0), args=args, precision="f32")
+    assert r32.rung_name == "f32" and r32.x.dtype == jnp.float32
+    assert int(r32.escalations) == 0
+    np.testing.assert_allclose(np.asarray(r32.x), ref, rtol=2e-3)
+    # a user schedule is consulted: an eager stall schedule leaves f32 after one step;
+    # convergence is still only declared on f64
+    rst = ap.solve_nlsq(expo, jnp.asarray(P0), args=args,
+                        schedule=StallEscalation(rate=0.5, patience=1))
+    default = ap.solve_nlsq(expo, jnp.asarray(P0), args=args)
+    assert rst.rung_name == "f64" and int(rst.escalation_reason[1]) == 5
+    assert int(rst.rung_entered[1]) < int(default.rung_entered[1])
+    np.testing.assert_allclose(np.asarray(rst.x), ref, rtol=1e-9)
+
+
+@pytest.mark.slow
+def test_fixed_schedule_and_f64():
+    args = (jnp.asarray(T), jnp.asarray(Y))
+    r64 = ap.solve_nlsq(expo, jnp.asarray(P0), args=args, precision="f64")
+    assert int(r64.escalations) == 0 and r64.rung_name == "f64"
+    rs = ap.solve_nlsq(expo, jnp.asarray(P0), args=args, schedule=Fixed(0))
+    assert rs.rung_name == "f64"  # built-in convergence trigger still verifies on f64
+    np.testing.assert_allclose(np.asarray(rs.x), np.asarray(r64.x), rtol=1e-9)
+
+
+def test_overflow_on_low_rung_escalates():
+    # exp(100) overflows float32 but not float64: the low rung gives Inf -> escalate
+    def r(x):
+        return jnp.exp(100.0 * x) - jnp.exp(100.0 * jnp.array([1.0, 1.01]))
+
+    res = ap.solve_nlsq(r, jnp.array([0.9, 0.9]))
+    np.testing.assert_allclose(np.asarray(res.x), [1.0, 1.01], rtol=1e-10)
+    assert int(res.escalation_reason[1]) == 2  # non-finite
+
+
+def test_nonfinite_residual_gives_status_not_answer():
+    def r(x):  # NaN everywhere except at x0 -> every trial step is non-finite
+        return jnp.where(jnp.abs(x[0] - 3.0) < 1e-12, x - 1.0, jnp.nan)
+
+    res = ap.solve_nlsq(r, jnp.array([3.0]), precision="f64")
+    assert not bool(res.success) and res.status_int == Status.NO_FINITE_STEP
+    assert "non-finite" in res.message
+    assert np.isfinite(float(res.x[0]))  # the last finite iterate, flagged as a failure
+    # NaN at x0 on every rung: status -3, and throw=True raises with the message
+    with pytest.raises(Exception, match="status -3"):
+        ap.solve_nlsq(lambda x: jnp.sqrt(x - 10.0), jnp.array([1.0, 2.0]), throw=True)
+
+
+def test_max_steps_status():
+    res = ap.solve_nlsq(rosen, jnp.array([-1.2, 1.0]), max_steps=3, precision="f64")
+    assert res.status_int == Status.MAX_STEPS and int(res.nit) == 3
+    assert not bool(res.success)
+
+
+# ---------------------------------------------------------------- compile cost
+def test_cache_and_trace_count():
+    calls = {"n": 0}
+
+    def counted(p, t, y):
+        calls["n"] += 1
+        return p[0] * jnp.exp(-p[1] * t) + p[2] - y
+
+    args = (jnp.asarray(T), jnp.asarray(Y))
+    before = cache_info()["misses"]
+    r1 = ap.solve_nlsq(counted, jnp.asarray(P0), args=args)
+    first = calls["n"]
+    # 2 rungs: f-branch x2, fj-branch x2, initial fj, final fj, + the shape check
+    assert 1 <= first <= 8, first
+    assert cache_info()["misses"] == before + 1
+    r2 = ap.solve_nlsq(counted, jnp.asarray(P0) + 0.1, args=(args[0], args[1] * 1.01))
+    assert calls["n"] == first + 1  # only the boundary shape check (eval_shape)
+    assert cache_info()["misses"] == before + 1
+    assert not np.allclose(np.asarray(r1.x), np.asarray(r2.x))
+
+
+# ---------------------------------------------------------------- jit / vmap / grad
+def _linfit(c, t, y):
+    return c[0] + c[1] * t - y
+
+
+def test_jit_vmap_grad():
+    t, y = jnp.asarray(T), jnp.asarray(Y)
+
+    @jax.jit
+    def fit(y):
+        return ap.solve_nlsq(expo, jnp.asarray(P0), args=(t, y)).x
+
+    ref = _scipy(expo_np, P0, (T, Y), method="lm").x
+    np.testing.assert_allclose(np.asarray(fit(y)), ref, rtol=1e-8)
+
+    ys = jnp.stack([y, y * 1.1, y + 0.2])
+    xs = jax.vmap(fit)(ys)
+    for i in range(3):
+        r = _scipy(expo_np, P0, (T, np.asarray(ys[i])), method="lm").x
+        np.testing.assert_allclose(np.asarray(xs[i]), r, rtol=1e-7)
+
+    # grad of the solution w.r.t. the data (implicit differentiation): linear model,
+    # closed form d c / d y = pinv(A)
+    A = np.stack([np.ones_like(T), T], axis=1)
+
+    def slope(y):
+        return ap.solve_nlsq(_linfit, jnp.zeros(2), args=(t, y)).x[1]
+
+    g = jax.grad(slope)(y)
+    np.testing.assert_allclose(np.asarray(g), np.linalg.pinv(A)[1], rtol=1e-8, atol=1e-12)
+    # nonlinear model: against central finite differences of the (scipy) solution
+    gk = jax.grad(lambda y: fit(y)[1])(y)
+    h = 1e-4
+    e = np.zeros_like(Y)
+    for i in (0, 13, 39):
+        e[:] = 0
+        e[i] = h
+        fd = (_scipy(expo_np, ref, (T, Y + e), method="lm").x[1]
+              - _scipy(expo_np, ref, (T, Y - e), method="lm").x[1]) / (2 * h)
+        np.testing.assert_allclose(float(gk[i]), fd, rtol=1e-4, atol=1e-9)
+
+
+# ---------------------------------------------------------------- bad input
+@pytest.mark.parametrize("kwargs,x0,args,exc,match", [
+    ({}, jnp.array([jnp.nan, 1.0, 0.0]), (T, Y), ValueError, "x0 contains NaN"),
+    ({}, jnp.asarray(P0), (T, np.where(T > 1, np.inf, Y)), ValueError, "data in args"),
+    ({"bounds": (0.0, 0.5)}, jnp.asarray(P0), (T, Y), ValueError, "outside the bounds"),
+    ({"bounds": ([0, 0, 0], [1, 0, 1])}, jnp.asarray(P0), (T, Y), ValueError,
+     "strictly less"),
+    ({"method": "lm"}, jnp.asarray(P0), (T[:2], Y[:2]), ValueError, "m=2 residuals"),
+    ({"method": "lm", "bounds": (-5, 5)}, jnp.asarray(P0), (T, Y), ValueError,
+     "does not support bounds"),
+    ({"loss": "l2"}, jnp.asarray(P0), (T, Y), ValueError, "loss='l2'"),
+    ({"method": "dogbox"}, jnp.asarray(P0), (T, Y), ValueError, "method='dogbox'"),
+    ({"x_scale": -1.0}, jnp.asarray(P0), (T, Y), ValueError, "x_scale"),
+    ({"precision": "f8"}, jnp.asarray(P0), (T, Y), ValueError, "alias"),
+])
+def test_bad_input(kwargs, x0, args, exc, match):
+    with pytest.raises(exc, match=match):
+        ap.solve_nlsq(expo, x0, args=args, **kwargs)
+
+
+def test_bad_residual_shapes():
+    with pytest.raises(ValueError, match="1-D array"):
+        ap.solve_nlsq(lambda x: jnp.sum(x ** 2), jnp.ones(2))
+    with pytest.raises(ValueError, match=r"shape \(2, 2\)"):
+        ap.solve_nlsq(lambda x: jnp.outer(x, x), jnp.ones(2))
+    with pytest.raises(TypeError, match="callable"):
+        ap.solve_nlsq("not a function", jnp.ones(2))
+
+
+def test_status_messages_and_eqx_module():
+    res = ap.solve_nlsq(rosen, jnp.array([-1.2, 1.0]))
+    assert isinstance(res, eqx.Module) and isinstance(res, ap.NLSQResult)
+    assert "f64" in res.message
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        leaves = jax.tree.leaves(res)
+    assert all(isinstance(leaf, jax.Array) for leaf in leaves)

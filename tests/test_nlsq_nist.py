@@ -1,0 +1,78 @@
+"""NIST StRD nonlinear regression: LRE >= 6 on every parameter (certified values), both
+starts, default adaptive precision and float64, default tolerances.
+
+The default run covers a representative handful (lower and average difficulty,
+exponential / rational / multi-peak models); the full 2 x 19 x 2 sweep is ``slow``.
+MGH17 from start 1 is a known failure of this LM (it stalls in the b2 = -b3, b4 = b5
+valley, as scipy's MINPACK ``lm`` does); it is marked ``xfail``.
+"""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import adaptprec as ap
+from adaptprec.nlsq._nist import MODELS, load, lre
+
+HANDFUL = ["Misra1a", "Chwirut2", "Kirby2"]
+KNOWN_FAIL = {("MGH17", 0)}
+
+
+def _solve(name, start, precision):
+    p = load(name)
+    res = ap.solve_nlsq(p.residual, jnp.asarray(p.starts[start]),
+                        args=(jnp.asarray(p.x), jnp.asarray(p.y)), precision=precision)
+    return p, res
+
+
+def _check(name, start, precision):
+    p, res = _solve(name, start, precision)
+    score = lre(res.x, p.certified)
+    assert bool(res.success), res.message
+    assert res.rung_name == "f64"
+    assert score >= 6.0, f"{name} start {start + 1} ({precision}): LRE {score:.2f}"
+    # the certified residual sum of squares too
+    assert lre(2.0 * float(res.cost), p.certified_rss) >= 6.0
+
+
+@pytest.mark.parametrize("precision", ["adaptive", "f64"])
+@pytest.mark.parametrize("name", HANDFUL)
+def test_nist_handful(name, precision):
+    for start in (0, 1):  # same compiled solver for both starts
+        _check(name, start, precision)
+
+
+def test_nist_adaptive_starts_low():
+    p, res = _solve("Misra1a", 0, "adaptive")
+    tr = res.trace()
+    assert tr[0]["rung"] == "f32" and tr[0]["nfev"] > tr[-1]["nfev"]
+
+
+def _full_params():
+    out = []
+    for name in MODELS:
+        for start in (0, 1):
+            for precision in ("adaptive", "f64"):
+                marks = [pytest.mark.slow]
+                if (name, start) in KNOWN_FAIL:
+                    marks.append(pytest.mark.xfail(reason="stalls in the MGH17 valley",
+                                                   strict=False))
+                out.append(pytest.param(name, start, precision, marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("name,start,precision", _full_params())
+def test_nist_full_sweep(name, start, precision):
+    _check(name, start, precision)
+
+
+def test_parser_reads_all_problems():
+    for name in MODELS:
+        p = load(name)
+        assert p.starts[0].shape == p.starts[1].shape == p.certified.shape
+        assert p.y.shape[0] == (p.x.shape[0]) and p.certified_rss > 0
+        # certified values really minimise the model: the residual at them matches RSS
+        rss = float(np.sum(np.asarray(p.residual(jnp.asarray(p.certified),
+                                                 jnp.asarray(p.x), jnp.asarray(p.y))) ** 2))
+        # (Lanczos1's RSS is 1e-25: data rounded to 13 digits; compare absolutely there)
+        np.testing.assert_allclose(rss, p.certified_rss, rtol=1e-6, atol=1e-20)
