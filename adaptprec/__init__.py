@@ -57,7 +57,7 @@ from . import linalg  # noqa: E402  (users call ap.linalg.solve, ap.linalg.lstsq
 
 # --- nlsq (issue 4): re-exports below this line ---
 from . import nlsq  # noqa: E402
-from .nlsq import NLSQResult, solve_nlsq  # noqa: E402
+from .nlsq import NLSQResult, curve_fit, solve_nlsq  # noqa: E402
 
 # --- batched nlsq (issue 5): re-exports below this line ---
 from .batch import BatchResult, solve_nlsq_batch
