@@ -102,10 +102,8 @@ def _lstsq_batched(A, B, *, storage, compute, max_iters, tol):
         fit = jnp.max(jnp.abs(f), axis=1) / safe
         return f, g, eta, fit
 
-    # x0 = R^{-1} Q^T b (the first augmented correction from x = 0, r = b - Q Q^T b).
-    zeros_x = jnp.zeros(A.shape[:1] + (A.shape[2], B.shape[2]), w)
-    dx0, dr0 = low_aug(B, jnp.zeros_like(zeros_x))
-    x0 = dx0
+    # x0 = R^{-1} Q^T b: the augmented correction from x = 0, r = 0 (f = b, g = 0).
+    x0, _ = low_aug(B, jnp.zeros(A.shape[:1] + (A.shape[2], B.shape[2]), w))
     r0 = B - jnp.matmul(A, x0)
     inf_k = jnp.full(B.shape[:1] + B.shape[2:], jnp.inf, w)
     false_k = jnp.zeros(inf_k.shape, bool)
@@ -133,13 +131,12 @@ def _lstsq_batched(A, B, *, storage, compute, max_iters, tol):
     init = (jnp.asarray(0, jnp.int32), jnp.zeros(A.shape[:1], jnp.int32), x0, r0, false_k,
             false_k, inf_k)
     _, its, x, _, conv, _, _ = lax.while_loop(cond, body, init)
-    del dr0
 
-    def resid(x):
-        r = B - jnp.matmul(A, x)
-        return r, measures(x, r)[2]
+    def eta_of(x):
+        """The optimality measure with the true residual b - A x of the returned x."""
+        return measures(x, B - jnp.matmul(A, x))[2]
 
-    _, e = resid(x)
+    e = eta_of(x)
     need = ~(cast_ok & factor_ok & jnp.all(conv, axis=1))
     u_w = unit_roundoff(w)
 
@@ -147,7 +144,7 @@ def _lstsq_batched(A, B, *, storage, compute, max_iters, tol):
         x, e = ops
         Q64, R64 = lax.linalg.qr(A, full_matrices=False)
         xf = jax.vmap(_r_solve)(R64, jnp.matmul(jnp.swapaxes(Q64, -1, -2), B))
-        _, ef = resid(xf)
+        ef = eta_of(xf)
         zero = _rdiag_bad(R64)
         finite_in = (jnp.all(jnp.isfinite(A), axis=(1, 2))
                      & jnp.all(jnp.isfinite(B), axis=(1, 2)))
