@@ -18,6 +18,7 @@ Run:  python benchmarks/bench_linalg.py            (about 3-5 minutes)
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -36,16 +37,25 @@ def eta(A, x, b):
     return float(r / (np.abs(A).sum(1).max() * np.abs(x).max() + np.abs(b).max()))
 
 
+CPU_TIMES = {}   # fn -> best process CPU time (all threads), a load-robust second opinion
+
+
 def best_times(fns, args, repeats):
-    """Interleaved timing: min over repeats for each fn (compile + warm-up excluded)."""
+    """Interleaved timing: min wall time over repeats for each fn (compile and warm-up
+    excluded). Also records the min process CPU time per fn in CPU_TIMES: on a machine
+    shared with other jobs, wall time includes waiting for a core, CPU time does not."""
     for f in fns:
         jax.block_until_ready(f(*args))
     best = [np.inf] * len(fns)
+    cpu = [np.inf] * len(fns)
     for _ in range(repeats):
         for i, f in enumerate(fns):
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             jax.block_until_ready(f(*args))
             best[i] = min(best[i], time.perf_counter() - t0)
+            cpu[i] = min(cpu[i], time.process_time() - c0)
+    for f, c in zip(fns, cpu):
+        CPU_TIMES[f] = c
     return best
 
 
@@ -82,6 +92,11 @@ def size_table(sizes, repeats):
               f"{int(info.iterations):>5} {e_ref:>9.1e} "
               f"{e_ours:>9.1e} {t32:>8.4f} {t64:>8.4f} {t64 / t32:>7.2f}x "
               f"{t_x - t32:>8.4f}", flush=True)
+        c = CPU_TIMES
+        print(f"{'':>5} cpu-time ratios: f64 solve / ours x {c[ref_solve] / c[ours_x]:.2f}x, "
+              f"/ ours+info {c[ref_solve] / c[ours_full]:.2f}x, / no cond "
+              f"{c[ref_solve] / c[ours_nocond]:.2f}x; f64 LU / f32 LU "
+              f"{c[lu64] / c[lu32]:.2f}x", flush=True)
         rows.append((n, t_ref / t_x, t_ref / t_full, e_ours, bool(info.fell_back)))
     print("ours x: jit(lambda A, b: solve(A, b)[0]) — XLA drops the unused cond estimate; "
           "ours+info: x and SolveInfo returned (what an eager call computes); no cond: "
@@ -127,7 +142,8 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, "
-          f"{jax.local_device_count()} device(s)")
+          f"{jax.local_device_count()} device(s); load average at start "
+          f"{os.getloadavg()[0]:.1f} (timings are only meaningful on an idle machine)")
     t0 = time.perf_counter()
     rows = size_table(args.sizes, args.repeats)
     if args.sweep_n:
