@@ -356,3 +356,22 @@ def test_forward_mode_hessian_and_two_shapes_in_one_trace():
                                np.diag(np.exp([1.0, 2.0])), rtol=1e-6)   # f32 rung
     a, b = jax.jit(lambda a, b: (f(a), f(b)))(jnp.ones(2), jnp.ones((3, 3)))
     assert a.shape == (2,) and b.shape == (3, 3)
+
+
+def test_float64_rung_with_x64_off_says_how_to_fix():
+    import os
+    import subprocess
+    import sys
+
+    code = ("import adaptprec as ap, jax.numpy as jnp\n"
+            "f = ap.adaptive(jnp.exp, ladder='bf16,f32')\n"
+            "assert f(jnp.ones(2)).dtype == jnp.float32\n"
+            "try:\n"
+            "    ap.adaptive(jnp.exp, ladder='f32,f64')\n"
+            "except ValueError as e:\n"
+            "    print('ERR', e)\n")
+    env = dict(os.environ, JAX_ENABLE_X64="0", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "ERR" in proc.stdout and "jax_enable_x64" in proc.stdout
