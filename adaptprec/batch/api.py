@@ -80,8 +80,8 @@ def _core(residual: Residual, cfg: _Config) -> Callable:
         if cfg.return_pcov:
             top = cfg.plans[-1]
             fj = make_fj(residual, top.acc_dtype, top.acc_dtype)
-            _, jac = fj(s.x, bargs, sargs)
-            pcov = batched_pcov(jac, s.cost, cfg.absolute_sigma)
+            _, jt = fj(s.x, bargs, sargs)
+            pcov = batched_pcov(jnp.swapaxes(jt, 1, 2), s.cost, cfg.absolute_sigma)
         return BatchResult(
             x=s.x, cost=s.cost, status=s.status, success=s.status > 0, rung=rung,
             nfev=s.nfev, njev=s.njev, nit=s.nit,

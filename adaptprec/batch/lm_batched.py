@@ -7,8 +7,9 @@ Every array in :class:`LMState` has the batch (fit) axis first. One iteration, f
    :math:`(J^\top J + \lambda\,\mathrm{diag}(d^2))\,\delta = -J^\top f` per fit with a
    batched (unrolled for small ``n``) Cholesky, where :math:`d^2` is the running maximum
    of :math:`\mathrm{diag}(J^\top J)` (MINPACK's scaling);
-2. evaluate residual and Jacobian at the trial point :math:`x+\delta` (``vmap`` of
-   ``jacfwd`` of the user's residual; the residual comes out of the same pass);
+2. evaluate residual and Jacobian at the trial point :math:`x+\delta` (forward mode:
+   ``vmap`` of ``jvp`` over the unit tangents, as ``jacfwd``, under ``vmap`` over fits;
+   the residual is the shared primal of the same pass);
 3. gain ratio :math:`\rho = (C(x) - C(x+\delta)) / \mathrm{pred}` with
    :math:`\mathrm{pred} = \tfrac12\,\delta^\top(\lambda d^2\delta - J^\top f)`; accept when
    :math:`\rho > 10^{-4}` and the trial is finite;
@@ -97,21 +98,23 @@ class LMState(NamedTuple):
 
 
 def make_fj(residual: Callable, rung_dtype, acc_dtype) -> Callable:
-    """Batch residual-and-Jacobian evaluator ``fj(x, bargs, sargs) -> (f, J)``.
+    """Batch residual-and-Jacobian evaluator ``fj(x, bargs, sargs) -> (f, Jt)``.
 
     ``residual(x, bargs, sargs)`` is the user residual for ONE fit (``bargs`` are that
     fit's slices of the batched arguments, ``sargs`` the shared ones). Inputs are cast to
-    ``rung_dtype`` (floating leaves only); ``f`` ``(B, m)`` and ``J`` ``(B, m, n)`` come
-    back in ``acc_dtype``. ``J`` is ``jacfwd`` (``n`` tangents in one pass) and ``f`` is its
-    primal, so the residual is traced once per rung.
+    ``rung_dtype`` (floating leaves only); ``f`` ``(B, m)`` and the *transposed* Jacobian
+    ``Jt`` ``(B, n, m)`` come back in ``acc_dtype``. ``Jt`` is forward mode (``vmap`` of
+    ``jvp`` over the ``n`` unit tangents, as ``jacfwd`` does) and ``f`` is the shared
+    primal, so the residual is traced once per rung. Rows of ``Jt`` are contiguous in
+    ``m``, the reduction axis of ``J^T J``.
 
     Example:
         >>> import jax.numpy as jnp
         >>> from adaptprec.batch.lm_batched import make_fj
-        >>> fj = make_fj(lambda x, b, s: x * s - b[0], jnp.float32, jnp.float32)
-        >>> f, J = fj(jnp.ones((2, 3)), (jnp.zeros((2, 3)),), 2.0)
-        >>> f.shape, J.shape, float(J[0, 1, 1])
-        ((2, 3), (2, 3, 3), 2.0)
+        >>> fj = make_fj(lambda x, b, s: x[:2] * s - b[0], jnp.float32, jnp.float32)
+        >>> f, Jt = fj(jnp.ones((4, 3)), (jnp.zeros((4, 2)),), 2.0)
+        >>> f.shape, Jt.shape, float(Jt[0, 1, 1]), float(Jt[0, 2, 1])
+        ((4, 2), (4, 3, 2), 2.0, 0.0)
     """
     from ..policy import cast_floating
 
@@ -120,20 +123,21 @@ def make_fj(residual: Callable, rung_dtype, acc_dtype) -> Callable:
         sargs_r = cast_floating(sargs, rung_dtype)
 
         def r(p):
-            out = jnp.asarray(residual(p.astype(rung_dtype), bargs_r, sargs_r))
-            out = out.astype(acc_dtype)
-            return out, out
+            return jnp.asarray(residual(p.astype(rung_dtype), bargs_r, sargs_r)).astype(acc_dtype)
 
-        jac, f = jax.jacfwd(r, has_aux=True)(x.astype(acc_dtype))
-        return f, jac
+        x = x.astype(acc_dtype)
+        basis = jnp.eye(x.shape[0], dtype=acc_dtype)
+        # forward mode, one tangent per parameter; the primal is computed once
+        return jax.vmap(lambda t: jax.jvp(r, (x,), (t,)), out_axes=(None, 0))(basis)
 
     return jax.vmap(one, in_axes=(0, 0, None))
 
 
-def _normal_equations(f, jac):
+def _normal_equations(f, jt):
+    """cost, J^T J and J^T f from f (B, m) and Jt (B, n, m), summed in f's dtype (>= f32)."""
     acc = f.dtype
-    jtj = jnp.einsum("bmi,bmj->bij", jac, jac, preferred_element_type=acc)
-    jtf = jnp.einsum("bmi,bm->bi", jac, f, preferred_element_type=acc)
+    jtj = jnp.einsum("bim,bjm->bij", jt, jt, preferred_element_type=acc)
+    jtf = jnp.einsum("bim,bm->bi", jt, f, preferred_element_type=acc)
     cost = 0.5 * jnp.sum(f * f, axis=-1)
     return cost, jtj, jtf
 

@@ -1,0 +1,199 @@
+"""Batched fits: Gpufit's standard case, adaptprec vs optimistix (jit(vmap)) vs scipy.
+
+Problem (Gpufit's reference benchmark): a 2-D Gaussian on a 5x5 pixel grid, 5 parameters
+(amplitude 500, centre (2, 2) jittered +-0.5 px, width 1, offset 10), Poisson noise, starts
+within +-10% of the truth (``adaptprec._demos.batch.make_problem``). For 1e4 and 1e5 fits:
+
+* adaptprec ``solve_nlsq_batch`` (adaptive f32 -> f64 per fit; also without compaction
+  and with float64 only);
+* optimistix ``LevenbergMarquardt`` under ``jit(vmap(...))`` in float32 and float64;
+* scipy ``least_squares(method="lm")`` in a Python loop on a subsample, extrapolated.
+
+Reported: fits/s after compilation (best of ``--repeat`` runs; optimistix at 1e5 one run),
+compile time, median |x - truth| per parameter, the ratio of median errors to scipy's,
+peak memory (XLA's compiled memory analysis: arguments + outputs + temporaries, and the
+process's peak RSS). The machine is shared: the load average is printed with the results.
+
+Run:  python benchmarks/bench_batch.py            (about 3-6 minutes)
+      python benchmarks/bench_batch.py --quick    (1e4 only)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import time
+
+import json
+import subprocess
+import tempfile
+
+import jax
+
+# optimistix's LM mixes its float64 damping into float32 problems when x64 is on, so its
+# float32 run happens in a worker process with x64 off (see _optx32_in_subprocess).
+_WORKER = "--optx32-worker" in sys.argv
+jax.config.update("jax_enable_x64", not _WORKER)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optimistix as optx  # noqa: E402
+from scipy.optimize import least_squares  # noqa: E402
+
+import adaptprec as ap  # noqa: E402
+from adaptprec._demos.batch import gauss2d, make_problem  # noqa: E402
+from adaptprec.batch import api as _api  # noqa: E402
+from adaptprec.batch._problem import build_problem  # noqa: E402
+
+NAMES = ("amp", "x0", "y0", "width", "offset")
+
+
+def _mem(compiled) -> float:
+    try:
+        m = compiled.memory_analysis()
+        return (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes) / 2**20
+    except Exception:  # memory analysis is backend-dependent
+        return float("nan")
+
+
+def _timed(fn, repeat):
+    best = np.inf
+    out = None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        jax.block_until_ready(out)
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def bench_adaptprec(xy, data, x0, repeat, **kw):
+    """Compile through the public entry point's cached program, then time the public call."""
+    call = lambda: ap.solve_nlsq_batch(gauss2d, x0, args=(xy,), in_axes=None, ydata=data, **kw)
+    # compile time and memory: lower the same cached program the call uses
+    prob = build_problem(gauss2d, x0, (xy,), None, data, None)
+    ladder = _api._ladder(kw.get("precision", "adaptive"))
+    factor = 0 if kw.get("compaction", "auto") is None else 8
+    cfg = _api._Config(_api._plans(ladder, 1e-8, 1e-8, 1e-8, 500), 0.125, 64, factor, 256,
+                       1e-2, 10.0, False, False, 2048)
+    t0 = time.perf_counter()
+    compiled = _api._core(prob.residual, cfg).lower(prob.x0, prob.bargs, prob.sargs).compile()
+    tc = time.perf_counter() - t0
+    call()  # warm the dispatch path
+    dt, res = _timed(call, repeat)
+    return dt, tc, np.asarray(res.x), res, _mem(compiled)
+
+
+def bench_optimistix(xy, data, x0, dtype, tol, repeat):
+    xy_d = jnp.asarray(xy, dtype)
+    solver = optx.LevenbergMarquardt(rtol=tol, atol=tol)
+
+    def one(p0, y):
+        fn = lambda p, y: gauss2d(p, xy_d) - y
+        return optx.least_squares(fn, solver, p0, args=y, max_steps=500, throw=False).value
+
+    f = jax.jit(jax.vmap(one))
+    args = (jnp.asarray(x0, dtype), jnp.asarray(data, dtype))
+    t0 = time.perf_counter()
+    compiled = f.lower(*args).compile()
+    tc = time.perf_counter() - t0
+    dt, x = _timed(lambda: compiled(*args), repeat)
+    return dt, tc, np.asarray(x, np.float64), _mem(compiled)
+
+
+def _optx32_in_subprocess(xy, data, x0, tol, repeat):
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "problem.npz")
+        np.savez(path, xy=xy, data=data, x0=x0)
+        out = subprocess.run([sys.executable, __file__, "--optx32-worker", path, str(tol),
+                              str(repeat)], capture_output=True, text=True, check=True)
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        return r["dt"], r["tc"], np.load(path + ".x.npy"), r["mem"]
+
+
+def _optx32_worker(path, tol, repeat):
+    z = np.load(path)
+    dt, tc, x, mem = bench_optimistix(z["xy"], z["data"], z["x0"], jnp.float32, float(tol),
+                                      int(repeat))
+    np.save(path + ".x.npy", x)
+    print(json.dumps({"dt": dt, "tc": tc, "mem": mem}))
+
+
+def bench_scipy(xy, data, x0, nsub):
+    xs = np.empty((nsub, 5))
+    t0 = time.perf_counter()
+    for k in range(nsub):
+        xs[k] = least_squares(lambda p: np.asarray(gauss2d(p, xy)) - data[k], x0[k],
+                              method="lm").x
+    return (time.perf_counter() - t0) / nsub, xs
+
+
+def main(argv=None):
+    if _WORKER:
+        i = sys.argv.index("--optx32-worker")
+        return _optx32_worker(*sys.argv[i + 1:i + 4])
+    ap_ = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap_.add_argument("--quick", action="store_true", help="1e4 fits only")
+    ap_.add_argument("--repeat", type=int, default=3)
+    ap_.add_argument("--scipy-sample", type=int, default=300)
+    args = ap_.parse_args(argv)
+    sizes = (10_000,) if args.quick else (10_000, 100_000)
+    print(f"jax {jax.__version__} on {jax.default_backend()} ({os.cpu_count()} CPUs), "
+          f"load average {os.getloadavg()[0]:.1f} at start")
+    import numpy as _np  # noqa: F401  (numpy float64 math for scipy's residual)
+
+    np_model = lambda p, xy: p[0] * np.exp(-((xy[0] - p[1]) ** 2 + (xy[1] - p[2]) ** 2)
+                                           / (2 * p[3] ** 2)) + p[4]
+    for size in sizes:
+        xy, data, truth, x0 = make_problem(size, seed=0)
+        print(f"\n=== {size:,} fits (2-D Gaussian, 5x5 pixels, Poisson noise, starts +-10%) ===")
+        rows = []
+        rep_ours = args.repeat
+        rep_base = args.repeat if size <= 10_000 else 1
+        for label, kw in (("adaptprec adaptive f32->f64", {}),
+                          ("adaptprec adaptive, no compaction", {"compaction": None}),
+                          ("adaptprec f64 only", {"precision": "f64"})):
+            dt, tc, x, res, mem = bench_adaptprec(xy, data, x0, rep_ours, **kw)
+            extra = (f"escalated {res.num_escalated}, status {res.status_counts()}, "
+                     f"median nit {np.median(np.asarray(res.nit)):.0f}")
+            rows.append((label, size / dt, tc, x, mem, extra))
+        for dtype, tol in ((jnp.float32, 1e-5), (jnp.float64, 1e-8)):
+            if dtype == jnp.float32:
+                dt, tc, x, mem = _optx32_in_subprocess(xy, data, x0, tol, rep_base)
+            else:
+                dt, tc, x, mem = bench_optimistix(xy, data, x0, dtype, tol, rep_base)
+            rows.append((f"optimistix LM jit(vmap) {jnp.dtype(dtype).name} tol {tol:g}",
+                         size / dt, tc, x, mem, "" if rep_base > 1 else "one timed run"))
+        nsub = min(args.scipy_sample, size)
+        per_fit, xs = bench_scipy(xy, data, x0, nsub)
+        err_scipy = np.median(np.abs(xs - truth[:nsub]), axis=0)
+        rows.append((f"scipy least_squares lm, loop", 1.0 / per_fit, 0.0, None, float("nan"),
+                     f"timed on {nsub} fits, extrapolated to {size:,}"))
+
+        opt32 = rows[3][1]
+        sp = rows[-1][1]
+        print(f"{'method':48s} {'fits/s':>10s} {'x optx32':>9s} {'x scipy':>8s} "
+              f"{'compile':>8s} {'XLA MiB':>8s}  median |x-truth| ({', '.join(NAMES)})")
+        for label, rate, tc, x, mem, extra in rows:
+            err = err_scipy if x is None else np.median(np.abs(x - truth), axis=0)
+            print(f"{label:48s} {rate:10,.0f} {rate / opt32:9.1f} {rate / sp:8.1f} "
+                  f"{tc:7.1f}s {mem:8.1f}  " + ", ".join(f"{e:.4g}" for e in err)
+                  + (f"   [{extra}]" if extra else ""))
+        # same accuracy: median errors relative to scipy on the same subsample
+        ours = rows[0][3][:nsub]
+        ratio = np.median(np.abs(ours - truth[:nsub]), axis=0) / err_scipy
+        agree = np.max(np.abs(ours - xs), axis=0)
+        print(f"adaptive vs scipy on the {nsub}-fit subsample: median-error ratio "
+              + ", ".join(f"{r:.3f}" for r in ratio)
+              + "; max |x_adaptprec - x_scipy| " + ", ".join(f"{a:.2g}" for a in agree))
+        print(f"load average now {os.getloadavg()[0]:.1f}")
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"\npeak RSS of this process (all runs): {rss:,.0f} MiB")
+    print("reproduce: python benchmarks/bench_batch.py" + (" --quick" if args.quick else ""))
+    del np_model
+
+
+if __name__ == "__main__":
+    sys.exit(main())
