@@ -14,7 +14,7 @@ import pytest
 import adaptprec as ap
 from adaptprec.nlsq._nist import MODELS, load, lre
 
-HANDFUL = ["Misra1a", "Chwirut2", "Kirby2"]
+HANDFUL = ["Misra1a", "Kirby2"]
 KNOWN_FAIL = {("MGH17", 0)}
 
 

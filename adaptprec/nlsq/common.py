@@ -260,7 +260,7 @@ def solve_lsq_trust_region(s, V, suf, Delta, alpha0, m: int, *, rtol=0.01, max_i
         >>> p, alpha, gn = solve_lsq_trust_region(s, V, s * jnp.array([-2.0, -1.0]), 10.0,
         ...                                        0.0, 2)
         >>> [float(v) for v in p], bool(gn)
-        [1.0, 1.0, True]
+        ([1.0, 1.0], True)
     """
     dt = suf.dtype
     eps = jnp.finfo(dt).eps

@@ -15,7 +15,7 @@ Example:
     >>> y = 2.5 * jnp.exp(-1.3 * x) + 0.5 + 0.01 * jnp.sin(7 * x)
     >>> popt, pcov = ap.curve_fit(lambda x, a, b, c: a * jnp.exp(-b * x) + c, x, y,
     ...                           p0=[1.0, 1.0, 0.0])
-    >>> [round(float(v), 2) for v in popt], pcov.shape
+    >>> [round(float(v), 1) for v in popt], pcov.shape
     ([2.5, 1.3, 0.5], (3, 3))
 """
 
