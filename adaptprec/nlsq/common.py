@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Union
 
@@ -344,7 +345,9 @@ def covariance_from_jac(J, *, null_tol: float | None = None):
     rows and columns of parameters with a component in the numerical null space (larger
     than ``null_tol``, default ``sqrt(eps)``) are ``inf`` (not identifiable).
 
-    Returns ``(cov, rank)``. Works on numpy or JAX arrays, under ``jit``.
+    The singular values and right singular vectors of ``J`` are those of the ``n x n``
+    triangular factor of its QR decomposition, so a tall ``J`` costs one ``O(m n^2)``
+    QR. Returns ``(cov, rank)``. Works on numpy or JAX arrays, under ``jit``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -354,16 +357,20 @@ def covariance_from_jac(J, *, null_tol: float | None = None):
         (0.25, True, 1)
     """
     J = jnp.asarray(J)
-    m, n = J.shape
-    _, s, VT = jnp.linalg.svd(J, full_matrices=False)
-    if s.shape[0] < n:  # m < n: pad so the null space is explicit
-        _, s, VT = jnp.linalg.svd(jnp.concatenate([J, jnp.zeros((n - m, n), J.dtype)]),
-                                  full_matrices=False)
     eps = float(np.finfo(np.dtype(J.dtype)).eps)
+    return _covariance(J, float(np.sqrt(eps) if null_tol is None else null_tol))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _covariance(J, null_tol):
+    m, n = J.shape
+    eps = jnp.finfo(J.dtype).eps
+    A = J if m >= n else jnp.concatenate([J, jnp.zeros((n - m, n), J.dtype)])
+    R = jnp.linalg.qr(A, mode="r")[:n] if m > 2 * n else A
+    _, s, VT = jnp.linalg.svd(R, full_matrices=False)
     keep = s > eps * max(m, n) * s[0]
     inv_s2 = jnp.where(keep, 1.0 / jnp.where(keep, s, 1.0) ** 2, 0.0)
     cov = (VT.T * inv_s2) @ VT
-    null_tol = np.sqrt(eps) if null_tol is None else null_tol
     null_weight = jnp.sum(jnp.where(keep[:, None], 0.0, VT ** 2), axis=0)
     bad = jnp.sqrt(null_weight) > null_tol
     cov = jnp.where(bad[:, None] | bad[None, :], jnp.inf, cov)

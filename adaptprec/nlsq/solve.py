@@ -47,6 +47,10 @@ _cache: collections.OrderedDict = collections.OrderedDict()
 _cache_lock = threading.Lock()
 _stats = {"hits": 0, "misses": 0}
 _DEFAULT_SCHEDULE = [None]
+#: ``linear_solver="auto"`` uses the normal equations from this many residuals on: the
+#: QR of a tall ``m x (n+1)`` matrix dominates the step there, while the normal
+#: equations cost one ``O(m n^2)`` product (accumulated in float32 or wider).
+_NORMAL_EQ_MIN_M = 4096
 
 
 def clear_cache() -> None:
@@ -168,7 +172,7 @@ def solve_nlsq(
     precision="adaptive",
     schedule=None,
     throw: bool = False,
-    linear_solver: str = "qr",
+    linear_solver: str = "auto",
     max_rejections: int = 4,
     cond_tol: float = 1e-2,
 ) -> NLSQResult:
@@ -202,8 +206,10 @@ def solve_nlsq(
         ``max_rejections`` rejected steps in a row, ``cond(J D^-1) * u > cond_tol``) are
         always on. Escalation only goes up.
       throw: raise (via ``equinox.error_if``) when the solve does not succeed.
-      linear_solver: ``"qr"`` (QR of ``[J f]``, default) or ``"normal"`` (normal equations
-        accumulated in float32 or wider).
+      linear_solver: ``"qr"`` (QR of ``[J f]``), ``"normal"`` (normal equations
+        ``J^T J``, ``J^T f`` accumulated in float32 or wider; squares the condition number
+        of the step computation, not of the answer: the fixed point ``J^T f = 0`` is the
+        same), or ``"auto"`` (default): QR below 4096 residuals, normal equations above.
 
     Returns:
       :class:`~adaptprec.NLSQResult`. ``x`` is differentiable with respect to the arrays in
@@ -229,8 +235,9 @@ def solve_nlsq(
     loss = check_loss(loss)
     if not (isinstance(jac, str) and jac in ("fwd", "rev")) and not callable(jac):
         raise ValueError(f"jac must be 'fwd', 'rev' or a callable, got {jac!r}")
-    if linear_solver not in ("qr", "normal"):
-        raise ValueError(f"linear_solver must be 'qr' or 'normal', got {linear_solver!r}")
+    if linear_solver not in ("auto", "qr", "normal"):
+        raise ValueError(f"linear_solver must be 'auto', 'qr' or 'normal', got "
+                         f"{linear_solver!r}")
     for name, tol in (("ftol", ftol), ("xtol", xtol), ("gtol", gtol)):
         if not np.isscalar(tol) or not np.isfinite(tol) or tol < 0:
             raise ValueError(f"{name} must be a finite non-negative number, got {tol!r}")
@@ -312,6 +319,8 @@ def solve_nlsq(
                                        hasattr(schedule, "update")):
         raise TypeError(f"schedule must be an adaptprec.schedule.PrecisionSchedule, got "
                         f"{type(schedule).__name__}")
+    if linear_solver == "auto":
+        linear_solver = "normal" if m >= _NORMAL_EQ_MIN_M else "qr"
     # ------------------------------------------------------------------ compiled solver
     cfg = LoopConfig(m=m, n=n, rungs=rungs, method=method, loss=loss, jac=jac,
                      jac_scale=isinstance(x_scale, str), has_bounds=has_bounds,
