@@ -1,10 +1,13 @@
 """The adaptive trust-region driver shared by ``lm``, ``gn`` and ``trf``.
 
 One ``lax.while_loop``; each iteration proposes a step from the factored model, evaluates
-the residual at the trial point on the current rung (``lax.switch`` over the ladder),
-accepts or rejects it, decides whether to escalate, and (only after an accepted step or an
-escalation) re-evaluates residual and Jacobian (``lax.cond`` + ``lax.switch``). Iterate and
-model are kept in the top dtype; only residual/Jacobian evaluation runs on the rung.
+residual and Jacobian once, at the trial point, on the current rung (``lax.switch`` over
+the ladder), accepts or rejects it, and decides whether to escalate. After an escalation
+(and at the start) the iteration instead evaluates at the current point on the new rung
+(``pending``). So the residual is traced once per rung (plus once for the final result):
+compile time is a user-visible cost. Iterate and model are kept in the top dtype; only
+residual/Jacobian evaluation runs on the rung (Jacobian-vector products and the QR /
+normal equations in the rung's dtype promoted to at least float32).
 
 Escalation (rung ``r`` below the top) when: the termination test fires on ``r``
 (convergence is only declared on the top rung after at least one step there), a residual or
@@ -65,6 +68,7 @@ class _State(NamedTuple):
     status: jax.Array
     consec_rej: jax.Array
     top_steps: jax.Array
+    pending: jax.Array
     rung_entered: jax.Array
     rung_nfev: jax.Array
     esc_reason: jax.Array
@@ -110,15 +114,6 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
     loss = cfg.loss
     us = jnp.asarray([unit_roundoff(d) for d in rungs], top_dt)
 
-    def f_branch(i):
-        dt = rungs[i]
-
-        def br(x, args_all, f_scale):
-            args = args_all[i]
-            return fun(x.astype(dt), *args).astype(top_dt)
-
-        return br
-
     def fj_branch(i):
         dt = rungs[i]
         wt = _promote(dt)
@@ -149,13 +144,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
 
         return br
 
-    f_branches = [f_branch(i) for i in range(nr)]
     fj_branches = [fj_branch(i) for i in range(nr)]
-
-    def eval_f(rung, x, args_all, f_scale):
-        if nr == 1:
-            return f_branches[0](x, args_all, f_scale)
-        return lax.switch(rung, f_branches, x, args_all, f_scale)
 
     def eval_fj(rung, x, args_all, f_scale):
         if nr == 1:
@@ -165,127 +154,138 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
     def colnorms(R):
         return jnp.sqrt(jnp.sum(R * R, axis=0))
 
-    def run(x0, args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol):
-        f_scale = jnp.asarray(f_scale, top_dt)
-        f0, R0, qtf0, fsn0, jok0 = fj_branches[0](x0, args_all, f_scale)
-        cost0 = robust_cost(loss, f0, f_scale)
-        if cfg.jac_scale:
-            cn = colnorms(R0)
-            scale_inv = jnp.where(jnp.isfinite(cn) & (cn > 0), cn, 1.0)
-        else:
-            scale_inv = scale_inv0
-        g0 = R0.T @ qtf0
-        Delta0 = delta0_fn(x0, scale_inv, g0, lb, ub)
-        sched0 = cfg.schedule.init(_ladder(rungs)) if cfg.schedule is not None else None
+    def init(x0, ctx):
+        """A state that evaluates residual and Jacobian at ``x0`` on the bottom rung in
+        its first iteration (``pending``), so the loop holds the only copy of them."""
+        args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol = ctx
+        m, n = cfg.m, cfg.n
         zi = jnp.zeros((), jnp.int32)
-        st = _State(
-            x=x0, f=f0, cost=cost0, R=R0, qtf=qtf0, fsn=fsn0,
-            ok=jok0 & jnp.isfinite(cost0), scale_inv=scale_inv, Delta=Delta0,
-            alpha=jnp.zeros((), top_dt), rung=zi, escalations=zi, nfev=zi + 1,
-            njev=zi + 1, nit=zi, status=zi + Status.RUNNING, consec_rej=zi, top_steps=zi,
+        sched0 = cfg.schedule.init(_ladder(rungs)) if cfg.schedule is not None else None
+        return _State(
+            x=x0, f=jnp.zeros((m,), top_dt), cost=jnp.asarray(jnp.inf, top_dt),
+            R=jnp.zeros((n, n), top_dt), qtf=jnp.zeros((n,), top_dt),
+            fsn=jnp.zeros((), top_dt), ok=jnp.asarray(False),
+            scale_inv=jnp.zeros((n,), top_dt) if cfg.jac_scale else scale_inv0,
+            Delta=jnp.ones((), top_dt), alpha=jnp.zeros((), top_dt), rung=zi,
+            escalations=zi, nfev=zi, njev=zi, nit=zi, status=zi + Status.RUNNING,
+            consec_rej=zi, top_steps=zi, pending=jnp.asarray(True),
             rung_entered=jnp.full((nr,), -1, jnp.int32).at[0].set(0),
-            rung_nfev=jnp.zeros((nr,), jnp.int32).at[0].set(1),
+            rung_nfev=jnp.zeros((nr,), jnp.int32),
             esc_reason=jnp.zeros((nr,), jnp.int32), sched=sched0)
 
-        def body(st: _State) -> _State:
-            on_top = st.rung == top
-            g = st.R.T @ st.qtf
-            gnorm = gnorm_fn(st.x, g, st.R, st.fsn, lb, ub)
-            gtol_hit = st.ok & (gnorm < gtol)
-            step = step_fn(st.x, st.R, st.qtf, g, st.scale_inv, st.Delta, st.alpha, lb, ub)
-            x_t = step.x_new
-            f_t = eval_f(st.rung, x_t, args_all, f_scale)
-            cost_t = robust_cost(loss, f_t, f_scale)
-            finite_t = jnp.isfinite(cost_t) & jnp.all(jnp.isfinite(x_t))
-            actual = st.cost - cost_t
-            Delta_n, ratio = update_tr_radius(st.Delta, actual, step.predicted,
-                                              step.step_norm, step.bound_hit)
-            Delta_n = jnp.where(finite_t, Delta_n, 0.25 * step.step_norm)
-            accepted = st.ok & finite_t & (actual > 0)
-            xnorm = jnp.linalg.norm(st.x * st.scale_inv)
-            dxn = jnp.linalg.norm((x_t - st.x) * st.scale_inv)
-            code = check_termination_codes(actual, st.cost, dxn, xnorm, ratio, ftol, xtol)
-            code = jnp.where(accepted, code, 0)
-            # Rejected steps: MINPACK's test on the radius (no further progress possible).
-            tiny = (~accepted) & st.ok & (Delta_n <= xtol * (xtol + xnorm))
-            code = jnp.where(tiny & (code == 0) & finite_t, Status.XTOL, code)
-            collapsed = tiny & ~finite_t
-            conv = (code > 0) | gtol_hit
-            # --- escalation decision
-            consec = jnp.where(accepted, 0, st.consec_rej + 1)
-            cond_est = step.s[0] / jnp.maximum(step.s[-1], jnp.finfo(top_dt).tiny)
-            cond_bad = cond_est * us[st.rung] > cfg.cond_tol
-            # A non-finite trial point first shrinks the radius; escalate when the current
-            # point is bad or two trials in a row were non-finite.
-            bad = (~st.ok) | collapsed | ((~finite_t) & (st.consec_rej >= 1))
-            sched_n = st.sched
-            sched_up = jnp.asarray(False)
-            if cfg.schedule is not None:
-                sched_n, sched_up = _consult_schedule(cfg.schedule, st, cost_t, actual,
-                                                      accepted, bad, f_scale)
-            reason = jnp.where(bad, 2, jnp.where(conv, 1, jnp.where(
-                consec >= cfg.max_rejections, 3, jnp.where(cond_bad, 4, jnp.where(
-                    sched_up, 5, 0)))))
-            want_up = (~on_top) & (reason > 0)
-            rung_n = jnp.where(want_up, st.rung + 1, st.rung)
-            # --- (re-)evaluation after an accepted step or an escalation
-            need = accepted | want_up
-            x_e = jnp.where(accepted, x_t, st.x)
+    def body(st: _State, ctx) -> _State:
+        args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol = ctx
+        f_scale = jnp.asarray(f_scale, top_dt)
+        pending = st.pending
+        on_top = st.rung == top
+        g = st.R.T @ st.qtf
+        gnorm = gnorm_fn(st.x, g, st.R, st.fsn, lb, ub)
+        gtol_hit = st.ok & (gnorm < gtol)
+        step = step_fn(st.x, st.R, st.qtf, g, st.scale_inv, st.Delta, st.alpha, lb, ub)
+        # One evaluation per iteration: at the trial point, or (pending: start or after an
+        # escalation) at the current point on the current rung.
+        z = jnp.where(pending, st.x, step.x_new)
+        f_z, R_z, qtf_z, fsn_z, jok_z = eval_fj(st.rung, z, args_all, f_scale)
+        cost_z = robust_cost(loss, f_z, f_scale)
+        finite_z = jnp.isfinite(cost_z) & jnp.all(jnp.isfinite(z))
+        ok_z = finite_z & jok_z
+        # ---- trust-region bookkeeping for a real step
+        actual = st.cost - cost_z
+        Delta_n, ratio = update_tr_radius(st.Delta, actual, step.predicted,
+                                          step.step_norm, step.bound_hit)
+        Delta_n = jnp.where(finite_z, Delta_n, 0.25 * step.step_norm)
+        accepted = (~pending) & st.ok & finite_z & (actual > 0)
+        xnorm = jnp.linalg.norm(st.x * st.scale_inv)
+        dxn = jnp.linalg.norm((z - st.x) * st.scale_inv)
+        code = check_termination_codes(actual, st.cost, dxn, xnorm, ratio, ftol, xtol)
+        code = jnp.where(accepted, code, 0)
+        # Rejected steps: MINPACK's test on the radius (no further progress possible).
+        tiny = (~pending) & (~accepted) & st.ok & (Delta_n <= xtol * (xtol + xnorm))
+        code = jnp.where(tiny & (code == 0) & finite_z, Status.XTOL, code)
+        collapsed = tiny & ~finite_z
+        conv = (code > 0) | ((~pending) & gtol_hit)
+        consec = jnp.where(accepted, 0, st.consec_rej + 1)
+        cond_est = step.s[0] / jnp.maximum(step.s[-1], jnp.finfo(top_dt).tiny)
+        cond_bad = (~pending) & (cond_est * us[st.rung] > cfg.cond_tol)
+        # A non-finite trial point first shrinks the radius; escalate when the current
+        # point is bad or two trials in a row were non-finite.
+        bad = jnp.where(pending, ~ok_z, (~st.ok) | collapsed |
+                        ((~finite_z) & (st.consec_rej >= 1)))
+        sched_n = st.sched
+        sched_up = jnp.asarray(False)
+        if cfg.schedule is not None:
+            sched_c, sched_up = _consult_schedule(cfg.schedule, st, cost_z, actual,
+                                                  accepted, bad, f_scale)
+            sched_n = jax.tree.map(lambda a, b: jnp.where(pending, a, b), st.sched, sched_c)
+            sched_up = (~pending) & sched_up
+        reason = jnp.where(bad, 2, jnp.where(conv, 1, jnp.where(
+            consec >= cfg.max_rejections, 3, jnp.where(cond_bad, 4, jnp.where(
+                sched_up, 5, 0)))))
+        want_up = (~on_top) & (reason > 0)
+        rung_n = jnp.where(want_up, st.rung + 1, st.rung)
+        # ---- new model: after an accepted step or a (pending) evaluation
+        take = accepted | pending
 
-            def do_eval(_):
-                return eval_fj(rung_n, x_e, args_all, f_scale)
+        def pick(new, old):
+            return jnp.where(take, new, old)
 
-            def keep(_):
-                return st.f, st.R, st.qtf, st.fsn, st.ok
+        x_n = pick(z, st.x)
+        f_n, R_n, qtf_n, fsn_n = pick(f_z, st.f), pick(R_z, st.R), pick(qtf_z, st.qtf), \
+            pick(fsn_z, st.fsn)
+        cost_n = pick(cost_z, st.cost)
+        ok_n = jnp.where(take, ok_z, st.ok)
+        if cfg.jac_scale:
+            cn = colnorms(R_z)
+            si = jnp.maximum(st.scale_inv, jnp.where(jnp.isfinite(cn), cn, 0.0))
+            si = jnp.where(si > 0, si, 1.0)
+            scale_inv_n = jnp.where(take & ok_z, si, st.scale_inv)
+        else:
+            scale_inv_n = st.scale_inv
+        g_n = R_n.T @ qtf_n
+        alpha_n = jnp.where(pending, 0.0,
+                            step.alpha * st.Delta / jnp.where(Delta_n > 0, Delta_n, 1.0))
+        # The first radius on a rung comes from the point (a radius shrunk by rounding
+        # noise on the lower rung would make the next steps look converged).
+        Delta_n = jnp.where(pending, delta0_fn(x_n, scale_inv_n, g_n, lb, ub), Delta_n)
+        nit = st.nit + (~pending).astype(jnp.int32)
+        top_steps = st.top_steps + ((~pending) & on_top).astype(jnp.int32)
+        # ---- termination (only on the top rung, after a verifying step there)
+        gtol_n = ok_n & (gnorm_fn(x_n, g_n, R_n, fsn_n, lb, ub) < gtol)
+        status = jnp.asarray(Status.RUNNING, jnp.int32)
+        status = jnp.where(on_top & (code > 0), code, status)
+        status = jnp.where(on_top & (~want_up) & (top_steps >= 1) & gtol_n & (code == 0),
+                           Status.GTOL, status)
+        status = jnp.where(on_top & collapsed, Status.NO_FINITE_STEP, status)
+        cur_bad = jnp.where(pending, ~ok_z, ~st.ok)
+        cur_cost = jnp.where(pending, cost_z, st.cost)
+        status = jnp.where(on_top & cur_bad,
+                           jnp.where(jnp.isfinite(cur_cost), Status.NONFINITE_JACOBIAN,
+                                     Status.NONFINITE_RESIDUAL), status)
+        status = jnp.where((status == Status.RUNNING) & (nit >= cfg.max_steps),
+                           Status.MAX_STEPS, status)
+        one = jnp.ones((), jnp.int32)
+        return _State(
+            x=x_n, f=f_n, cost=cost_n, R=R_n, qtf=qtf_n, fsn=fsn_n, ok=ok_n,
+            scale_inv=scale_inv_n, Delta=Delta_n, alpha=alpha_n, rung=rung_n,
+            escalations=st.escalations + want_up.astype(jnp.int32),
+            nfev=st.nfev + one, njev=st.njev + one, nit=nit,
+            status=status.astype(jnp.int32),
+            consec_rej=jnp.where(want_up | pending, 0, consec), top_steps=top_steps,
+            pending=want_up,
+            rung_entered=jnp.where(want_up, st.rung_entered.at[rung_n].set(nit),
+                                   st.rung_entered),
+            rung_nfev=st.rung_nfev.at[st.rung].add(1),
+            esc_reason=jnp.where(want_up, st.esc_reason.at[rung_n].set(reason),
+                                 st.esc_reason),
+            sched=_sched_set_rung(sched_n, rung_n))
 
-            f_e, R_e, qtf_e, fsn_e, jok_e = lax.cond(need, do_eval, keep, None)
-            cost_e = jnp.where(need, robust_cost(loss, f_e, f_scale), st.cost)
-            ok_e = jnp.where(need, jok_e & jnp.isfinite(cost_e), st.ok)
-            if cfg.jac_scale:
-                cn = colnorms(R_e)
-                scale_inv_e = jnp.where(ok_e, jnp.maximum(
-                    st.scale_inv, jnp.where(jnp.isfinite(cn), cn, 0.0)), st.scale_inv)
-            else:
-                scale_inv_e = st.scale_inv
-            alpha_n = step.alpha * st.Delta / jnp.where(Delta_n > 0, Delta_n, 1.0)
-            nit = st.nit + 1
-            top_steps = st.top_steps + on_top.astype(jnp.int32)
-            g_e = R_e.T @ qtf_e
-            # A radius shrunk by rounding noise on the lower rung would make the first
-            # steps on the new rung look converged: start the new rung afresh.
-            Delta_n = jnp.where(want_up, delta0_fn(x_e, scale_inv_e, g_e, lb, ub), Delta_n)
-            alpha_n = jnp.where(want_up, 0.0, alpha_n)
-            # --- termination (only on the top rung, after a verifying step there)
-            gtol_e = ok_e & (gnorm_fn(x_e, g_e, R_e, fsn_e, lb, ub) < gtol)
-            status = jnp.asarray(Status.RUNNING, jnp.int32)
-            status = jnp.where(on_top & (code > 0), code, status)
-            status = jnp.where((rung_n == top) & (top_steps >= 1) & gtol_e & (code == 0),
-                               Status.GTOL, status)
-            status = jnp.where(on_top & collapsed, Status.NO_FINITE_STEP, status)
-            status = jnp.where(on_top & ~st.ok, jnp.where(jnp.isfinite(st.cost),
-                                                          Status.NONFINITE_JACOBIAN,
-                                                          Status.NONFINITE_RESIDUAL), status)
-            status = jnp.where((status == Status.RUNNING) & (nit >= cfg.max_steps),
-                               Status.MAX_STEPS, status)
-            nf = 1 + want_up.astype(jnp.int32)
-            rung_nfev = st.rung_nfev.at[st.rung].add(1).at[rung_n].add(
-                want_up.astype(jnp.int32))
-            return _State(
-                x=x_e, f=f_e, cost=cost_e, R=R_e, qtf=qtf_e, fsn=fsn_e, ok=ok_e,
-                scale_inv=scale_inv_e, Delta=Delta_n, alpha=alpha_n, rung=rung_n,
-                escalations=st.escalations + want_up.astype(jnp.int32),
-                nfev=st.nfev + nf, njev=st.njev + need.astype(jnp.int32), nit=nit,
-                status=status.astype(jnp.int32),
-                consec_rej=jnp.where(want_up, 0, consec), top_steps=top_steps,
-                rung_entered=jnp.where(want_up, st.rung_entered.at[rung_n].set(nit),
-                                       st.rung_entered),
-                rung_nfev=rung_nfev,
-                esc_reason=jnp.where(want_up, st.esc_reason.at[rung_n].set(reason),
-                                     st.esc_reason),
-                sched=_sched_set_rung(sched_n, rung_n))
+    def run(x0, args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol):
+        ctx = (args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol)
+        return lax.while_loop(lambda s: s.status == Status.RUNNING,
+                              lambda s: body(s, ctx), init(x0, ctx))
 
-        return lax.while_loop(lambda s: s.status == Status.RUNNING, body, st)
-
+    run.init = init
+    run.body = body
     return run
 
 
