@@ -297,3 +297,21 @@ def test_status_messages_and_eqx_module():
         warnings.simplefilter("error")
         leaves = jax.tree.leaves(res)
     assert all(isinstance(leaf, jax.Array) for leaf in leaves)
+
+
+# ---------------------------------------------------------------- optimistix adapter
+def test_optimistix_adapter_nist():
+    import optimistix as optx
+
+    from adaptprec.nlsq import MoreLM
+    from adaptprec.nlsq._nist import load, lre
+
+    p = load("Misra1a")
+
+    def fn(b, args):
+        return p.model(b, args[0]) - args[1]
+
+    sol = optx.least_squares(fn, MoreLM(rtol=1e-12, atol=1e-12), jnp.asarray(p.starts[0]),
+                             args=(jnp.asarray(p.x), jnp.asarray(p.y)), max_steps=500)
+    assert lre(sol.value, p.certified) >= 6.0
+    assert int(sol.stats["status"]) > 0

@@ -18,7 +18,8 @@ from .common import LOSSES, STATUS_MESSAGES, Status, covariance_from_jac
 from .result import ESCALATION_REASONS, NLSQResult
 from .solve import cache_info, clear_cache, resolve_ladder, solve_nlsq
 from .curve_fit import OptimizeWarning, curve_fit
+from .optx_solver import MoreLM
 
-__all__ = ["solve_nlsq", "curve_fit", "OptimizeWarning", "NLSQResult", "Status", "STATUS_MESSAGES", "LOSSES",
+__all__ = ["solve_nlsq", "curve_fit", "MoreLM", "OptimizeWarning", "NLSQResult", "Status", "STATUS_MESSAGES", "LOSSES",
            "ESCALATION_REASONS", "covariance_from_jac", "cache_info", "clear_cache",
            "resolve_ladder"]
