@@ -176,13 +176,14 @@ def test_only_the_fits_that_need_f64_escalate():
 
 
 # ----------------------------------------------------------------- chunks and blocks
-def test_chunked_and_blocked_equal_unchunked(decay64):
+def test_chunked_blocked_streamed_equal_unchunked(decay64):
     seen = []
     chunked = ap.solve_nlsq_batch(decay, DX0, chunk_size=7, progress=lambda d, t: seen.append((d, t)),
                                   **DECAY_KW)
     assert seen == [(0, 20), (7, 20), (14, 20), (20, 20)]
     blocked = ap.solve_nlsq_batch(decay, DX0, block_size=8, **DECAY_KW)
-    for other in (chunked, blocked):
+    streamed = ap.solve_nlsq_batch(decay, DX0, block_size=6, compaction="stream", **DECAY_KW)
+    for other in (chunked, blocked, streamed):
         for f in ("x", "cost", "status", "nit", "nfev", "rung"):
             np.testing.assert_allclose(np.asarray(getattr(other, f)),
                                        np.asarray(getattr(decay64, f)), rtol=1e-12, atol=0)

@@ -38,6 +38,7 @@ class _Config(NamedTuple):
     return_pcov: bool
     absolute_sigma: bool
     block_size: int
+    strategy: str
 
 
 def _ladder(precision) -> Ladder:
@@ -66,16 +67,18 @@ def _core(residual: Residual, cfg: _Config) -> Callable:
     """The jitted solver for one residual and configuration (shapes cached by jit)."""
 
     def solve(x0, bargs, sargs):
+        if cfg.strategy == "stream":
+            return solve_block(x0, bargs, sargs)
         return map_blocks(solve_block, x0, bargs, sargs, cfg.block_size)
 
     def solve_block(x0, bargs, sargs):
         size = x0.shape[0]
-        cap = int(min(size, max(cfg.escalate_min, int(np.ceil(size * cfg.escalate_fraction)))))
+        cap = max(cfg.escalate_min, int(np.ceil(min(size, cfg.block_size) * cfg.escalate_fraction)))
         s, rung = solve_ladder(residual, x0, bargs, sargs, cfg.plans,
-                               escalate_capacity=cap,
-                               compaction_factor=cfg.compaction_factor,
-                               compaction_min=cfg.compaction_min, cond_tol=cfg.cond_tol,
-                               noise_floor=cfg.noise_floor)
+                               escalate_capacity=min(size, cap), cond_tol=cfg.cond_tol,
+                               noise_floor=cfg.noise_floor, strategy=cfg.strategy,
+                               slots=cfg.block_size, compaction_factor=cfg.compaction_factor,
+                               compaction_min=cfg.compaction_min)
         pcov = None
         if cfg.return_pcov:
             top = cfg.plans[-1]
@@ -146,14 +149,23 @@ def solve_nlsq_batch(
         nan_policy: ``"propagate"`` (fits with non-finite starts/data get status
             ``-3`` (non-finite residual); the others are unaffected) or ``"raise"`` (``ValueError`` listing the
             bad fits; needs concrete inputs).
-        compaction: ``"auto"`` (regroup stragglers into buffers ``B/8, B/64, ...`` of at
-            least 256 fits), ``None``/``0`` (off), or an int shrink factor.
-        escalate_fraction: capacity of the escalation buffer as a fraction of the batch
-            (at least 64 fits); more flagged fits are processed in rounds.
+        compaction: how converged fits stop costing work.
+            ``"auto"``/``"staged"`` (default): blocks of ``block_size`` fits; when at most
+            a quarter of a block is still iterating, those fits are regrouped into a
+            buffer a quarter the size, down to 128 fits
+            (:func:`~adaptprec.batch.compaction.run_compacted`). An int ``k >= 2``: the
+            same with shrink factor ``k``. ``"stream"``: ``block_size`` lanes, a finished
+            lane is refilled with the next fit
+            (:func:`~adaptprec.batch.compaction.run_streaming`; measured slower on CPU,
+            see ``docs/batch.md``). ``None``: plain lockstep blocks (every fit waits for
+            the slowest of its block).
+        escalate_fraction: lanes of the float64 (upper-rung) buffer as a fraction of
+            ``block_size`` (at least 64); any number of flagged fits streams through it.
         cond_tol, noise_floor: escalation guards (see :mod:`adaptprec.batch.escalation`).
-        block_size: fits iterated in lockstep inside the compiled program (blocks run
-            one after another through ``lax.map``; a few thousand keeps the working set in
-            cache on CPU, see :func:`~adaptprec.batch.chunking.map_blocks`).
+        block_size: fits iterated in lockstep inside the compiled program (lanes of the
+            streaming buffer, or blocks run one after another through ``lax.map``); a few
+            thousand keeps the working set in cache on CPU
+            (:func:`~adaptprec.batch.chunking.map_blocks`).
         chunk_size: solve at most this many fits at a time (default: all, unless the
             working set would exceed about 1 GiB).
         progress: ``progress(done, total)`` called after each chunk (eager calls only),
@@ -193,14 +205,18 @@ def solve_nlsq_batch(
     for name, tol in (("ftol", ftol), ("xtol", xtol), ("gtol", gtol)):
         if not (tol >= 0):
             raise ValueError(f"{name} must be >= 0, got {tol!r}")
-    if compaction == "auto":
-        factor = 8
+    strategy, factor = "staged", 0
+    if compaction == "stream":
+        strategy = "stream"
+    elif compaction in ("auto", "staged"):
+        factor = 4
     elif compaction in (None, 0, False):
         factor = 0
-    elif isinstance(compaction, int) and compaction >= 2:
+    elif isinstance(compaction, int) and not isinstance(compaction, bool) and compaction >= 2:
         factor = compaction
     else:
-        raise ValueError(f"compaction must be 'auto', None or an int >= 2, got {compaction!r}")
+        raise ValueError(f"compaction must be 'auto'/'stream', 'staged', None or an int >= 2, "
+                         f"got {compaction!r}")
     if int(block_size) < 1:
         raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
     if not 0 < escalate_fraction <= 1:
@@ -217,9 +233,9 @@ def solve_nlsq_batch(
                              f"nan_policy='propagate' (status -3 for those fits only)")
 
     cfg = _Config(_plans(ladder, float(ftol), float(xtol), float(gtol), int(max_steps)),
-                  float(escalate_fraction), 64, factor, 256, float(cond_tol),
+                  float(escalate_fraction), 64, factor, 128, float(cond_tol),
                   float(noise_floor), bool(return_pcov), bool(absolute_sigma),
-                  int(block_size))
+                  int(block_size), strategy)
     solve = _core(prob.residual, cfg)
 
     if mesh is None:

@@ -42,7 +42,8 @@ import numpy as np
 
 from . import _status as st
 from .cholesky import cholesky_solve
-from .compaction import gather, plan_capacities, run_compacted, scatter, select
+from .compaction import (empty_state, gather, plan_capacities, run_compacted, run_streaming,
+                         scatter, select)
 from .lm_batched import LMOptions, LMState, gradient_cosine, lm_init, make_fj
 
 __all__ = ["RungPlan", "escalation_flags", "scaled_condition", "solve_ladder"]
@@ -110,9 +111,18 @@ def _astype_state(s: LMState, dtype) -> LMState:
 
 
 def solve_ladder(residual: Callable, x0, bargs, sargs, plans: tuple[RungPlan, ...], *,
-                 escalate_capacity: int, compaction_factor: int, compaction_min: int,
-                 cond_tol: float, noise_floor: float):
+                 escalate_capacity: int, cond_tol: float, noise_floor: float,
+                 strategy: str = "stream", slots: int = 2048, refill_fraction: float = 0.25,
+                 compaction_factor: int = 0, compaction_min: int = 256):
     """Solve every fit on ``plans[0]``, escalate flagged fits rung by rung.
+
+    ``strategy="stream"`` runs each rung with :func:`~adaptprec.batch.compaction.run_streaming`
+    (``slots`` lanes on the bottom rung, ``escalate_capacity`` lanes above; the queue of
+    an upper rung is its flagged fits, and the rung is skipped by ``lax.cond`` when none
+    is flagged). ``strategy="staged"`` runs the bottom rung on the whole (block of the)
+    batch with staged compaction (``compaction_factor``; 0 = plain lockstep) and upper
+    rungs in rounds of ``escalate_capacity`` fits (lockstep within a round: escalated
+    fits are few, and every extra stage is another compiled copy of the LM loop).
 
     Returns ``(state, rung)`` with the state in the top rung's accumulation dtype and
     ``rung`` the per-fit index of the rung that produced the answer.
@@ -126,21 +136,32 @@ def solve_ladder(residual: Callable, x0, bargs, sargs, plans: tuple[RungPlan, ..
         ...          RungPlan(f64, f64, LMOptions(1e-10, 1e-10, 1e-10, 50)))
         >>> y = (jnp.array([[2.0], [1e30]]),)  # exp(69) overflows float32
         >>> s, rung = solve_ladder(lambda x, b, s: jnp.exp(x) - b[0], jnp.array([[0.0], [69.0]]),
-        ...                        y, (), plans, escalate_capacity=1, compaction_factor=0,
-        ...                        compaction_min=1, cond_tol=1e-2, noise_floor=10.0)
+        ...                        y, (), plans, escalate_capacity=1, cond_tol=1e-2,
+        ...                        noise_floor=10.0)
         >>> rung.tolist(), [round(float(v), 4) for v in s.x[:, 0]]
         ([0, 1], [0.6931, 69.0776])
     """
-    size = x0.shape[0]
+    if strategy not in ("stream", "staged"):
+        raise ValueError(f"strategy must be 'stream' or 'staged', got {strategy!r}")
+    size, n = x0.shape
     top_acc = plans[-1].acc_dtype
 
     def caps(b):
         return plan_capacities(b, compaction_factor, compaction_min)
 
+    def lanes(b):
+        return int(min(size, b)), int(max(1, min(size, b) * refill_fraction))
+
     p0 = plans[0]
     fj0 = make_fj(residual, p0.dtype, p0.acc_dtype)
-    s = lm_init(fj0, x0.astype(p0.acc_dtype), bargs, sargs, p0.opts)
-    s = run_compacted(fj0, s, bargs, sargs, p0.opts, caps(size))
+    if strategy == "stream":
+        nslots, nrefill = lanes(slots)
+        s = run_streaming(fj0, x0, bargs, sargs, p0.opts,
+                          empty_state(size, n, p0.acc_dtype), jnp.arange(size, dtype=jnp.int32),
+                          size, nslots, nrefill)
+    else:
+        s = lm_init(fj0, x0.astype(p0.acc_dtype), bargs, sargs, p0.opts)
+        s = run_compacted(fj0, s, bargs, sargs, p0.opts, caps(size))
     s = _astype_state(s, top_acc)
     rung = jnp.zeros((size,), jnp.int32)
 
@@ -151,6 +172,22 @@ def solve_ladder(residual: Callable, x0, bargs, sargs, plans: tuple[RungPlan, ..
             s, u_prev, prev.opts.gtol, cond_tol, noise_floor)
         cap = int(min(size, escalate_capacity))
         fj = make_fj(residual, plan.dtype, plan.acc_dtype)
+        if strategy == "stream":
+            nslots, nrefill = lanes(cap)
+
+            def escalate(s, fj=fj, plan=plan, flags=flags, nslots=nslots, nrefill=nrefill):
+                (queue,) = jnp.nonzero(flags, size=size, fill_value=size)
+                res = run_streaming(fj, s.x, bargs, sargs, plan.opts,
+                                    _astype_state(s, plan.acc_dtype), queue,
+                                    jnp.sum(flags, dtype=jnp.int32), nslots, nrefill)
+                res = _astype_state(res, top_acc)
+                extra = lambda a: jnp.where(flags, a, 0)
+                return res._replace(nit=res.nit + extra(s.nit), nfev=res.nfev + extra(s.nfev),
+                                    njev=res.njev + extra(s.njev))
+
+            s = jax.lax.cond(jnp.any(flags), escalate, lambda s: s, s)
+            rung = jnp.where(flags, k, rung)
+            continue
 
         def body(carry, fj=fj, plan=plan, cap=cap, k=k):
             s, rung, remaining = carry
@@ -158,7 +195,7 @@ def solve_ladder(residual: Callable, x0, bargs, sargs, plans: tuple[RungPlan, ..
             old = gather(s, idx)
             sub = lm_init(fj, old.x.astype(plan.acc_dtype), gather(bargs, idx), sargs,
                           plan.opts, active=valid)
-            sub = run_compacted(fj, sub, gather(bargs, idx), sargs, plan.opts, caps(cap))
+            sub = run_compacted(fj, sub, gather(bargs, idx), sargs, plan.opts, (cap,))
             sub = _astype_state(sub, top_acc)
             sub = sub._replace(nit=sub.nit + old.nit, nfev=sub.nfev + old.nfev,
                                njev=sub.njev + old.njev)
