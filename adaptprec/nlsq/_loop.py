@@ -83,8 +83,8 @@ def _factor(J, f, linear_solver):
     """``R`` (n x n) and ``qtf`` with ``R^T R = J^T J`` and ``R^T qtf = J^T f``."""
     m, n = J.shape
     if linear_solver == "normal":
-        A = jnp.matmul(J.T, J, preferred_element_type=J.dtype)
-        b = jnp.matmul(J.T, f, preferred_element_type=J.dtype)
+        A = jnp.einsum("mi,mj->ij", J, J, preferred_element_type=J.dtype)
+        b = jnp.einsum("mi,m->i", J, f, preferred_element_type=J.dtype)
         lam, V = jnp.linalg.eigh(A)
         lam = jnp.maximum(lam, 0.0)
         sq = jnp.sqrt(lam)
