@@ -248,3 +248,24 @@ def test_bad_fit_does_not_spoil_the_others(gauss):
 def test_boundary_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_grad_by_implicit_differentiation_matches_finite_differences():
+    y0 = jnp.asarray(DY[:2])
+
+    def loss(y, t):
+        r = ap.solve_nlsq_batch(decay, DX0[:2], args=(t,), in_axes=None, ydata=y,
+                                precision="f64", **TOL)
+        return jnp.sum(r.x[:, 1] ** 2) + jnp.sum(r.cost)
+
+    gy, gt = jax.jit(jax.grad(loss, argnums=(0, 1)))(y0, jnp.asarray(T))
+    h = 1e-6
+    for i, j in [(0, 0), (1, 7), (0, 19)]:
+        e = np.zeros(y0.shape)
+        e[i, j] = h
+        fd = (loss(y0 + e, jnp.asarray(T)) - loss(y0 - e, jnp.asarray(T))) / (2 * h)
+        np.testing.assert_allclose(float(gy[i, j]), float(fd), rtol=1e-5, atol=1e-8)
+    e = np.zeros(T.shape)
+    e[4] = h
+    fd = (loss(y0, jnp.asarray(T + e)) - loss(y0, jnp.asarray(T - e))) / (2 * h)
+    np.testing.assert_allclose(float(gt[4]), float(fd), rtol=1e-5, atol=1e-8)

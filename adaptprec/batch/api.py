@@ -16,6 +16,7 @@ from ._problem import Residual, build_problem, nonfinite_fits
 from .chunking import auto_chunk_size, is_traced, map_blocks, run_chunked
 from .covariance import batched_pcov
 from .escalation import RungPlan, solve_ladder
+from .implicit import implicit_solution
 from .lm_batched import LMOptions, make_fj
 from .result import BatchResult
 from .sharding import infer_mesh, shard_solve
@@ -74,11 +75,17 @@ def _core(residual: Residual, cfg: _Config) -> Callable:
     def solve_block(x0, bargs, sargs):
         size = x0.shape[0]
         cap = max(cfg.escalate_min, int(np.ceil(min(size, cfg.block_size) * cfg.escalate_fraction)))
-        s, rung = solve_ladder(residual, x0, bargs, sargs, cfg.plans,
+        # the iterations are not differentiated (see implicit_solution below)
+        x0_, bargs_, sargs_ = jax.lax.stop_gradient((x0, bargs, sargs))
+        s, rung = solve_ladder(residual, x0_, bargs_, sargs_, cfg.plans,
                                escalate_capacity=min(size, cap), cond_tol=cfg.cond_tol,
                                noise_floor=cfg.noise_floor, strategy=cfg.strategy,
                                slots=cfg.block_size, compaction_factor=cfg.compaction_factor,
                                compaction_min=cfg.compaction_min)
+        top = cfg.plans[-1].acc_dtype
+        x = implicit_solution(residual, s.x, bargs, sargs)
+        f = jax.vmap(residual, in_axes=(0, 0, None))(x, bargs, sargs).astype(top)
+        cost = jnp.where(jnp.isfinite(s.cost), 0.5 * jnp.sum(f * f, axis=-1), s.cost)
         pcov = None
         if cfg.return_pcov:
             top = cfg.plans[-1]
@@ -86,7 +93,7 @@ def _core(residual: Residual, cfg: _Config) -> Callable:
             _, jt = fj(s.x, bargs, sargs)
             pcov = batched_pcov(jnp.swapaxes(jt, 1, 2), s.cost, cfg.absolute_sigma)
         return BatchResult(
-            x=s.x, cost=s.cost, status=s.status, success=s.status > 0, rung=rung,
+            x=x, cost=cost, status=s.status, success=s.status > 0, rung=rung,
             nfev=s.nfev, njev=s.njev, nit=s.nit,
             optimality=jnp.max(jnp.abs(s.jtf), axis=-1), pcov=pcov,
             ladder=tuple(dtype_name(p.dtype) for p in cfg.plans))
@@ -177,6 +184,10 @@ def solve_nlsq_batch(
     Returns:
         :class:`~adaptprec.batch.BatchResult` with per-fit ``x``, ``cost``, ``status``,
         ``success``, ``rung``, ``nfev``, ``njev``, ``nit``, ``optimality`` and ``pcov``.
+        ``cost`` is re-evaluated at ``x`` in the top rung's precision. ``x`` and ``cost``
+        are differentiable in reverse mode w.r.t. the floating ``args``/``ydata``/
+        ``sigma`` by the implicit function theorem
+        (:mod:`adaptprec.batch.implicit`), not through the iterations.
 
     Raises:
         ValueError / TypeError: at the boundary, for an empty batch, batch sizes that
