@@ -88,7 +88,10 @@ def _factor(J, f, linear_solver):
         lam, V = jnp.linalg.eigh(A)
         lam = jnp.maximum(lam, 0.0)
         sq = jnp.sqrt(lam)
-        keep = sq > jnp.finfo(J.dtype).eps * max(m, n) * jnp.max(sq)
+        # Rank test on the Gram matrix (eigenvalues carry absolute error ~ n eps ||A||),
+        # not scipy's eps * max(m, n) for J: with m = 1e6 in float32 that would drop
+        # every direction below 10% of the largest singular value.
+        keep = lam > n * jnp.finfo(J.dtype).eps * jnp.max(lam)
         R = sq[:, None] * V.T
         qtf = jnp.where(keep, (V.T @ b) / jnp.where(keep, sq, 1.0), 0.0)
         return R, qtf
@@ -206,6 +209,8 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         conv = (code > 0) | ((~pending) & gtol_hit)
         consec = jnp.where(accepted, 0, st.consec_rej + 1)
         cond_est = step.s[0] / jnp.maximum(step.s[-1], jnp.finfo(top_dt).tiny)
+        if cfg.linear_solver == "normal":  # the Gram matrix squares the condition
+            cond_est = cond_est * cond_est
         cond_bad = (~pending) & (cond_est * us[st.rung] > cfg.cond_tol)
         # A non-finite trial point first shrinks the radius; escalate when the current
         # point is bad or two trials in a row were non-finite.

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from .common import solve_lsq_trust_region
 
-__all__ = ["Step", "lm_step", "predicted_reduction"]
+__all__ = ["Step", "lm_step", "predicted_reduction", "minpack_gnorm", "minpack_delta0"]
 
 
 class Step(NamedTuple):
@@ -79,3 +79,31 @@ def lm_step(x, R, qtf, scale_inv, Delta, alpha, *, m: int) -> Step:
     hn = jnp.linalg.norm(p_h)
     pred = predicted_reduction(s, suf, VT @ p_h)
     return Step(x + d * p_h, pred, hn, hn > 0.95 * Delta, alpha_new, s)
+
+
+def minpack_gnorm(x, g, R, fnorm, lb=None, ub=None):
+    """MINPACK's ``gtol`` measure: ``max_j |g_j| / (||J_j|| ||f||)`` (column norms of
+    ``J`` are those of ``R``), the cosine between the residual and each Jacobian column.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.nlsq.lm import minpack_gnorm
+        >>> float(minpack_gnorm(None, jnp.array([1.0]), 2.0 * jnp.eye(1), 4.0))
+        0.125
+    """
+    cn = jnp.sqrt(jnp.sum(R * R, axis=0))
+    den = cn * fnorm
+    return jnp.max(jnp.where(den > 0, jnp.abs(g) / jnp.where(den > 0, den, 1.0), 0.0))
+
+
+def minpack_delta0(x, scale_inv, g=None, lb=None, ub=None, factor=100.0):
+    """MINPACK's initial radius ``factor * ||D x0||`` (``factor`` if that is zero).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.nlsq.lm import minpack_delta0
+        >>> float(minpack_delta0(jnp.zeros(2), jnp.ones(2)))
+        100.0
+    """
+    d = factor * jnp.linalg.norm(x * scale_inv)
+    return jnp.where(d > 0, d, factor)

@@ -35,20 +35,9 @@ from jax.flatten_util import ravel_pytree
 
 from ._loop import LoopConfig, build_loop
 from .common import Status
-from .lm import lm_step
+from .lm import lm_step, minpack_delta0, minpack_gnorm
 
 __all__ = ["MoreLM"]
-
-
-def _gnorm(x, g, R, fsn, lb, ub):
-    cn = jnp.sqrt(jnp.sum(R * R, axis=0))
-    den = cn * fsn
-    return jnp.max(jnp.where(den > 0, jnp.abs(g) / jnp.where(den > 0, den, 1.0), 0.0))
-
-
-def _delta0(x, scale_inv, g, lb, ub):
-    d = 100.0 * jnp.linalg.norm(x * scale_inv)
-    return jnp.where(d > 0, d, 100.0)
 
 
 class MoreLM(optx.AbstractLeastSquaresSolver):
@@ -86,7 +75,7 @@ class MoreLM(optx.AbstractLeastSquaresSolver):
         def step_fn(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub):
             return lm_step(x, R, qtf, scale_inv, Delta, alpha, m=m)
 
-        loop = build_loop(fun, cfg, step_fn, _gnorm, _delta0)
+        loop = build_loop(fun, cfg, step_fn, minpack_gnorm, minpack_delta0)
         inf = jnp.full((n,), jnp.inf, dt)
         one = jnp.ones((), dt)
         ctx = (((args,),), -inf, inf, jnp.ones((n,), dt), one,

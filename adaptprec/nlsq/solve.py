@@ -34,7 +34,7 @@ from ._loop import LoopConfig, build_loop, default_schedule
 from .common import STATUS_MESSAGES, Status, check_loss, jac_scale, robust_cost
 from .common import scale_for_robust_loss
 from .gn import gn_step
-from .lm import lm_step
+from .lm import lm_step, minpack_delta0, minpack_gnorm
 from .result import NLSQResult
 from .trf import active_constraints, cl_scaling, make_strictly_feasible, trf_delta0
 from .trf import trf_step
@@ -367,15 +367,8 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
         def step_fn(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub):
             return inner(x, R, qtf, scale_inv, Delta, alpha, m=m)
 
-        def gnorm_fn(x, g, R, fsn, lb, ub):
-            cn = jnp.sqrt(jnp.sum(R * R, axis=0))
-            den = cn * fsn
-            return jnp.max(jnp.where(den > 0, jnp.abs(g) / jnp.where(den > 0, den, 1.0),
-                                     0.0))
-
-        def delta0_fn(x, scale_inv, g, lb, ub):
-            d = 100.0 * jnp.linalg.norm(x * scale_inv)  # MINPACK's factor = 100
-            return jnp.where(d > 0, d, 100.0)
+        gnorm_fn = minpack_gnorm
+        delta0_fn = minpack_delta0
 
     run = build_loop(fun_flat, cfg, step_fn, gnorm_fn, delta0_fn)
     loss = cfg.loss
