@@ -78,7 +78,9 @@ def auto_chunk_size(size: int, m: int, n: int, itemsize: int,
     return int(max(1, min(size, budget_bytes // per_fit)))
 
 
-def _pad_rows(tree, rows: int):
+def pad_rows(tree, rows: int):
+    """Append ``rows`` copies of the first row to every leaf (padding never changes results:
+    fits are independent, and padded rows are dropped)."""
     def pad(a):
         if rows == 0:
             return a
@@ -109,7 +111,7 @@ def map_blocks(solve: Callable, x0, bargs, sargs, block_size: int):
     if size <= block_size:
         return solve(x0, bargs, sargs)
     nblocks = -(-size // block_size)
-    xs = _pad_rows((x0, bargs), nblocks * block_size - size)
+    xs = pad_rows((x0, bargs), nblocks * block_size - size)
     xs = jax.tree.map(lambda a: a.reshape((nblocks, block_size) + a.shape[1:]), xs)
     out = jax.lax.map(lambda c: solve(c[0], c[1], sargs), xs)
     return jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:])[:size], out)
@@ -131,15 +133,11 @@ def run_chunked(solve: Callable, x0, bargs, sargs, chunk_size: int,
     size = x0.shape[0]
     chunk_size = int(max(1, min(chunk_size, size)))
     nchunks = -(-size // chunk_size)
-    pad = nchunks * chunk_size - size
     if is_traced(x0, bargs, sargs):
         if progress is not None:
             raise ValueError("progress= needs concrete inputs (call solve_nlsq_batch "
                              "outside jit); under jit chunks run inside lax.map")
-        xs = _pad_rows((x0, bargs), pad)
-        xs = jax.tree.map(lambda a: a.reshape((nchunks, chunk_size) + a.shape[1:]), xs)
-        out = jax.lax.map(lambda c: solve(c[0], c[1], sargs), xs)
-        return jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:])[:size], out)
+        return map_blocks(solve, x0, bargs, sargs, chunk_size)
     outs = []
     if progress is not None:
         progress(0, size)
@@ -147,7 +145,7 @@ def run_chunked(solve: Callable, x0, bargs, sargs, chunk_size: int,
         lo = c * chunk_size
         hi = min(lo + chunk_size, size)
         part = jax.tree.map(lambda a: a[lo:hi], (x0, bargs))
-        part = _pad_rows(part, chunk_size - (hi - lo))
+        part = pad_rows(part, chunk_size - (hi - lo))
         out = solve(part[0], part[1], sargs)
         outs.append(jax.tree.map(lambda a: a[: hi - lo], out))
         if progress is not None:

@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from .chunking import pad_rows
+
 __all__ = ["infer_mesh", "shard_solve"]
 
 
@@ -86,12 +88,7 @@ def shard_solve(solve: Callable, mesh: Mesh, axis: str, x0, bargs, sargs):
     size = x0.shape[0]
     pad = (-size) % ndev
 
-    def padded(a):
-        if pad == 0:
-            return a
-        return jnp.concatenate([a, jnp.repeat(a[:1], pad, axis=0)], axis=0)
-
-    x0p, bargsp = jax.tree.map(padded, (x0, bargs))
+    x0p, bargsp = pad_rows((x0, bargs), pad)
     x0p, bargsp = jax.tree.map(lambda a: _place(a, mesh, P(axis)), (x0p, bargsp))
     sargs = jax.tree.map(lambda a: _place(a, mesh, P()), sargs)
     out = _sharded(solve, mesh, axis)(x0p, bargsp, sargs)
