@@ -315,3 +315,25 @@ def test_optimistix_adapter_nist():
                              args=(jnp.asarray(p.x), jnp.asarray(p.y)), max_steps=500)
     assert lre(sol.value, p.certified) >= 6.0
     assert int(sol.stats["status"]) > 0
+
+
+# ---------------------------------------------------------------- tall problems
+def test_tall_problem_normal_equations_f32_phase():
+    # m > 4096: normal equations accumulated on the f32 rung. The f32 phase must land
+    # next to the f64 optimum (regression: an m-dependent rank threshold once dropped
+    # directions and sent f32 to a wrong point), so f64 only verifies.
+    m = 20000
+    t = np.linspace(0.0, 10.0, m)
+    rng = np.random.default_rng(3)
+    y = 3.0 * np.exp(-1.7 * t) + 1.2 * np.exp(-0.23 * t) + 0.4 + 0.01 * rng.standard_normal(m)
+
+    def dexp(p, t, y):
+        return p[0] * jnp.exp(-p[1] * t) + p[2] * jnp.exp(-p[3] * t) + p[4] - y
+
+    p0 = np.array([2.0, 1.0, 1.0, 0.1, 0.0])
+    res = ap.solve_nlsq(dexp, jnp.asarray(p0), args=(jnp.asarray(t), jnp.asarray(y)))
+    ref = so.least_squares(
+        lambda p: p[0] * np.exp(-p[1] * t) + p[2] * np.exp(-p[3] * t) + p[4] - y, p0,
+        method="lm", ftol=1e-15, xtol=1e-15, gtol=1e-15)
+    np.testing.assert_allclose(np.asarray(res.x), ref.x, rtol=1e-7)
+    assert res.trace()[-1]["rung"] == "f64" and res.trace()[-1]["nfev"] <= 4
