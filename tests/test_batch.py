@@ -266,3 +266,26 @@ def test_grad_by_implicit_differentiation_matches_finite_differences():
     e[4] = h
     fd = (loss(y0, jnp.asarray(T + e)) - loss(y0, jnp.asarray(T - e))) / (2 * h)
     np.testing.assert_allclose(float(gt[4]), float(fd), rtol=1e-5, atol=1e-8)
+
+
+def test_x64_off_adaptive_raises_and_f32_works():
+    import os
+    import subprocess
+    import sys
+    script = (
+        "import jax.numpy as jnp, numpy as np, adaptprec as ap\n"
+        "t = np.linspace(0, 1, 8); y = 3 * np.exp(-np.array([[0.5], [2.0]]) * t)\n"
+        "m = lambda p, t: p[0] * jnp.exp(-p[1] * t)\n"
+        "try:\n"
+        "    ap.solve_nlsq_batch(m, np.ones((2, 2)), (t,), in_axes=None, ydata=y)\n"
+        "    raise SystemExit('no error')\n"
+        "except ValueError as e:\n"
+        "    assert 'jax_enable_x64' in str(e)\n"
+        "r = ap.solve_nlsq_batch(m, np.ones((2, 2)), (t,), in_axes=None, ydata=y, precision='f32')\n"
+        "assert r.x.dtype == np.float32 and r.ladder == ('f32',)\n"
+        "np.testing.assert_allclose(np.asarray(r.x), [[3, 0.5], [3, 2]], rtol=1e-5)\n"
+        "print('OK')\n")
+    env = dict(os.environ, JAX_ENABLE_X64="0", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "OK", proc.stderr[-3000:]
