@@ -58,7 +58,16 @@ class TextProgress:
 
 
 def is_traced(*trees) -> bool:
-    """True when any leaf is a JAX tracer (we are inside ``jit``/``vmap``/``grad``)."""
+    """True when any leaf is a JAX tracer (we are inside ``jit``/``vmap``/``grad``).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from adaptprec.batch.chunking import is_traced
+        >>> seen = []
+        >>> _ = jax.jit(lambda x: seen.append(is_traced(x)) or x)(1.0)
+        >>> is_traced(jnp.ones(2)), seen
+        (False, [True])
+    """
     return any(isinstance(leaf, jax.core.Tracer)
                for t in trees for leaf in jax.tree.leaves(t))
 

@@ -58,7 +58,13 @@ def select(mask: jax.Array, capacity: int) -> tuple[jax.Array, jax.Array]:
     """Indices of the first ``capacity`` true entries of ``mask`` (padded with ``len(mask)``).
 
     Returns ``(idx, valid)``; padded slots have ``valid`` false and an out-of-range index,
-    which :func:`scatter` drops. See the module example.
+    which :func:`scatter` drops.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.batch.compaction import select
+        >>> select(jnp.array([True, False, True]), 1)[0].tolist()
+        [0]
     """
     size = mask.shape[0]
     (idx,) = jnp.nonzero(mask, size=capacity, fill_value=size)
@@ -66,12 +72,26 @@ def select(mask: jax.Array, capacity: int) -> tuple[jax.Array, jax.Array]:
 
 
 def gather(tree, idx: jax.Array):
-    """Rows ``idx`` of every leaf (out-of-range rows clipped; callers mask them)."""
+    """Rows ``idx`` of every leaf (out-of-range rows clipped; callers mask them).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.batch.compaction import gather
+        >>> gather({"a": jnp.arange(3.0)}, jnp.array([2, 0]))["a"].tolist()
+        [2.0, 0.0]
+    """
     return jax.tree.map(lambda a: jnp.take(a, idx, axis=0, mode="clip"), tree)
 
 
 def scatter(tree, idx: jax.Array, buf):
-    """Write buffer rows back to rows ``idx`` of every leaf; out-of-range rows dropped."""
+    """Write buffer rows back to rows ``idx`` of every leaf; out-of-range rows dropped.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.batch.compaction import scatter
+        >>> scatter(jnp.zeros(3), jnp.array([1, 3]), jnp.array([5.0, 7.0])).tolist()
+        [0.0, 5.0, 0.0]
+    """
     return jax.tree.map(lambda a, b: a.at[idx].set(b, mode="drop"), tree, buf)
 
 
