@@ -284,8 +284,8 @@ def solve_lsq_trust_region(s, V, suf, Delta, alpha0, m: int, *, rtol=0.01, max_i
     alpha = jnp.where((alpha0 > 0) & full_rank, alpha0, reset(alpha_lower, alpha_upper))
     alpha = jnp.where(alpha0 > 0, alpha0, alpha)
 
-    def body(_, c):
-        alpha, lo, up, done = c
+    def body(c):
+        it, alpha, lo, up, _ = c
         alpha_r = jnp.where((alpha < lo) | (alpha > up), reset(lo, up), alpha)
         phi, phip = _phi(alpha_r, suf, s2, Delta)
         up_n = jnp.where(phi < 0, alpha_r, up)
@@ -293,12 +293,13 @@ def solve_lsq_trust_region(s, V, suf, Delta, alpha0, m: int, *, rtol=0.01, max_i
         lo_n = jnp.maximum(lo, alpha_r - ratio)
         alpha_n = alpha_r - (phi + Delta) * ratio / Delta
         conv = jnp.abs(phi) < rtol * Delta
-        keep = done
-        return (jnp.where(keep, alpha, jnp.where(conv, alpha_r, alpha_n)),
-                jnp.where(keep, lo, lo_n), jnp.where(keep, up, up_n), done | conv)
+        return it + 1, jnp.where(conv, alpha_r, alpha_n), lo_n, up_n, conv
 
-    alpha, _, _, _ = jax.lax.fori_loop(
-        0, max_iter, body, (alpha, alpha_lower, alpha_upper, jnp.asarray(False)))
+    # A data-dependent exit: XLA does not unroll it (an unrolled fixed-count loop doubled
+    # the solver's compile time) and it stops as soon as |phi| < rtol * Delta.
+    _, alpha, _, _, _ = jax.lax.while_loop(
+        lambda c: (c[0] < max_iter) & ~c[4], body,
+        (jnp.zeros((), jnp.int32), alpha, alpha_lower, alpha_upper, jnp.asarray(False)))
     alpha = jnp.maximum(alpha, 0.0)
     p = -V @ (suf / (s2 + jnp.where(alpha > 0, alpha, eps * s2[0] + jnp.finfo(dt).tiny)))
     pn = jnp.linalg.norm(p)
