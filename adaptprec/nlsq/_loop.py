@@ -51,7 +51,6 @@ class LoopConfig(NamedTuple):
 
 class _State(NamedTuple):
     x: jax.Array
-    f: jax.Array
     cost: jax.Array
     R: jax.Array
     qtf: jax.Array
@@ -142,8 +141,9 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             # ||f|| for MINPACK's gtol cosine; sqrt(2 cost) with a robust loss (the
             # rescaled residual can be huge where rho'' < 0).
             fnorm = jnp.sqrt(2.0 * robust_cost(loss, f, jnp.asarray(f_scale, wt)))
-            return (f.astype(top_dt), R.astype(top_dt), qtf.astype(top_dt),
-                    fnorm.astype(top_dt), jok)
+            # Only O(n^2) leaves the branch: the m-vector residual stays inside.
+            cost = robust_cost(loss, f.astype(top_dt), jnp.asarray(f_scale, top_dt))
+            return (cost, R.astype(top_dt), qtf.astype(top_dt), fnorm.astype(top_dt), jok)
 
         return br
 
@@ -161,11 +161,11 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         """A state that evaluates residual and Jacobian at ``x0`` on the bottom rung in
         its first iteration (``pending``), so the loop holds the only copy of them."""
         args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol = ctx
-        m, n = cfg.m, cfg.n
+        n = cfg.n
         zi = jnp.zeros((), jnp.int32)
         sched0 = cfg.schedule.init(_ladder(rungs)) if cfg.schedule is not None else None
         return _State(
-            x=x0, f=jnp.zeros((m,), top_dt), cost=jnp.asarray(jnp.inf, top_dt),
+            x=x0, cost=jnp.asarray(jnp.inf, top_dt),
             R=jnp.zeros((n, n), top_dt), qtf=jnp.zeros((n,), top_dt),
             fsn=jnp.zeros((), top_dt), ok=jnp.asarray(False),
             scale_inv=jnp.zeros((n,), top_dt) if cfg.jac_scale else scale_inv0,
@@ -188,8 +188,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         # One evaluation per iteration: at the trial point, or (pending: start or after an
         # escalation) at the current point on the current rung.
         z = jnp.where(pending, st.x, step.x_new)
-        f_z, R_z, qtf_z, fsn_z, jok_z = eval_fj(st.rung, z, args_all, f_scale)
-        cost_z = robust_cost(loss, f_z, f_scale)
+        cost_z, R_z, qtf_z, fsn_z, jok_z = eval_fj(st.rung, z, args_all, f_scale)
         finite_z = jnp.isfinite(cost_z) & jnp.all(jnp.isfinite(z))
         ok_z = finite_z & jok_z
         # ---- trust-region bookkeeping for a real step
@@ -235,8 +234,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             return jnp.where(take, new, old)
 
         x_n = pick(z, st.x)
-        f_n, R_n, qtf_n, fsn_n = pick(f_z, st.f), pick(R_z, st.R), pick(qtf_z, st.qtf), \
-            pick(fsn_z, st.fsn)
+        R_n, qtf_n, fsn_n = pick(R_z, st.R), pick(qtf_z, st.qtf), pick(fsn_z, st.fsn)
         cost_n = pick(cost_z, st.cost)
         ok_n = jnp.where(take, ok_z, st.ok)
         if cfg.jac_scale:
@@ -270,7 +268,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
                            Status.MAX_STEPS, status)
         one = jnp.ones((), jnp.int32)
         return _State(
-            x=x_n, f=f_n, cost=cost_n, R=R_n, qtf=qtf_n, fsn=fsn_n, ok=ok_n,
+            x=x_n, cost=cost_n, R=R_n, qtf=qtf_n, fsn=fsn_n, ok=ok_n,
             scale_inv=scale_inv_n, Delta=Delta_n, alpha=alpha_n, rung=rung_n,
             escalations=st.escalations + want_up.astype(jnp.int32),
             nfev=st.nfev + one, njev=st.njev + one, nit=nit,
