@@ -289,3 +289,23 @@ def test_x64_off_adaptive_raises_and_f32_works():
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "OK", proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("loss", ["soft_l1", "cauchy"])
+def test_robust_loss_matches_scipy_trf(loss):
+    rng = np.random.default_rng(4)
+    k = rng.uniform(0.5, 2.0, 5)
+    y = 2 * np.exp(-k[:, None] * T) + 0.01 * rng.normal(size=(5, T.size))
+    y[:, 5] += 1.0                                    # outliers
+    y[:, 13] -= 0.7
+    x0 = np.column_stack([np.full(5, 1.8), 1.2 * k, np.zeros(5)])
+    r = ap.solve_nlsq_batch(decay, x0, args=(T,), in_axes=None, ydata=y, loss=loss,
+                            f_scale=0.05, precision="f64", **TOL)
+    for i in range(5):
+        ref = least_squares(lambda p: decay(p, T) - y[i], x0[i], method="trf", loss=loss,
+                            f_scale=0.05, **TOL)
+        np.testing.assert_allclose(np.asarray(r.x[i]), ref.x, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(float(r.cost[i]), ref.cost, rtol=1e-8)
+    plain = ap.solve_nlsq_batch(decay, x0, args=(T,), in_axes=None, ydata=y, precision="f64",
+                                **TOL)   # the outliers pull the linear fit away
+    assert np.abs(np.asarray(r.x[:, 1]) - k).max() < np.abs(np.asarray(plain.x[:, 1]) - k).max()

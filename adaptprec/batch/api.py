@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..precision import Ladder, canonical_dtype, dtype_name, require_x64, unit_roundoff
+from ..nlsq.common import check_loss, robust_cost, scale_for_robust_loss
+from ..precision import Ladder, dtype_name, require_x64, unit_roundoff
 from . import _status as st
 from ._problem import Residual, build_problem, nonfinite_fits
 from .chunking import auto_chunk_size, is_traced, map_blocks, run_chunked
@@ -53,12 +54,13 @@ def _ladder(precision) -> Ladder:
     return Ladder.parse([precision])
 
 
-def _plans(ladder: Ladder, ftol, xtol, gtol, max_steps) -> tuple:
+def _plans(ladder: Ladder, ftol, xtol, gtol, max_steps, loss="linear", f_scale=1.0) -> tuple:
     plans = []
     for i, d in enumerate(ladder):
         acc = np.promote_types(d, np.float32)
         t = _RUNG_TOL * unit_roundoff(d)
-        opts = LMOptions(max(ftol, t), max(xtol, t), max(gtol, t), max_steps)
+        opts = LMOptions(max(ftol, t), max(xtol, t), max(gtol, t), max_steps, loss=loss,
+                         f_scale=f_scale)
         plans.append(RungPlan(np.dtype(d), np.dtype(acc), opts))
     return tuple(plans)
 
@@ -82,16 +84,21 @@ def _core(residual: Residual, cfg: _Config) -> Callable:
                                noise_floor=cfg.noise_floor, strategy=cfg.strategy,
                                slots=cfg.block_size, compaction_factor=cfg.compaction_factor,
                                compaction_min=cfg.compaction_min)
-        top = cfg.plans[-1].acc_dtype
-        x = implicit_solution(residual, s.x, bargs, sargs)
-        f = jax.vmap(residual, in_axes=(0, 0, None))(x, bargs, sargs).astype(top)
-        cost = jnp.where(jnp.isfinite(s.cost), 0.5 * jnp.sum(f * f, axis=-1), s.cost)
+        top = cfg.plans[-1]
+        loss, f_scale = top.opts.loss, top.opts.f_scale
+        x = implicit_solution(residual, s.x, bargs, sargs, loss, f_scale)
+        f = jax.vmap(residual, in_axes=(0, 0, None))(x, bargs, sargs).astype(top.acc_dtype)
+        cost = jax.vmap(lambda r: robust_cost(loss, r, f_scale))(f)
+        cost = jnp.where(jnp.isfinite(s.cost), cost, s.cost)
         pcov = None
         if cfg.return_pcov:
-            top = cfg.plans[-1]
             fj = make_fj(residual, top.acc_dtype, top.acc_dtype)
-            _, jt = fj(s.x, bargs, sargs)
-            pcov = batched_pcov(jnp.swapaxes(jt, 1, 2), s.cost, cfg.absolute_sigma)
+            f0, jt = fj(s.x, bargs, sargs)
+            jac = jnp.swapaxes(jt, 1, 2)
+            if not (isinstance(loss, str) and loss == "linear"):   # scipy: scaled Jacobian
+                jac = jax.vmap(lambda r, j: scale_for_robust_loss(loss, r, j, f_scale)[1])(
+                    f0, jac)
+            pcov = batched_pcov(jac, s.cost, cfg.absolute_sigma)
         return BatchResult(
             x=x, cost=cost, status=s.status, success=s.status > 0, rung=rung,
             nfev=s.nfev, njev=s.njev, nit=s.nit,
@@ -111,6 +118,8 @@ def solve_nlsq_batch(
     sigma=None,
     absolute_sigma: bool = False,
     precision="adaptive",
+    loss="linear",
+    f_scale: float = 1.0,
     ftol: float = 1e-8,
     xtol: float = 1e-8,
     gtol: float = 1e-8,
@@ -148,6 +157,11 @@ def solve_nlsq_batch(
         precision: ``"adaptive"`` (ladder ``f32,f64``; needs ``jax_enable_x64``), a ladder
             string such as ``"bf16,f32,f64"``/:class:`~adaptprec.Ladder`, or one dtype
             (``"f32"``, ``"f64"``) to solve everything at that precision.
+        loss, f_scale: robust loss as in scipy ``least_squares`` (``"linear"``,
+            ``"soft_l1"``, ``"huber"``, ``"cauchy"``, ``"arctan"`` or a callable ``rho(z)``;
+            the helpers of :mod:`adaptprec.nlsq.common`): the cost becomes
+            ``0.5 f_scale^2 sum(rho((f/f_scale)^2))`` and ``J``/``f`` are rescaled as scipy
+            does (scipy's ``lm`` has no loss; compare with its ``trf``).
         ftol, xtol, gtol: scipy's termination tolerances; each rung uses
             ``max(tol, 16 u_rung)`` (float32: about 1e-6), so a float32 rung stops where
             float32 stops resolving progress and its guards decide about float64.
@@ -243,7 +257,11 @@ def solve_nlsq_batch(
                              f"{bad[:10].tolist()}; clean them or use "
                              f"nan_policy='propagate' (status -3 for those fits only)")
 
-    cfg = _Config(_plans(ladder, float(ftol), float(xtol), float(gtol), int(max_steps)),
+    loss = check_loss(loss)
+    if not f_scale > 0:
+        raise ValueError(f"f_scale must be > 0, got {f_scale!r}")
+    cfg = _Config(_plans(ladder, float(ftol), float(xtol), float(gtol), int(max_steps), loss,
+                         float(f_scale)),
                   float(escalate_fraction), 64, factor, 128, float(cond_tol),
                   float(noise_floor), bool(return_pcov), bool(absolute_sigma),
                   int(block_size), strategy)

@@ -1,6 +1,7 @@
 r"""Reverse-mode derivatives of batched solutions by the implicit function theorem.
 
-At a solution :math:`x^*(\theta)` of :math:`\min_x C(x,\theta) = \tfrac12\|r(x,\theta)\|^2`
+At a solution :math:`x^*(\theta)` of :math:`\min_x C(x,\theta)` (e.g.
+:math:`\tfrac12\|r(x,\theta)\|^2`, or a robust cost)
 the gradient vanishes, :math:`\nabla_x C(x^*,\theta) = 0`, so
 
 .. math:: \frac{\partial x^*}{\partial\theta} = -H^{-1}\,\partial_\theta\nabla_x C,
@@ -21,6 +22,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from ..nlsq.common import robust_cost
+
 __all__ = ["implicit_solution"]
 
 
@@ -28,11 +31,13 @@ def _float_mask(tree):
     return jax.tree.map(lambda a: jnp.issubdtype(jnp.result_type(a), jnp.inexact), tree)
 
 
-def implicit_solution(residual: Callable, x_star, bargs, sargs):
+def implicit_solution(residual: Callable, x_star, bargs, sargs, loss="linear",
+                      f_scale: float = 1.0):
     """Return ``x_star`` with reverse-mode derivatives w.r.t. ``bargs``/``sargs``.
 
     ``residual(x, bargs_k, sargs)`` is one fit's residual; ``x_star`` ``(B, n)`` must be
-    (numerically) a stationary point of each fit's cost. Forward-mode (``jvp``) is not
+    (numerically) a stationary point of each fit's cost
+    (:func:`adaptprec.nlsq.common.robust_cost` with ``loss`` and ``f_scale``). Forward-mode (``jvp``) is not
     defined; use ``jax.grad``/``jax.vjp``.
 
     Example:
@@ -46,8 +51,7 @@ def implicit_solution(residual: Callable, x_star, bargs, sargs):
     """
 
     def cost(x, b, s):
-        r = residual(x, b, s)
-        return 0.5 * jnp.sum(r * r)
+        return robust_cost(loss, residual(x, b, s), f_scale)
 
     grad_x = jax.grad(cost)
 

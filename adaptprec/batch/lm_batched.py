@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _status as st
+from ..nlsq.common import robust_cost, scale_for_robust_loss
 from .cholesky import cholesky_solve
 
 __all__ = ["LMOptions", "LMState", "make_fj", "lm_init", "lm_step", "lm_run"]
@@ -72,6 +73,8 @@ class LMOptions(NamedTuple):
     gtol: float
     max_steps: int
     lam0: float = 1e-3
+    loss: object = "linear"   # a name from adaptprec.nlsq.common.LOSSES or a callable rho(z)
+    f_scale: float = 1.0
 
 
 class LMState(NamedTuple):
@@ -133,13 +136,31 @@ def make_fj(residual: Callable, rung_dtype, acc_dtype) -> Callable:
     return jax.vmap(one, in_axes=(0, 0, None))
 
 
-def _normal_equations(f, jt):
-    """cost, J^T J and J^T f from f (B, m) and Jt (B, n, m), summed in f's dtype (>= f32)."""
+def _normal_equations(f, jt, opts: LMOptions):
+    """cost, J^T J, J^T f and the damping scale from f (B, m) and Jt (B, n, m).
+
+    Sums run in f's dtype (float32 or wider). With a robust loss the cost is
+    ``0.5 f_scale^2 sum(rho((f/f_scale)^2))`` and ``f``, ``J`` are rescaled as scipy does
+    (:func:`adaptprec.nlsq.common.scale_for_robust_loss`), so ``J^T J``/``J^T f`` are those
+    of the cost's Gauss–Newton model; the damping scale stays ``diag`` of the *unscaled*
+    ``J^T J``, because where every residual is an outlier the rescaled ``J`` is ~0 and a
+    damping relative to it would not bound the step.
+    """
     acc = f.dtype
+    robust = not (isinstance(opts.loss, str) and opts.loss == "linear")
+    scale = jnp.sum(jt * jt, axis=-1) if robust else None
+    if robust:
+        cost = jax.vmap(lambda r: robust_cost(opts.loss, r, opts.f_scale))(f)
+        f, jac = jax.vmap(lambda r, j: scale_for_robust_loss(opts.loss, r, j, opts.f_scale))(
+            f, jnp.swapaxes(jt, 1, 2))
+        jt = jnp.swapaxes(jac, 1, 2)
+    else:
+        cost = 0.5 * jnp.sum(f * f, axis=-1)
     jtj = jnp.einsum("bim,bjm->bij", jt, jt, preferred_element_type=acc)
     jtf = jnp.einsum("bim,bm->bi", jt, f, preferred_element_type=acc)
-    cost = 0.5 * jnp.sum(f * f, axis=-1)
-    return cost, jtj, jtf
+    if scale is None:
+        scale = jnp.diagonal(jtj, axis1=-2, axis2=-1)
+    return cost, jtj, jtf, scale
 
 
 def _finite_rows(*arrays):
@@ -198,10 +219,9 @@ def lm_init(fj, x, bargs, sargs, opts: LMOptions, active=None) -> LMState:
     f, jac = fj(x, bargs, sargs)
     acc = f.dtype
     x = x.astype(acc)
-    cost, jtj, jtf = _normal_equations(f, jac)
+    cost, jtj, jtf, d2 = _normal_equations(f, jac, opts)
     finite_f = _finite_rows(x, cost)
     finite = finite_f & _finite_rows(jtj, jtf)
-    d2 = jnp.diagonal(jtj, axis1=-2, axis2=-1)
     d2 = jnp.where(d2 > 0, d2, 1).astype(acc)
     if active is None:
         active = jnp.ones((b,), bool)
@@ -240,7 +260,7 @@ def lm_step(fj, s: LMState, bargs, sargs, opts: LMOptions) -> LMState:
     dx, _ = cholesky_solve(a, -s.jtf)
     xn = s.x + dx
     f, jac = fj(xn, bargs, sargs)
-    cost_n, jtj_n, jtf_n = _normal_equations(f, jac)
+    cost_n, jtj_n, jtf_n, d2_n = _normal_equations(f, jac, opts)
     finite = _finite_rows(xn, cost_n, jtj_n, jtf_n)
 
     pred = 0.5 * jnp.sum(dx * (damp * dx - s.jtf), axis=-1)
@@ -273,7 +293,7 @@ def lm_step(fj, s: LMState, bargs, sargs, opts: LMOptions) -> LMState:
     cost = pick(cost_n, s.cost)
     jtj = pick(jtj_n, s.jtj)
     jtf = pick(jtf_n, s.jtf)
-    d2 = pick(jnp.maximum(s.d2, jnp.diagonal(jtj_n, axis1=-2, axis2=-1)), s.d2)
+    d2 = pick(jnp.maximum(s.d2, d2_n), s.d2)
     gtol_ok = accept & (gradient_cosine(cost, jtj, jtf) <= opts.gtol)
     gn_f, gn_x = _gauss_newton_test(cost, jtj, jtf, d2, xnew, opts)
     gn_f = accept & gn_f
