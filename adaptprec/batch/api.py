@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any, Callable, NamedTuple, Optional, Union
 
 import jax
@@ -12,7 +11,6 @@ import numpy as np
 
 from ..nlsq.common import check_loss, robust_cost, scale_for_robust_loss
 from ..precision import Ladder, dtype_name, require_x64, unit_roundoff
-from . import _status as st
 from ._problem import Residual, build_problem, nonfinite_fits
 from .chunking import auto_chunk_size, is_traced, map_blocks, run_chunked
 from .covariance import batched_pcov
@@ -56,7 +54,7 @@ def _ladder(precision) -> Ladder:
 
 def _plans(ladder: Ladder, ftol, xtol, gtol, max_steps, loss="linear", f_scale=1.0) -> tuple:
     plans = []
-    for i, d in enumerate(ladder):
+    for d in ladder:
         acc = np.promote_types(d, np.float32)
         t = _RUNG_TOL * unit_roundoff(d)
         opts = LMOptions(max(ftol, t), max(xtol, t), max(gtol, t), max_steps, loss=loss,
