@@ -47,6 +47,7 @@ _cache: collections.OrderedDict = collections.OrderedDict()
 _cache_lock = threading.Lock()
 _stats = {"hits": 0, "misses": 0}
 _DEFAULT_SCHEDULE = [None]
+_m_cache: dict = {}
 #: ``linear_solver="auto"`` uses the normal equations from this many residuals on: the
 #: QR of a tall ``m x (n+1)`` matrix dominates the step there, while the normal
 #: equations cost one ``O(m n^2)`` product (accumulated in float32 or wider).
@@ -63,6 +64,7 @@ def clear_cache() -> None:
     """
     with _cache_lock:
         _cache.clear()
+        _m_cache.clear()
         _stats.update(hits=0, misses=0)
 
 
@@ -152,6 +154,39 @@ def _hashable(obj):
         return obj
     except TypeError:
         return id(obj)
+
+
+def _residual_size(residual, unravel, x0, x0_flat, args) -> int:
+    """Check the residual's output (via ``jax.eval_shape``) and return its size ``m``.
+
+    Memoised per (residual, shapes/dtypes of x0 and args): a repeated call does not trace
+    the residual again.
+    """
+    key = (_hashable(residual), _sig(x0), _sig(args))
+    m = _m_cache.get(key)
+    if m is not None:
+        return m
+    try:
+        out_shape = jax.eval_shape(lambda x, a: residual(unravel(x), *a), x0_flat, args)
+    except Exception as exc:
+        raise TypeError(f"calling residual(x0, *args) failed while checking shapes: {exc}"
+                        ) from exc
+    out_leaves = jax.tree.leaves(out_shape)
+    if not out_leaves:
+        raise ValueError("residual returned no arrays; it must return a 1-D array")
+    if len(out_leaves) == 1 and jax.tree.structure(out_shape).num_leaves == 1 \
+            and not isinstance(out_shape, (tuple, list, dict)) and out_leaves[0].ndim != 1:
+        raise ValueError(f"residual must return a 1-D array (or a pytree of arrays); it "
+                         f"returned shape {out_leaves[0].shape}. Return jnp.ravel(r) or "
+                         "stack the residuals into a vector.")
+    for leaf in out_leaves:
+        if not jnp.issubdtype(leaf.dtype, jnp.floating):
+            raise TypeError(f"residual must return floating arrays, got {leaf.dtype}")
+    m = int(sum(int(np.prod(leaf.shape)) for leaf in out_leaves))
+    _m_cache[key] = m
+    if len(_m_cache) > 4 * _CACHE_SIZE:
+        _m_cache.pop(next(iter(_m_cache)))
+    return m
 
 
 def solve_nlsq(
@@ -263,23 +298,7 @@ def solve_nlsq(
             return jnp.ravel(out)
         return ravel_pytree(out)[0]
 
-    try:
-        out_shape = jax.eval_shape(lambda x, a: residual(unravel(x), *a), x0_flat, args)
-    except Exception as exc:
-        raise TypeError(f"calling residual(x0, *args) failed while checking shapes: {exc}"
-                        ) from exc
-    out_leaves = jax.tree.leaves(out_shape)
-    if not out_leaves:
-        raise ValueError("residual returned no arrays; it must return a 1-D array")
-    if len(out_leaves) == 1 and jax.tree.structure(out_shape).num_leaves == 1 \
-            and not isinstance(out_shape, (tuple, list, dict)) and out_leaves[0].ndim != 1:
-        raise ValueError(f"residual must return a 1-D array (or a pytree of arrays); it "
-                         f"returned shape {out_leaves[0].shape}. Return jnp.ravel(r) or "
-                         "stack the residuals into a vector.")
-    for leaf in out_leaves:
-        if not jnp.issubdtype(leaf.dtype, jnp.floating):
-            raise TypeError(f"residual must return floating arrays, got {leaf.dtype}")
-    m = int(sum(int(np.prod(leaf.shape)) for leaf in out_leaves))
+    m = _residual_size(residual, unravel, x0, x0_flat, args)
 
     lb, ub = _broadcast_bounds(bounds, n, top_dt)
     has_bounds = bool(np.any(np.isfinite(lb)) or np.any(np.isfinite(ub)))
