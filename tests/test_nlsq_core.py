@@ -337,3 +337,27 @@ def test_tall_problem_normal_equations_f32_phase():
         method="lm", ftol=1e-15, xtol=1e-15, gtol=1e-15)
     np.testing.assert_allclose(np.asarray(res.x), ref.x, rtol=1e-7)
     assert res.trace()[-1]["rung"] == "f64" and res.trace()[-1]["nfev"] <= 4
+
+
+def test_x64_off_subprocess():
+    # adaptive falls back to an f32-only ladder and says so; f64 raises with instructions
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import jax.numpy as jnp, adaptprec as ap\n"
+        "r = ap.solve_nlsq(lambda x: jnp.array([10*(x[1]-x[0]**2), 1-x[0]]),"
+        " jnp.array([-1.2, 1.0]))\n"
+        "assert r.x.dtype == jnp.float32 and r.rung_name == 'f32', r\n"
+        "assert abs(float(r.x[0]) - 1) < 1e-4 and bool(r.success)\n"
+        "try:\n"
+        "    ap.solve_nlsq(lambda x: x - 1, jnp.ones(2), precision='f64')\n"
+        "    raise SystemExit('no error')\n"
+        "except ValueError as e:\n"
+        "    assert 'jax_enable_x64' in str(e)\n"
+        "print('ok')\n")
+    env = {**os.environ, "JAX_ENABLE_X64": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
