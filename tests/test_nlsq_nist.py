@@ -31,8 +31,10 @@ def _check(name, start, precision):
     assert bool(res.success), res.message
     assert res.rung_name == "f64"
     assert score >= 6.0, f"{name} start {start + 1} ({precision}): LRE {score:.2f}"
-    # the certified residual sum of squares too
-    assert lre(2.0 * float(res.cost), p.certified_rss) >= 6.0
+    # the certified residual sum of squares too (Lanczos1's is 1.4e-25, at the rounding
+    # level of its 13-digit data: compared absolutely there)
+    rss = 2.0 * float(res.cost)
+    assert lre(rss, p.certified_rss) >= 6.0 or abs(rss - p.certified_rss) < 1e-20
 
 
 @pytest.mark.parametrize("precision", ["adaptive", "f64"])
