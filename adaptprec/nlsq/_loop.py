@@ -206,7 +206,12 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         code = jnp.where(tiny & (code == 0) & finite_z, Status.XTOL, code)
         collapsed = tiny & ~finite_z
         conv = (code > 0) | ((~pending) & gtol_hit)
-        consec = jnp.where(accepted, 0, st.consec_rej + 1)
+        # Only rejections of steps whose predicted decrease is already at the rounding
+        # noise of the rung count towards escalation; ordinary radius shrinking (a model
+        # that is merely too optimistic far from the solution) does not.
+        noisy = step.predicted <= 100.0 * us[st.rung] * jnp.abs(st.cost)
+        consec = jnp.where(accepted, 0, st.consec_rej + (noisy | ~finite_z).astype(
+            jnp.int32))
         cond_est = step.s[0] / jnp.maximum(step.s[-1], jnp.finfo(top_dt).tiny)
         if cfg.linear_solver == "normal":  # the Gram matrix squares the condition
             cond_est = cond_est * cond_est
@@ -220,8 +225,11 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         if cfg.schedule is not None:
             sched_c, sched_up = _consult_schedule(cfg.schedule, st, cost_z, actual,
                                                   accepted, bad, f_scale)
-            sched_n = jax.tree.map(lambda a, b: jnp.where(pending, a, b), st.sched, sched_c)
-            sched_up = (~pending) & sched_up
+            # The schedule sees accepted steps and guard failures; a rejected trial in a
+            # trust-region method is radius adaptation, not a stall.
+            use = (~pending) & (accepted | bad)
+            sched_n = jax.tree.map(lambda a, b: jnp.where(use, b, a), st.sched, sched_c)
+            sched_up = use & sched_up
         reason = jnp.where(bad, 2, jnp.where(conv, 1, jnp.where(
             consec >= cfg.max_rejections, 3, jnp.where(cond_bad, 4, jnp.where(
                 sched_up, 5, 0)))))
