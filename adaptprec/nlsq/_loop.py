@@ -29,6 +29,7 @@ from jax import lax
 from ..precision import unit_roundoff
 from .common import Status, check_termination_codes, robust_cost, scale_for_robust_loss
 from .common import update_tr_radius
+from .lm import minpack_radius
 
 __all__ = ["LoopConfig", "build_loop"]
 
@@ -195,6 +196,9 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         actual = st.cost - cost_z
         Delta_n, ratio = update_tr_radius(st.Delta, actual, step.predicted,
                                           step.step_norm, step.bound_hit)
+        if cfg.method == "lm":  # MINPACK's radius update (see lm.minpack_radius)
+            Delta_n = minpack_radius(st.Delta, ratio, step.step_norm, step.alpha,
+                                     cost_z > 100.0 * st.cost)
         Delta_n = jnp.where(finite_z, Delta_n, 0.25 * step.step_norm)
         accepted = (~pending) & st.ok & finite_z & (actual > 0)
         xnorm = jnp.linalg.norm(st.x * st.scale_inv)

@@ -269,8 +269,13 @@ def solve_lsq_trust_region(s, V, suf, Delta, alpha0, m: int, *, rtol=0.01, max_i
     n = s.shape[0]
     threshold = eps * max(m, n) * s[0]
     full_rank = (s[-1] > threshold) if m >= n else jnp.asarray(False)
-    s2_safe = jnp.where(s2 > threshold * s[0], s2, 1.0)
-    p_gn = -V @ jnp.where(s2 > threshold * s[0], suf / s2_safe, 0.0)
+    # scipy's rank test is on ``s`` (not ``s**2``): a test ``s**2 > threshold * s[0]``
+    # drops every direction with ``s < sqrt(eps max(m, n)) s[0]`` from the Gauss–Newton
+    # step while still calling it full rank, so the iteration stalls in a valley whose
+    # floor is such a direction (NIST MGH17 from start 1 stopped at RSS 8e-5).
+    keep = s > threshold
+    s2_safe = jnp.where(keep, s2, 1.0)
+    p_gn = -V @ jnp.where(keep, suf / s2_safe, 0.0)
     gn_ok = full_rank & (jnp.linalg.norm(p_gn) <= Delta)
 
     suf_norm = jnp.linalg.norm(suf)
