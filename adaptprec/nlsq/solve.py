@@ -54,6 +54,27 @@ _m_cache: dict = {}
 _NORMAL_EQ_MIN_M = 4096
 
 
+#: XLA:CPU options for the compiled solver. Compilation dominates a small solve (a NIST
+#: problem runs in well under a millisecond and compiled in ~1.5 s): XLA:CPU's newer
+#: fusion emitters spend most of that on ~100 tiny fusions of scalar trust-region
+#: bookkeeping; the classic emitters give the same results (bit for bit on the NIST
+#: suite) in about half the time. Below ``_NORMAL_EQ_MIN_M`` residuals the run time is
+#: negligible next to compilation, so LLVM's optimisation level is dropped to 0 as well
+#: (another ~1.7x less compile time; results change in the last bits only). Measured in
+#: docs/nlsq.md.
+_CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+_CPU_SMALL_PROBLEM_OPTIONS = {"xla_backend_optimization_level": 0}
+
+
+def _compiler_options(cfg) -> dict | None:
+    if jax.default_backend() != "cpu":
+        return None
+    opts = dict(_CPU_COMPILER_OPTIONS)
+    if cfg.m < _NORMAL_EQ_MIN_M:
+        opts.update(_CPU_SMALL_PROBLEM_OPTIONS)
+    return opts
+
+
 def clear_cache() -> None:
     """Drop every cached compiled solver.
 
@@ -456,7 +477,18 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
             rung_entered=st.rung_entered, rung_nfev=st.rung_nfev,
             escalation_reason=st.esc_reason, ladder=tuple(np.dtype(d) for d in rungs))
 
-    return jax.jit(solve)
+    opts = _compiler_options(cfg)
+    plain = jax.jit(solve)
+    if not opts:
+        return plain
+    tuned = jax.jit(solve, compiler_options=opts)
+
+    def call(*a):
+        # compiler options are only allowed on a top-level jit: inside a user's
+        # jit/vmap/grad (tracers in the inputs) the plain jit is inlined instead.
+        return (tuned if _is_concrete(a) else plain)(*a)
+
+    return call
 
 
 _ = (Status, jac_scale)
