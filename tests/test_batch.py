@@ -269,9 +269,7 @@ def test_grad_by_implicit_differentiation_matches_finite_differences():
 
 
 def test_x64_off_adaptive_raises_and_f32_works():
-    import os
-    import subprocess
-    import sys
+    from _subprocess import run_python
     script = (
         "import jax.numpy as jnp, numpy as np, adaptprec as ap\n"
         "t = np.linspace(0, 1, 8); y = 3 * np.exp(-np.array([[0.5], [2.0]]) * t)\n"
@@ -285,9 +283,7 @@ def test_x64_off_adaptive_raises_and_f32_works():
         "assert r.x.dtype == np.float32 and r.ladder == ('f32',)\n"
         "np.testing.assert_allclose(np.asarray(r.x), [[3, 0.5], [3, 2]], rtol=1e-5)\n"
         "print('OK')\n")
-    env = dict(os.environ, JAX_ENABLE_X64="0", JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = run_python(script, x64=False, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "OK", proc.stderr[-3000:]
 
 

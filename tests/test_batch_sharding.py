@@ -1,11 +1,9 @@
 """solve_nlsq_batch split over 8 host devices equals the one-device run (subprocess)."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from _subprocess import run_python
 
 SCRIPT = textwrap.dedent(r"""
     import jax, jax.numpy as jnp, numpy as np
@@ -57,9 +55,6 @@ SCRIPT = textwrap.dedent(r"""
 
 @pytest.mark.multidevice
 def test_sharded_over_8_devices_equals_one_device():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_ENABLE_X64="1", JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = run_python(SCRIPT, devices=8)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert proc.stdout.strip().endswith("OK")

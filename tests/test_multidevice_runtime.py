@@ -1,11 +1,9 @@
 """Inputs sharded over 8 host devices give the same answers as unsharded (subprocess)."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from _subprocess import run_python
 
 SCRIPT = textwrap.dedent(r"""
     import jax, jax.numpy as jnp, numpy as np
@@ -59,9 +57,6 @@ SCRIPT = textwrap.dedent(r"""
 
 @pytest.mark.multidevice
 def test_sharded_inputs_match_unsharded():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_ENABLE_X64="1", JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = run_python(SCRIPT, devices=8)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "MULTIDEVICE OK" in proc.stdout

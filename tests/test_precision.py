@@ -1,9 +1,5 @@
 """adaptprec.precision: aliases, constants, Ladder, x64 guard."""
 
-import os
-import subprocess
-import sys
-import textwrap
 
 import jax.numpy as jnp
 import ml_dtypes
@@ -13,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import adaptprec as ap
+from _subprocess import run_python
 
 EXPECTED = {
     "bf16": ml_dtypes.bfloat16, "bfloat16": ml_dtypes.bfloat16,
@@ -125,15 +122,8 @@ def test_ladder_accepts_exactly_the_strictly_increasing_lists(names, sep):
             ap.Ladder.parse(spec)
 
 
-def _run_without_x64(code):
-    env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
-    env["JAX_PLATFORMS"] = "cpu"
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
-                          capture_output=True, text=True, timeout=120)
-
-
 def test_float64_without_x64_raises_with_instructions_and_config_untouched():
-    proc = _run_without_x64("""
+    proc = run_python(x64=False, code="""
         import jax, adaptprec as ap
         assert not jax.config.read("jax_enable_x64")
         for attempt in (lambda: ap.canonical_dtype("f64"), lambda: ap.Ladder("f32,f64"),

@@ -359,9 +359,7 @@ def test_forward_mode_hessian_and_two_shapes_in_one_trace():
 
 
 def test_float64_rung_with_x64_off_says_how_to_fix():
-    import os
-    import subprocess
-    import sys
+    from _subprocess import run_python
 
     code = ("import adaptprec as ap, jax.numpy as jnp\n"
             "f = ap.adaptive(jnp.exp, ladder='bf16,f32')\n"
@@ -370,8 +368,6 @@ def test_float64_rung_with_x64_off_says_how_to_fix():
             "    ap.adaptive(jnp.exp, ladder='f32,f64')\n"
             "except ValueError as e:\n"
             "    print('ERR', e)\n")
-    env = dict(os.environ, JAX_ENABLE_X64="0", JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = run_python(code, x64=False, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "ERR" in proc.stdout and "jax_enable_x64" in proc.stdout
