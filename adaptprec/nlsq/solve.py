@@ -60,9 +60,11 @@ _NORMAL_EQ_MIN_M = 4096
 #: bookkeeping; the classic emitters give the same results (bit for bit on the NIST
 #: suite) in about half the time. Below ``_NORMAL_EQ_MIN_M`` residuals the run time is
 #: negligible next to compilation, so LLVM's optimisation level is dropped to 0 as well
-#: (another ~1.7x less compile time; results change in the last bits only). Measured in
-#: docs/nlsq.md.
-_CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+#: (another ~1.7x less compile time; results change in the last bits only). LLVM code
+#: generation in one module instead of split across threads saves another ~25% for a
+#: program this size. Measured in docs/nlsq.md.
+_CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False,
+                         "xla_cpu_parallel_codegen_split_count": 1}
 _CPU_SMALL_PROBLEM_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
@@ -488,6 +490,7 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
         # jit/vmap/grad (tracers in the inputs) the plain jit is inlined instead.
         return (tuned if _is_concrete(a) else plain)(*a)
 
+    call.plain, call.tuned = plain, tuned  # for profiling (.lower(...).compile())
     return call
 
 
