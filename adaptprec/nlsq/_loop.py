@@ -197,7 +197,12 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         Delta_n, ratio = update_tr_radius(st.Delta, actual, step.predicted,
                                           step.step_norm, step.bound_hit)
         if cfg.method == "lm":  # MINPACK's radius update (see lm.minpack_radius)
-            Delta_n = minpack_radius(st.Delta, ratio, step.step_norm, step.alpha,
+            # MINPACK: on the first step (here: on each rung) the radius is first cut
+            # to the step length, so a huge initial radius is not shrunk step by step.
+            first = st.rung_entered[st.rung] == st.nit
+            Delta_n = minpack_radius(jnp.where(first, jnp.minimum(st.Delta, step.step_norm),
+                                               st.Delta),
+                                     ratio, step.step_norm, step.alpha,
                                      cost_z > 100.0 * st.cost)
         Delta_n = jnp.where(finite_z, Delta_n, 0.25 * step.step_norm)
         accepted = (~pending) & st.ok & finite_z & (actual > 0)
