@@ -361,3 +361,17 @@ def test_x64_off_subprocess():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
+
+
+def test_gauss_newton_step_keeps_small_singular_directions():
+    """Regression (NIST MGH17 start 1): a direction with ``s`` between
+    ``eps max(m, n) s0`` and ``sqrt(eps max(m, n)) s0`` is numerically full rank and must
+    be in the Gauss–Newton step (scipy's rank test is on ``s``, not ``s**2``)."""
+    from adaptprec.nlsq.common import solve_lsq_trust_region
+
+    s = jnp.array([1.0, 1e-9])
+    uf = jnp.array([-1.0, -1e-9])          # U^T f; the exact step is -uf / s = (1, 1)
+    p, alpha, gn = solve_lsq_trust_region(s, jnp.eye(2), s * uf, 10.0, 0.0, 30)
+    np.testing.assert_allclose(np.asarray(p), np.linalg.lstsq(np.diag([1.0, 1e-9]),
+                                                              -np.asarray(uf))[0], rtol=1e-6)
+    assert bool(gn) and float(alpha) == 0.0
