@@ -22,11 +22,19 @@ def _sections():
     return sorted(mods, key=lambda m: (m.ORDER, m.__name__))
 
 
-def demo(only: list[str] | None = None) -> int:
-    import jax
+_X64_HINT = (
+    "the demo escalates to float64, which JAX only computes with jax_enable_x64 on; "
+    "run it as:  JAX_ENABLE_X64=1 python -m adaptprec demo"
+)
 
-    # The demo is an application, so it may choose float64; the library never does.
-    jax.config.update("jax_enable_x64", True)
+
+def demo(only: list[str] | None = None) -> int:
+    from .precision import x64_enabled
+
+    # adaptprec never flips global JAX config, not even here: the user opts in.
+    if not x64_enabled():
+        print(f"error: {_X64_HINT}", file=sys.stderr)
+        return 2
     start = time.perf_counter()
     for mod in _sections():
         name = mod.__name__.rsplit(".", 1)[-1]
