@@ -366,12 +366,10 @@ class _Program:
     def step_batch(self, k, dyn, flags, rec, need, size, compact_ok=True):
         """Run rung k for the batch; elements in `need` (all, for batch="call") take it."""
         out, c, v, ok = self.vattempt(k, dyn, flags)
-        if self.mgr.batch == "call":
-            new = (out, _set_rung_row(rec[1], k, c), _set_rung_row(rec[2], k, v),
-                   jnp.full_like(rec[3], k), ok)
-            return self.climb_batch(k + 1, dyn, flags, new, ~ok, size, compact_ok)
         new = (out, _set_rung_row(rec[1], k, c), _set_rung_row(rec[2], k, v),
                jnp.full_like(rec[3], k), ok)
+        if self.mgr.batch == "call":
+            return self.climb_batch(k + 1, dyn, flags, new, ~ok, size, compact_ok)
         new = self._merge(need, new, rec)
         return self.climb_batch(k + 1, dyn, flags, new, need & ~ok, size, compact_ok)
 

@@ -559,9 +559,7 @@ def iterate(step_fn: Callable, state: Any, schedule: PrecisionSchedule, ladder,
     max_steps = int(max_steps)
     stat_dtype = np.dtype(jnp.promote_types(lad.top, jnp.float32))
 
-    def make_branch(rung):
-        dtype = np.dtype(rung.dtype) if is_rung_object(rung) else rung
-        dtype = lad.rungs[[np.dtype(d) for d in lad.rungs].index(np.dtype(dtype))]
+    def make_branch(rung, dtype):
         call = rung.wrap(step_fn) if is_rung_object(rung) else step_fn
 
         def branch(st):
@@ -583,10 +581,9 @@ def iterate(step_fn: Callable, state: Any, schedule: PrecisionSchedule, ladder,
 
         return branch
 
-    branches = [make_branch(r) for r in rungs]
+    # Tracing the branches for lax.switch checks step_fn's outputs (TypeError above).
+    branches = [make_branch(r, d) for r, d in zip(rungs, lad)]
     sched0 = schedule.init(rungs)
-    # Validate step_fn's outputs at the boundary (abstractly), not deep in the loop trace.
-    jax.eval_shape(branches[0], state)
 
     def done(st):
         if done_fn is None:

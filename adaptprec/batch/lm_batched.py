@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..policy import cast_floating
 from . import _status as st
 from ..nlsq.common import robust_cost, scale_for_robust_loss
 from .cholesky import cholesky_solve
@@ -119,8 +120,6 @@ def make_fj(residual: Callable, rung_dtype, acc_dtype) -> Callable:
         >>> f.shape, Jt.shape, float(Jt[0, 1, 1]), float(Jt[0, 2, 1])
         ((4, 2), (4, 3, 2), 2.0, 0.0)
     """
-    from ..policy import cast_floating
-
     def one(x, bargs, sargs):
         bargs_r = cast_floating(bargs, rung_dtype)
         sargs_r = cast_floating(sargs, rung_dtype)

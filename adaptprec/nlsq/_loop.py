@@ -18,17 +18,19 @@ asks for it (stall / noise floor).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
-from ..precision import unit_roundoff
-from .common import Status, check_termination_codes, robust_cost, scale_for_robust_loss
-from .common import update_tr_radius
+from ..precision import Ladder, unit_roundoff
+from ..schedule import NoiseFloor, ScheduleStats, StallEscalation, any_of
+from .common import Status, check_termination_codes, jac_scale, robust_cost
+from .common import scale_for_robust_loss, update_tr_radius
 from .lm import minpack_radius
 
 __all__ = ["LoopConfig", "build_loop"]
@@ -155,16 +157,13 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             return fj_branches[0](x, args_all, f_scale)
         return lax.switch(rung, fj_branches, x, args_all, f_scale)
 
-    def colnorms(R):
-        return jnp.sqrt(jnp.sum(R * R, axis=0))
-
     def init(x0, ctx):
         """A state that evaluates residual and Jacobian at ``x0`` on the bottom rung in
         its first iteration (``pending``), so the loop holds the only copy of them."""
         args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol = ctx
         n = cfg.n
         zi = jnp.zeros((), jnp.int32)
-        sched0 = cfg.schedule.init(_ladder(rungs)) if cfg.schedule is not None else None
+        sched0 = cfg.schedule.init(Ladder(list(rungs))) if cfg.schedule is not None else None
         return _State(
             x=x0, cost=jnp.asarray(jnp.inf, top_dt),
             R=jnp.zeros((n, n), top_dt), qtf=jnp.zeros((n,), top_dt),
@@ -255,10 +254,9 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         cost_n = pick(cost_z, st.cost)
         ok_n = jnp.where(take, ok_z, st.ok)
         if cfg.jac_scale:
-            cn = colnorms(R_z)
-            si = jnp.maximum(st.scale_inv, jnp.where(jnp.isfinite(cn), cn, 0.0))
-            si = jnp.where(si > 0, si, 1.0)
-            scale_inv_n = jnp.where(take & ok_z, si, st.scale_inv)
+            # column norms of R are those of J; only used when R_z is finite (ok_z)
+            scale_inv_n = jnp.where(take & ok_z, jac_scale(R_z, st.scale_inv),
+                                    st.scale_inv)
         else:
             scale_inv_n = st.scale_inv
         g_n = R_n.T @ qtf_n
@@ -309,15 +307,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
     return run
 
 
-def _ladder(rungs):
-    from ..precision import Ladder
-
-    return Ladder(list(rungs))
-
-
 def _consult_schedule(schedule, st, cost_t, actual, accepted, bad, f_scale):
-    from ..schedule import ScheduleStats  # consumed lazily: schedule sits above nlsq
-
     value = jnp.where(accepted, cost_t, st.cost)
     rel = jnp.where(accepted, actual, 0.0) / jnp.maximum(jnp.abs(st.cost),
                                                          jnp.finfo(st.cost.dtype).tiny)
@@ -332,17 +322,12 @@ def _consult_schedule(schedule, st, cost_t, actual, accepted, bad, f_scale):
 def _sched_set_rung(sched, rung):
     if sched is None:
         return None
-    import dataclasses
-
     return dataclasses.replace(sched, rung=jnp.asarray(rung, sched.rung.dtype))
 
 
+@functools.cache
 def default_schedule():
     """``any_of(NoiseFloor(10), StallEscalation(1e-6, 3))``: climb when accepted steps
-    decrease the cost by less than ``10 u cost`` or progress stalls for 3 steps."""
-    from ..schedule import NoiseFloor, StallEscalation, any_of
-
+    decrease the cost by less than ``10 u cost`` or progress stalls for 3 steps. One
+    shared instance, so it is one entry of the compiled-solver cache key."""
     return any_of(NoiseFloor(factor=10.0), StallEscalation(rate=1e-6, patience=3))
-
-
-_ = np

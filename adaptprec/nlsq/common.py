@@ -286,8 +286,7 @@ def solve_lsq_trust_region(s, V, suf, Delta, alpha0, m: int, *, rtol=0.01, max_i
     def reset(lo, up):
         return jnp.maximum(0.001 * up, jnp.sqrt(jnp.maximum(lo * up, 0.0)))
 
-    alpha = jnp.where((alpha0 > 0) & full_rank, alpha0, reset(alpha_lower, alpha_upper))
-    alpha = jnp.where(alpha0 > 0, alpha0, alpha)
+    alpha = jnp.where(alpha0 > 0, alpha0, reset(alpha_lower, alpha_upper))
 
     def body(c):
         it, alpha, lo, up, _ = c

@@ -190,9 +190,10 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
                              "covariance matrix.")
 
     residual = _residual_for(f, kind)
-    jac_arg = "fwd" if jac is None or (isinstance(jac, str)) else _jac_for(jac, kind)
-    if isinstance(jac, str) and jac in ("fwd", "rev"):
-        jac_arg = jac
+    if callable(jac):
+        jac_arg = _jac_for(jac, kind)
+    else:  # None or a scipy-style string: autodiff ("rev" if asked for, else forward)
+        jac_arg = jac if jac in ("fwd", "rev") else "fwd"
     res = solve_nlsq(residual, p0, args=(xdata, ydata, *extra), bounds=bounds,
                      method=method, jac=jac_arg, **kwargs)
     popt = res.x

@@ -31,8 +31,7 @@ from jax.flatten_util import ravel_pytree
 from ..policy import cast_floating
 from ..precision import Ladder, canonical_dtype, x64_enabled
 from ._loop import LoopConfig, build_loop, default_schedule
-from .common import STATUS_MESSAGES, Status, check_loss, jac_scale, robust_cost
-from .common import scale_for_robust_loss
+from .common import STATUS_MESSAGES, check_loss, robust_cost, scale_for_robust_loss
 from .gn import gn_step
 from .lm import lm_step, minpack_delta0, minpack_gnorm
 from .result import NLSQResult
@@ -46,7 +45,6 @@ _CACHE_SIZE = 64
 _cache: collections.OrderedDict = collections.OrderedDict()
 _cache_lock = threading.Lock()
 _stats = {"hits": 0, "misses": 0}
-_DEFAULT_SCHEDULE = [None]
 _m_cache: dict = {}
 #: ``linear_solver="auto"`` uses the normal equations from this many residuals on: the
 #: QR of a tall ``m x (n+1)`` matrix dominates the step there, while the normal
@@ -303,7 +301,7 @@ def solve_nlsq(
         if _is_concrete(f_scale):
             raise ValueError(f"f_scale must be a positive finite number, got {f_scale!r}")
     ladder = resolve_ladder(precision)
-    rungs = tuple(ladder.rungs if hasattr(ladder, "rungs") else ladder)
+    rungs = ladder.rungs
     top_dt = np.dtype(rungs[-1])
 
     x0_flat, unravel = ravel_pytree(x0)
@@ -355,8 +353,7 @@ def solve_nlsq(
         raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
 
     if schedule is None and len(rungs) > 1:
-        schedule = _DEFAULT_SCHEDULE[0] or _DEFAULT_SCHEDULE.__setitem__(
-            0, default_schedule()) or _DEFAULT_SCHEDULE[0]
+        schedule = default_schedule()
     elif schedule is not None and not (hasattr(schedule, "init") and
                                        hasattr(schedule, "update")):
         raise TypeError(f"schedule must be an adaptprec.schedule.PrecisionSchedule, got "
@@ -468,10 +465,9 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
         if throw:
             codes = sorted(k for k in STATUS_MESSAGES if k <= 0)
             idx = jnp.searchsorted(jnp.asarray(codes), jnp.minimum(status, 0))
-            x = eqx.error_if(x, status <= 0, "solve_nlsq did not converge") if len(
-                codes) < 2 else eqx.branched_error_if(
-                    x, status <= 0, idx,
-                    [f"solve_nlsq failed (status {c}): {STATUS_MESSAGES[c]}" for c in codes])
+            x = eqx.branched_error_if(
+                x, status <= 0, idx,
+                [f"solve_nlsq failed (status {c}): {STATUS_MESSAGES[c]}" for c in codes])
         return NLSQResult(
             x=unravel(x), cost=cost, fun=f, jac=Js, grad=g, optimality=optimality,
             active_mask=active, nfev=st.nfev, njev=st.njev + 1, nit=st.nit,
@@ -493,5 +489,3 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
     call.plain, call.tuned = plain, tuned  # for profiling (.lower(...).compile())
     return call
 
-
-_ = (Status, jac_scale)
