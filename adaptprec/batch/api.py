@@ -12,7 +12,8 @@ import numpy as np
 from ..nlsq.common import check_loss, robust_cost, scale_for_robust_loss
 from ..precision import Ladder, dtype_name, require_x64, unit_roundoff
 from ._problem import Residual, build_problem, nonfinite_fits
-from .chunking import auto_chunk_size, is_traced, map_blocks, run_chunked
+from .._tracing import is_traced
+from .chunking import auto_chunk_size, map_blocks, run_chunked
 from .covariance import batched_pcov
 from .escalation import RungPlan, solve_ladder
 from .implicit import implicit_solution

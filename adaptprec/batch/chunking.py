@@ -24,7 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["TextProgress", "is_traced", "map_blocks", "run_chunked", "auto_chunk_size"]
+from .._tracing import is_traced
+
+__all__ = ["TextProgress", "map_blocks", "run_chunked", "auto_chunk_size"]
 
 
 class TextProgress:
@@ -55,21 +57,6 @@ class TextProgress:
         stream.write(f"\r{self.label}: {done}/{total} fits ({100.0 * done / total:5.1f}%), "
                      f"{rate:,.0f} fits/s{end}")
         stream.flush()
-
-
-def is_traced(*trees) -> bool:
-    """True when any leaf is a JAX tracer (we are inside ``jit``/``vmap``/``grad``).
-
-    Example:
-        >>> import jax, jax.numpy as jnp
-        >>> from adaptprec.batch.chunking import is_traced
-        >>> seen = []
-        >>> _ = jax.jit(lambda x: seen.append(is_traced(x)) or x)(1.0)
-        >>> is_traced(jnp.ones(2)), seen
-        (False, [True])
-    """
-    return any(isinstance(leaf, jax.core.Tracer)
-               for t in trees for leaf in jax.tree.leaves(t))
 
 
 def auto_chunk_size(size: int, m: int, n: int, itemsize: int,

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .._tracing import is_concrete
 from ..precision import canonical_dtype, dtype_name, unit_roundoff
 
 __all__: list[str] = []
@@ -57,11 +58,6 @@ def check_array(x, name: str, what: str):
             f"{name}.astype(jnp.float64)"
         )
     return x
-
-
-def is_concrete(*xs) -> bool:
-    """True when none of ``xs`` is a JAX tracer (we are outside ``jit``/``vmap``/``grad``)."""
-    return not any(isinstance(x, jax.core.Tracer) for x in xs)
 
 
 @jax.jit

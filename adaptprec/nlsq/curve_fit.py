@@ -31,8 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import solve_triangular
 
+from .._tracing import is_concrete
 from .common import covariance_from_jac
-from .solve import _is_concrete, solve_nlsq
+from .solve import solve_nlsq
 
 __all__ = ["curve_fit", "OptimizeWarning"]
 
@@ -125,7 +126,7 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
     if "args" in kwargs:
         raise ValueError("'args' is not a supported keyword argument (curve_fit passes "
                          "the parameters to f as f(xdata, *params)).")
-    concrete = _is_concrete((xdata, ydata, sigma))
+    concrete = is_concrete((xdata, ydata, sigma))
     if check_finite is None:
         check_finite = nan_policy is None
     if nan_policy not in (None, "raise", "omit"):
@@ -205,7 +206,7 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
         pcov = pcov * (2.0 * res.cost / dof)
     else:
         pcov = jnp.full_like(pcov, jnp.inf)
-    if _is_concrete(pcov):
+    if is_concrete(pcov):
         if concrete and not bool(res.success):
             raise RuntimeError("Optimal parameters not found: " + res.message)
         if np.any(np.isinf(np.asarray(pcov))):
@@ -214,6 +215,6 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
                           stacklevel=2)
     if full_output:
         infodict = {"nfev": res.nfev, "fvec": res.fun, "result": res}
-        mesg = res.message if _is_concrete(res.status) else ""
+        mesg = res.message if is_concrete(res.status) else ""
         return popt, pcov, infodict, mesg, res.status
     return popt, pcov

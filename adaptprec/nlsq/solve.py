@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from .._tracing import is_concrete
 from ..policy import cast_floating
 from ..precision import Ladder, canonical_dtype, x64_enabled
 from ._loop import LoopConfig, build_loop, default_schedule
@@ -122,12 +123,8 @@ def resolve_ladder(precision) -> Ladder:
     return Ladder([canonical_dtype(precision)])
 
 
-def _is_concrete(tree) -> bool:
-    return not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(tree))
-
-
 def _check_finite_tree(tree, what: str) -> None:
-    if not _is_concrete(tree):
+    if not is_concrete(tree):
         return
     for leaf in jax.tree.leaves(tree):
         a = np.asarray(leaf)
@@ -142,7 +139,7 @@ def _broadcast_bounds(bounds, n, dtype):
         raise ValueError(f"bounds must be a pair (lb, ub), got {bounds!r}")
     out = []
     for b, name in zip(bounds, ("lower", "upper")):
-        if not _is_concrete(b):
+        if not is_concrete(b):
             raise TypeError("bounds must be concrete (not traced) values")
         try:
             if isinstance(b, (dict, list, tuple)):
@@ -298,7 +295,7 @@ def solve_nlsq(
         if not np.isscalar(tol) or not np.isfinite(tol) or tol < 0:
             raise ValueError(f"{name} must be a finite non-negative number, got {tol!r}")
     if not (np.isscalar(f_scale) and np.isfinite(f_scale) and f_scale > 0):
-        if _is_concrete(f_scale):
+        if is_concrete(f_scale):
             raise ValueError(f"f_scale must be a positive finite number, got {f_scale!r}")
     ladder = resolve_ladder(precision)
     rungs = ladder.rungs
@@ -332,7 +329,7 @@ def solve_nlsq(
         raise ValueError(f"method={method!r} needs at least as many residuals as "
                          f"parameters; got m={m} residuals for n={n} parameters. Use "
                          "method='trf' or add residuals.")
-    if _is_concrete(x0_flat):
+    if is_concrete(x0_flat):
         xv = np.asarray(x0_flat, np.float64)
         if np.any(xv < lb) or np.any(xv > ub):
             i = int(np.argmax((xv < lb) | (xv > ub)))
@@ -484,7 +481,7 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
     def call(*a):
         # compiler options are only allowed on a top-level jit: inside a user's
         # jit/vmap/grad (tracers in the inputs) the plain jit is inlined instead.
-        return (tuned if _is_concrete(a) else plain)(*a)
+        return (tuned if is_concrete(a) else plain)(*a)
 
     call.plain, call.tuned = plain, tuned  # for profiling (.lower(...).compile())
     return call
