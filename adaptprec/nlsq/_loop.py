@@ -31,6 +31,7 @@ from ..precision import Ladder, unit_roundoff
 from ..schedule import NoiseFloor, ScheduleStats, StallEscalation, any_of
 from .common import Status, check_termination_codes, jac_scale, robust_cost
 from .common import scale_for_robust_loss, update_tr_radius
+from ._blocks import PointBlocks
 from .lm import minpack_radius
 
 __all__ = ["LoopConfig", "build_loop"]
@@ -50,6 +51,10 @@ class LoopConfig(NamedTuple):
     max_rejections: int
     cond_tol: float
     schedule: Any
+    #: per leaf of ``args``: the axis of its data points, ``None`` for leaves without;
+    #: set (see :mod:`._pointwise`) only when the residual is proven pointwise and the
+    #: normal equations are accumulated block by block.
+    point_axes: tuple | None = None
 
 
 class _State(NamedTuple):
@@ -81,22 +86,29 @@ def _promote(dtype):
     return jnp.promote_types(dtype, jnp.float32)
 
 
+def _factor_gram(A, b):
+    """``R`` and ``qtf`` with ``R^T R = A`` and ``R^T qtf = b`` from the Gram matrix
+    ``A = J^T J`` and ``b = J^T f`` (symmetric eigendecomposition, rank-revealing)."""
+    n = A.shape[0]
+    lam, V = jnp.linalg.eigh(A)
+    lam = jnp.maximum(lam, 0.0)
+    sq = jnp.sqrt(lam)
+    # Rank test on the Gram matrix (eigenvalues carry absolute error ~ n eps ||A||),
+    # not scipy's eps * max(m, n) for J: with m = 1e6 in float32 that would drop
+    # every direction below 10% of the largest singular value.
+    keep = lam > n * jnp.finfo(A.dtype).eps * jnp.max(lam)
+    R = sq[:, None] * V.T
+    qtf = jnp.where(keep, (V.T @ b) / jnp.where(keep, sq, 1.0), 0.0)
+    return R, qtf
+
+
 def _factor(J, f, linear_solver):
     """``R`` (n x n) and ``qtf`` with ``R^T R = J^T J`` and ``R^T qtf = J^T f``."""
     m, n = J.shape
     if linear_solver == "normal":
         A = jnp.einsum("mi,mj->ij", J, J, preferred_element_type=J.dtype)
         b = jnp.einsum("mi,m->i", J, f, preferred_element_type=J.dtype)
-        lam, V = jnp.linalg.eigh(A)
-        lam = jnp.maximum(lam, 0.0)
-        sq = jnp.sqrt(lam)
-        # Rank test on the Gram matrix (eigenvalues carry absolute error ~ n eps ||A||),
-        # not scipy's eps * max(m, n) for J: with m = 1e6 in float32 that would drop
-        # every direction below 10% of the largest singular value.
-        keep = lam > n * jnp.finfo(J.dtype).eps * jnp.max(lam)
-        R = sq[:, None] * V.T
-        qtf = jnp.where(keep, (V.T @ b) / jnp.where(keep, sq, 1.0), 0.0)
-        return R, qtf
+        return _factor_gram(A, b)
     A = jnp.concatenate([J, f[:, None]], axis=1)
     if m < n + 1:
         A = jnp.concatenate([A, jnp.zeros((n + 1 - m, n + 1), A.dtype)])
@@ -150,7 +162,41 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
 
         return br
 
-    fj_branches = [fj_branch(i) for i in range(nr)]
+    def fj_blocked_branch(i):
+        """As ``fj_branch`` for a pointwise residual: ``J^T J``, ``J^T f`` and the cost
+        accumulated over blocks of points (``blocks.layout``), each block's residual and
+        Jacobian (rows ``J^T``, no transposes) formed and consumed while in cache."""
+        dt = rungs[i]
+        wt = _promote(dt)
+        def br(x, args_all, f_scale):
+            xr = x.astype(dt)
+            fs_w = jnp.asarray(f_scale, wt)
+            fs_top = jnp.asarray(f_scale, top_dt)
+
+            def block(carry, f, JT):
+                A, b, cost = carry
+                f, JT = f.astype(wt), JT.astype(wt)
+                cost = cost + robust_cost(loss, f.astype(top_dt), fs_top)
+                fs, Js = scale_for_robust_loss(loss, f, JT.T, fs_w)
+                JTs = Js.T
+                return (A + JTs @ JTs.T, b + JTs @ fs, cost), None
+
+            init = (jnp.zeros((cfg.n, cfg.n), wt), jnp.zeros((cfg.n,), wt),
+                    jnp.zeros((), top_dt))
+            (A, b, cost), _ = blocks.scan_rows(fun, xr, args_all[i], block, init)
+            R, qtf = _factor_gram(A, b)
+            jok = jnp.all(jnp.isfinite(R)) & jnp.all(jnp.isfinite(qtf))
+            fnorm = jnp.sqrt(2.0 * cost)
+            return (cost, R.astype(top_dt), qtf.astype(top_dt), fnorm, jok)
+
+        return br
+
+    blocks = None
+    if cfg.point_axes is not None:
+        blocks = PointBlocks(cfg.m, cfg.point_axes)
+        fj_branches = [fj_blocked_branch(i) for i in range(nr)]
+    else:
+        fj_branches = [fj_branch(i) for i in range(nr)]
 
     def eval_fj(rung, x, args_all, f_scale):
         if nr == 1:
@@ -298,12 +344,16 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             sched=_sched_set_rung(sched_n, rung_n))
 
     def run(x0, args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol):
+        if blocks is not None:  # once, outside the loop: data split into blocks
+            args_all = tuple(blocks.block(a) for a in args_all)
         ctx = (args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol)
         return lax.while_loop(lambda s: s.status == Status.RUNNING,
                               lambda s: body(s, ctx), init(x0, ctx))
 
     run.init = init
     run.body = body
+    run.eval_fj = eval_fj
+    run.blocks = blocks
     return run
 
 

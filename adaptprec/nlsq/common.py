@@ -366,8 +366,43 @@ def covariance_from_jac(J, *, null_tol: float | None = None):
     return _covariance(J, float(np.sqrt(eps) if null_tol is None else null_tol))
 
 
+#: From this many rows on, covariance_from_jac tries the Gram matrix first.
+_GRAM_COVARIANCE_MIN_M = 1024
+
+
 @functools.partial(jax.jit, static_argnums=1)
 def _covariance(J, null_tol):
+    m, n = J.shape
+    if m < _GRAM_COVARIANCE_MIN_M:  # small: the QR is cheap, and under vmap the
+        return _covariance_svd(J, null_tol)  # lax.cond below would run both routes
+    # Tall J (m >> n): a QR of J costs ~5x the Gram matrix G = J^T J (m = 1e6, n = 5:
+    # 50 ms vs 11 ms). Inverting the column-scaled Gram matrix is as accurate as the SVD
+    # route while its condition number is moderate: the eigenvalues of the formed G_s
+    # carry an absolute error ~ n eps lam_max, so lam_min >= n sqrt(eps) lam_max keeps
+    # the covariance's relative error below ~sqrt(eps). Full rank by scipy's SVD rule
+    # (s_min > eps max(m, n) s_max) follows from the bound on s_min(J) / s_max(J) through
+    # the column scales. Otherwise (rank deficient or ill-conditioned) the SVD route runs,
+    # only then (lax.cond).
+    eps = jnp.finfo(J.dtype).eps
+    G = J.T @ J
+    d = jnp.sqrt(jnp.diag(G))
+    d_safe = jnp.where(d > 0, d, 1.0)
+    lam, V = jnp.linalg.eigh(G / d_safe[:, None] / d_safe[None, :])
+    lam_min, lam_max = lam[0], lam[-1]
+    well_conditioned = lam_min >= n * jnp.sqrt(eps) * lam_max
+    full_rank = jnp.sqrt(lam_min) * jnp.min(d) > eps * max(m, n) * jnp.sqrt(lam_max) * \
+        jnp.max(d)
+    fast = well_conditioned & full_rank & jnp.all(jnp.isfinite(G))
+
+    def from_gram():
+        inv = (V / jnp.where(fast, lam, 1.0)) @ V.T
+        return inv / d_safe[:, None] / d_safe[None, :], jnp.asarray(n, jnp.int32)
+
+    return jax.lax.cond(fast, from_gram, lambda: _covariance_svd(J, null_tol))
+
+
+def _covariance_svd(J, null_tol):
+    """scipy's route: SVD of J (through the triangular factor of a QR when tall)."""
     m, n = J.shape
     eps = jnp.finfo(J.dtype).eps
     A = J if m >= n else jnp.concatenate([J, jnp.zeros((n - m, n), J.dtype)])
@@ -379,4 +414,4 @@ def _covariance(J, null_tol):
     null_weight = jnp.sum(jnp.where(keep[:, None], 0.0, VT ** 2), axis=0)
     bad = jnp.sqrt(null_weight) > null_tol
     cov = jnp.where(bad[:, None] | bad[None, :], jnp.inf, cov)
-    return cov, jnp.sum(keep)
+    return cov, jnp.sum(keep).astype(jnp.int32)

@@ -31,7 +31,9 @@ from jax.flatten_util import ravel_pytree
 from .._tracing import is_concrete
 from ..policy import cast_floating
 from ..precision import Ladder, canonical_dtype, x64_enabled
+from ._blocks import PointBlocks
 from ._loop import LoopConfig, build_loop, default_schedule
+from ._pointwise import point_axes
 from .common import STATUS_MESSAGES, check_loss, robust_cost, scale_for_robust_loss
 from .gn import gn_step
 from .lm import lm_step, minpack_delta0, minpack_gnorm
@@ -207,6 +209,14 @@ def _residual_size(residual, unravel, x0, x0_flat, args) -> int:
     return m
 
 
+def _point_axes(residual, fun_flat, x0, x0_flat, args, m):
+    """:func:`._pointwise.point_axes` of the flat residual, memoised like ``m``."""
+    key = ("point_axes", _hashable(residual), _sig(x0), _sig(args))
+    if key not in _m_cache:
+        _m_cache[key] = point_axes(fun_flat, x0_flat, args, m)
+    return _m_cache[key]
+
+
 def solve_nlsq(
     residual: Callable,
     x0: Any,
@@ -357,12 +367,15 @@ def solve_nlsq(
                         f"{type(schedule).__name__}")
     if linear_solver == "auto":
         linear_solver = "normal" if m >= _NORMAL_EQ_MIN_M else "qr"
+    axes = None
+    if linear_solver == "normal" and jac == "fwd":
+        axes = _point_axes(residual, fun_flat, x0, x0_flat, args, m)
     # ------------------------------------------------------------------ compiled solver
     cfg = LoopConfig(m=m, n=n, rungs=rungs, method=method, loss=loss, jac=jac,
                      jac_scale=isinstance(x_scale, str), has_bounds=has_bounds,
                      max_steps=int(max_steps), linear_solver=linear_solver,
                      max_rejections=int(max_rejections), cond_tol=float(cond_tol),
-                     schedule=schedule)
+                     schedule=schedule, point_axes=axes)
     key = (_hashable(residual), _hashable(jac), _hashable(loss), _hashable(schedule),
            cfg._replace(loss=None, jac=None, schedule=None), bool(throw),
            _sig(x0), _sig(args), str(x0_flat.dtype))
@@ -428,6 +441,22 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
         dx = -jnp.linalg.solve(H, rhs * fz)
         return x, dx
 
+    def _final_blocked(x, args_top, f_scale):
+        """The final evaluation block by block: ``f``, loss-scaled ``J``, ``g`` and the
+        cost without an ``m x n`` transpose (the gradient is summed per block)."""
+        blocks = PointBlocks(m, cfg.point_axes)
+
+        def body(carry, f, JT):
+            g, cost = carry
+            f, JT = f.astype(top_dt), JT.astype(top_dt)
+            fs, Js = scale_for_robust_loss(loss, f, JT.T, f_scale)
+            return (g + Js.T @ fs, cost + robust_cost(loss, f, f_scale)), (f, Js)
+
+        init = (jnp.zeros((cfg.n,), top_dt), jnp.zeros((), top_dt))
+        (g, cost), (f, Js) = blocks.scan_rows(fun_flat, x, blocks.block(args_top), body,
+                                              init)
+        return blocks.points(f), blocks.points(Js), g, cost
+
     def solve(x0, args, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol):
         args_top = cast_floating(args, top_dt)
         args_c = jax.lax.stop_gradient(args)
@@ -442,17 +471,20 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
             jnp.zeros(x_star.shape, jnp.int32)
         x = implicit_x(x_star, args_top, f_scale, active == 0)
         # Final evaluation on the top rung: fun, (loss-modified) jac, grad, optimality.
-        if callable(cfg.jac):
-            f = fun_flat(x, *args_top)
-            J = jnp.asarray(cfg.jac(x, *args_top))
+        if cfg.point_axes is not None:
+            f, Js, g, cost = _final_blocked(x, args_top, f_scale)
         else:
-            jf = jax.jacfwd if cfg.jac == "fwd" else jax.jacrev
-            J, f = jf(lambda z: (fun_flat(z, *args_top),) * 2, has_aux=True)(x)
-        f = f.astype(top_dt)
-        J = J.astype(top_dt)
-        cost = robust_cost(loss, f, f_scale)
-        fs, Js = scale_for_robust_loss(loss, f, J, f_scale)
-        g = Js.T @ fs
+            if callable(cfg.jac):
+                f = fun_flat(x, *args_top)
+                J = jnp.asarray(cfg.jac(x, *args_top))
+            else:
+                jf = jax.jacfwd if cfg.jac == "fwd" else jax.jacrev
+                J, f = jf(lambda z: (fun_flat(z, *args_top),) * 2, has_aux=True)(x)
+            f = f.astype(top_dt)
+            J = J.astype(top_dt)
+            cost = robust_cost(loss, f, f_scale)
+            fs, Js = scale_for_robust_loss(loss, f, J, f_scale)
+            g = Js.T @ fs
         if cfg.has_bounds:
             v, _ = cl_scaling(x, g, lb, ub)
             optimality = jnp.max(jnp.abs(g * v))
