@@ -32,6 +32,7 @@ from .._tracing import is_concrete
 from ..policy import cast_floating
 from ..precision import Ladder, canonical_dtype, x64_enabled
 from ._blocks import PointBlocks
+from ._compile import cpu_jit
 from ._loop import LoopConfig, build_loop, default_schedule
 from ._pointwise import point_axes
 from .common import STATUS_MESSAGES, check_loss, robust_cost, scale_for_robust_loss
@@ -53,29 +54,6 @@ _m_cache: dict = {}
 #: QR of a tall ``m x (n+1)`` matrix dominates the step there, while the normal
 #: equations cost one ``O(m n^2)`` product (accumulated in float32 or wider).
 _NORMAL_EQ_MIN_M = 4096
-
-
-#: XLA:CPU options for the compiled solver. Compilation dominates a small solve (a NIST
-#: problem runs in well under a millisecond and compiled in ~1.5 s): XLA:CPU's newer
-#: fusion emitters spend most of that on ~100 tiny fusions of scalar trust-region
-#: bookkeeping; the classic emitters give the same results (bit for bit on the NIST
-#: suite) in about half the time. Below ``_NORMAL_EQ_MIN_M`` residuals the run time is
-#: negligible next to compilation, so LLVM's optimisation level is dropped to 0 as well
-#: (another ~1.7x less compile time; results change in the last bits only). LLVM code
-#: generation in one module instead of split across threads saves another ~25% for a
-#: program this size. Measured in docs/nlsq.md.
-_CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False,
-                         "xla_cpu_parallel_codegen_split_count": 1}
-_CPU_SMALL_PROBLEM_OPTIONS = {"xla_backend_optimization_level": 0}
-
-
-def _compiler_options(cfg) -> dict | None:
-    if jax.default_backend() != "cpu":
-        return None
-    opts = dict(_CPU_COMPILER_OPTIONS)
-    if cfg.m < _NORMAL_EQ_MIN_M:
-        opts.update(_CPU_SMALL_PROBLEM_OPTIONS)
-    return opts
 
 
 def clear_cache() -> None:
@@ -504,17 +482,6 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
             rung_entered=st.rung_entered, rung_nfev=st.rung_nfev,
             escalation_reason=st.esc_reason, ladder=tuple(np.dtype(d) for d in rungs))
 
-    opts = _compiler_options(cfg)
-    plain = jax.jit(solve)
-    if not opts:
-        return plain
-    tuned = jax.jit(solve, compiler_options=opts)
-
-    def call(*a):
-        # compiler options are only allowed on a top-level jit: inside a user's
-        # jit/vmap/grad (tracers in the inputs) the plain jit is inlined instead.
-        return (tuned if is_concrete(a) else plain)(*a)
-
-    call.plain, call.tuned = plain, tuned  # for profiling (.lower(...).compile())
-    return call
+    # run time is negligible next to compilation below _NORMAL_EQ_MIN_M residuals
+    return cpu_jit(solve, optimise=cfg.m >= _NORMAL_EQ_MIN_M)
 
