@@ -13,6 +13,7 @@ from ..nlsq.common import check_loss, robust_cost, scale_for_robust_loss
 from ..precision import Ladder, dtype_name, require_x64, unit_roundoff
 from ._problem import Residual, build_problem, nonfinite_fits
 from .._tracing import is_traced
+from ._compile import tuned_jit
 from .chunking import auto_chunk_size, map_blocks, run_chunked
 from .covariance import batched_pcov
 from .escalation import RungPlan, solve_ladder
@@ -104,7 +105,7 @@ def _core(residual: Residual, cfg: _Config) -> Callable:
             optimality=jnp.max(jnp.abs(s.jtf), axis=-1), pcov=pcov,
             ladder=tuple(dtype_name(p.dtype) for p in cfg.plans))
 
-    return jax.jit(solve)
+    return tuned_jit(solve)
 
 
 def solve_nlsq_batch(

@@ -135,6 +135,31 @@ def make_fj(residual: Callable, rung_dtype, acc_dtype) -> Callable:
     return jax.vmap(one, in_axes=(0, 0, None))
 
 
+def _gram_index(n: int):
+    """Static index maps of the packed Gram matrix of the rows ``(J_1..J_n, f)``."""
+    pairs = [(i, j) for i in range(n + 1) for j in range(i + 1)]
+    pos = {p: k for k, p in enumerate(pairs)}
+    rows = np.array([i for i, _ in pairs])
+    cols = np.array([j for _, j in pairs])
+    full = np.array([[pos[max(i, j), min(i, j)] for j in range(n)] for i in range(n)])
+    jtf = np.array([pos[n, i] for i in range(n)])
+    return rows, cols, full, jtf, pos[n, n]
+
+
+def _gram(jt, f):
+    """``J^T J`` (B, n, n), ``J^T f`` (B, n) and ``f^T f`` (B,) from one fused reduction.
+
+    Only the ``(n+1)(n+2)/2`` distinct entries of the Gram matrix of the rows
+    ``(J_1, ..., J_n, f)`` are formed, as products summed over the residual axis (one
+    multiply-reduce XLA fuses, instead of a batched ``dot`` of tiny matrices per fit).
+    """
+    n = jt.shape[1]
+    rows, cols, full, jtf_idx, ff_idx = _gram_index(n)
+    a = jnp.concatenate([jnp.swapaxes(jt, 1, 2), f[:, :, None]], axis=2)   # (B, m, n+1)
+    g = jnp.sum(a[:, :, rows] * a[:, :, cols], axis=1)
+    return g[:, full], g[:, jtf_idx], g[:, ff_idx]
+
+
 def _normal_equations(f, jt, opts: LMOptions):
     """cost, J^T J, J^T f and the damping scale from f (B, m) and Jt (B, n, m).
 
@@ -145,7 +170,6 @@ def _normal_equations(f, jt, opts: LMOptions):
     ``J^T J``, because where every residual is an outlier the rescaled ``J`` is ~0 and a
     damping relative to it would not bound the step.
     """
-    acc = f.dtype
     robust = not (isinstance(opts.loss, str) and opts.loss == "linear")
     scale = jnp.sum(jt * jt, axis=-1) if robust else None
     if robust:
@@ -153,10 +177,9 @@ def _normal_equations(f, jt, opts: LMOptions):
         f, jac = jax.vmap(lambda r, j: scale_for_robust_loss(opts.loss, r, j, opts.f_scale))(
             f, jnp.swapaxes(jt, 1, 2))
         jt = jnp.swapaxes(jac, 1, 2)
-    else:
-        cost = 0.5 * jnp.sum(f * f, axis=-1)
-    jtj = jnp.einsum("bim,bjm->bij", jt, jt, preferred_element_type=acc)
-    jtf = jnp.einsum("bim,bm->bi", jt, f, preferred_element_type=acc)
+    jtj, jtf, sq = _gram(jt, f)
+    if not robust:
+        cost = 0.5 * sq
     if scale is None:
         scale = jnp.diagonal(jtj, axis1=-2, axis2=-1)
     return cost, jtj, jtf, scale

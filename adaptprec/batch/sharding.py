@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from ._compile import tuned_jit
 from .chunking import pad_rows
 
 __all__ = ["infer_mesh", "shard_solve"]
@@ -64,7 +65,7 @@ def _place(a, mesh: Mesh, spec):
 def _sharded(solve: Callable, mesh: Mesh, axis: str):
     fn = jax.shard_map(solve, mesh=mesh, in_specs=(P(axis), P(axis), P()),
                        out_specs=P(axis), check_vma=False)
-    return jax.jit(fn)
+    return tuned_jit(fn)
 
 
 def shard_solve(solve: Callable, mesh: Mesh, axis: str, x0, bargs, sargs):
