@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._pytree import BatchedTreeSpec, TreeResidual, is_array_like
+
 __all__ = ["Residual", "Problem", "build_problem"]
 
 
@@ -58,6 +60,8 @@ class Problem:
     size: int
     n: int
     m: int
+    #: set when x0 was a pytree: how to turn flat (B, n) parameters back into it
+    spec: BatchedTreeSpec | None = None
 
 
 def _shape_of(a):
@@ -68,12 +72,18 @@ def build_problem(fun, x0, args, in_axes, ydata, sigma) -> Problem:
     """Validate shapes at the boundary and split args into batched and shared parts."""
     if not callable(fun):
         raise TypeError(f"solve_nlsq_batch needs a callable model or residual, got {fun!r}")
+    spec = None
+    if not is_array_like(x0):  # a pytree of (B, ...) leaves: solve on the flat (B, n)
+        spec, x0 = BatchedTreeSpec.ravel(x0)
+        fun = TreeResidual(fun, spec)
     if not isinstance(x0, jax.Array):
         x0 = np.asarray(x0)
     if x0.ndim != 2:
         raise ValueError(
             f"x0 must have shape (B, n): one row of n parameters per fit; got shape "
-            f"{x0.shape}. For a single fit use adaptprec.solve_nlsq or pass x0[None].")
+            f"{x0.shape}. For a single fit use adaptprec.solve_nlsq or pass x0[None]; "
+            "parameters with structure can be a pytree (dict, namedtuple, list of "
+            "arrays) whose leaves all have the leading batch axis.")
     size, n = x0.shape
     if size == 0:
         raise ValueError("empty batch: x0 has shape (0, n); pass at least one fit")
@@ -141,7 +151,7 @@ def build_problem(fun, x0, args, in_axes, ydata, sigma) -> Problem:
     if m < n:
         raise ValueError(f"Levenberg–Marquardt needs at least as many residuals as "
                          f"parameters per fit; got m = {m} < n = {n}")
-    return Problem(res, x0, bargs_t, sargs_t, size, n, m)
+    return Problem(res, x0, bargs_t, sargs_t, size, n, m, spec)
 
 
 def nonfinite_fits(problem: Problem) -> np.ndarray:

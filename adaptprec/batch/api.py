@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, NamedTuple, Optional, Union
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -147,7 +148,10 @@ def solve_nlsq_batch(
     Args:
         fun: the residual ``fun(x, *args) -> (m,)`` of one fit, or with ``ydata`` the model
             ``fun(x, *args) -> (m,)`` whose residual is ``(fun(x, *args) - ydata) / sigma``.
-        x0: starts, shape ``(B, n)``.
+        x0: starts, shape ``(B, n)``, or a pytree of arrays (dict, namedtuple, list of
+            arrays...) whose leaves all have the leading batch axis ``B``; ``fun`` then
+            gets one fit's pytree and ``res.x`` has ``x0``'s structure (``pcov`` rows
+            follow the leaves in ``jax.tree`` order, each flattened in C order).
         args: extra arguments of ``fun``. Batched ones have a leading axis of size ``B``
             (per-fit data); mark shared ones (e.g. a common grid) with ``in_axes``.
         in_axes: ``0`` (all args batched, default), ``None`` (all shared), or a tuple with
@@ -283,5 +287,10 @@ def solve_nlsq_batch(
     elif int(chunk_size) < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
     if chunk_size >= prob.size and progress is None:
-        return solve(prob.x0, prob.bargs, prob.sargs)
-    return run_chunked(solve, prob.x0, prob.bargs, prob.sargs, int(chunk_size), progress)
+        result = solve(prob.x0, prob.bargs, prob.sargs)
+    else:
+        result = run_chunked(solve, prob.x0, prob.bargs, prob.sargs, int(chunk_size),
+                             progress)
+    if prob.spec is not None:  # x0 was a pytree: give x back in its structure
+        result = eqx.tree_at(lambda r: r.x, result, prob.spec.unravel_batched(result.x))
+    return result

@@ -59,7 +59,7 @@ class BatchResult(eqx.Module):
     @property
     def batch_size(self) -> int:
         """Number of fits ``B``."""
-        return int(self.x.shape[0])
+        return int(self.status.shape[0])
 
     @property
     def num_escalated(self) -> int:
