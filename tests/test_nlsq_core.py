@@ -104,6 +104,26 @@ def test_bounds_match_scipy_trf():
     np.testing.assert_allclose(float(res.cost), ref.cost, rtol=1e-9)
 
 
+def test_traced_bounds_under_jit_and_vmap():
+    lb, ub = np.array([0.0, 1.5, -1.0]), np.array([1.8, 5.0, 1.0])
+    x0 = jnp.asarray([1.0, 2.0, 0.0])
+    args = (jnp.asarray(T), jnp.asarray(Y))
+
+    def fit(ub):
+        return ap.solve_nlsq(expo, x0, args=args, bounds=(jnp.asarray(lb), ub)).x
+
+    eager = fit(ub)
+    np.testing.assert_allclose(jax.jit(fit)(jnp.asarray(ub)), eager, rtol=1e-7, atol=1e-10)
+    ubs = jnp.stack([jnp.asarray(ub), jnp.asarray([1.9, 5.0, 1.0]), jnp.full(3, jnp.inf)])
+    xs = jax.vmap(fit)(ubs)
+    np.testing.assert_allclose(xs[0], eager, rtol=1e-7, atol=1e-10)
+    np.testing.assert_allclose(xs[1], fit(np.asarray(ubs[1])), rtol=1e-7, atol=1e-10)
+    # upper bounds at +inf (known only at run time): scipy trf with lower bounds only
+    ref = _scipy(expo_np, np.asarray(x0), (T, Y), bounds=(lb, np.inf), method="trf")
+    np.testing.assert_allclose(xs[2], ref.x, rtol=1e-6, atol=1e-9)
+    assert np.all(np.asarray(xs[:2]) <= np.asarray(ubs[:2]) + 1e-12)
+
+
 def test_pytree_x0_and_residual():
     def resid(p, t, y):
         r = p["a"] * jnp.exp(-p["k"] * t) + p["c"] - y

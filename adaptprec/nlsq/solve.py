@@ -115,12 +115,24 @@ def _check_finite_tree(tree, what: str) -> None:
 
 
 def _broadcast_bounds(bounds, n, dtype):
+    """``(lb, ub)`` as ``(n,)`` arrays, validated when concrete (numpy) or broadcast as
+    traced values (``jnp``; bounds under ``jit``/``vmap`` cannot be checked here)."""
     if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
         raise ValueError(f"bounds must be a pair (lb, ub), got {bounds!r}")
+    if not is_concrete(bounds):
+        out = []
+        for b in bounds:
+            if isinstance(b, (dict, list, tuple)):
+                b = ravel_pytree(b)[0]
+            b = jnp.asarray(b, dtype)
+            try:
+                out.append(jnp.broadcast_to(b.ravel() if b.ndim else b, (n,)))
+            except ValueError as exc:
+                raise ValueError(f"a bound of shape {b.shape} does not broadcast to the "
+                                 f"{n} parameters") from exc
+        return tuple(out)
     out = []
     for b, name in zip(bounds, ("lower", "upper")):
-        if not is_concrete(b):
-            raise TypeError("bounds must be concrete (not traced) values")
         try:
             if isinstance(b, (dict, list, tuple)):
                 b = ravel_pytree(b)[0]
@@ -230,7 +242,9 @@ def solve_nlsq(
         ``"lm"``/``"gn"`` need ``m >= n`` and no bounds.
       bounds: ``(lb, ub)`` scalars or arrays of ``x0``'s size; iterates stay strictly
         feasible (``method="trf"`` is chosen automatically when bounds are given with the
-        default method).
+        default method). Bounds may be traced (``jit``/``vmap`` over them): they are then
+        not validated (``lb < ub`` is the caller's job; ``x0`` is moved inside) and
+        ``"trf"`` runs even if they turn out infinite.
       loss, f_scale: robust loss (``"linear"``, ``"soft_l1"``, ``"huber"``, ``"cauchy"``,
         ``"arctan"`` or a callable ``rho(z)``) and its soft margin, as in scipy.
       x_scale: ``"jac"`` (column norms of the Jacobian, non-decreasing) or an array.
@@ -307,7 +321,11 @@ def solve_nlsq(
     m = _residual_size(residual, unravel, x0, x0_flat, args)
 
     lb, ub = _broadcast_bounds(bounds, n, top_dt)
-    has_bounds = bool(np.any(np.isfinite(lb)) or np.any(np.isfinite(ub)))
+    bounds_known = is_concrete((lb, ub))
+    # traced bounds (jit/vmap over them): finiteness is unknown at trace time, so the
+    # bounded method runs (with infinite bounds trf is an unconstrained trust region)
+    has_bounds = (not bounds_known) or bool(np.any(np.isfinite(lb)) or
+                                            np.any(np.isfinite(ub)))
     if method is None:
         method = "trf" if has_bounds else "lm"
     if has_bounds and method in ("lm", "gn"):
@@ -317,7 +335,7 @@ def solve_nlsq(
         raise ValueError(f"method={method!r} needs at least as many residuals as "
                          f"parameters; got m={m} residuals for n={n} parameters. Use "
                          "method='trf' or add residuals.")
-    if is_concrete(x0_flat):
+    if is_concrete(x0_flat) and bounds_known:
         xv = np.asarray(x0_flat, np.float64)
         if np.any(xv < lb) or np.any(xv > ub):
             i = int(np.argmax((xv < lb) | (xv > ub)))
