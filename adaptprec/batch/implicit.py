@@ -1,4 +1,4 @@
-r"""Reverse-mode derivatives of batched solutions by the implicit function theorem.
+r"""Derivatives of batched solutions by the implicit function theorem.
 
 At a solution :math:`x^*(\theta)` of :math:`\min_x C(x,\theta)` (e.g.
 :math:`\tfrac12\|r(x,\theta)\|^2`, or a robust cost)
@@ -8,11 +8,12 @@ the gradient vanishes, :math:`\nabla_x C(x^*,\theta) = 0`, so
    \qquad H = \nabla^2_x C(x^*,\theta)
 
 with the full Hessian (including the :math:`\sum_i r_i\nabla^2 r_i` term, so the
-derivative is exact for non-zero residuals, not a Gauss–Newton approximation). The
-cotangent :math:`\bar x` is pulled back per fit as :math:`v = H^{-1}\bar x`,
-:math:`\bar\theta = -(\partial_\theta\nabla_x C)^\top v`: one ``n x n`` Hessian and one
-VJP per fit, never a differentiation through the solver's ``while_loop``. ``theta`` is
-every floating leaf of the batched and shared arguments (data, weights, grids).
+derivative is exact for non-zero residuals, not a Gauss–Newton approximation). It is a
+``custom_jvp``: the tangent is :math:`\dot x = -H^{-1}(\partial_\theta\nabla_x C)\,
+\dot\theta` (one ``n x n`` Hessian and one JVP per fit), and reverse mode transposes
+that linear map, so ``jvp``/``jacfwd`` and ``grad``/``vjp``/``jacrev`` all work without
+differentiating through the solver's ``while_loop``. ``theta`` is every floating leaf of
+the batched and shared arguments (data, weights, grids).
 """
 
 from __future__ import annotations
@@ -27,18 +28,13 @@ from ..nlsq.common import robust_cost
 __all__ = ["implicit_solution"]
 
 
-def _float_mask(tree):
-    return jax.tree.map(lambda a: jnp.issubdtype(jnp.result_type(a), jnp.inexact), tree)
-
-
 def implicit_solution(residual: Callable, x_star, bargs, sargs, loss="linear",
                       f_scale: float = 1.0):
-    """Return ``x_star`` with reverse-mode derivatives w.r.t. ``bargs``/``sargs``.
+    """Return ``x_star`` with derivatives (forward and reverse) w.r.t. ``bargs``/``sargs``.
 
     ``residual(x, bargs_k, sargs)`` is one fit's residual; ``x_star`` ``(B, n)`` must be
     (numerically) a stationary point of each fit's cost
-    (:func:`adaptprec.nlsq.common.robust_cost` with ``loss`` and ``f_scale``). Forward-mode (``jvp``) is not
-    defined; use ``jax.grad``/``jax.vjp``.
+    (:func:`adaptprec.nlsq.common.robust_cost` with ``loss`` and ``f_scale``).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -55,29 +51,22 @@ def implicit_solution(residual: Callable, x_star, bargs, sargs, loss="linear",
 
     grad_x = jax.grad(cost)
 
-    @jax.custom_vjp
+    @jax.custom_jvp
     def ident(x, b, s):
         return x
 
-    def fwd(x, b, s):
-        return x, (x, b, s)
-
-    def bwd(saved, xbar):
-        x, b, s = saved
+    @ident.defjvp
+    def _jvp(primals, tangents):
+        x, b, s = primals
+        _, db, ds = tangents
         hess = jax.vmap(jax.hessian(cost), in_axes=(0, 0, None))(x, b, s)
-        v = jnp.linalg.solve(hess, xbar[..., None])[..., 0]
-        bmask, smask = _float_mask(b), _float_mask(s)
 
-        def g_of(bf, sf):
-            bb = jax.tree.map(lambda m, new, old: new if m else old, bmask, bf, b)
-            ss = jax.tree.map(lambda m, new, old: new if m else old, smask, sf, s)
+        def g_of(bb, ss):
             return jax.vmap(grad_x, in_axes=(0, 0, None))(x, bb, ss)
 
-        _, pull = jax.vjp(g_of, b, s)
-        bbar, sbar = pull(-v)
-        bbar = jax.tree.map(lambda m, g: g if m else None, bmask, bbar)
-        sbar = jax.tree.map(lambda m, g: g if m else None, smask, sbar)
-        return jnp.zeros_like(x), bbar, sbar
+        # integer leaves carry float0 tangents: they drop out of the linear map
+        _, rhs = jax.jvp(g_of, (b, s), (db, ds))
+        dx = -jnp.linalg.solve(hess, rhs[..., None])[..., 0]
+        return x, dx
 
-    ident.defvjp(fwd, bwd)
     return ident(jax.lax.stop_gradient(x_star), bargs, sargs)
