@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -66,6 +67,18 @@ class Problem:
 
 def _shape_of(a):
     return tuple(getattr(a, "shape", np.shape(a)))
+
+
+def _dtype_of(a):
+    return a.dtype if hasattr(a, "dtype") else jnp.result_type(a)
+
+
+@functools.lru_cache(maxsize=256)
+def _output_shape(res, one_x, leaves_b, tree_b, leaves_s, tree_s):
+    """Shape of one fit's residual (traces the model once per residual and input shapes,
+    not on every call)."""
+    return jax.eval_shape(res, one_x, jax.tree.unflatten(tree_b, leaves_b),
+                          jax.tree.unflatten(tree_s, leaves_s))
 
 
 def build_problem(fun, x0, args, in_axes, ydata, sigma) -> Problem:
@@ -142,8 +155,10 @@ def build_problem(fun, x0, args, in_axes, ydata, sigma) -> Problem:
                    sigma is not None, weights_shared)
     bargs_t, sargs_t = tuple(bargs), tuple(sargs)
     one_b = jax.tree.map(lambda a: jax.ShapeDtypeStruct(_shape_of(a)[1:], a.dtype), bargs_t)
+    one_s = jax.tree.map(lambda a: jax.ShapeDtypeStruct(_shape_of(a), _dtype_of(a)), sargs_t)
     one_x = jax.ShapeDtypeStruct((n,), x0.dtype)
-    out = jax.eval_shape(res, one_x, one_b, sargs_t)
+    (lb, tb), (ls, ts) = (jax.tree.flatten(t) for t in (one_b, one_s))
+    out = _output_shape(res, one_x, tuple(lb), tb, tuple(ls), ts)
     if not hasattr(out, "shape") or len(out.shape) != 1:
         raise ValueError(f"the residual of one fit must be a 1-D array (m,), got "
                          f"{getattr(out, 'shape', type(out))}")

@@ -131,7 +131,7 @@ def solve_nlsq_batch(
     escalate_fraction: float = 0.125,
     cond_tol: float = 1e-2,
     noise_floor: float = 10.0,
-    block_size: int = 2048,
+    block_size: int = 2500,
     chunk_size: Optional[int] = None,
     progress: Optional[Callable[[int, int], None]] = None,
     mesh=None,
