@@ -41,11 +41,15 @@ def compiler_options() -> dict | None:
     return dict(CPU_COMPILER_OPTIONS)
 
 
-def tuned_jit(fn: Callable) -> Callable:
+def tuned_jit(fn: Callable, plain_fn: Callable | None = None) -> Callable:
     """``jax.jit(fn)`` with :func:`compiler_options` when called on concrete inputs.
 
+    On traced inputs (inside a user's ``jit``/``vmap``/``grad``) ``jax.jit(plain_fn)`` is
+    called instead (default ``fn``): the same computation, possibly written in the form
+    XLA's default options run best.
+
     The returned callable has ``.plain`` and ``.tuned`` (the two jitted functions) for
-    ``.lower(...)``/profiling.
+    ``.lower(...)``/profiling, and ``.__wrapped__``/``.plain_fn`` (the two functions).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -54,7 +58,7 @@ def tuned_jit(fn: Callable) -> Callable:
         >>> float(f(jnp.float32(3.0))), float(jax.jit(f)(jnp.float32(3.0)))
         (6.0, 6.0)
     """
-    plain = jax.jit(fn)
+    plain = jax.jit(plain_fn or fn)
     opts = compiler_options()
     if not opts:
         plain.plain = plain.tuned = plain
@@ -65,5 +69,5 @@ def tuned_jit(fn: Callable) -> Callable:
         return (tuned if is_concrete(args) else plain)(*args)
 
     call.plain, call.tuned = plain, tuned
-    call.__wrapped__ = fn
+    call.__wrapped__, call.plain_fn = fn, plain_fn or fn
     return call

@@ -68,8 +68,18 @@ def _plans(ladder: Ladder, ftol, xtol, gtol, max_steps, loss="linear", f_scale=1
 
 @functools.lru_cache(maxsize=64)
 def _core(residual: Residual, cfg: _Config) -> Callable:
-    """The jitted solver for one residual and configuration (shapes cached by jit)."""
+    """The jitted solver for one residual and configuration (shapes cached by jit).
 
+    Eager calls run the program compiled with :mod:`adaptprec.batch._compile`'s options;
+    inside a user's ``jit`` (no compiler options possible) the Gram matrix is formed with
+    batched ``einsum`` dots instead, the form XLA's default YNNPACK fusions run fastest.
+    """
+    plain = cfg._replace(plans=tuple(
+        p._replace(opts=p.opts._replace(gram="einsum")) for p in cfg.plans))
+    return tuned_jit(_build(residual, cfg), _build(residual, plain))
+
+
+def _build(residual: Residual, cfg: _Config) -> Callable:
     def solve(x0, bargs, sargs):
         if cfg.strategy == "stream":
             return solve_block(x0, bargs, sargs)
@@ -106,7 +116,7 @@ def _core(residual: Residual, cfg: _Config) -> Callable:
             optimality=jnp.max(jnp.abs(s.jtf), axis=-1), pcov=pcov,
             ladder=tuple(dtype_name(p.dtype) for p in cfg.plans))
 
-    return tuned_jit(solve)
+    return solve
 
 
 def solve_nlsq_batch(

@@ -76,6 +76,7 @@ class LMOptions(NamedTuple):
     lam0: float = 1e-3
     loss: object = "linear"   # a name from adaptprec.nlsq.common.LOSSES or a callable rho(z)
     f_scale: float = 1.0
+    gram: str = "packed"      # "packed" (_gram) or "einsum" (batched dots; XLA defaults)
 
 
 class LMState(NamedTuple):
@@ -177,7 +178,12 @@ def _normal_equations(f, jt, opts: LMOptions):
         f, jac = jax.vmap(lambda r, j: scale_for_robust_loss(opts.loss, r, j, opts.f_scale))(
             f, jnp.swapaxes(jt, 1, 2))
         jt = jnp.swapaxes(jac, 1, 2)
-    jtj, jtf, sq = _gram(jt, f)
+    if opts.gram == "einsum":
+        jtj = jnp.einsum("bim,bjm->bij", jt, jt, preferred_element_type=f.dtype)
+        jtf = jnp.einsum("bim,bm->bi", jt, f, preferred_element_type=f.dtype)
+        sq = jnp.sum(f * f, axis=-1)
+    else:
+        jtj, jtf, sq = _gram(jt, f)
     if not robust:
         cost = 0.5 * sq
     if scale is None:

@@ -63,9 +63,12 @@ def _place(a, mesh: Mesh, spec):
 
 @functools.lru_cache(maxsize=32)
 def _sharded(solve: Callable, mesh: Mesh, axis: str):
-    fn = jax.shard_map(solve, mesh=mesh, in_specs=(P(axis), P(axis), P()),
-                       out_specs=P(axis), check_vma=False)
-    return tuned_jit(fn)
+    # a tuned_jit solver: its tuned function runs under our compiler options, the plain
+    # one inside a user's jit (see adaptprec.batch._compile)
+    fns = (getattr(solve, "__wrapped__", solve), getattr(solve, "plain_fn", solve))
+    tuned, plain = (jax.shard_map(f, mesh=mesh, in_specs=(P(axis), P(axis), P()),
+                                  out_specs=P(axis), check_vma=False) for f in fns)
+    return tuned_jit(tuned, plain)
 
 
 def shard_solve(solve: Callable, mesh: Mesh, axis: str, x0, bargs, sargs):
