@@ -16,8 +16,8 @@ for float64; float32 at 1e-4 is also timed with adaptprec's XLA:CPU compiler opt
 (YNNPACK fusions off). The "x optx32" column divides by the fastest float32 run.
 
 Reported: fits/s after compilation (best of ``--repeat`` runs, default 5; optimistix at
-1e5 one run), compile time, median |x - truth| per parameter, the ratio of median errors to scipy's,
-peak memory (XLA's compiled memory analysis: arguments + outputs + temporaries, and the
+1e5 one run), compile time, median |x - truth| per parameter, the ratio of median errors
+to scipy's, peak memory (XLA's compiled memory analysis: arguments + outputs + temporaries, and the
 process's peak RSS). The machine is shared: the load average is printed with the results.
 
 Run:  python benchmarks/bench_batch.py            (about 8-10 minutes)
