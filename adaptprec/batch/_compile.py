@@ -21,7 +21,7 @@ from typing import Callable
 
 import jax
 
-from .._tracing import is_concrete
+from ..nlsq._compile import tuned_jit as _tuned_jit
 
 __all__ = ["CPU_COMPILER_OPTIONS", "compiler_options", "tuned_jit"]
 
@@ -58,16 +58,4 @@ def tuned_jit(fn: Callable, plain_fn: Callable | None = None) -> Callable:
         >>> float(f(jnp.float32(3.0))), float(jax.jit(f)(jnp.float32(3.0)))
         (6.0, 6.0)
     """
-    plain = jax.jit(plain_fn or fn)
-    opts = compiler_options()
-    if not opts:
-        plain.plain = plain.tuned = plain
-        return plain
-    tuned = jax.jit(fn, compiler_options=opts)
-
-    def call(*args):
-        return (tuned if is_concrete(args) else plain)(*args)
-
-    call.plain, call.tuned = plain, tuned
-    call.__wrapped__, call.plain_fn = fn, plain_fn or fn
-    return call
+    return _tuned_jit(fn, compiler_options(), plain_fn=plain_fn)

@@ -213,7 +213,7 @@ def solve_nlsq_batch(
         :class:`~adaptprec.batch.BatchResult` with per-fit ``x``, ``cost``, ``status``,
         ``success``, ``rung``, ``nfev``, ``njev``, ``nit``, ``optimality`` and ``pcov``.
         ``cost`` is re-evaluated at ``x`` in the top rung's precision. ``x`` and ``cost``
-        are differentiable in reverse mode w.r.t. the floating ``args``/``ydata``/
+        are differentiable (forward and reverse mode) w.r.t. the floating ``args``/``ydata``/
         ``sigma`` by the implicit function theorem
         (:mod:`adaptprec.batch.implicit`), not through the iterations.
 

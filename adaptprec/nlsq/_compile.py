@@ -19,16 +19,44 @@ import jax
 
 from .._tracing import is_concrete
 
-__all__ = ["cpu_jit"]
+__all__ = ["cpu_jit", "tuned_jit"]
 
 _CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False,
                          "xla_cpu_parallel_codegen_split_count": 1}
 _CPU_UNOPTIMISED = {"xla_backend_optimization_level": 0}
 
 
+def tuned_jit(fn, options: dict | None, *, plain_fn=None, **jit_kwargs):
+    """``jax.jit(fn, compiler_options=options)`` for calls on concrete inputs, and
+    ``jax.jit(plain_fn or fn)`` (no options: they are only legal on a top-level ``jit``)
+    when traced inside a user's ``jit``/``vmap``/``grad``. ``options=None`` gives the
+    plain jit. ``.plain`` / ``.tuned`` expose both (for ``.lower(...)``/profiling).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from adaptprec.nlsq._compile import tuned_jit
+        >>> f = tuned_jit(lambda x: 2.0 * x, {"xla_cpu_use_fusion_emitters": False})
+        >>> float(f(jnp.asarray(1.5))), float(jax.jit(f)(jnp.asarray(1.5)))
+        (3.0, 3.0)
+    """
+    plain = jax.jit(plain_fn or fn, **jit_kwargs)
+    if not options:
+        plain.plain = plain.tuned = plain
+        plain.plain_fn = plain_fn or fn
+        return plain
+    tuned = jax.jit(fn, compiler_options=dict(options), **jit_kwargs)
+
+    def call(*args, **kwargs):
+        return (tuned if is_concrete((args, kwargs)) else plain)(*args, **kwargs)
+
+    call.plain, call.tuned = plain, tuned
+    call.__wrapped__, call.plain_fn = fn, plain_fn or fn
+    return call
+
+
 def cpu_jit(fn, *, optimise: bool = True, **jit_kwargs):
-    """``jax.jit(fn)`` that, called with concrete inputs on CPU, compiles with the options
-    above (``optimise=False``: also LLVM ``-O0``). ``.plain`` / ``.tuned`` expose both.
+    """:func:`tuned_jit` with the options above on CPU (``optimise=False``: also LLVM
+    ``-O0``).
 
     Example:
         >>> import jax.numpy as jnp
@@ -37,16 +65,9 @@ def cpu_jit(fn, *, optimise: bool = True, **jit_kwargs):
         >>> float(f(jnp.asarray(1.5)))
         3.0
     """
-    plain = jax.jit(fn, **jit_kwargs)
-    if jax.default_backend() != "cpu":
-        return plain
-    opts = dict(_CPU_COMPILER_OPTIONS)
-    if not optimise:
-        opts.update(_CPU_UNOPTIMISED)
-    tuned = jax.jit(fn, compiler_options=opts, **jit_kwargs)
-
-    def call(*args, **kwargs):
-        return (tuned if is_concrete((args, kwargs)) else plain)(*args, **kwargs)
-
-    call.plain, call.tuned = plain, tuned  # for profiling (.lower(...).compile())
-    return call
+    opts = None
+    if jax.default_backend() == "cpu":
+        opts = dict(_CPU_COMPILER_OPTIONS)
+        if not optimise:
+            opts.update(_CPU_UNOPTIMISED)
+    return tuned_jit(fn, opts, **jit_kwargs)
