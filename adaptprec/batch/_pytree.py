@@ -31,7 +31,7 @@ def is_array_like(x0) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class BatchedTreeSpec:
-    """Structure of one fit's parameters: tree structure, per-fit shapes and dtypes.
+    """Structure of one fit's parameters: tree structure and per-fit leaf shapes.
 
     Example:
         >>> import jax.numpy as jnp
@@ -47,7 +47,6 @@ class BatchedTreeSpec:
 
     treedef: Any
     shapes: tuple
-    dtypes: tuple
 
     @property
     def n(self) -> int:
@@ -67,11 +66,10 @@ class BatchedTreeSpec:
             raise ValueError(f"every leaf of a pytree x0 needs the same leading batch "
                              f"axis (one entry per fit); got leaf shapes {shapes}")
         size = sizes.pop()
-        dtypes = tuple(np.dtype(a.dtype) for a in arrs)
-        flt = [d for d in dtypes if np.issubdtype(d, np.floating)]
+        flt = [a.dtype for a in arrs if np.issubdtype(a.dtype, np.floating)]
         dt = np.result_type(*flt) if flt else jnp.zeros(()).dtype
         flat = jnp.concatenate([jnp.asarray(a, dt).reshape(size, -1) for a in arrs], axis=1)
-        return cls(treedef, tuple(tuple(a.shape[1:]) for a in arrs), dtypes), flat
+        return cls(treedef, tuple(tuple(a.shape[1:]) for a in arrs)), flat
 
     def _split(self, flat, lead: tuple):
         # leaves come back in the flat vector's dtype: on a float32 rung the model sees

@@ -23,8 +23,9 @@ TARGET_BLOCK = 4096
 
 
 def block_size(m: int, target: int = TARGET_BLOCK) -> int:
-    """Points per block: a divisor of ``m`` within a factor 2 of ``target`` if there is
-    one (no padding), else ``target``.
+    """Points per block: the divisor of ``m`` nearest to ``target`` within
+    ``target / 2`` of it if there is one (no padding), else ``target`` (``m`` itself when
+    ``m <= target``).
 
     Example:
         >>> from adaptprec.nlsq._blocks import block_size
@@ -35,7 +36,7 @@ def block_size(m: int, target: int = TARGET_BLOCK) -> int:
         return m
     for delta in range(target // 2 + 1):
         for c in (target + delta, target - delta):
-            if target // 2 <= c <= 2 * target and m % c == 0:
+            if m % c == 0:
                 return c
     return target
 

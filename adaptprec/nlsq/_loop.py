@@ -164,10 +164,12 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
 
     def fj_blocked_branch(i):
         """As ``fj_branch`` for a pointwise residual: ``J^T J``, ``J^T f`` and the cost
-        accumulated over blocks of points (``blocks.layout``), each block's residual and
-        Jacobian (rows ``J^T``, no transposes) formed and consumed while in cache."""
+        accumulated over blocks of points (:class:`._blocks.PointBlocks`), each block's
+        residual and Jacobian (rows ``J^T``, no transposes) formed and consumed while in
+        cache."""
         dt = rungs[i]
         wt = _promote(dt)
+
         def br(x, args_all, f_scale):
             xr = x.astype(dt)
             fs_w = jnp.asarray(f_scale, wt)
@@ -352,8 +354,6 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
 
     run.init = init
     run.body = body
-    run.eval_fj = eval_fj
-    run.blocks = blocks
     return run
 
 

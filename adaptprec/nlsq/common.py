@@ -353,7 +353,9 @@ def covariance_from_jac(J, *, null_tol: float | None = None):
 
     The singular values and right singular vectors of ``J`` are those of the ``n x n``
     triangular factor of its QR decomposition, so a tall ``J`` costs one ``O(m n^2)``
-    QR. Returns ``(cov, rank)``. Works on numpy or JAX arrays, under ``jit``.
+    QR; from 1024 rows on, the column-scaled Gram matrix is inverted instead when that is
+    provably as accurate and full rank (the SVD route otherwise, see ``_covariance``).
+    Returns ``(cov, rank)``. Works on numpy or JAX arrays, under ``jit``.
 
     Example:
         >>> import jax.numpy as jnp
