@@ -19,31 +19,34 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-__all__ = ["UNROLL_MAX", "cholesky_solve"]
+__all__ = ["UNROLL_MAX", "cholesky_solve", "cholesky_solve_fits_last"]
 
 UNROLL_MAX = 8
 
 
-def _unrolled(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
-    n = a.shape[-1]
+def _unrolled(entry, rhs, n: int, shift=None):
+    """Unrolled Cholesky solve on per-fit vectors: ``entry(i, j)`` is ``A[i, j]`` and
+    ``rhs(i)`` is ``b[i]`` for every fit (vectors over the batch). ``shift(j)``, when
+    given, is added to the diagonal (``A + diag(shift)``) without forming that matrix.
+    Returns the solution and ``diag(L)`` as lists of ``n`` vectors."""
     low = [[None] * n for _ in range(n)]
     inv_diag = [None] * n
     diag = [None] * n
     for j in range(n):
-        s = a[:, j, j]
+        s = entry(j, j) if shift is None else entry(j, j) + shift(j)
         for k in range(j):
             s = s - low[j][k] * low[j][k]
         d = jnp.sqrt(s)
         diag[j] = d
         inv_diag[j] = 1.0 / d
         for i in range(j + 1, n):
-            s = a[:, i, j]
+            s = entry(i, j)
             for k in range(j):
                 s = s - low[i][k] * low[j][k]
             low[i][j] = s * inv_diag[j]
     y = [None] * n
     for i in range(n):
-        s = b[:, i]
+        s = rhs(i)
         for k in range(i):
             s = s - low[i][k] * y[k]
         y[i] = s * inv_diag[i]
@@ -53,7 +56,7 @@ def _unrolled(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
         for k in range(i + 1, n):
             s = s - low[k][i] * x[k]
         x[i] = s * inv_diag[i]
-    return jnp.stack(x, axis=-1), jnp.stack(diag, axis=-1)
+    return x, diag
 
 
 def _library(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -88,6 +91,42 @@ def cholesky_solve(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
     if a.ndim != 3 or a.shape[-1] != a.shape[-2] or b.shape != a.shape[:2]:
         raise ValueError(f"cholesky_solve expects a (B, n, n) and b (B, n); got "
                          f"{a.shape} and {b.shape}")
-    if a.shape[-1] <= UNROLL_MAX:
-        return _unrolled(a, b)
+    n = a.shape[-1]
+    if n <= UNROLL_MAX:
+        x, diag = _unrolled(lambda i, j: a[:, i, j], lambda i: b[:, i], n)
+        return jnp.stack(x, axis=-1), jnp.stack(diag, axis=-1)
     return _library(a, b)
+
+
+def cholesky_solve_fits_last(a: jax.Array, b: jax.Array, shift=None) -> jax.Array:
+    """:func:`cholesky_solve` with the batch axis LAST: ``a`` ``(n, n, B)``, ``b`` ``(n, B)``.
+
+    Solves ``(a[..., k] + diag(shift[:, k])) x[:, k] = b[:, k]`` (``shift`` ``(n, B)``, or
+    ``None`` for no shift) and returns ``x`` ``(n, B)``. With the fits on the minor axis
+    every entry ``a[i, j]`` is a contiguous vector over the fits, so the unrolled
+    factorisation runs as full-width vector operations (the layout the batched LM loop
+    keeps its state in).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.batch.cholesky import cholesky_solve_fits_last
+        >>> a = jnp.array([[4.0, 2.0], [2.0, 3.0]])[:, :, None]
+        >>> x = cholesky_solve_fits_last(a, jnp.array([[2.0], [1.0]]))
+        >>> [round(float(v), 6) for v in x[:, 0]]
+        [0.5, 0.0]
+        >>> x = cholesky_solve_fits_last(a, jnp.array([[2.0], [1.0]]), jnp.array([[1.0], [0.0]]))
+        >>> [round(float(v), 5) for v in x[:, 0]]  # (a + diag(1, 0)) x = b: x = (4/11, 1/11)
+        [0.36364, 0.09091]
+    """
+    n = a.shape[0]
+    if a.ndim != 3 or a.shape[1] != n or b.shape != (n, a.shape[2]):
+        raise ValueError(f"cholesky_solve_fits_last expects a (n, n, B) and b (n, B); got "
+                         f"{a.shape} and {b.shape}")
+    if n <= UNROLL_MAX:
+        x, _ = _unrolled(lambda i, j: a[i, j], lambda i: b[i], n,
+                         None if shift is None else (lambda j: shift[j]))
+        return jnp.stack(x, axis=0)
+    if shift is not None:
+        a = a + jnp.eye(n, dtype=a.dtype)[:, :, None] * shift[None]
+    x, _ = _library(jnp.moveaxis(a, -1, 0), b.T)
+    return x.T

@@ -1,7 +1,13 @@
-r"""Levenberg–Marquardt with an explicit leading batch axis.
+r"""Levenberg–Marquardt with an explicit batch axis.
 
-Every array in :class:`LMState` has the batch (fit) axis first. One iteration, for all
-``B`` fits at once:
+:class:`LMState` and the public functions have the batch (fit) axis first. Inside
+:func:`lm_run`'s loop the same state is carried with the batch axis LAST (fits on the
+minor, contiguous axis): every per-fit scalar of the iteration (an entry of
+:math:`J^\top J`, a Cholesky pivot, a damping factor) is then one contiguous vector over
+the fits, so the sums over residuals, the unrolled Cholesky and the selections run as
+full-width vector operations. Measured on Gpufit's 2-D Gaussian (2500 fits, float32):
+1.5x faster than the same iteration with the fits first, bit-identical iterates. One
+iteration, for all ``B`` fits at once:
 
 1. solve the damped normal equations
    :math:`(J^\top J + \lambda\,\mathrm{diag}(d^2))\,\delta = -J^\top f` per fit with a
@@ -43,7 +49,8 @@ equations and the Cholesky run.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+import dataclasses
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -52,9 +59,10 @@ import numpy as np
 from ..policy import cast_floating
 from . import _status as st
 from ..nlsq.common import robust_cost, scale_for_robust_loss
-from .cholesky import cholesky_solve
+from .cholesky import cholesky_solve_fits_last
 
-__all__ = ["LMOptions", "LMState", "make_fj", "lm_init", "lm_step", "lm_run"]
+__all__ = ["LMOptions", "LMState", "ResidualJacobian", "make_fj", "lm_init", "lm_step",
+           "lm_run", "gradient_cosine"]
 
 _ACCEPT = 1e-4
 _LAMBDA_MAX = 1e16
@@ -80,7 +88,8 @@ class LMOptions(NamedTuple):
 
 
 class LMState(NamedTuple):
-    """Per-fit LM state; every leaf has the batch axis first.
+    """Per-fit LM state; every leaf has the batch axis first (inside :func:`lm_run`'s loop
+    the same fields are carried with it last).
 
     Example:
         >>> from adaptprec.batch.lm_batched import LMState
@@ -102,7 +111,8 @@ class LMState(NamedTuple):
     njev: jax.Array     # (B,) int32
 
 
-def make_fj(residual: Callable, rung_dtype, acc_dtype) -> Callable:
+@dataclasses.dataclass(frozen=True)
+class ResidualJacobian:
     """Batch residual-and-Jacobian evaluator ``fj(x, bargs, sargs) -> (f, Jt)``.
 
     ``residual(x, bargs, sargs)`` is the user residual for ONE fit (``bargs`` are that
@@ -110,8 +120,38 @@ def make_fj(residual: Callable, rung_dtype, acc_dtype) -> Callable:
     ``rung_dtype`` (floating leaves only); ``f`` ``(B, m)`` and the *transposed* Jacobian
     ``Jt`` ``(B, n, m)`` come back in ``acc_dtype``. ``Jt`` is forward mode (``vmap`` of
     ``jvp`` over the ``n`` unit tangents, as ``jacfwd`` does) and ``f`` is the shared
-    primal, so the residual is traced once per rung. Rows of ``Jt`` are contiguous in
-    ``m``, the reduction axis of ``J^T J``.
+    primal, so the residual is traced once per rung. :meth:`fits_last` is the same
+    evaluation with the batch axis last (the layout of :func:`lm_run`'s loop).
+    """
+
+    residual: Callable
+    rung_dtype: Any
+    acc_dtype: Any
+
+    def _one(self, x, bargs, sargs):
+        bargs_r = cast_floating(bargs, self.rung_dtype)
+        sargs_r = cast_floating(sargs, self.rung_dtype)
+
+        def r(p):
+            out = self.residual(p.astype(self.rung_dtype), bargs_r, sargs_r)
+            return jnp.asarray(out).astype(self.acc_dtype)
+
+        x = x.astype(self.acc_dtype)
+        basis = jnp.eye(x.shape[0], dtype=self.acc_dtype)
+        # forward mode, one tangent per parameter; the primal is computed once
+        return jax.vmap(lambda t: jax.jvp(r, (x,), (t,)), out_axes=(None, 0))(basis)
+
+    def __call__(self, x, bargs, sargs):
+        """``x`` ``(B, n)``, batched args with leading ``B`` -> ``f`` ``(B, m)``, ``Jt`` ``(B, n, m)``."""
+        return jax.vmap(self._one, in_axes=(0, 0, None))(x, bargs, sargs)
+
+    def fits_last(self, x, bargs, sargs):
+        """``x`` ``(n, B)``, batched args with trailing ``B`` -> ``f`` ``(m, B)``, ``Jt`` ``(n, m, B)``."""
+        return jax.vmap(self._one, in_axes=(-1, -1, None), out_axes=(-1, -1))(x, bargs, sargs)
+
+
+def make_fj(residual: Callable, rung_dtype, acc_dtype) -> ResidualJacobian:
+    """The :class:`ResidualJacobian` of ``residual`` on one rung.
 
     Example:
         >>> import jax.numpy as jnp
@@ -120,20 +160,26 @@ def make_fj(residual: Callable, rung_dtype, acc_dtype) -> Callable:
         >>> f, Jt = fj(jnp.ones((4, 3)), (jnp.zeros((4, 2)),), 2.0)
         >>> f.shape, Jt.shape, float(Jt[0, 1, 1]), float(Jt[0, 2, 1])
         ((4, 2), (4, 3, 2), 2.0, 0.0)
+        >>> [a.shape for a in fj.fits_last(jnp.ones((3, 4)), (jnp.zeros((2, 4)),), 2.0)]
+        [(2, 4), (3, 2, 4)]
     """
-    def one(x, bargs, sargs):
-        bargs_r = cast_floating(bargs, rung_dtype)
-        sargs_r = cast_floating(sargs, rung_dtype)
+    return ResidualJacobian(residual, rung_dtype, acc_dtype)
 
-        def r(p):
-            return jnp.asarray(residual(p.astype(rung_dtype), bargs_r, sargs_r)).astype(acc_dtype)
 
-        x = x.astype(acc_dtype)
-        basis = jnp.eye(x.shape[0], dtype=acc_dtype)
-        # forward mode, one tangent per parameter; the primal is computed once
-        return jax.vmap(lambda t: jax.jvp(r, (x,), (t,)), out_axes=(None, 0))(basis)
+# ---------------------------------------------------------------------------------------
+# Everything below down to lm_run works on the fits-last layout: per-fit scalars (B,),
+# vectors (n, B), matrices (n, n, B), residuals (m, B), transposed Jacobians (n, m, B).
 
-    return jax.vmap(one, in_axes=(0, 0, None))
+def _moved(tree, src: int, dst: int):
+    return jax.tree.map(lambda a: jnp.moveaxis(a, src, dst), tree)
+
+
+def _to_fits_last(s: LMState) -> LMState:
+    return _moved(s, 0, -1)
+
+
+def _to_fits_first(s: LMState) -> LMState:
+    return _moved(s, -1, 0)
 
 
 def _gram_index(n: int):
@@ -148,21 +194,38 @@ def _gram_index(n: int):
 
 
 def _gram(jt, f):
-    """``J^T J`` (B, n, n), ``J^T f`` (B, n) and ``f^T f`` (B,) from one fused reduction.
+    """``J^T J`` (n, n, B), ``J^T f`` (n, B) and ``f^T f`` (B,) from one fused reduction.
 
     Only the ``(n+1)(n+2)/2`` distinct entries of the Gram matrix of the rows
-    ``(J_1, ..., J_n, f)`` are formed, as products summed over the residual axis (one
-    multiply-reduce XLA fuses, instead of a batched ``dot`` of tiny matrices per fit).
+    ``(J_1, ..., J_n, f)`` are formed, as products summed over the residual axis: with
+    the fits last, each entry is a sum of ``m`` contiguous vectors over the fits (one
+    multiply-reduce XLA fuses and vectorises across fits, and sums every fit in the same
+    order whatever the batch size).
     """
-    n = jt.shape[1]
+    n = jt.shape[0]
     rows, cols, full, jtf_idx, ff_idx = _gram_index(n)
-    a = jnp.concatenate([jnp.swapaxes(jt, 1, 2), f[:, :, None]], axis=2)   # (B, m, n+1)
-    g = jnp.sum(a[:, :, rows] * a[:, :, cols], axis=1)
-    return g[:, full], g[:, jtf_idx], g[:, ff_idx]
+    a = jnp.concatenate([jt, f[None]], axis=0)           # (n+1, m, B)
+    g = jnp.sum(a[rows] * a[cols], axis=1)                # (P, B)
+    return g[full], g[jtf_idx], g[ff_idx]
+
+
+def _gram_dots(jt, f):
+    """:func:`_gram` as batched ``dot``s over fits-first copies: under XLA's default
+    options (inside a user's ``jit``) its library dot fusions run this form fastest."""
+    jt_b = jnp.moveaxis(jt, -1, 0)                        # (B, n, m)
+    f_b = f.T
+    jtj = jnp.einsum("bim,bjm->bij", jt_b, jt_b, preferred_element_type=f.dtype)
+    jtf = jnp.einsum("bim,bm->bi", jt_b, f_b, preferred_element_type=f.dtype)
+    return jnp.moveaxis(jtj, 0, -1), jtf.T, jnp.sum(f * f, axis=0)
+
+
+def _diagonal(a):
+    """``diag`` of every fit's matrix: (n, n, B) -> (n, B)."""
+    return jnp.stack([a[i, i] for i in range(a.shape[0])])
 
 
 def _normal_equations(f, jt, opts: LMOptions):
-    """cost, J^T J, J^T f and the damping scale from f (B, m) and Jt (B, n, m).
+    """cost, J^T J, J^T f and the damping scale from f (m, B) and Jt (n, m, B).
 
     Sums run in f's dtype (float32 or wider). With a robust loss the cost is
     ``0.5 f_scale^2 sum(rho((f/f_scale)^2))`` and ``f``, ``J`` are rescaled as scipy does
@@ -172,37 +235,43 @@ def _normal_equations(f, jt, opts: LMOptions):
     damping relative to it would not bound the step.
     """
     robust = not (isinstance(opts.loss, str) and opts.loss == "linear")
-    scale = jnp.sum(jt * jt, axis=-1) if robust else None
+    scale = jnp.sum(jt * jt, axis=1) if robust else None
     if robust:
-        cost = jax.vmap(lambda r: robust_cost(opts.loss, r, opts.f_scale))(f)
-        f, jac = jax.vmap(lambda r, j: scale_for_robust_loss(opts.loss, r, j, opts.f_scale))(
-            f, jnp.swapaxes(jt, 1, 2))
-        jt = jnp.swapaxes(jac, 1, 2)
-    if opts.gram == "einsum":
-        jtj = jnp.einsum("bim,bjm->bij", jt, jt, preferred_element_type=f.dtype)
-        jtf = jnp.einsum("bim,bm->bi", jt, f, preferred_element_type=f.dtype)
-        sq = jnp.sum(f * f, axis=-1)
-    else:
-        jtj, jtf, sq = _gram(jt, f)
+        cost = jax.vmap(lambda r: robust_cost(opts.loss, r, opts.f_scale), in_axes=-1)(f)
+        f, jac = jax.vmap(
+            lambda r, j: scale_for_robust_loss(opts.loss, r, j.T, opts.f_scale),
+            in_axes=(-1, -1), out_axes=(-1, -1))(f, jt)
+        jt = jnp.swapaxes(jac, 0, 1)
+    jtj, jtf, sq = (_gram_dots if opts.gram == "einsum" else _gram)(jt, f)
     if not robust:
         cost = 0.5 * sq
     if scale is None:
-        scale = jnp.diagonal(jtj, axis1=-2, axis2=-1)
+        scale = _diagonal(jtj)
     return cost, jtj, jtf, scale
 
 
-def _finite_rows(*arrays):
+def _finite(*arrays):
+    """Per fit: every entry of every array finite."""
     ok = None
     for a in arrays:
-        r = jnp.isfinite(a).reshape(a.shape[0], -1).all(axis=1)
+        r = jnp.isfinite(a).reshape(-1, a.shape[-1]).all(axis=0)
         ok = r if ok is None else ok & r
     return ok
+
+
+def _gradient_cosine(cost, jtj, jtf):
+    fnorm = jnp.sqrt(2.0 * cost)
+    cnorm = jnp.sqrt(_diagonal(jtj))
+    denom = cnorm * fnorm[None]
+    cos = jnp.where(denom > 0, jnp.abs(jtf) / jnp.where(denom > 0, denom, 1), 0)
+    return jnp.max(cos, axis=0)
 
 
 def gradient_cosine(cost, jtj, jtf):
     """Largest cosine between the residual and a Jacobian column (scipy/MINPACK ``gtol``).
 
-    Zero for a zero residual; columns with zero norm are skipped.
+    Fits first: ``cost`` (B,), ``jtj`` (B, n, n), ``jtf`` (B, n). Zero for a zero
+    residual; columns with zero norm are skipped.
 
     Example:
         >>> import jax.numpy as jnp
@@ -210,50 +279,33 @@ def gradient_cosine(cost, jtj, jtf):
         >>> float(gradient_cosine(jnp.array([0.5]), jnp.eye(2)[None], jnp.array([[1.0, 0.0]]))[0])
         1.0
     """
-    fnorm = jnp.sqrt(2.0 * cost)
-    cnorm = jnp.sqrt(jnp.diagonal(jtj, axis1=-2, axis2=-1))
-    denom = cnorm * fnorm[:, None]
-    cos = jnp.where(denom > 0, jnp.abs(jtf) / jnp.where(denom > 0, denom, 1), 0)
-    return jnp.max(cos, axis=-1)
+    return _gradient_cosine(cost, jnp.moveaxis(jtj, 0, -1), jtf.T)
 
 
 def _gauss_newton_test(cost, jtj, jtf, d2, x, opts: LMOptions):
     """(ftol, xtol) verdicts of the Gauss–Newton step at the current point (see step 6)."""
-    acc = jtj.dtype
-    n = jtj.shape[-1]
-    eps = 16.0 * float(np.finfo(acc).eps) / 2
-    a = jtj + (eps * d2)[:, :, None] * jnp.eye(n, dtype=acc)
-    dx, _ = cholesky_solve(a, -jtf)
-    avail = 0.5 * jnp.abs(jnp.sum(jtf * dx, axis=-1))
+    eps = 16.0 * float(np.finfo(jtj.dtype).eps) / 2
+    dx = cholesky_solve_fits_last(jtj, -jtf, eps * d2)
+    avail = 0.5 * jnp.abs(jnp.sum(jtf * dx, axis=0))
     f_ok = avail <= opts.ftol * cost
-    dxn = jnp.sqrt(jnp.sum(d2 * dx * dx, axis=-1))
-    xnorm = jnp.sqrt(jnp.sum(d2 * x * x, axis=-1))
+    dxn = jnp.sqrt(jnp.sum(d2 * dx * dx, axis=0))
+    xnorm = jnp.sqrt(jnp.sum(d2 * x * x, axis=0))
     x_ok = dxn <= opts.xtol * (opts.xtol + xnorm)
     return f_ok, x_ok
 
 
-def lm_init(fj, x, bargs, sargs, opts: LMOptions, active=None) -> LMState:
-    """Evaluate the starts and build the initial state (non-finite starts get status -3 or -4).
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.batch.lm_batched import LMOptions, lm_init, make_fj
-        >>> fj = make_fj(lambda x, b, s: x - b[0], jnp.float32, jnp.float32)
-        >>> s = lm_init(fj, jnp.zeros((2, 1)), (jnp.ones((2, 1)),), (), LMOptions(1e-8, 1e-8, 1e-8, 10))
-        >>> s.cost.tolist(), s.active.tolist()
-        ([0.5, 0.5], [True, True])
-    """
-    b = x.shape[0]
-    f, jac = fj(x, bargs, sargs)
+def _init(fj: ResidualJacobian, x, bargs, sargs, opts: LMOptions, active) -> LMState:
+    b = x.shape[-1]
+    f, jac = fj.fits_last(x, bargs, sargs)
     acc = f.dtype
     x = x.astype(acc)
     cost, jtj, jtf, d2 = _normal_equations(f, jac, opts)
-    finite_f = _finite_rows(x, cost)
-    finite = finite_f & _finite_rows(jtj, jtf)
+    finite_f = _finite(x, cost)
+    finite = finite_f & _finite(jtj, jtf)
     d2 = jnp.where(d2 > 0, d2, 1).astype(acc)
     if active is None:
         active = jnp.ones((b,), bool)
-    gconv = gradient_cosine(cost, jtj, jtf) <= opts.gtol
+    gconv = _gradient_cosine(cost, jtj, jtf) <= opts.gtol
     status = jnp.where(~finite_f, st.NONFINITE_RESIDUAL,
                        jnp.where(~finite, st.NONFINITE_JACOBIAN,
                                  jnp.where(gconv, st.GTOL, st.RUNNING)))
@@ -267,31 +319,17 @@ def lm_init(fj, x, bargs, sargs, opts: LMOptions, active=None) -> LMState:
                    njev=ones * active)
 
 
-def lm_step(fj, s: LMState, bargs, sargs, opts: LMOptions) -> LMState:
-    """One LM iteration for every active fit; inactive fits are returned unchanged.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.batch.lm_batched import LMOptions, lm_init, lm_step, make_fj
-        >>> fj = make_fj(lambda x, b, s: x - b[0], jnp.float64, jnp.float64)
-        >>> o = LMOptions(1e-8, 1e-8, 1e-8, 10)
-        >>> s = lm_init(fj, jnp.zeros((1, 1)), (jnp.ones((1, 1)),), (), o)
-        >>> s = lm_step(fj, s, (jnp.ones((1, 1)),), (), o)
-        >>> round(float(s.x[0, 0]), 3)
-        0.999
-    """
+def _step(fj: ResidualJacobian, s: LMState, bargs, sargs, opts: LMOptions) -> LMState:
     acc = s.x.dtype
-    n = s.x.shape[-1]
     active = s.active
-    damp = (s.lam[:, None] * s.d2)
-    a = s.jtj + damp[:, :, None] * jnp.eye(n, dtype=acc)
-    dx, _ = cholesky_solve(a, -s.jtf)
+    damp = s.lam[None] * s.d2
+    dx = cholesky_solve_fits_last(s.jtj, -s.jtf, damp)
     xn = s.x + dx
-    f, jac = fj(xn, bargs, sargs)
+    f, jac = fj.fits_last(xn, bargs, sargs)
     cost_n, jtj_n, jtf_n, d2_n = _normal_equations(f, jac, opts)
-    finite = _finite_rows(xn, cost_n, jtj_n, jtf_n)
+    finite = _finite(xn, cost_n, jtj_n, jtf_n)
 
-    pred = 0.5 * jnp.sum(dx * (damp * dx - s.jtf), axis=-1)
+    pred = 0.5 * jnp.sum(dx * (damp * dx - s.jtf), axis=0)
     actred = s.cost - cost_n
     pos = s.cost > 0
     safe_cost = jnp.where(pos, s.cost, 1)
@@ -309,20 +347,19 @@ def lm_step(fj, s: LMState, bargs, sargs, opts: LMOptions) -> LMState:
 
     # termination tests (MINPACK lmder / scipy)
     ftol_ok = (jnp.abs(rel_act) <= opts.ftol) & (rel_pred <= opts.ftol) & (rho <= 2.0)
-    dxn = jnp.sqrt(jnp.sum(s.d2 * dx * dx, axis=-1))
-    xnew = jnp.where(accept[:, None], xn, s.x)
-    xnorm = jnp.sqrt(jnp.sum(s.d2 * xnew * xnew, axis=-1))
+    dxn = jnp.sqrt(jnp.sum(s.d2 * dx * dx, axis=0))
+    xnew = jnp.where(accept, xn, s.x)
+    xnorm = jnp.sqrt(jnp.sum(s.d2 * xnew * xnew, axis=0))
     xtol_ok = jnp.isfinite(dxn) & (dxn <= opts.xtol * (opts.xtol + xnorm))
 
-    def pick(new, old):
-        mask = accept.reshape(accept.shape + (1,) * (new.ndim - 1))
-        return jnp.where(mask, new, old)
+    def pick(new, old):   # the fit axis is last: (B,) broadcasts against (..., B)
+        return jnp.where(accept, new, old)
 
     cost = pick(cost_n, s.cost)
     jtj = pick(jtj_n, s.jtj)
     jtf = pick(jtf_n, s.jtf)
     d2 = pick(jnp.maximum(s.d2, d2_n), s.d2)
-    gtol_ok = accept & (gradient_cosine(cost, jtj, jtf) <= opts.gtol)
+    gtol_ok = accept & (_gradient_cosine(cost, jtj, jtf) <= opts.gtol)
     gn_f, gn_x = _gauss_newton_test(cost, jtj, jtf, d2, xnew, opts)
     gn_f = accept & gn_f
     gn_x = accept & gn_x
@@ -343,6 +380,39 @@ def lm_step(fj, s: LMState, bargs, sargs, opts: LMOptions) -> LMState:
         nfev=s.nfev + inc, njev=s.njev + inc)
 
 
+# ---------------------------------------------------------------------------------------
+# Public entry points: fits first.
+
+def lm_init(fj, x, bargs, sargs, opts: LMOptions, active=None) -> LMState:
+    """Evaluate the starts and build the initial state (non-finite starts get status -3 or -4).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.batch.lm_batched import LMOptions, lm_init, make_fj
+        >>> fj = make_fj(lambda x, b, s: x - b[0], jnp.float32, jnp.float32)
+        >>> s = lm_init(fj, jnp.zeros((2, 1)), (jnp.ones((2, 1)),), (), LMOptions(1e-8, 1e-8, 1e-8, 10))
+        >>> s.cost.tolist(), s.active.tolist()
+        ([0.5, 0.5], [True, True])
+    """
+    return _to_fits_first(_init(fj, x.T, _moved(bargs, 0, -1), sargs, opts, active))
+
+
+def lm_step(fj, s: LMState, bargs, sargs, opts: LMOptions) -> LMState:
+    """One LM iteration for every active fit; inactive fits are returned unchanged.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.batch.lm_batched import LMOptions, lm_init, lm_step, make_fj
+        >>> fj = make_fj(lambda x, b, s: x - b[0], jnp.float64, jnp.float64)
+        >>> o = LMOptions(1e-8, 1e-8, 1e-8, 10)
+        >>> s = lm_init(fj, jnp.zeros((1, 1)), (jnp.ones((1, 1)),), (), o)
+        >>> s = lm_step(fj, s, (jnp.ones((1, 1)),), (), o)
+        >>> round(float(s.x[0, 0]), 3)
+        0.999
+    """
+    return _to_fits_first(_step(fj, _to_fits_last(s), _moved(bargs, 0, -1), sargs, opts))
+
+
 def lm_run(fj, s: LMState, bargs, sargs, opts: LMOptions, stop_count: int = 0) -> LMState:
     """Iterate :func:`lm_step` until at most ``stop_count`` fits are still active.
 
@@ -361,4 +431,6 @@ def lm_run(fj, s: LMState, bargs, sargs, opts: LMOptions, stop_count: int = 0) -
     def cond(s):
         return jnp.sum(s.active.astype(jnp.int32)) > stop_count
 
-    return jax.lax.while_loop(cond, lambda s: lm_step(fj, s, bargs, sargs, opts), s)
+    bargs = _moved(bargs, 0, -1)
+    s = jax.lax.while_loop(cond, lambda s: _step(fj, s, bargs, sargs, opts), _to_fits_last(s))
+    return _to_fits_first(s)
