@@ -206,7 +206,9 @@ def _gram(jt, f):
     rows, cols, full, jtf_idx, ff_idx = _gram_index(n)
     a = jnp.concatenate([jt, f[None]], axis=0)           # (n+1, m, B)
     g = jnp.sum(a[rows] * a[cols], axis=1)                # (P, B)
-    return g[full], g[jtf_idx], g[ff_idx]
+    # unpacked with static slices: an index-array gather here is a separate, slow kernel
+    jtj = jnp.stack([jnp.stack([g[full[i, j]] for j in range(n)]) for i in range(n)])
+    return jtj, jnp.stack([g[k] for k in jtf_idx]), g[ff_idx]
 
 
 def _gram_dots(jt, f):
