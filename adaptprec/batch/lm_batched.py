@@ -59,6 +59,7 @@ import numpy as np
 from ..policy import cast_floating
 from . import _status as st
 from ..nlsq.common import robust_cost, scale_for_robust_loss
+from ._fits_last import vmap_last
 from .cholesky import cholesky_solve_fits_last
 
 __all__ = ["LMOptions", "LMState", "ResidualJacobian", "make_fj", "lm_init", "lm_step",
@@ -146,8 +147,12 @@ class ResidualJacobian:
         return jax.vmap(self._one, in_axes=(0, 0, None))(x, bargs, sargs)
 
     def fits_last(self, x, bargs, sargs):
-        """``x`` ``(n, B)``, batched args with trailing ``B`` -> ``f`` ``(m, B)``, ``Jt`` ``(n, m, B)``."""
-        return jax.vmap(self._one, in_axes=(-1, -1, None), out_axes=(-1, -1))(x, bargs, sargs)
+        """``x`` ``(n, B)``, batched args with trailing ``B`` -> ``f`` ``(m, B)``, ``Jt`` ``(n, m, B)``.
+
+        Evaluated by :func:`~adaptprec.batch._fits_last.vmap_last`, so the model is computed
+        with the fits on the minor axis instead of being transposed there.
+        """
+        return vmap_last(lambda xb, s: self._one(xb[0], xb[1], s))((x, bargs), sargs)
 
 
 def make_fj(residual: Callable, rung_dtype, acc_dtype) -> ResidualJacobian:
