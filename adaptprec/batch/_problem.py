@@ -31,6 +31,13 @@ class Residual:
     has_ydata: bool = False
     has_weights: bool = False
     weights_shared: bool = False
+    #: the two last batched entries are the lower and upper bounds ``(B, n)`` (after
+    #: ``ydata``/weights); the residual ignores them, the solver reads them via bounds()
+    has_bounds: bool = False
+
+    def bounds(self, bargs):
+        """``(lower, upper)`` from the batched args (any batch layout), or ``None``."""
+        return (bargs[-2], bargs[-1]) if self.has_bounds else None
 
     def __call__(self, x, bargs, sargs):
         nargs = len(self.batched_pos) + len(self.shared_pos)
@@ -63,6 +70,7 @@ class Problem:
     m: int
     #: set when x0 was a pytree: how to turn flat (B, n) parameters back into it
     spec: BatchedTreeSpec | None = None
+    bounded: bool = False
 
 
 def _shape_of(a):
@@ -81,7 +89,56 @@ def _output_shape(res, one_x, leaves_b, tree_b, leaves_s, tree_s):
                           jax.tree.unflatten(tree_s, leaves_s))
 
 
-def build_problem(fun, x0, args, in_axes, ydata, sigma) -> Problem:
+def _bounds_matrix(limit, size: int, n: int, dtype, spec, which: str):
+    """One bound as a ``(B, n)`` array: a scalar, ``(n,)`` (shared), ``(B, n)`` (per fit),
+    or for a pytree ``x0`` a pytree of x0's structure with scalar, per-fit or batched
+    leaves."""
+    if spec is not None and not is_array_like(limit):
+        leaves, treedef = jax.tree.flatten(limit)
+        if treedef != spec.treedef:
+            raise ValueError(f"bounds: the {which} bound is a pytree of structure {treedef}, "
+                             f"but x0 has structure {spec.treedef}; give a scalar or a pytree "
+                             "like x0")
+        cols = []
+        for leaf, shape in zip(leaves, spec.shapes):
+            a = jnp.asarray(leaf, dtype)
+            if a.shape not in ((), shape, (size,) + shape):
+                raise ValueError(f"bounds: a {which}-bound leaf of shape {a.shape} does not "
+                                 f"fit a parameter of per-fit shape {shape} (give (), "
+                                 f"{shape} or {(size,) + shape})")
+            cols.append(jnp.broadcast_to(a, (size,) + shape).reshape(size, -1))
+        return jnp.concatenate(cols, axis=1)
+    a = jnp.asarray(limit, dtype)
+    if a.shape not in ((), (n,), (size, n)):
+        raise ValueError(f"bounds: the {which} bound has shape {a.shape}; give a scalar, "
+                         f"(n,) = ({n},) shared by all fits, or (B, n) = ({size}, {n}) per fit")
+    return jnp.broadcast_to(a, (size, n))
+
+
+def _check_bounds(x0, lo, hi) -> None:
+    """Concrete bounds: lo < hi everywhere and x0 inside the box (scipy's rules)."""
+    from .._tracing import is_traced
+
+    if is_traced(x0, lo, hi):
+        return
+    lo_, hi_, x_ = np.asarray(lo), np.asarray(hi), np.asarray(x0)
+    if np.isnan(lo_).any() or np.isnan(hi_).any():
+        raise ValueError("bounds contain NaN; use -inf/inf for an unbounded side")
+    bad = np.argwhere(~(lo_ < hi_))
+    if bad.size:
+        k, i = bad[0]
+        raise ValueError(f"bounds: each lower bound must be strictly less than the upper "
+                         f"bound; fit {k}, parameter {i} has [{lo_[k, i]}, {hi_[k, i]}] "
+                         f"({len(bad)} such entries)")
+    out = np.argwhere((x_ < lo_) | (x_ > hi_))
+    if out.size:
+        k, i = out[0]
+        raise ValueError(f"x0 is infeasible: fit {k}, parameter {i} = {x_[k, i]} lies outside "
+                         f"[{lo_[k, i]}, {hi_[k, i]}] ({len(out)} such entries); clip the "
+                         "starts into the bounds, e.g. np.clip(x0, lb, ub)")
+
+
+def build_problem(fun, x0, args, in_axes, ydata, sigma, bounds=None) -> Problem:
     """Validate shapes at the boundary and split args into batched and shared parts."""
     if not callable(fun):
         raise TypeError(f"solve_nlsq_batch needs a callable model or residual, got {fun!r}")
@@ -151,8 +208,18 @@ def build_problem(fun, x0, args, in_axes, ydata, sigma) -> Problem:
     elif sigma is not None:
         raise ValueError("sigma needs ydata: pass the data as ydata=(B, m) so the model "
                          "residual (model - ydata) / sigma can be formed")
+    bounded = bounds is not None
+    if bounded:
+        if not (isinstance(bounds, (tuple, list)) and len(bounds) == 2):
+            raise ValueError("bounds must be a pair (lb, ub); each a scalar, (n,) shared by "
+                             "all fits, or (B, n) per fit (-inf/inf for no bound)")
+        dt = x0.dtype
+        lo = _bounds_matrix(bounds[0], size, n, dt, spec, "lower")
+        hi = _bounds_matrix(bounds[1], size, n, dt, spec, "upper")
+        _check_bounds(x0, lo, hi)
+        bargs.extend([lo, hi])
     res = Residual(fun, tuple(bpos), tuple(spos), ydata is not None,
-                   sigma is not None, weights_shared)
+                   sigma is not None, weights_shared, bounded)
     bargs_t, sargs_t = tuple(bargs), tuple(sargs)
     one_b = jax.tree.map(lambda a: jax.ShapeDtypeStruct(_shape_of(a)[1:], a.dtype), bargs_t)
     one_s = jax.tree.map(lambda a: jax.ShapeDtypeStruct(_shape_of(a), _dtype_of(a)), sargs_t)
@@ -166,13 +233,14 @@ def build_problem(fun, x0, args, in_axes, ydata, sigma) -> Problem:
     if m < n:
         raise ValueError(f"Levenberg–Marquardt needs at least as many residuals as "
                          f"parameters per fit; got m = {m} < n = {n}")
-    return Problem(res, x0, bargs_t, sargs_t, size, n, m, spec)
+    return Problem(res, x0, bargs_t, sargs_t, size, n, m, spec, bounded)
 
 
 def nonfinite_fits(problem: Problem) -> np.ndarray:
     """Host-side mask of fits whose start or batched data contain NaN/Inf (concrete only)."""
     bad = ~np.isfinite(np.asarray(problem.x0)).all(axis=1)
-    for leaf in jax.tree.leaves(problem.bargs):
+    data = problem.bargs[:-2] if problem.bounded else problem.bargs   # bounds may be inf
+    for leaf in jax.tree.leaves(data):
         a = np.asarray(leaf)
         if np.issubdtype(a.dtype, np.floating):
             bad |= ~np.isfinite(a.reshape(a.shape[0], -1)).all(axis=1)

@@ -97,7 +97,8 @@ def _build(residual: Residual, cfg: _Config) -> Callable:
                                compaction_min=cfg.compaction_min)
         top = cfg.plans[-1]
         loss, f_scale = top.opts.loss, top.opts.f_scale
-        x = implicit_solution(residual, s.x, bargs, sargs, loss, f_scale)
+        x = implicit_solution(residual, s.x, bargs, sargs, loss, f_scale,
+                              bounds_of=residual.bounds if residual.has_bounds else None)
         f = jax.vmap(residual, in_axes=(0, 0, None))(x, bargs, sargs).astype(top.acc_dtype)
         cost = jax.vmap(lambda r: robust_cost(loss, r, f_scale))(f)
         cost = jnp.where(jnp.isfinite(s.cost), cost, s.cost)
@@ -128,6 +129,7 @@ def solve_nlsq_batch(
     ydata=None,
     sigma=None,
     absolute_sigma: bool = False,
+    bounds=None,
     precision="adaptive",
     loss="linear",
     f_scale: float = 1.0,
@@ -168,6 +170,13 @@ def solve_nlsq_batch(
             one ``0``/``None`` per arg, as in :func:`jax.vmap`.
         ydata: per-fit data ``(B, m)`` for the model form; ``sigma`` ``(m,)`` or ``(B, m)``
             its standard deviations; ``absolute_sigma`` as in ``curve_fit``.
+        bounds: ``(lb, ub)`` box constraints, each a scalar, ``(n,)`` (shared by all fits)
+            or ``(B, n)`` (per fit), ``-inf``/``inf`` for an open side; for a pytree ``x0``
+            each may also be a pytree like ``x0`` (leaves scalar, per-fit or batched).
+            Solved by projected Levenberg–Marquardt: variables on a bound whose gradient
+            points out of the box are held there, the step is solved for the others and
+            projected back into the box (see ``docs/batch.md``). ``lb < ub`` and ``x0``
+            inside the box are required (``ValueError`` otherwise, as scipy).
         precision: ``"adaptive"`` (ladder ``f32,f64``; needs ``jax_enable_x64``), a ladder
             string such as ``"bf16,f32,f64"``/:class:`~adaptprec.Ladder`, or one dtype
             (``"f32"``, ``"f64"``) to solve everything at that precision.
@@ -236,7 +245,7 @@ def solve_nlsq_batch(
     ladder = _ladder(precision)
     if nan_policy not in ("propagate", "raise"):
         raise ValueError(f"nan_policy must be 'propagate' or 'raise', got {nan_policy!r}")
-    prob = build_problem(fun, x0, args, in_axes, ydata, sigma)
+    prob = build_problem(fun, x0, args, in_axes, ydata, sigma, bounds)
     if max_steps is None:
         max_steps = 100 * prob.n
     if int(max_steps) < 1:

@@ -29,12 +29,18 @@ __all__ = ["implicit_solution"]
 
 
 def implicit_solution(residual: Callable, x_star, bargs, sargs, loss="linear",
-                      f_scale: float = 1.0):
-    """Return ``x_star`` with derivatives (forward and reverse) w.r.t. ``bargs``/``sargs``.
+                      f_scale: float = 1.0, bounds_of: Callable | None = None):
+    r"""Return ``x_star`` with derivatives (forward and reverse) w.r.t. ``bargs``/``sargs``.
 
     ``residual(x, bargs_k, sargs)`` is one fit's residual; ``x_star`` ``(B, n)`` must be
     (numerically) a stationary point of each fit's cost
     (:func:`adaptprec.nlsq.common.robust_cost` with ``loss`` and ``f_scale``).
+
+    With box constraints (``bounds_of(bargs) -> (lower, upper)``, each ``(B, n)``) it must
+    be a stationary point of the box-constrained problem: a variable held by a bound
+    (on it, with the gradient pointing out of the box) moves with that bound
+    (:math:`\dot x_i = \dot l_i` or :math:`\dot u_i`), and the free variables solve
+    :math:`H_{FF}\dot x_F = -(\partial_\theta\nabla_x C\,\dot\theta + H_{FA}\dot x_A)_F`.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -66,7 +72,21 @@ def implicit_solution(residual: Callable, x_star, bargs, sargs, loss="linear",
 
         # integer leaves carry float0 tangents: they drop out of the linear map
         _, rhs = jax.jvp(g_of, (b, s), (db, ds))
-        dx = -jnp.linalg.solve(hess, rhs[..., None])[..., 0]
-        return x, dx
+        lim = bounds_of(b) if bounds_of is not None else None
+        if lim is None:
+            dx = -jnp.linalg.solve(hess, rhs[..., None])[..., 0]
+            return x, dx
+        (lo, hi), (dlo, dhi) = lim, bounds_of(db)
+        grad = jax.vmap(grad_x, in_axes=(0, 0, None))(x, b, s)
+        at_lo = (x <= lo) & (grad > 0)
+        at_hi = (x >= hi) & (grad < 0)
+        held = at_lo | at_hi
+        free = ~held
+        dx_held = jnp.where(at_lo, dlo, jnp.where(at_hi, dhi, 0))
+        rhs = rhs + jnp.einsum("bij,bj->bi", hess, dx_held)
+        h_free = jnp.where(free[:, :, None] & free[:, None, :], hess,
+                           jnp.eye(x.shape[-1], dtype=hess.dtype) * held[:, :, None])
+        dx_free = -jnp.linalg.solve(h_free, jnp.where(free, rhs, 0)[..., None])[..., 0]
+        return x, jnp.where(held, dx_held, dx_free)
 
     return ident(jax.lax.stop_gradient(x_star), bargs, sargs)

@@ -142,6 +142,14 @@ class ResidualJacobian:
         # forward mode, one tangent per parameter; the primal is computed once
         return jax.vmap(lambda t: jax.jvp(r, (x,), (t,)), out_axes=(None, 0))(basis)
 
+    def bounds(self, bargs):
+        """``(lower, upper)`` in ``acc_dtype`` (the residual's trailing batched args, same
+        layout as ``bargs``), or ``None`` for an unbounded problem."""
+        lim = getattr(self.residual, "bounds", lambda b: None)(bargs)
+        if lim is None:
+            return None
+        return tuple(jnp.asarray(a).astype(self.acc_dtype) for a in lim)
+
     def __call__(self, x, bargs, sargs):
         """``x`` ``(B, n)``, batched args with leading ``B`` -> ``f`` ``(B, m)``, ``Jt`` ``(B, n, m)``."""
         return jax.vmap(self._one, in_axes=(0, 0, None))(x, bargs, sargs)
@@ -289,10 +297,42 @@ def gradient_cosine(cost, jtj, jtf):
     return _gradient_cosine(cost, jnp.moveaxis(jtj, 0, -1), jtf.T)
 
 
-def _gauss_newton_test(cost, jtj, jtf, d2, x, opts: LMOptions):
+def _project_gradient(x, g, bounds):
+    """``g`` with the components of variables held by a bound set to zero.
+
+    A variable is held when it sits on a bound and the descent direction ``-g`` points
+    out of the box (``x_i <= lo_i`` and ``g_i > 0``, or ``x_i >= hi_i`` and ``g_i < 0``).
+    The projected gradient is what vanishes at a box-constrained minimum, so the ``gtol``
+    test, the escalation guards and the reported optimality use it.
+    """
+    if bounds is None:
+        return g
+    lo, hi = bounds
+    held = ((x <= lo) & (g > 0)) | ((x >= hi) & (g < 0))
+    return jnp.where(held, 0, g)
+
+
+def _held(x, g_projected, bounds):
+    """Variables held by a bound, recovered from the projected gradient (see above)."""
+    lo, hi = bounds
+    return ((x <= lo) | (x >= hi)) & (g_projected == 0)
+
+
+def _damped_solve(jtj, g, shift, x, bounds):
+    """Solve ``(J^T J + diag(shift)) dx = -g`` on the variables not held by a bound
+    (held ones get ``dx = 0``: their rows and columns are replaced by the identity)."""
+    if bounds is None:
+        return cholesky_solve_fits_last(jtj, -g, shift)
+    held = _held(x, g, bounds)
+    free = ~held
+    a = jnp.where(free[:, None] & free[None, :], jtj, 0)
+    return cholesky_solve_fits_last(a, jnp.where(free, -g, 0), jnp.where(held, 1, shift))
+
+
+def _gauss_newton_test(cost, jtj, jtf, d2, x, opts: LMOptions, bounds=None):
     """(ftol, xtol) verdicts of the Gauss–Newton step at the current point (see step 6)."""
     eps = 16.0 * float(np.finfo(jtj.dtype).eps) / 2
-    dx = cholesky_solve_fits_last(jtj, -jtf, eps * d2)
+    dx = _damped_solve(jtj, jtf, eps * d2, x, bounds)
     avail = 0.5 * jnp.abs(jnp.sum(jtf * dx, axis=0))
     f_ok = avail <= opts.ftol * cost
     dxn = jnp.sqrt(jnp.sum(d2 * dx * dx, axis=0))
@@ -303,10 +343,14 @@ def _gauss_newton_test(cost, jtj, jtf, d2, x, opts: LMOptions):
 
 def _init(fj: ResidualJacobian, x, bargs, sargs, opts: LMOptions, active) -> LMState:
     b = x.shape[-1]
+    bounds = fj.bounds(bargs)
+    if bounds is not None:    # infeasible starts are rejected at the boundary when concrete
+        x = jnp.clip(x.astype(bounds[0].dtype), *bounds)
     f, jac = fj.fits_last(x, bargs, sargs)
     acc = f.dtype
     x = x.astype(acc)
     cost, jtj, jtf, d2 = _normal_equations(f, jac, opts)
+    jtf = _project_gradient(x, jtf, bounds)
     finite_f = _finite(x, cost)
     finite = finite_f & _finite(jtj, jtf)
     d2 = jnp.where(d2 > 0, d2, 1).astype(acc)
@@ -330,13 +374,22 @@ def _step(fj: ResidualJacobian, s: LMState, bargs, sargs, opts: LMOptions) -> LM
     acc = s.x.dtype
     active = s.active
     damp = s.lam[None] * s.d2
-    dx = cholesky_solve_fits_last(s.jtj, -s.jtf, damp)
+    bounds = fj.bounds(bargs)
+    dx = _damped_solve(s.jtj, s.jtf, damp, s.x, bounds)
     xn = s.x + dx
+    if bounds is not None:   # projected step: back into the box, then the step taken
+        xn = jnp.clip(xn, *bounds)
+        dx = xn - s.x
     f, jac = fj.fits_last(xn, bargs, sargs)
     cost_n, jtj_n, jtf_n, d2_n = _normal_equations(f, jac, opts)
     finite = _finite(xn, cost_n, jtj_n, jtf_n)
+    jtf_n = _project_gradient(xn, jtf_n, bounds)
 
-    pred = 0.5 * jnp.sum(dx * (damp * dx - s.jtf), axis=0)
+    if bounds is None:   # the damped system's solution: pred in closed form
+        pred = 0.5 * jnp.sum(dx * (damp * dx - s.jtf), axis=0)
+    else:                # the Gauss–Newton model's reduction along the step taken
+        jdx = jnp.sum(s.jtj * dx[None, :, :], axis=1)
+        pred = -jnp.sum(dx * (s.jtf + 0.5 * jdx), axis=0)
     actred = s.cost - cost_n
     pos = s.cost > 0
     safe_cost = jnp.where(pos, s.cost, 1)
@@ -367,7 +420,7 @@ def _step(fj: ResidualJacobian, s: LMState, bargs, sargs, opts: LMOptions) -> LM
     jtf = pick(jtf_n, s.jtf)
     d2 = pick(jnp.maximum(s.d2, d2_n), s.d2)
     gtol_ok = accept & (_gradient_cosine(cost, jtj, jtf) <= opts.gtol)
-    gn_f, gn_x = _gauss_newton_test(cost, jtj, jtf, d2, xnew, opts)
+    gn_f, gn_x = _gauss_newton_test(cost, jtj, jtf, d2, xnew, opts, bounds)
     gn_f = accept & gn_f
     gn_x = accept & gn_x
     nit = s.nit + active.astype(jnp.int32)

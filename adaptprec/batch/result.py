@@ -25,7 +25,8 @@ class BatchResult(eqx.Module):
       ``success`` ``(B,)`` = ``status > 0``;
     - ``rung`` ``(B,)`` index into ``ladder`` of the precision that produced the fit;
     - ``nfev``, ``njev``, ``nit`` ``(B,)`` counts summed over rungs;
-    - ``optimality`` ``(B,)`` ``||J^T f||_inf`` at ``x``;
+    - ``optimality`` ``(B,)`` ``||J^T f||_inf`` at ``x`` (with bounds: of the projected
+      gradient, components held by a bound dropped);
     - ``pcov`` ``(B, n, n)`` parameter covariance when requested, else ``None``
       (``inf`` where a parameter is not identifiable or there are no degrees of freedom);
     - ``ladder`` (static) names of the rungs, e.g. ``("f32", "f64")``.
