@@ -35,6 +35,14 @@ iteration, for all ``B`` fits at once:
    swamped by rounding near the minimum: without it, noisy gain ratios reject steps, the
    damping grows and ``xtol`` stops the fit early along flat directions.
 
+With box constraints (the residual's ``bounds(bargs)``; see
+:class:`~adaptprec.batch._problem.Residual`) the iteration is projected LM: a variable on
+a bound whose gradient points out of the box is *held* (identity row and column in the
+damped system, zero step), the trial point is clipped into the box, :math:`\mathrm{pred}`
+is the Gauss–Newton model's reduction along the step actually taken, and the state keeps
+the *projected* gradient (held components zero), which the ``gtol`` test, the escalation
+guards and the reported optimality read.
+
 Fits whose ``active`` bit is clear are *frozen*: every field is selected from the old
 state with ``jnp.where``, so a converged fit does not change while others iterate. The
 state keeps :math:`J^\top J`, :math:`J^\top f` and the cost instead of ``J`` and ``f``, so
