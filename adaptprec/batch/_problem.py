@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._tracing import is_traced
 from ._pytree import BatchedTreeSpec, TreeResidual, is_array_like
 
 __all__ = ["Residual", "Problem", "build_problem"]
@@ -117,8 +118,6 @@ def _bounds_matrix(limit, size: int, n: int, dtype, spec, which: str):
 
 def _check_bounds(x0, lo, hi) -> None:
     """Concrete bounds: lo < hi everywhere and x0 inside the box (scipy's rules)."""
-    from .._tracing import is_traced
-
     if is_traced(x0, lo, hi):
         return
     lo_, hi_, x_ = np.asarray(lo), np.asarray(hi), np.asarray(x0)
