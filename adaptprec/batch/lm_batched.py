@@ -349,11 +349,28 @@ def _gauss_newton_test(cost, jtj, jtf, d2, x, opts: LMOptions, bounds=None):
     return f_ok, x_ok
 
 
+def _materialised(x):
+    """``x`` unchanged (a NaN stays NaN), through an op XLA does not copy into consumers.
+
+    XLA:CPU fuses cheap producers (slices, transposes, converts) into every consumer, also
+    into one that reads each element many times: the starts, a strided transpose of the
+    fits-first block, were re-read for every residual and Jacobian entry (that kernel 6x
+    slower, the whole solve about 1.4x). A select is not "cheap" to XLA's fusion, so the
+    fits-last copy is made once. (``lax.optimization_barrier`` does not do this: XLA:CPU
+    removes it before fusion.)
+    """
+    return jnp.where(jnp.isnan(x), jnp.nan, x)
+
+
 def _init(fj: ResidualJacobian, x, bargs, sargs, opts: LMOptions, active) -> LMState:
     b = x.shape[-1]
     bounds = fj.bounds(bargs)
     if bounds is not None:    # infeasible starts are rejected at the boundary when concrete
         x = jnp.clip(x.astype(bounds[0].dtype), *bounds)
+    else:
+        x = _materialised(x)
+    bargs = jax.tree.map(lambda a: _materialised(a) if jnp.issubdtype(a.dtype, jnp.floating)
+                         else a, bargs)
     f, jac = fj.fits_last(x, bargs, sargs)
     acc = f.dtype
     x = x.astype(acc)
