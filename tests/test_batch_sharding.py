@@ -49,6 +49,14 @@ SCRIPT = textwrap.dedent(r"""
                             **kw)
     assert b.x.shape == (13, 2)
     same(a, b)
+
+    # per-fit box constraints travel with the fits (rates above 1.2 end on the bound)
+    box = (np.zeros((13, 2)), np.tile([np.inf, 1.2], (13, 1)))
+    a = ap.solve_nlsq_batch(dec, np.ones((13, 2)), bounds=box, **kw)
+    b = ap.solve_nlsq_batch(dec, np.ones((13, 2)), bounds=box,
+                            mesh=Mesh(np.array(jax.devices()), ("d",)), **kw)
+    assert (np.asarray(a.x[:, 1]) >= 1.2).sum() >= 2, a.x
+    same(a, b)
     print("OK")
 """)
 
