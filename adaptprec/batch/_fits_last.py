@@ -28,19 +28,12 @@ import jax
 from jax import lax
 from jax.extend.core import Literal
 
+from ..nlsq._pointwise import ELEMENTWISE, NESTED_CALLS, REDUCTIONS
+
 __all__ = ["vmap_last"]
 
-#: Primitives that act entry by entry on operands of one shape (rank-0 operands broadcast).
-_ELEMENTWISE = frozenset("""
-    add add_any sub mul div rem pow max min neg abs sign floor ceil round square sqrt rsqrt
-    cbrt exp exp2 log log1p expm1 logistic tanh tan sin cos sinh cosh asin acos atan asinh
-    acosh atanh atan2 erf erfc erf_inv lgamma digamma integer_pow is_finite nextafter
-    select_n clamp eq ne lt le gt ge and or not xor convert_element_type
-    reduce_precision copy copy_p real imag conj complex stop_gradient
-""".split())
-_REDUCTIONS = frozenset("reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or "
-                        "argmax argmin".split())
-_INLINE = frozenset(("pjit", "jit", "closed_call"))
+# the nlsq pointwise analysis' tables of entry-by-entry primitives, reductions, nested calls
+_ELEMENTWISE = ELEMENTWISE | {"stop_gradient"}
 
 
 def _spread(x, shape: tuple, batched: bool, size: int):
@@ -109,9 +102,9 @@ def _eval(jaxpr, consts, args, flags, size: int):
         elif name == "concatenate":
             ops = [x if b else _spread(x, x.shape, False, size) for x, b in zip(vals, bat)]
             out = lax.concatenate(ops, p["dimension"])
-        elif name in _REDUCTIONS and len(vals) == 1:
+        elif name in REDUCTIONS and len(vals) == 1:
             out = _bind(eqn, vals)      # axes index the leading (per-fit) axes: unchanged
-        elif name in _INLINE and "jaxpr" in p:
+        elif name in NESTED_CALLS and "jaxpr" in p:
             closed = p["jaxpr"]
             outs, oflags = _eval(closed.jaxpr, closed.consts, vals, bat, size)
             for v, o, f in zip(eqn.outvars, outs, oflags):

@@ -98,7 +98,7 @@ def _build(residual: Residual, cfg: _Config) -> Callable:
         top = cfg.plans[-1]
         loss, f_scale = top.opts.loss, top.opts.f_scale
         x = implicit_solution(residual, s.x, bargs, sargs, loss, f_scale,
-                              bounds_of=residual.bounds if residual.has_bounds else None)
+                              bounds_of=residual.bounds)
         f = jax.vmap(residual, in_axes=(0, 0, None))(x, bargs, sargs).astype(top.acc_dtype)
         cost = jax.vmap(lambda r: robust_cost(loss, r, f_scale))(f)
         cost = jnp.where(jnp.isfinite(s.cost), cost, s.cost)

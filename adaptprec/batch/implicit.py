@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from ..nlsq.common import robust_cost
+from .lm_batched import held_by_bounds
 
 __all__ = ["implicit_solution"]
 
@@ -78,11 +79,9 @@ def implicit_solution(residual: Callable, x_star, bargs, sargs, loss="linear",
             return x, dx
         (lo, hi), (dlo, dhi) = lim, bounds_of(db)
         grad = jax.vmap(grad_x, in_axes=(0, 0, None))(x, b, s)
-        at_lo = (x <= lo) & (grad > 0)
-        at_hi = (x >= hi) & (grad < 0)
-        held = at_lo | at_hi
+        held = held_by_bounds(x, grad, lo, hi)
         free = ~held
-        dx_held = jnp.where(at_lo, dlo, jnp.where(at_hi, dhi, 0))
+        dx_held = jnp.where(held, jnp.where(x <= lo, dlo, dhi), 0)
         rhs = rhs + jnp.einsum("bij,bj->bi", hess, dx_held)
         h_free = jnp.where(free[:, :, None] & free[:, None, :], hess,
                            jnp.eye(x.shape[-1], dtype=hess.dtype) * held[:, :, None])

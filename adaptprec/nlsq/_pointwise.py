@@ -35,16 +35,19 @@ __all__ = ["point_axes"]
 
 _C = ("c", None)
 
-#: Primitives that act entry by entry (rank-0 operands broadcast).
-_ELEMENTWISE = frozenset("""
+#: Primitives that act entry by entry (rank-0 operands broadcast); also used by
+#: adaptprec.batch._fits_last.
+ELEMENTWISE = frozenset("""
     add add_any sub mul div rem pow max min neg abs sign floor ceil round square sqrt rsqrt
     cbrt exp exp2 log log1p expm1 logistic tanh tan sin cos sinh cosh asin acos atan asinh
     acosh atanh atan2 erf erfc erf_inv lgamma digamma integer_pow is_finite nextafter
     select_n clamp eq ne lt le gt ge and or not xor convert_element_type
     reduce_precision copy copy_p real imag conj complex
 """.split())
-_REDUCTIONS = frozenset("reduce_sum reduce_max reduce_min reduce_prod reduce_and "
-                        "reduce_or argmax argmin".split())
+REDUCTIONS = frozenset("reduce_sum reduce_max reduce_min reduce_prod reduce_and "
+                       "reduce_or argmax argmin".split())
+#: Primitives that call a nested jaxpr (``jax.jit`` inside the residual).
+NESTED_CALLS = frozenset(("jit", "pjit", "closed_call", "core_call"))
 
 
 class _NotPointwise(Exception):
@@ -117,7 +120,7 @@ def _eqn_states(eqn, ins, m):
             _fail(f"{name} creates an axis of length m")
         return [_C] * len(eqn.outvars)
     p = eqn.params
-    if name in _ELEMENTWISE:
+    if name in ELEMENTWISE:
         return [_join(ins)]
     if name == "broadcast_in_dim":
         return [_broadcast(ins[0], eqn, m)]
@@ -136,7 +139,7 @@ def _eqn_states(eqn, ins, m):
         if p["start_indices"][a] != 0 or p["limit_indices"][a] != m or stride != 1:
             _fail("slice along the point axis")
         return [s]
-    if name in _REDUCTIONS:
+    if name in REDUCTIONS:
         axes = p["axes"]
         if s[1] in axes:
             _fail(f"{name} over the data points")
@@ -152,7 +155,7 @@ def _eqn_states(eqn, ins, m):
         return [(st[0], st[1] + (1 if p["axis"] <= st[1] else 0))]
     if name == "dot_general":
         return [_dot_general(eqn, ins)]
-    if name in ("jit", "pjit", "closed_call", "core_call"):
+    if name in NESTED_CALLS:
         return _analyse(p["jaxpr"], ins, m)
     if name == "custom_jvp_call":
         return _analyse(p["call_jaxpr"], ins, m)
