@@ -71,7 +71,6 @@ class Problem:
     m: int
     #: set when x0 was a pytree: how to turn flat (B, n) parameters back into it
     spec: BatchedTreeSpec | None = None
-    bounded: bool = False
 
 
 def _shape_of(a):
@@ -232,13 +231,13 @@ def build_problem(fun, x0, args, in_axes, ydata, sigma, bounds=None) -> Problem:
     if m < n:
         raise ValueError(f"Levenberg–Marquardt needs at least as many residuals as "
                          f"parameters per fit; got m = {m} < n = {n}")
-    return Problem(res, x0, bargs_t, sargs_t, size, n, m, spec, bounded)
+    return Problem(res, x0, bargs_t, sargs_t, size, n, m, spec)
 
 
 def nonfinite_fits(problem: Problem) -> np.ndarray:
     """Host-side mask of fits whose start or batched data contain NaN/Inf (concrete only)."""
     bad = ~np.isfinite(np.asarray(problem.x0)).all(axis=1)
-    data = problem.bargs[:-2] if problem.bounded else problem.bargs   # bounds may be inf
+    data = problem.bargs[:-2] if problem.residual.has_bounds else problem.bargs  # bounds may be inf
     for leaf in jax.tree.leaves(data):
         a = np.asarray(leaf)
         if np.issubdtype(a.dtype, np.floating):
