@@ -25,7 +25,7 @@ from .precision import (
     unit_roundoff,
     x64_enabled,
 )
-from .policy import (  # noqa: E402  (`policy` the context manager shadows the module name)
+from ._policy import (
     DTypeish,
     Policy,
     SemanticDType,
@@ -43,11 +43,14 @@ from .loss_scale import (
 
 __version__ = "0.1.0"
 
+# --- one result vocabulary (issue 13) ---
+from ._status import Reason, Status, reason_name, status_message
+
 # --- guards, runtime, schedule (issue 3): re-exports below this line ---
 from . import guards
 from .guards import GuardResult
 from .report import Report
-from .monitor import monitor
+from ._monitor import monitor
 from .runtime import MixedPrecisionManager, adaptive
 from . import schedule
 from .schedule import PrecisionSchedule, iterate
@@ -63,7 +66,12 @@ from .nlsq import NLSQResult, curve_fit, solve_nlsq  # noqa: E402
 from .batch import BatchResult, solve_nlsq_batch
 
 # --- autocast (issue 6): re-exports below this line ---
-from .autocast import (  # noqa: E402
+from ._autocast import (  # noqa: E402
+    PRESETS,
+    PRIMITIVE_KINDS,
+    Explanation,
+    Rule,
+    classify,
     ALWAYS_BF16,
     ALWAYS_F16,
     ALWAYS_F32,
@@ -75,3 +83,25 @@ from .autocast import (  # noqa: E402
     autocast,
     explain,
 )
+
+__all__ = [
+    # precision
+    "ALIASES", "FLOATING_DTYPES", "DTypeLike", "Ladder", "canonical_dtype", "dtype_name",
+    "half_dtype", "max_value", "require_x64", "smallest_normal", "unit_roundoff",
+    "x64_enabled",
+    # policy and loss scaling
+    "DTypeish", "Policy", "SemanticDType", "cast_floating", "current_policy", "policy",
+    "DynamicLossScale", "NoOpLossScale", "StaticLossScale", "all_finite", "select_tree",
+    # vocabulary
+    "Status", "Reason", "status_message", "reason_name",
+    # runtime
+    "guards", "GuardResult", "Report", "monitor", "MixedPrecisionManager", "adaptive",
+    "schedule", "PrecisionSchedule", "iterate",
+    # linalg, nlsq, batch
+    "linalg", "nlsq", "NLSQResult", "curve_fit", "solve_nlsq", "BatchResult",
+    "solve_nlsq_batch",
+    # autocast
+    "ALWAYS_BF16", "ALWAYS_F16", "ALWAYS_F32", "AUTO_MIXED", "AUTO_MIXED_BF16",
+    "AUTO_MIXED_CONSERVATIVE", "PRESETS", "PRIMITIVE_KINDS", "Explanation", "OpKind",
+    "PrecisionPolicy", "Rule", "autocast", "classify", "explain",
+]

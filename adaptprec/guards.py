@@ -48,7 +48,8 @@ import numpy as np
 
 from ._normest import norm1_estimate
 from ._rungs import is_rung_object
-from .policy import _is_floating_array, cast_floating
+from ._status import Reason, reason_name
+from ._policy import _is_floating_array, cast_floating
 from .precision import canonical_dtype, max_value, unit_roundoff
 
 __all__ = [
@@ -75,28 +76,17 @@ __all__ = [
     "PREDICATE",
 ]
 
-#: Reason codes carried by :class:`GuardResult` (0 means the guard passed).
-OK = 0
-NONFINITE = 1
-OVERFLOW = 2
-UNDERFLOW = 3
-ILL_CONDITIONED = 4
-MATRIX_ILL_CONDITIONED = 5
-RESIDUAL = 6
-BACKWARD_ERROR = 7
-PREDICATE = 8
-
-_CODE_NAMES = {
-    OK: "ok",
-    NONFINITE: "nonfinite",
-    OVERFLOW: "overflow",
-    UNDERFLOW: "underflow",
-    ILL_CONDITIONED: "ill-conditioned",
-    MATRIX_ILL_CONDITIONED: "ill-conditioned matrix",
-    RESIDUAL: "residual",
-    BACKWARD_ERROR: "backward error",
-    PREDICATE: "predicate",
-}
+#: Reason codes carried by :class:`GuardResult` (0 means the guard passed): the values of
+#: :class:`adaptprec.Reason`, the one reason vocabulary of runtime, nlsq, batch and linalg.
+OK = Reason.NONE
+NONFINITE = Reason.NONFINITE
+OVERFLOW = Reason.OVERFLOW
+UNDERFLOW = Reason.UNDERFLOW
+ILL_CONDITIONED = Reason.ILL_CONDITIONED
+MATRIX_ILL_CONDITIONED = Reason.MATRIX_ILL_CONDITIONED
+RESIDUAL = Reason.RESIDUAL
+BACKWARD_ERROR = Reason.BACKWARD_ERROR
+PREDICATE = Reason.PREDICATE
 
 
 def code_name(code: int) -> str:
@@ -107,8 +97,7 @@ def code_name(code: int) -> str:
         >>> guards.code_name(guards.OVERFLOW)
         'overflow'
     """
-    code = int(code)
-    return _CODE_NAMES.get(code, f"code {code}")
+    return reason_name(code)
 
 
 class GuardResult(NamedTuple):

@@ -40,11 +40,11 @@ from jax import lax
 from jax.custom_batching import custom_vmap
 from jax.sharding import PartitionSpec
 
-from .monitor import emit as _emit_report
-from .monitor import enabled as _monitor_enabled
+from ._monitor import emit as _emit_report
+from ._monitor import enabled as _monitor_enabled
 from ._rungs import Rung, is_rung_object, normalize_ladder
 from .guards import Guard, GuardContext, as_guard, finite
-from .policy import Policy, _is_floating_array, cast_floating
+from ._policy import Policy, _is_floating_array, cast_floating
 from .precision import dtype_name, unit_roundoff
 from .report import Report, _reason
 

@@ -57,7 +57,7 @@ from jax import lax
 from jaxtyping import Array, Bool, Float, Int
 
 from ._rungs import is_rung_object, normalize_ladder
-from .policy import cast_floating
+from ._policy import cast_floating
 
 __all__ = [
     "ScheduleStats",

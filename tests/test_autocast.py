@@ -11,7 +11,7 @@ from jax import lax
 from jax.extend.core import ClosedJaxpr, Jaxpr
 
 import adaptprec as ap
-from adaptprec.autocast import OpKind
+from adaptprec import OpKind
 
 BF16_TOL = 3e-2  # a few bfloat16 unit roundoffs (u = 2^-8 ~ 3.9e-3) times the depth
 F16_TOL = 5e-3

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from jax import lax
 
 import adaptprec as ap
-from adaptprec.autocast import PRESETS, PRIMITIVE_KINDS, OpKind, Rule, classify
+from adaptprec import PRESETS, PRIMITIVE_KINDS, OpKind, Rule, classify
 
 
 # ----------------------------------------------------------------------------- presets

@@ -169,7 +169,7 @@ def test_fixed_precisions_and_schedule():
     rst = ap.solve_nlsq(expo, jnp.asarray(P0), args=args,
                         schedule=StallEscalation(rate=0.5, patience=1))
     default = ap.solve_nlsq(expo, jnp.asarray(P0), args=args)
-    assert rst.rung_name == "f64" and int(rst.escalation_reason[1]) == 5
+    assert rst.rung_name == "f64" and int(rst.escalation_reason[1]) == ap.Reason.SCHEDULE
     assert int(rst.rung_entered[1]) < int(default.rung_entered[1])
     np.testing.assert_allclose(np.asarray(rst.x), ref, rtol=1e-9)
 
@@ -191,7 +191,7 @@ def test_overflow_on_low_rung_escalates():
 
     res = ap.solve_nlsq(r, jnp.array([0.9, 0.9]))
     np.testing.assert_allclose(np.asarray(res.x), [1.0, 1.01], rtol=1e-10)
-    assert int(res.escalation_reason[1]) == 2  # non-finite
+    assert int(res.escalation_reason[1]) == ap.Reason.NONFINITE
 
 
 def test_nonfinite_residual_gives_status_not_answer():

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import adaptprec as ap
-from adaptprec.policy import Policy
+from adaptprec import Policy
 
 NAMES = {"bf16": ml_dtypes.bfloat16, "bfloat16": ml_dtypes.bfloat16, "f16": np.float16,
          "float16": np.float16, "f32": np.float32, "float32": np.float32, "full": np.float32,

@@ -64,7 +64,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..policy import cast_floating
+from .._policy import cast_floating
 from . import _status as st
 from ..nlsq.common import robust_cost, scale_for_robust_loss
 from ._fits_last import vmap_last

@@ -15,7 +15,7 @@ import numpy as np
 
 import jax.numpy as jnp
 
-from ..policy import Policy
+from .._policy import Policy
 from ..precision import unit_roundoff
 from ._common import check_array
 

@@ -18,7 +18,15 @@ from .common import LOSSES, STATUS_MESSAGES, Status, covariance_from_jac
 from .result import ESCALATION_REASONS, NLSQResult
 from .solve import cache_info, clear_cache, resolve_ladder, solve_nlsq
 from .curve_fit import OptimizeWarning, curve_fit
-from .optx_solver import MoreLM
+
+
+def __getattr__(name):
+    # optimistix is imported only by its adapter, and only when asked for (import cost).
+    if name == "MoreLM":
+        from .optx_solver import MoreLM
+        return MoreLM
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["solve_nlsq", "curve_fit", "MoreLM", "OptimizeWarning", "NLSQResult", "Status", "STATUS_MESSAGES", "LOSSES",
            "ESCALATION_REASONS", "covariance_from_jac", "cache_info", "clear_cache",

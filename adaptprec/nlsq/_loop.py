@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..precision import Ladder, unit_roundoff
+from .._status import Reason
 from ..schedule import NoiseFloor, ScheduleStats, StallEscalation, any_of
 from .common import Status, check_termination_codes, jac_scale, robust_cost
 from .common import scale_for_robust_loss, update_tr_radius
@@ -286,9 +287,10 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             use = (~pending) & (accepted | bad)
             sched_n = jax.tree.map(lambda a, b: jnp.where(use, b, a), st.sched, sched_c)
             sched_up = use & sched_up
-        reason = jnp.where(bad, 2, jnp.where(conv, 1, jnp.where(
-            consec >= cfg.max_rejections, 3, jnp.where(cond_bad, 4, jnp.where(
-                sched_up, 5, 0)))))
+        reason = jnp.where(bad, Reason.NONFINITE, jnp.where(conv, Reason.VERIFY, jnp.where(
+            consec >= cfg.max_rejections, Reason.REJECTED_STEPS, jnp.where(
+                cond_bad, Reason.ILL_CONDITIONED, jnp.where(sched_up, Reason.SCHEDULE,
+                                                            Reason.NONE))))).astype(jnp.int32)
         want_up = (~on_top) & (reason > 0)
         rung_n = jnp.where(want_up, st.rung + 1, st.rung)
         # ---- new model: after an accepted step or a (pending) evaluation

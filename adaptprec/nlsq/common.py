@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._compile import cpu_jit
+from .._status import Status, status_message
 
 __all__ = [
     "LOSSES",
@@ -163,63 +164,8 @@ def scale_for_robust_loss(loss: LossLike, f, J, f_scale):
 
 
 # --------------------------------------------------------------------------- status
-class Status:
-    """Termination codes. Non-negative codes are scipy's ``least_squares`` codes.
-
-    ===  =====================================================================
-    -1   improper input (raised as ``ValueError`` before tracing; never returned)
-    -3   the residual is non-finite at the current point on the top rung
-    -4   the Jacobian is non-finite at the current point on the top rung
-    -5   no finite trial point could be found (trust region collapsed on NaN/Inf)
-     0   the maximum number of steps was reached
-     1   ``gtol`` satisfied
-     2   ``ftol`` satisfied
-     3   ``xtol`` satisfied
-     4   ``ftol`` and ``xtol`` satisfied
-    ===  =====================================================================
-
-    Example:
-        >>> from adaptprec.nlsq.common import Status, status_message
-        >>> status_message(Status.GTOL)
-        '`gtol` termination condition is satisfied.'
-    """
-
-    IMPROPER_INPUT = -1
-    NONFINITE_RESIDUAL = -3
-    NONFINITE_JACOBIAN = -4
-    NO_FINITE_STEP = -5
-    MAX_STEPS = 0
-    GTOL = 1
-    FTOL = 2
-    XTOL = 3
-    FTOL_XTOL = 4
-    RUNNING = 99
-
-
-STATUS_MESSAGES = {
-    -1: "Improper input parameters status returned from the boundary checks.",
-    -3: "The residual is non-finite (NaN/Inf) at the current point even on the top rung.",
-    -4: "The Jacobian is non-finite (NaN/Inf) at the current point even on the top rung.",
-    -5: "No finite trial point could be found: every step tried gave a non-finite "
-        "residual and the trust region collapsed.",
-    0: "The maximum number of function evaluations is exceeded.",
-    1: "`gtol` termination condition is satisfied.",
-    2: "`ftol` termination condition is satisfied.",
-    3: "`xtol` termination condition is satisfied.",
-    4: "Both `ftol` and `xtol` termination conditions are satisfied.",
-    99: "Still running.",
-}
-
-
-def status_message(status) -> str:
-    """The message for a status code (an int or a concrete 0-d array).
-
-    Example:
-        >>> from adaptprec.nlsq.common import status_message
-        >>> status_message(0).startswith("The maximum")
-        True
-    """
-    return STATUS_MESSAGES.get(int(status), f"Unknown status {int(status)}.")
+# One vocabulary for every layer (adaptprec/_status.py); re-exported here for nlsq users.
+STATUS_MESSAGES = {int(s): s.message for s in Status}
 
 
 # --------------------------------------------------------------------------- scaling

@@ -18,19 +18,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._status import Reason
 from .common import STATUS_MESSAGES, Status
 
 __all__ = ["NLSQResult", "ESCALATION_REASONS"]
 
-#: Why the solver went up a rung (``NLSQResult.escalation_reason``).
-ESCALATION_REASONS = {
-    0: "not escalated",
-    1: "converged on a lower rung (verify on the next one)",
-    2: "non-finite residual or Jacobian",
-    3: "repeated rejected steps",
-    4: "Jacobian condition estimate times u above tolerance",
-    5: "precision schedule (stall / noise floor)",
-}
+#: Why the solver went up a rung (``NLSQResult.escalation_reason``): :class:`adaptprec.Reason`.
+ESCALATION_REASONS = {int(r): r.describe() for r in Reason}
+ESCALATION_REASONS[0] = "not escalated"
 
 
 class NLSQResult(eqx.Module):

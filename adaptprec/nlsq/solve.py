@@ -29,7 +29,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from .._tracing import is_concrete
-from ..policy import cast_floating
+from .._policy import cast_floating
 from ..precision import Ladder, canonical_dtype, x64_enabled
 from ._blocks import PointBlocks
 from ._compile import cpu_jit

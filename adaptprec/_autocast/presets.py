@@ -2,7 +2,7 @@
 
 A :class:`PrecisionPolicy` has a *low* dtype (``dtype``, the cheap precision values are
 stored and moved in), an *accumulation* dtype (``accumulate``, float32 by default) and a
-:class:`Rule` per :class:`~adaptprec.autocast.OpKind`, optionally overridden per primitive
+:class:`Rule` per :class:`~adaptprec.OpKind`, optionally overridden per primitive
 name. Rules:
 
 ``low``         cast floating operands to the low dtype and compute there.
@@ -96,7 +96,7 @@ class Rule(enum.Enum):
     """How an op kind picks its compute dtype (see the module docstring).
 
     Example:
-        >>> from adaptprec.autocast import Rule
+        >>> from adaptprec import Rule
         >>> Rule.parse("Accumulate")
         <Rule.ACCUMULATE: 'accumulate'>
     """
@@ -214,7 +214,7 @@ _KIND_ORDER = tuple(k.value for k in OpKind)
 @jax.tree_util.register_static
 @dataclasses.dataclass(frozen=True, init=False)
 class PrecisionPolicy:
-    """Precision rules per op kind / primitive for :func:`~adaptprec.autocast.autocast`.
+    """Precision rules per op kind / primitive for :func:`~adaptprec.autocast`.
 
     Args:
         dtype: the low dtype (also the policy's nominal precision as a ladder rung).

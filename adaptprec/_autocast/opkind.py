@@ -1,6 +1,6 @@
 """Op kinds: which class of numerical behaviour each JAX primitive belongs to.
 
-A :class:`PrecisionPolicy <adaptprec.autocast.PrecisionPolicy>` assigns a precision rule
+A :class:`PrecisionPolicy <adaptprec.PrecisionPolicy>` assigns a precision rule
 per op kind (and optionally per primitive). The classification is by primitive *name* as it
 appears in JAX 0.10 jaxprs (``jit`` — formerly ``pjit`` —, ``custom_jvp_call``,
 ``custom_vjp_call``, ``scan``, ``while``, ``cond``, ``scatter-add``...).
@@ -22,14 +22,14 @@ CONTROL             jit, closed_call, remat2, custom_jvp_call, custom_vjp_call, 
                     while, cond (recursed into; the rule applies to loop carries)
 BOUNDARY            the function's inputs and captured constants (not a primitive)
 UNKNOWN             anything not in the table: runs at its input dtype, and
-                    :func:`explain <adaptprec.autocast.explain>` lists it
+                    :func:`explain <adaptprec.explain>` lists it
 ==================  ======================================================================
 
 ``CONTROL`` and ``UNKNOWN`` are additions to the kinds named in the design: control-flow
 primitives are not computed at all (their bodies are), but their loop carries need a rule.
 
 Example:
-    >>> from adaptprec.autocast import OpKind, classify
+    >>> from adaptprec import OpKind, classify
     >>> [classify(name).name for name in ("dot_general", "exp", "while")]
     ['COMPUTE', 'TRANSCENDENTAL', 'CONTROL']
     >>> classify("my_custom_primitive")
@@ -50,7 +50,7 @@ class OpKind(enum.Enum):
     """Numerical class of a JAX primitive; the key of a precision policy's rules.
 
     Example:
-        >>> from adaptprec.autocast import OpKind
+        >>> from adaptprec import OpKind
         >>> [k.value for k in OpKind][:3]
         ['compute', 'reduction', 'elementwise']
         >>> OpKind.parse("data_movement") is OpKind.DATA_MOVEMENT
@@ -137,7 +137,7 @@ def classify(primitive_name: str) -> OpKind:
     """The :class:`OpKind` of a primitive name; ``OpKind.UNKNOWN`` if it is not in the table.
 
     Example:
-        >>> from adaptprec.autocast import classify
+        >>> from adaptprec import classify
         >>> classify("reduce_sum").name, classify("scatter-add").name
         ('REDUCTION', 'DATA_MOVEMENT')
     """

@@ -2,7 +2,7 @@
 
 ``autocast(fn, policy)`` traces ``fn`` to a jaxpr with :func:`jax.make_jaxpr` and evaluates
 the equations again, one by one, casting the floating operands of each to the dtype its
-:class:`~adaptprec.autocast.PrecisionPolicy` rule gives (integer, boolean and complex
+:class:`~adaptprec.PrecisionPolicy` rule gives (integer, boolean and complex
 values are never touched). Higher-order primitives are recursed into with JAX's public
 APIs, so the result is an ordinary traceable function that composes with ``jit``,
 ``grad``, ``vmap`` and ``adaptive()``:
@@ -20,7 +20,7 @@ APIs, so the result is an ordinary traceable function that composes with ``jit``
   half-precision factorizations), whatever the rule says;
 * other primitives carrying jaxprs (``reduce`` with a custom computation,
   ``custom_linear_solve``...) and primitives that refuse the new dtypes run at the dtype
-  they were traced at; :func:`~adaptprec.autocast.explain` lists them.
+  they were traced at; :func:`~adaptprec.explain` lists them.
 
 A float-to-float ``convert_element_type`` in ``fn`` is a precision decision made for the
 traced dtypes; autocast re-decides it with the ``convert_element_type`` primitive's rule

@@ -49,7 +49,7 @@ class KindRow:
     """One line of an :class:`Explanation`: an op kind's ops, casts and compute dtypes.
 
     Example:
-        >>> from adaptprec.autocast import KindRow, OpKind
+        >>> from adaptprec import KindRow, OpKind
         >>> KindRow(OpKind.REDUCTION, 2, 1, ("float32",), (("reduce_sum", 2),)).casts
         1
     """

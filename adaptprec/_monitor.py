@@ -71,7 +71,7 @@ def enabled() -> bool:
 
     Example:
         >>> import adaptprec as ap
-        >>> from adaptprec.monitor import enabled
+        >>> from adaptprec._monitor import enabled
         >>> with ap.monitor():
         ...     inside = enabled()
         >>> inside, enabled()
@@ -94,7 +94,7 @@ def emit(name: str, report: Report) -> None:
     Example:
         >>> import jax.numpy as jnp
         >>> import adaptprec as ap
-        >>> from adaptprec.monitor import emit
+        >>> from adaptprec._monitor import emit
         >>> _, rep = ap.adaptive(jnp.sin, ladder="bf16,f32").with_report(jnp.ones(2))
         >>> with ap.monitor() as log:
         ...     emit("mine", rep)
