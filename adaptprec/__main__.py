@@ -1,4 +1,4 @@
-"""``python -m adaptprec demo|profile|bench``."""
+"""``python -m adaptprec demo`` (see ``python -m adaptprec --help``)."""
 
 from .cli import main
 

@@ -1,4 +1,4 @@
-"""Command line: ``python -m adaptprec demo``.
+"""Command line: ``python -m adaptprec demo [SECTION ...]``.
 
 Each capability contributes one demo section: a module in ``adaptprec/_demos`` with an
 integer ``ORDER``, a ``TITLE`` and a ``run()`` that prints. Sections are discovered, so a
@@ -22,22 +22,16 @@ def _sections():
     return sorted(mods, key=lambda m: (m.ORDER, m.__name__))
 
 
-_X64_HINT = (
-    "the demo escalates to float64, which JAX only computes with jax_enable_x64 on; "
-    "run it as:  JAX_ENABLE_X64=1 python -m adaptprec demo"
-)
-
-
 def demo(only: list[str] | None = None) -> int:
-    from .precision import x64_enabled
-
-    # adaptprec never flips global JAX config, not even here: the user opts in.
-    if not x64_enabled():
-        print(f"error: {_X64_HINT}", file=sys.stderr)
+    sections = _sections()
+    names = [mod.__name__.rsplit(".", 1)[-1] for mod in sections]
+    unknown = sorted(set(only or ()) - set(names))
+    if unknown:
+        print(f"error: unknown demo section(s) {', '.join(unknown)}; the sections are: "
+              f"{', '.join(names)}", file=sys.stderr)
         return 2
     start = time.perf_counter()
-    for mod in _sections():
-        name = mod.__name__.rsplit(".", 1)[-1]
+    for name, mod in zip(names, sections):
         if only and name not in only:
             continue
         print(f"\n== {mod.TITLE} ==")
@@ -54,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     p_demo = sub.add_parser("demo", help="tour of adaptprec's capabilities (< 1 min)")
     p_demo.add_argument("sections", nargs="*", help="only these sections (module names)")
     args = parser.parse_args(argv)
+    # The CLI is an application, not the library: it may turn float64 on for its own
+    # process (the demo's top rungs are float64). The library never does this.
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
     if args.command == "demo":
         return demo(args.sections or None)
     return 2

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import sys
 import time
 import warnings
@@ -30,8 +31,9 @@ import optimistix as optx  # noqa: E402
 import scipy.optimize as so  # noqa: E402
 
 import adaptprec as ap  # noqa: E402
-from adaptprec.nlsq import _nist  # noqa: E402
-from adaptprec.nlsq._nist import load_all, lre  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+import nist_problems as _nist  # noqa: E402
+from nist_problems import load_all, lre  # noqa: E402
 
 
 def _numpy_model(fn):

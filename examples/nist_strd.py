@@ -6,6 +6,7 @@ minimum over parameters. Compares adaptive precision (f32 -> f64) with fixed flo
 Run:  python examples/nist_strd.py [Misra1a Kirby2 ...]
 """
 
+import os
 import sys
 import time
 
@@ -16,7 +17,8 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 
 import adaptprec as ap  # noqa: E402
-from adaptprec.nlsq._nist import MODELS, load, lre  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from nist_problems import MODELS, load, lre  # noqa: E402
 
 names = sys.argv[1:] or list(MODELS)
 print(f"{'problem':10s} {'start':>5s} {'LRE adaptive':>13s} {'f32 evals':>9s} "

@@ -324,7 +324,7 @@ def test_optimistix_adapter_nist():
     import optimistix as optx
 
     from adaptprec.nlsq import MoreLM
-    from adaptprec.nlsq._nist import load, lre
+    from nist_problems import load, lre
 
     p = load("Misra1a")
 

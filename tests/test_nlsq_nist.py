@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import adaptprec as ap
-from adaptprec.nlsq._nist import MODELS, load, lre
+from nist_problems import MODELS, load, lre
 
 HANDFUL = ["Misra1a", "Kirby2", "MGH17"]  # MGH17: start 1 used to stall (fixed)
 KNOWN_FAIL: set = set()  # MGH17 start 1 fixed: rank test on s, MINPACK radius

@@ -1,8 +1,9 @@
 """NIST StRD nonlinear-regression problems: a small parser for the ``.dat`` files and the
-19 model functions (private; used by the tests, examples and benchmarks).
+model functions. It lives with the tests (not in the library): the data are test data.
+Examples and benchmarks import it from here (``sys.path`` gets ``tests/``).
 
 Example:
-    >>> from adaptprec.nlsq._nist import MODELS, lre
+    >>> from nist_problems import MODELS, lre
     >>> len(MODELS), round(lre(1.000001, 1.0), 3)
     (19, 6.0)
 """
@@ -119,7 +120,7 @@ def default_data_dir() -> str:
     if env:
         return env
     here = os.path.dirname(os.path.abspath(__file__))
-    return os.path.normpath(os.path.join(here, "..", "..", "tests", "data", "nist_strd"))
+    return os.path.join(here, "data", "nist_strd")
 
 
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
@@ -162,7 +163,7 @@ def lre(x, c, cap: float = 11.0) -> float:
     """Log relative error ``-log10(|x - c| / |c|)`` (minimum over components, capped).
 
     Example:
-        >>> from adaptprec.nlsq._nist import lre
+        >>> from nist_problems import lre
         >>> lre([1.0, 2.0], [1.0, 2.0])
         11.0
     """
