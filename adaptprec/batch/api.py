@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._pytree import replace
-from ..nlsq.common import check_loss, robust_cost, scale_for_robust_loss
+from ..nlsq.common import (DEFAULT_FTOL, DEFAULT_GTOL, DEFAULT_XTOL, check_loss,
+                           default_max_steps, robust_cost, scale_for_robust_loss)
 from ..precision import Ladder, dtype_name, require_x64, unit_roundoff
 from ._problem import Residual, build_problem, nonfinite_fits
 from .._tracing import is_traced
@@ -90,7 +91,7 @@ def _build(residual: Residual, cfg: _Config) -> Callable:
         cap = max(cfg.escalate_min, int(np.ceil(min(size, cfg.block_size) * cfg.escalate_fraction)))
         # the iterations are not differentiated (see implicit_solution below)
         x0_, bargs_, sargs_ = jax.lax.stop_gradient((x0, bargs, sargs))
-        s, rung = solve_ladder(residual, x0_, bargs_, sargs_, cfg.plans,
+        s, rung, reason = solve_ladder(residual, x0_, bargs_, sargs_, cfg.plans,
                                escalate_capacity=min(size, cap), cond_tol=cfg.cond_tol,
                                noise_floor=cfg.noise_floor, strategy=cfg.strategy,
                                slots=cfg.block_size, compaction_factor=cfg.compaction_factor,
@@ -115,7 +116,7 @@ def _build(residual: Residual, cfg: _Config) -> Callable:
             x=x, cost=cost, status=s.status, success=s.status > 0, rung=rung,
             nfev=s.nfev, njev=s.njev, nit=s.nit,
             optimality=jnp.max(jnp.abs(s.jtf), axis=-1), pcov=pcov,
-            ladder=tuple(dtype_name(p.dtype) for p in cfg.plans))
+            ladder=tuple(dtype_name(p.dtype) for p in cfg.plans), escalation_reason=reason)
 
     return solve
 
@@ -133,9 +134,9 @@ def solve_nlsq_batch(
     precision="adaptive",
     loss="linear",
     f_scale: float = 1.0,
-    ftol: float = 1e-8,
-    xtol: float = 1e-8,
-    gtol: float = 1e-8,
+    ftol: float = DEFAULT_FTOL,
+    xtol: float = DEFAULT_XTOL,
+    gtol: float = DEFAULT_GTOL,
     max_steps: Optional[int] = None,
     return_pcov: bool = False,
     nan_policy: str = "propagate",
@@ -154,8 +155,9 @@ def solve_nlsq_batch(
     Each fit ``k`` minimises :math:`\tfrac12\|r(x_k)\|^2` by Levenberg–Marquardt (module
     :mod:`adaptprec.batch.lm_batched`), with the batch axis explicit: converged fits are
     frozen, stragglers are compacted into smaller buffers, and each fit escalates through
-    the precision ladder on its own (float32 first; only the fits whose guards fire are
-    re-solved in float64, from where float32 left them).
+    the precision ladder on its own (float32 first; every fit then finishes in float64 from
+    where float32 left it, usually in one to three iterations, so a converged answer is
+    always verified in float64 — the same guarantee as :func:`adaptprec.solve_nlsq`).
 
     Args:
         fun: the residual ``fun(x, *args) -> (m,)`` of one fit, or with ``ydata`` the model
@@ -185,10 +187,12 @@ def solve_nlsq_batch(
             the helpers of :mod:`adaptprec.nlsq.common`): the cost becomes
             ``0.5 f_scale^2 sum(rho((f/f_scale)^2))`` and ``J``/``f`` are rescaled as scipy
             does (scipy's ``lm`` has no loss; compare with its ``trf``).
-        ftol, xtol, gtol: scipy's termination tolerances; each rung uses
+        ftol, xtol, gtol: termination tolerances, the same defaults as
+            :func:`~adaptprec.solve_nlsq` (1e-15, 1e-10, 1e-10); each rung uses
             ``max(tol, 16 u_rung)`` (float32: about 1e-6), so a float32 rung stops where
             float32 stops resolving progress and its guards decide about float64.
-        max_steps: iterations per fit and rung (default ``100 * n``, scipy's lm budget).
+        max_steps: iterations per fit and rung (default ``100 * (n + 1)``, as
+            :func:`~adaptprec.solve_nlsq`).
         return_pcov: also compute the per-fit covariance (``curve_fit`` semantics).
         nan_policy: ``"propagate"`` (fits with non-finite starts/data get status
             ``-3`` (non-finite residual); the others are unaffected) or ``"raise"`` (``ValueError`` listing the
@@ -247,7 +251,7 @@ def solve_nlsq_batch(
         raise ValueError(f"nan_policy must be 'propagate' or 'raise', got {nan_policy!r}")
     prob = build_problem(fun, x0, args, in_axes, ydata, sigma, bounds)
     if max_steps is None:
-        max_steps = 100 * prob.n
+        max_steps = default_max_steps(prob.n)
     if int(max_steps) < 1:
         raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
     for name, tol in (("ftol", ftol), ("xtol", xtol), ("gtol", gtol)):

@@ -20,8 +20,11 @@ current x** at the next rung (residual and Jacobian re-evaluated there, damping 
 solved to completion (with compaction inside), and scattered back. If more fits are
 flagged than the buffer holds, the buffer is refilled in rounds inside one
 ``lax.while_loop``, so cost tracks the number of flagged fits and nothing overflows.
-Fits that are not flagged keep their bottom-rung answer, report ``rung == 0`` and cost
-nothing more.
+On an intermediate rung, fits that are not flagged keep their answer and cost nothing
+more there. The top rung takes every fit, flagged or not, from where it stopped: a lower
+rung never ends a solve (DESIGN.md), so every converged answer has its final evaluation and
+convergence test in the top precision, as in :func:`adaptprec.solve_nlsq`. From a
+bottom-rung solution that costs one to three top-rung iterations per fit.
 
 Why not :func:`adaptprec.iterate` with a per-fit :class:`~adaptprec.schedule.PrecisionSchedule`?
 With an explicit batch axis a ``lax.switch`` over rungs per fit degenerates into running
@@ -40,13 +43,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._status import Reason
 from . import _status as st
 from .cholesky import cholesky_solve
 from .compaction import (empty_state, gather, plan_capacities, run_compacted, run_streaming,
                          scatter, select)
 from .lm_batched import LMOptions, LMState, gradient_cosine, lm_init, make_fj
 
-__all__ = ["RungPlan", "escalation_flags", "scaled_condition", "solve_ladder"]
+__all__ = ["RungPlan", "escalation_flags", "escalation_reasons", "scaled_condition",
+           "solve_ladder"]
 
 
 class RungPlan(NamedTuple):
@@ -84,25 +89,38 @@ def scaled_condition(jtj: jax.Array) -> jax.Array:
     return jnp.where(jnp.isfinite(ratio), ratio, jnp.inf)
 
 
-def escalation_flags(s: LMState, u: float, gtol: float, cond_tol: float,
-                     floor: float) -> jax.Array:
-    """Per-fit "needs a higher rung" mask after a rung with unit roundoff ``u``.
+def escalation_reasons(s: LMState, u: float, gtol: float, cond_tol: float,
+                       floor: float) -> jax.Array:
+    """Per-fit :class:`adaptprec.Reason` why a fit needs a higher rung after a rung with
+    unit roundoff ``u`` (``Reason.NONE`` where it does not).
 
     Example:
         >>> import jax.numpy as jnp
+        >>> import adaptprec as ap
         >>> from adaptprec.batch.lm_batched import LMOptions, lm_init, make_fj
-        >>> from adaptprec.batch.escalation import escalation_flags
+        >>> from adaptprec.batch.escalation import escalation_reasons
         >>> fj = make_fj(lambda x, b, s: x - b[0], jnp.float32, jnp.float32)
         >>> y = (jnp.array([[1.0], [jnp.nan]]),)
         >>> s = lm_init(fj, jnp.ones((2, 1)), y, (), LMOptions(1e-6, 1e-6, 1e-6, 10))
-        >>> escalation_flags(s, 2.0**-24, 1e-8, 1e-2, 10.0).tolist()
-        [False, True]
+        >>> [ap.Reason(int(r)).name for r in escalation_reasons(s, 2.0**-24, 1e-8, 1e-2, 10.0)]
+        ['NONE', 'NONFINITE']
     """
-    failed = jnp.isin(s.status, jnp.array(st.FAILURES, s.status.dtype))
+    nonfinite = jnp.isin(s.status, jnp.array(
+        (st.NONFINITE_RESIDUAL, st.NONFINITE_JACOBIAN, st.NO_FINITE_STEP), s.status.dtype))
     illcond = scaled_condition(s.jtj) * u > cond_tol
     cos = gradient_cosine(s.cost, s.jtj, s.jtf)
     above = ~(cos <= max(gtol, floor * float(np.sqrt(u))))
-    return failed | illcond | (above & (s.status != st.GTOL))
+    return jnp.select(
+        [nonfinite, s.status == st.MAX_STEPS, s.status == st.STALLED, illcond,
+         above & (s.status != st.GTOL)],
+        [Reason.NONFINITE, Reason.BUDGET, Reason.REJECTED_STEPS, Reason.ILL_CONDITIONED,
+         Reason.SCHEDULE], Reason.NONE).astype(jnp.int32)
+
+
+def escalation_flags(s: LMState, u: float, gtol: float, cond_tol: float,
+                     floor: float) -> jax.Array:
+    """Per-fit "needs a higher rung" mask: :func:`escalation_reasons` is not ``NONE``."""
+    return escalation_reasons(s, u, gtol, cond_tol, floor) != Reason.NONE
 
 
 def _astype_state(s: LMState, dtype) -> LMState:
@@ -124,22 +142,27 @@ def solve_ladder(residual: Callable, x0, bargs, sargs, plans: tuple[RungPlan, ..
     rungs in rounds of ``escalate_capacity`` fits (lockstep within a round: escalated
     fits are few, and every extra stage is another compiled copy of the LM loop).
 
-    Returns ``(state, rung)`` with the state in the top rung's accumulation dtype and
-    ``rung`` the per-fit index of the rung that produced the answer.
+    Returns ``(state, rung, reason)`` with the state in the top rung's accumulation dtype,
+    ``rung`` the per-fit index of the rung that produced the answer and ``reason`` the
+    per-fit :class:`adaptprec.Reason` it left the lower rungs for (``VERIFY`` when no guard
+    fired and the fit was only finished and verified on the top rung).
 
     Example:
         >>> import jax.numpy as jnp, numpy as np
+        >>> import adaptprec as ap
         >>> from adaptprec.batch.escalation import RungPlan, solve_ladder
         >>> from adaptprec.batch.lm_batched import LMOptions
         >>> f64 = np.dtype("float64")  # needs x64 (on under the tests)
         >>> plans = (RungPlan(np.dtype("float32"), np.dtype("float32"), LMOptions(1e-6, 1e-6, 1e-4, 50)),
         ...          RungPlan(f64, f64, LMOptions(1e-10, 1e-10, 1e-10, 50)))
         >>> y = (jnp.array([[2.0], [1e30]]),)  # exp(69) overflows float32
-        >>> s, rung = solve_ladder(lambda x, b, s: jnp.exp(x) - b[0], jnp.array([[0.0], [69.0]]),
+        >>> s, rung, why = solve_ladder(lambda x, b, s: jnp.exp(x) - b[0], jnp.array([[0.0], [69.0]]),
         ...                        y, (), plans, escalate_capacity=1, cond_tol=1e-2,
         ...                        noise_floor=10.0)
-        >>> rung.tolist(), [round(float(v), 4) for v in s.x[:, 0]]
-        ([0, 1], [0.6931, 69.0776])
+        >>> rung.tolist(), [round(float(v), 4) for v in s.x[:, 0]]   # all end on f64
+        ([1, 1], [0.6931, 69.0776])
+        >>> [ap.Reason(int(r)).name for r in why]   # exp(69) overflowed float32
+        ['VERIFY', 'NONFINITE']
     """
     if strategy not in ("stream", "staged"):
         raise ValueError(f"strategy must be 'stream' or 'staged', got {strategy!r}")
@@ -164,13 +187,24 @@ def solve_ladder(residual: Callable, x0, bargs, sargs, plans: tuple[RungPlan, ..
         s = run_compacted(fj0, s, bargs, sargs, p0.opts, caps(size))
     s = _astype_state(s, top_acc)
     rung = jnp.zeros((size,), jnp.int32)
+    reason = jnp.zeros((size,), jnp.int32)
 
     for k in range(1, len(plans)):
         prev, plan = plans[k - 1], plans[k]
         u_prev = float(np.finfo(prev.dtype).eps) / 2
-        flags = (rung == k - 1) & escalation_flags(
-            s, u_prev, prev.opts.gtol, cond_tol, noise_floor)
-        cap = int(min(size, escalate_capacity))
+        why = jnp.where(rung == k - 1, escalation_reasons(
+            s, u_prev, prev.opts.gtol, cond_tol, noise_floor), Reason.NONE)
+        reason = jnp.where(why != Reason.NONE, why, reason)
+        if k == len(plans) - 1:
+            # A lower rung never ends a solve: every fit finishes on the top rung, from
+            # where it stopped (typically 1-3 iterations there), so a converged answer has
+            # its final evaluation and convergence test in the top precision.
+            reason = jnp.where(reason == Reason.NONE, Reason.VERIFY, reason)
+            flags = jnp.ones((size,), bool)
+            cap = int(min(size, slots))
+        else:
+            flags = why != Reason.NONE
+            cap = int(min(size, escalate_capacity))
         fj = make_fj(residual, plan.dtype, plan.acc_dtype)
         if strategy == "stream":
             nslots, nrefill = lanes(cap)
@@ -205,4 +239,4 @@ def solve_ladder(residual: Callable, x0, bargs, sargs, plans: tuple[RungPlan, ..
             return s, rung, remaining
 
         s, rung, _ = jax.lax.while_loop(lambda c: jnp.any(c[2]), body, (s, rung, flags))
-    return s, rung
+    return s, rung, reason

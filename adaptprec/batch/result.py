@@ -8,6 +8,7 @@ import jax
 import numpy as np
 
 from .._pytree import Module, field
+from .._status import Reason
 from . import _status as st
 
 __all__ = ["BatchResult"]
@@ -29,7 +30,10 @@ class BatchResult(Module):
       gradient, components held by a bound dropped);
     - ``pcov`` ``(B, n, n)`` parameter covariance when requested, else ``None``
       (``inf`` where a parameter is not identifiable or there are no degrees of freedom);
-    - ``ladder`` (static) names of the rungs, e.g. ``("f32", "f64")``.
+    - ``ladder`` (static) names of the rungs, e.g. ``("f32", "f64")``;
+    - ``escalation_reason`` ``(B,)`` :class:`adaptprec.Reason` code per fit: why it left
+      the lower rungs (``VERIFY``: no guard fired, it was finished and verified on the top
+      rung, as every adaptive fit is; ``NONE`` for a one-rung precision).
 
     Being a pytree dataclass, a ``BatchResult`` passes through ``jit`` and
     ``jax.tree.map``.
@@ -56,6 +60,7 @@ class BatchResult(Module):
     optimality: jax.Array
     pcov: Optional[jax.Array]
     ladder: tuple = field(static=True)
+    escalation_reason: Optional[jax.Array] = None
 
     @property
     def batch_size(self) -> int:
@@ -64,8 +69,12 @@ class BatchResult(Module):
 
     @property
     def num_escalated(self) -> int:
-        """How many fits were answered above the bottom rung (host-side count)."""
-        return int(np.sum(np.asarray(self.rung) > 0))
+        """How many fits a lower rung's guard sent up (host-side count). Fits that were
+        only finished and verified on the top rung (``Reason.VERIFY``) do not count."""
+        if self.escalation_reason is None:
+            return int(np.sum(np.asarray(self.rung) > 0))
+        why = np.asarray(self.escalation_reason)
+        return int(np.sum((why != Reason.NONE) & (why != Reason.VERIFY)))
 
     def message(self, i: int) -> str:
         """The scipy-style message for fit ``i``."""

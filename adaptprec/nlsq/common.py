@@ -163,6 +163,20 @@ def scale_for_robust_loss(loss: LossLike, f, J, f_scale):
     return f * rho1 / js, J * js[:, None]
 
 
+# --------------------------------------------------------------------------- defaults
+#: Default tolerances of every NLSQ entry point (solve_nlsq, curve_fit, solve_nlsq_batch).
+#: Tighter than scipy's 1e-8: with 1e-8, ENSO/Chwirut/Kirby2 stop at LRE 3-5 (docs/nlsq.md).
+#: On a low rung each is raised to 16 u_rung (the rung cannot resolve more).
+DEFAULT_FTOL = 1e-15
+DEFAULT_XTOL = 1e-10
+DEFAULT_GTOL = 1e-10
+
+
+def default_max_steps(n: int) -> int:
+    """Iteration cap when ``max_steps`` is None: ``100 (n + 1)`` (MINPACK's ``maxfev``)."""
+    return 100 * (n + 1)
+
+
 # --------------------------------------------------------------------------- status
 # One vocabulary for every layer (adaptprec/_status.py); re-exported here for nlsq users.
 STATUS_MESSAGES = {int(s): s.message for s in Status}
