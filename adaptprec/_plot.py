@@ -207,6 +207,8 @@ def plot_fit(fit: Any, model: Callable | None = None, xdata=None, ydata=None, *,
     if trace is not None:
         ax = axes["cost"]
         steps, cost, rung = trace.arrays()
+        keep = np.isfinite(cost)          # the state before the first step has cost inf
+        steps, cost, rung = steps[keep], cost[keep], rung[keep]
         for k in np.unique(rung):
             sel = rung == k
             name = names[k] if names and k < len(names) else f"rung {k}"

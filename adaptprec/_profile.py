@@ -96,7 +96,7 @@ def _parse_adaptive_string(spec: str) -> dict:
             ladder = part
         else:
             raise ValueError(f"profile config {spec!r} names two ladders")
-    kw["ladder"] = Ladder.parse(ladder or _DEFAULT_LADDER)
+    kw["ladder"] = Ladder.parse(ladder or _DEFAULT_LADDER, check_x64=False)
     return kw
 
 
@@ -109,17 +109,17 @@ def _config(spec: Any) -> _Config:
         return _Config(str(spec), "ladder", spec)
     if isinstance(spec, Mapping):
         kw = dict(spec)
-        kw["ladder"] = Ladder.parse(kw.get("ladder", _DEFAULT_LADDER))
+        kw["ladder"] = Ladder.parse(kw.get("ladder", _DEFAULT_LADDER), check_x64=False)
         extra = ",".join(f"{k}={v}" for k, v in kw.items() if k != "ladder")
         return _Config(f"{kw['ladder']};{extra}" if extra else str(kw["ladder"]),
                        "adaptive" if "rtol" in kw else "ladder", kw)
     if isinstance(spec, str):
         s = spec.strip()
-        if "rtol" in s:
+        if ";" in s or s.startswith("rtol"):
             return _Config(spec, "adaptive", _parse_adaptive_string(s))
         if "," in s:
             try:
-                return _Config(spec, "ladder", Ladder.parse(s))
+                return _Config(spec, "ladder", Ladder.parse(s, check_x64=False))
             except ValueError:
                 pass    # maybe a policy string such as "auto_mixed_bf16,exp=f32"
         else:
