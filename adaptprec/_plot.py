@@ -160,12 +160,12 @@ def plot_fit(fit: Any, model: Callable | None = None, xdata=None, ydata=None, *,
         return plot_batch(fit)
     params, result = _unpack_fit(fit)
     have_data = model is not None and xdata is not None and ydata is not None
-    if not have_data and result is None:
-        raise ValueError("plot_fit needs model, xdata and ydata to plot popt; or pass an "
-                         "NLSQResult (its residuals fit.fun are plotted)")
     if (model is None) != (xdata is None) or (ydata is None) != (xdata is None):
         raise ValueError("pass model, xdata and ydata together (curve_fit's f, xdata, "
                          "ydata)")
+    if not have_data and result is None:
+        raise ValueError("plot_fit needs model, xdata and ydata to plot popt; or pass an "
+                         "NLSQResult (its residuals fit.fun are plotted)")
     panels = ["data"] * have_data + ["residuals"] + ["cost"] * (trace is not None)
     fig, axes = _figure(len(panels))
     axes = dict(zip(panels, axes))
