@@ -197,3 +197,64 @@ def test_x64_off_profiles_low_precision_and_rejects_f64():
     out = run_python(code, x64=False, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("OK")
+
+
+# ------------------------------------------------------------------------------- CLI
+
+_KERNEL = '''
+import jax.numpy as jnp
+
+def setup():
+    x = jnp.linspace(0.0, 1.0, 512)
+    return (lambda x: jnp.cumsum(jnp.exp(x)) / x.size), (x,)
+
+def not_a_pair():
+    return 3
+'''
+
+
+def _cli(*argv, cwd):
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root), JAX_PLATFORMS="cpu")
+    return subprocess.run([sys.executable, "-m", "adaptprec", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_profile_prints_the_table_and_writes_plot_and_json(tmp_path):
+    import json
+
+    (tmp_path / "kernmod.py").write_text(_KERNEL)
+    out = _cli("profile", "kernmod:setup", "--configs", "bf16", "f32", "f32,f64",
+               "--repeats", "1", "--plot", "p.png", "--json", "p.json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "profile of setup (reference: f64)"
+    assert [ln.split()[0] for ln in lines[3:6]] == ["bf16", "f32", "f32,f64"]
+    assert (tmp_path / "p.png").stat().st_size > 1000
+    d = json.loads((tmp_path / "p.json").read_text())
+    assert d["f32,f64"]["rung"] == "f32" and d["f32"]["digits"] > 6
+
+
+def test_cli_profile_file_path_and_errors(tmp_path):
+    path = tmp_path / "k.py"
+    path.write_text(_KERNEL)
+    ok = _cli("profile", f"{path}:setup", "--configs", "f32", "--repeats", "1",
+              cwd=tmp_path)
+    assert ok.returncode == 0 and "f32" in ok.stdout, ok.stderr
+    for target, msg in ((f"{path}:nope", "has no function 'nope'"),
+                        (f"{path}:not_a_pair", "must return (fn, args)"),
+                        ("nocolon", "expected MODULE:FUNCTION")):
+        bad = _cli("profile", target, cwd=tmp_path)
+        assert bad.returncode == 2 and msg in bad.stderr, (target, bad.stderr)
+    bad = _cli("profile", f"{path}:setup", "--configs", "f99", cwd=tmp_path)
+    assert bad.returncode == 2 and "neither a dtype" in bad.stderr
+
+
+def test_cli_help_lists_only_real_commands(tmp_path):
+    out = _cli("--help", cwd=tmp_path)
+    assert "{demo,profile}" in out.stdout
