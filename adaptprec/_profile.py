@@ -470,8 +470,9 @@ def profile(fn: Callable, *args, configs: Sequence[Any] = ("bf16", "f32", "bf16,
         name: label for the table (default ``fn.__name__``).
 
     Raises:
-        ValueError / TypeError: an empty or duplicated config list, a config that is none
-        of the above, ``repeats < 1``, a float64 config with ``jax_enable_x64`` off.
+        ValueError: an empty or duplicated config list, a config string that is none of
+            the above, ``repeats < 1``, a float64 config with ``jax_enable_x64`` off.
+        TypeError: ``fn`` is not callable, or a config of an unknown type.
 
     Example:
         >>> import jax.numpy as jnp

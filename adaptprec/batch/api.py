@@ -228,8 +228,8 @@ def solve_nlsq_batch(
 
     Raises:
         ValueError / TypeError: at the boundary, for an empty batch, batch sizes that
-        disagree between ``x0`` and the data, a residual that is not 1-D, ``m < n``,
-        mismatched ``sigma``, unknown options, or float64 without ``jax_enable_x64``.
+            disagree between ``x0`` and the data, a residual that is not 1-D, ``m < n``,
+            mismatched ``sigma``, unknown options, or float64 without ``jax_enable_x64``.
 
     Example (x64 on, as under the tests):
         >>> import jax.numpy as jnp
