@@ -457,7 +457,8 @@ def profile(fn: Callable, *args, configs: Sequence[Any] = ("bf16", "f32", "bf16,
     """Measure ``fn(*args)`` under each precision configuration; returns a :class:`Profile`.
 
     Args:
-        fn: the function; array leaves of ``args`` are traced, other leaves are static.
+        fn: the function; array leaves of ``args`` are traced, other leaves are static
+            (bind keyword arguments with ``functools.partial``).
         configs: dtypes (``"f32"``), ladders (``"bf16,f32,f64"``), autocast policies
             (``"auto_mixed_bf16"`` or a :class:`~adaptprec.PrecisionPolicy`) and adaptive
             settings with ``rtol`` (``"bf16,f32,f64;rtol=1e-3"`` or a dict of
