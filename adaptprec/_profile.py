@@ -415,7 +415,12 @@ def _report_fields(report) -> dict:
     rung = int(np.asarray(report.rung).max())
     values = np.asarray(report.values)[rung]
     guards = {g: float(v) for g, v in zip(report.guard_names, values)}
-    est = next((v for g, v in guards.items() if g.startswith("accuracy")), None)
+    # the accuracy guard's value is its estimate of the significant digits; reports that
+    # know guard roles say which guard that is, else it is named "accuracy(...)"
+    roles = tuple(getattr(report, "guard_roles", ()) or ())
+    acc = [i for i, r in enumerate(roles) if r == "accuracy"] or [
+        i for i, g in enumerate(report.guard_names) if g.startswith("accuracy")]
+    est = float(values[acc[0]]) if acc else None
     return {"rung": report.rung_names[rung], "guards": guards, "est_digits": est,
             "ok": bool(np.all(np.asarray(report.ok))), "report": report.summary()}
 
