@@ -240,21 +240,32 @@ def test_cli_profile_prints_the_table_and_writes_plot_and_json(tmp_path):
     assert d["f32,f64"]["rung"] == "f32" and d["f32"]["digits"] > 6
 
 
-def test_cli_profile_file_path_and_errors(tmp_path):
+def test_cli_profile_file_path(tmp_path):
     path = tmp_path / "k.py"
     path.write_text(_KERNEL)
     ok = _cli("profile", f"{path}:setup", "--configs", "f32", "--repeats", "1",
               cwd=tmp_path)
     assert ok.returncode == 0 and "f32" in ok.stdout, ok.stderr
-    for target, msg in ((f"{path}:nope", "has no function 'nope'"),
-                        (f"{path}:not_a_pair", "must return (fn, args)"),
-                        ("nocolon", "expected MODULE:FUNCTION")):
-        bad = _cli("profile", target, cwd=tmp_path)
-        assert bad.returncode == 2 and msg in bad.stderr, (target, bad.stderr)
-    bad = _cli("profile", f"{path}:setup", "--configs", "f99", cwd=tmp_path)
-    assert bad.returncode == 2 and "neither a dtype" in bad.stderr
 
 
-def test_cli_help_lists_only_real_commands(tmp_path):
-    out = _cli("--help", cwd=tmp_path)
-    assert "{demo,profile}" in out.stdout
+def test_cli_profile_errors(tmp_path, capsys):
+    from adaptprec.cli import main
+
+    path = tmp_path / "k.py"
+    path.write_text(_KERNEL)
+    for argv, msg in (([f"{path}:nope"], "has no function 'nope'"),
+                      ([f"{path}:not_a_pair"], "must return (fn, args)"),
+                      (["nocolon"], "expected MODULE:FUNCTION"),
+                      ([f"{tmp_path}/missing.py:setup"], "no such file"),
+                      ([f"{path}:setup", "--configs", "f99"], "neither a dtype")):
+        assert main(["profile", *argv]) == 2, argv
+        assert msg in capsys.readouterr().err, argv
+
+
+def test_cli_help_lists_only_real_commands(capsys):
+    from adaptprec.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    assert "{demo,profile}" in capsys.readouterr().out
