@@ -158,7 +158,16 @@ def _needs_x64(cfg: _Config) -> bool:
 
 @dataclasses.dataclass
 class ProfileRow:
-    """One configuration's measurements (see :func:`profile` for each field's meaning)."""
+    """One configuration's measurements (see :func:`profile` for each field's meaning).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import adaptprec as ap
+        >>> row = ap.profile(jnp.sqrt, jnp.arange(1.0, 65.0), configs=["f32"],
+        ...                  repeats=1)["f32"]
+        >>> row.rung, row.arg_bytes, 6 < row.digits < 9
+        ('f32', 256, True)
+    """
 
     config: str
     kind: str
@@ -213,6 +222,18 @@ class Profile:
     "memory_bytes", "rel_error", "digits", "rung", ...}}`` keyed by the configurations as
     given; :meth:`plot` draws time against digits (a Pareto chart; needs the ``plot``
     extra).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import adaptprec as ap
+        >>> prof = ap.profile(jnp.exp, jnp.array([1.0, 100.0]), configs=["f32", "f32,f64"],
+        ...                   repeats=1)
+        >>> prof["f32"].digits, prof["f32,f64"].rung     # exp(100) overflows float32
+        (0.0, 'f64')
+        >>> prof.pareto()[-1]      # the front, fastest first, ends with the most accurate
+        'f32,f64'
+        >>> prof.table().splitlines()[1].split()[:5]
+        ['config', 'rung', 'time', 'compile', 'memory']
     """
 
     function: str
