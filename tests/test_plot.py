@@ -9,7 +9,8 @@ from adaptprec._profile import Profile, ProfileRow
 
 from _subprocess import run_python
 
-pytest.importorskip("matplotlib")
+matplotlib = pytest.importorskip("matplotlib")
+matplotlib.use("Agg")          # headless, as in CI (the figures never need pyplot anyway)
 
 X = jnp.linspace(0.0, 4.0, 30)
 SIGMA = jnp.full(30, 0.05)
@@ -34,6 +35,7 @@ def _render(fig, tmp_path, name):
     path = tmp_path / name
     fig.savefig(path, dpi=40)
     assert path.stat().st_size > 1000
+    assert type(fig.canvas).__name__ in ("FigureCanvasBase", "FigureCanvasAgg")
 
 
 def test_plot_fit_data_residuals_and_cost_by_rung(fitted, tmp_path):
