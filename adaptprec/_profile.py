@@ -477,7 +477,11 @@ def _profile_one(fn, cfg: _Config, a: _Args, ref, repeats: int, min_time: float)
                       **fields)
 
 
-def profile(fn: Callable, *args, configs: Sequence[Any] = ("bf16", "f32", "bf16,f32,f64"),
+_DEFAULT_CONFIGS = ("bf16", "f32", "f64", "bf16,f32,f64", "auto_mixed_bf16")
+_DEFAULT_CONFIGS_X32 = ("bf16", "f32", "auto_mixed_bf16")
+
+
+def profile(fn: Callable, *args, configs: Sequence[Any] | None = None,
             repeats: int = 5, min_time: float = 2e-3, reference: Any = None,
             name: str | None = None) -> Profile:
     """Measure ``fn(*args)`` under each precision configuration; returns a :class:`Profile`.
@@ -489,6 +493,8 @@ def profile(fn: Callable, *args, configs: Sequence[Any] = ("bf16", "f32", "bf16,
             (``"auto_mixed_bf16"`` or a :class:`~adaptprec.PrecisionPolicy`) and adaptive
             settings with ``rtol`` (``"bf16,f32,f64;rtol=1e-3"`` or a dict of
             :func:`~adaptprec.adaptive` keyword arguments). See the module docs.
+            Default: ``bf16, f32, f64, bf16,f32,f64, auto_mixed_bf16``, without the
+            float64 ones when ``jax_enable_x64`` is off.
         repeats: timed repeats; ``time_s`` is their median.
         min_time: each repeat runs the compiled function enough times to last this long
             (seconds), for a stable reading on fast kernels.
@@ -516,6 +522,8 @@ def profile(fn: Callable, *args, configs: Sequence[Any] = ("bf16", "f32", "bf16,
     """
     if not callable(fn):
         raise TypeError(f"profile needs a callable, got {fn!r}")
+    if configs is None:
+        configs = _DEFAULT_CONFIGS if x64_enabled() else _DEFAULT_CONFIGS_X32
     if isinstance(configs, (str, Mapping)) or not isinstance(configs, Sequence):
         configs = [configs]
     cfgs = [_config(c) for c in configs]

@@ -115,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
                             "per precision configuration", description=_PROFILE_HELP)
     p_prof.add_argument("target", metavar="MODULE:FUNCTION",
                         help="FUNCTION() returns (fn, args)")
-    p_prof.add_argument("--configs", nargs="+",
-                        default=["bf16", "f32", "f64", "bf16,f32,f64", "auto_mixed_bf16"],
-                        help="configurations (default: %(default)s)")
+    p_prof.add_argument("--configs", nargs="+", default=None,
+                        help="configurations (default: bf16 f32 f64 bf16,f32,f64 "
+                        "auto_mixed_bf16)")
     p_prof.add_argument("--plot", metavar="PATH", help="write the time-vs-digits chart "
                         "here (needs matplotlib)")
     p_prof.add_argument("--json", metavar="PATH", help="write Profile.to_dict() as JSON")

@@ -81,6 +81,11 @@ def test_table_lists_every_config(prof):
     assert "digits" in text.splitlines()[1] and "memory" in text.splitlines()[1]
 
 
+def test_default_configs_with_x64():
+    prof = ap.profile(jnp.sin, jnp.ones(8), repeats=1, min_time=1e-4)
+    assert list(prof.to_dict()) == ["bf16", "f32", "f64", "bf16,f32,f64", "auto_mixed_bf16"]
+
+
 def test_ladder_escalates_on_overflow():
     prof = ap.profile(jnp.exp, jnp.array([1.0, 100.0]), configs=["f32", "f32,f64"], **FAST)
     d = prof.to_dict()
@@ -186,6 +191,8 @@ def test_x64_off_profiles_low_precision_and_rejects_f64():
         d = p.to_dict()
         assert d["f32"]["digits"] > 6 and d["bf16"]["digits"] < 4, d
         assert not ap.x64_enabled()           # the reference's x64 scope did not leak
+        assert list(ap.profile(jnp.sin, jnp.ones(8), repeats=1, min_time=1e-4).to_dict()) \
+            == ["bf16", "f32", "auto_mixed_bf16"]     # the default without float64
         try:
             ap.profile(jnp.sin, jnp.ones(3), configs=["f32,f64"])
         except ValueError as e:
