@@ -84,6 +84,17 @@ def _load_tool(name):
     return mod
 
 
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_no_placeholders_in_code_blocks(page):
+    """No ``...`` standing in for code (``def f(x): ...``, ``fn(...)``)."""
+    import ast
+
+    for code in blocks(page):
+        for node in ast.walk(ast.parse(code)):
+            assert not (isinstance(node, ast.Constant) and node.value is Ellipsis), (
+                f"{page.name}: a python block uses ... as a placeholder:\n{code}")
+
+
 def test_every_public_name_is_in_the_api_reference():
     import adaptprec as ap
 
