@@ -148,7 +148,7 @@ def _needs_x64(cfg: _Config) -> bool:
         return cfg.value == np.float64
     if cfg.kind == "autocast":
         pol = cfg.value
-        return np.float64 in (pol.dtype, pol.accumulate)
+        return np.float64 in (pol.dtype, pol.accumulate, getattr(pol, "output", None))
     ladder = cfg.value if cfg.kind == "ladder" and isinstance(cfg.value, Ladder) \
         else cfg.value["ladder"]
     return any(d == np.float64 for d in ladder)
