@@ -105,8 +105,13 @@ def test_every_public_name_is_in_the_api_reference():
     hooks = _load_tool("docs_hooks")
     assert hooks.public_names() == list(ap.__all__)
     assert hooks.MARKER in (ROOT / "docs" / "api.md").read_text()
-    listed = re.findall(r"^::: adaptprec\.(\w+)", hooks.reference(), flags=re.M)
+    ref = hooks.reference()
+    listed = re.findall(r"^::: adaptprec\.(\w+)\s*$", ref, flags=re.M)
     assert sorted(listed) == sorted(ap.__all__)
+    for mod in hooks.MODULES:            # and every public name of the public modules
+        names = getattr(ap, mod).__all__
+        entries = re.findall(rf"^::: (adaptprec\.{mod}\.[\w.]+)\s*$", ref, flags=re.M)
+        assert [e.rsplit(".", 1)[-1] for e in entries] == list(names), mod
 
 
 def test_docstring_rewrite_for_the_reference():

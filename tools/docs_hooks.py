@@ -39,13 +39,37 @@ SECTIONS = {
 MODULES = {"guards", "schedule", "linalg", "nlsq"}
 
 
-def public_names() -> list[str]:
-    tree = ast.parse((ROOT / "adaptprec" / "__init__.py").read_text())
+def _all(tree: ast.Module, where: str) -> list[str]:
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
             return [ast.literal_eval(e) for e in node.value.elts]
-    raise RuntimeError("adaptprec/__init__.py has no __all__")
+    raise RuntimeError(f"{where} has no __all__")
+
+
+def public_names() -> list[str]:
+    return _all(ast.parse((ROOT / "adaptprec" / "__init__.py").read_text()),
+                "adaptprec/__init__.py")
+
+
+def module_members(name: str) -> list[str]:
+    """Import paths of the public names of ``adaptprec.<name>``, where they are defined.
+
+    A package re-exports names from its modules (``from .solve import solve``); the
+    entry must name the definition (``adaptprec.linalg.solve.solve``), since the bare
+    path would be the submodule of the same name.
+    """
+    pkg = ROOT / "adaptprec" / name
+    path = pkg / "__init__.py" if pkg.is_dir() else pkg.with_suffix(".py")
+    tree = ast.parse(path.read_text())
+    where = {}
+    if pkg.is_dir():
+        for node in ast.walk(tree):      # also imports inside a lazy __getattr__
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                for alias in node.names:
+                    where[alias.asname or alias.name] = (
+                        f"adaptprec.{name}.{node.module}.{alias.name}")
+    return [where.get(n, f"adaptprec.{name}.{n}") for n in _all(tree, str(path))]
 
 
 def reference() -> str:
@@ -64,9 +88,12 @@ def reference() -> str:
         out.append(f"## {title}\n")
         for n in entries:
             placed.add(n)
-            opts = ("\n    options:\n      show_submodules: false\n      members: true"
-                    if n in MODULES else "")
-            out.append(f"::: adaptprec.{n}{opts}\n")
+            if n not in MODULES:
+                out.append(f"::: adaptprec.{n}\n")
+                continue
+            out.append(f"::: adaptprec.{n}\n    options:\n      members: false\n")
+            for member in module_members(n):
+                out.append(f"::: {member}\n    options:\n      heading_level: 4\n")
     missing = known - placed
     assert not missing, missing
     return "\n".join(out)
