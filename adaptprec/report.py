@@ -1,6 +1,6 @@
 """`Report`: what an adaptive call did — which rung produced the result and why.
 
-A report is a pytree (an ``equinox.Module``), so it comes out of ``jit`` and ``vmap``
+A report is a pytree (a frozen dataclass, ``adaptprec._pytree.Module``), so it comes out of ``jit`` and ``vmap``
 like any array output (under ``vmap`` every field gains the batch axis). Static fields
 name the ladder's rungs and the guards, so :meth:`Report.summary` can print a readable
 line on the host.
@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import collections
 
-import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float, Int
 
+from ._pytree import Module, field
 from .guards import code_name
 
 __all__ = ["Report"]
 
 
-class Report(eqx.Module):
+class Report(Module):
     """Outcome of one adaptive call.
 
     Attributes:
@@ -49,14 +49,14 @@ class Report(eqx.Module):
         f64 after 1 escalation (f32: finite failed: nonfinite, value 1); ok
     """
 
-    rung: Int[Array, "*batch"]
-    escalations: Int[Array, "*batch"]
-    ok: Bool[Array, "*batch"]
-    reason: Int[Array, "*batch"]
-    codes: Int[Array, "*batch rungs guards"]
-    values: Float[Array, "*batch rungs guards"]
-    rung_names: tuple[str, ...] = eqx.field(static=True)
-    guard_names: tuple[str, ...] = eqx.field(static=True)
+    rung: jax.Array
+    escalations: jax.Array
+    ok: jax.Array
+    reason: jax.Array
+    codes: jax.Array
+    values: jax.Array
+    rung_names: tuple[str, ...] = field(static=True)
+    guard_names: tuple[str, ...] = field(static=True)
 
     @property
     def batch_shape(self) -> tuple[int, ...]:

@@ -32,7 +32,6 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -465,6 +464,7 @@ class _Program:
             out = jax.tree_util.tree_map(
                 lambda x: jnp.where(ok, x, jnp.nan) if _is_floating_array(x) else x, out)
         elif self.mgr.on_failure == "raise":
+            import equinox as eqx  # only on this path: its import is slow
             out = eqx.error_if(
                 out, ~ok,
                 f"adaptive kernel {self.name!r}: guards {list(self.mgr.guard_names)} still "

@@ -1,6 +1,6 @@
 """Precision schedules: when an iterative method should climb (or descend) the ladder.
 
-A :class:`PrecisionSchedule` is a pytree (an ``equinox.Module``) with pure, ``jit``-safe
+A :class:`PrecisionSchedule` is a pytree (a frozen dataclass, ``adaptprec._pytree.Module``) with pure, ``jit``-safe
 ``init(ladder) -> state`` and ``update(state, stats) -> state``. ``state.rung`` is the index
 of the ladder rung the *next* step should run at and ``state.escalations`` counts how often
 the rung went up. ``stats`` is a :class:`ScheduleStats` that the iterative method reports
@@ -49,13 +49,12 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jaxtyping import Array, Bool, Float, Int
 
+from ._pytree import Module, field
 from ._rungs import is_rung_object, normalize_ladder
 from ._policy import cast_floating
 
@@ -99,12 +98,12 @@ class ScheduleStats(NamedTuple):
         (0.75, True, 0)
     """
 
-    step: Int[Array, ""]
-    value: Float[Array, ""]
-    rel_decrease: Float[Array, ""]
-    accepted: Bool[Array, ""]
-    guard_failures: Int[Array, ""]
-    scale: Float[Array, ""]
+    step: jax.Array
+    value: jax.Array
+    rel_decrease: jax.Array
+    accepted: jax.Array
+    guard_failures: jax.Array
+    scale: jax.Array
 
     @classmethod
     def make(cls, value, *, step=0, previous=None, rel_decrease=None, accepted=True,
@@ -140,7 +139,7 @@ class ScheduleStats(NamedTuple):
                              scale=jnp.asarray(self.scale, dtype))
 
 
-class ScheduleState(eqx.Module):
+class ScheduleState(Module):
     """State every schedule carries: the current ``rung`` index and ``escalations``.
 
     ``unit_roundoffs`` (static) holds the ladder's unit roundoffs, so ``update`` knows the
@@ -153,9 +152,9 @@ class ScheduleState(eqx.Module):
         (1, 0, 2)
     """
 
-    rung: Int[Array, ""]
-    escalations: Int[Array, ""]
-    unit_roundoffs: tuple[float, ...] = eqx.field(static=True)
+    rung: jax.Array
+    escalations: jax.Array
+    unit_roundoffs: tuple[float, ...] = field(static=True)
 
     @property
     def n_rungs(self) -> int:
@@ -163,7 +162,7 @@ class ScheduleState(eqx.Module):
         return len(self.unit_roundoffs)
 
     @property
-    def u(self) -> Float[Array, ""]:
+    def u(self) -> jax.Array:
         """Unit roundoff of the current rung."""
         return jnp.asarray(self.unit_roundoffs)[self.rung]
 
@@ -187,7 +186,7 @@ def _require_positive(name: str, value) -> None:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
-class PrecisionSchedule(eqx.Module):
+class PrecisionSchedule(Module):
     """Abstract precision schedule: ``init(ladder) -> state``, ``update(state, stats)``.
 
     Subclass it with a state class derived from :class:`ScheduleState`. Both methods must
@@ -226,7 +225,7 @@ class Fixed(PrecisionSchedule):
         2
     """
 
-    rung: Any = eqx.field(static=True)
+    rung: Any = field(static=True)
 
     def init(self, ladder) -> ScheduleState:
         _, lad = normalize_ladder(ladder)
@@ -245,12 +244,12 @@ class Fixed(PrecisionSchedule):
 
 
 class _CountState(ScheduleState):
-    count: Int[Array, ""]
+    count: jax.Array
 
 
 class _StallState(ScheduleState):
-    count: Int[Array, ""]
-    best: Float[Array, ""]
+    count: jax.Array
+    best: jax.Array
 
 
 class StallEscalation(PrecisionSchedule):
@@ -280,7 +279,7 @@ class StallEscalation(PrecisionSchedule):
     """
 
     rate: float = 1e-6
-    patience: int = eqx.field(default=3, static=True)
+    patience: int = field(default=3, static=True)
 
     def __check_init__(self):
         _require_positive("patience", self.patience)
@@ -301,8 +300,8 @@ class StallEscalation(PrecisionSchedule):
 
 
 class _NoiseState(ScheduleState):
-    count: Int[Array, ""]
-    previous: Float[Array, ""]
+    count: jax.Array
+    previous: jax.Array
 
 
 class NoiseFloor(PrecisionSchedule):
@@ -327,7 +326,7 @@ class NoiseFloor(PrecisionSchedule):
     """
 
     factor: float = 10.0
-    patience: int = eqx.field(default=1, static=True)
+    patience: int = field(default=1, static=True)
 
     def __check_init__(self):
         _require_positive("patience", self.patience)
@@ -350,8 +349,8 @@ class NoiseFloor(PrecisionSchedule):
 
 
 class _HysteresisState(ScheduleState):
-    count: Int[Array, ""]
-    at_rung: Int[Array, ""]
+    count: jax.Array
+    at_rung: jax.Array
 
 
 class Hysteresis(PrecisionSchedule):
@@ -374,7 +373,7 @@ class Hysteresis(PrecisionSchedule):
         (0, 1)
     """
 
-    down_after: int = eqx.field(default=10, static=True)
+    down_after: int = field(default=10, static=True)
 
     def __check_init__(self):
         _require_positive("down_after", self.down_after)
@@ -465,7 +464,7 @@ class Callback(PrecisionSchedule):
         [(0.25, 0)]
     """
 
-    fn: Callable = eqx.field(static=True)
+    fn: Callable = field(static=True)
 
     def init(self, ladder):
         return ScheduleState.initial(ladder)
@@ -501,9 +500,9 @@ class IterateResult(NamedTuple):
 
     state: Any
     schedule_state: ScheduleState
-    steps: Int[Array, ""]
+    steps: jax.Array
     stats: ScheduleStats
-    rung_trace: Int[Array, " max_steps"]
+    rung_trace: jax.Array
 
 
 def _cast_like(new, old):

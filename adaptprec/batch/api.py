@@ -5,11 +5,11 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, NamedTuple, Optional, Union
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._pytree import replace
 from ..nlsq.common import check_loss, robust_cost, scale_for_robust_loss
 from ..precision import Ladder, dtype_name, require_x64, unit_roundoff
 from ._problem import Residual, build_problem, nonfinite_fits
@@ -314,5 +314,5 @@ def solve_nlsq_batch(
         result = run_chunked(solve, prob.x0, prob.bargs, prob.sargs, int(chunk_size),
                              progress)
     if prob.spec is not None:  # x0 was a pytree: give x back in its structure
-        result = eqx.tree_at(lambda r: r.x, result, prob.spec.unravel_batched(result.x))
+        result = replace(result, x=prob.spec.unravel_batched(result.x))
     return result

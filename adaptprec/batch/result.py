@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Optional
 
-import equinox as eqx
 import jax
 import numpy as np
 
+from .._pytree import Module, field
 from . import _status as st
 
 __all__ = ["BatchResult"]
 
 
-class BatchResult(eqx.Module):
+class BatchResult(Module):
     """Per-fit results of a batched least-squares solve; every array has the batch axis first.
 
     Fields follow :class:`scipy.optimize.OptimizeResult` where one exists:
@@ -31,7 +31,7 @@ class BatchResult(eqx.Module):
       (``inf`` where a parameter is not identifiable or there are no degrees of freedom);
     - ``ladder`` (static) names of the rungs, e.g. ``("f32", "f64")``.
 
-    Being an :class:`equinox.Module`, a ``BatchResult`` passes through ``jit`` and
+    Being a pytree dataclass, a ``BatchResult`` passes through ``jit`` and
     ``jax.tree.map``.
 
     Example:
@@ -55,7 +55,7 @@ class BatchResult(eqx.Module):
     nit: jax.Array
     optimality: jax.Array
     pcov: Optional[jax.Array]
-    ladder: tuple = eqx.field(static=True)
+    ladder: tuple = field(static=True)
 
     @property
     def batch_size(self) -> int:

@@ -28,11 +28,11 @@ from functools import partial
 
 import numpy as np
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .._pytree import Module
 from ..precision import max_value, unit_roundoff
 from ._common import (
     apply,
@@ -72,7 +72,7 @@ _GMRES_TOL = 1e-4
 _STAGNATION = 0.5
 
 
-class SolveInfo(eqx.Module):
+class SolveInfo(Module):
     """Diagnostics of :func:`solve` / :func:`lstsq`, one entry per system.
 
     All fields are arrays with the leading batch shape of ``A`` (scalars for one system),
@@ -127,7 +127,7 @@ class SolveInfo(eqx.Module):
             codes).tolist()
 
 
-class _Factors(eqx.Module):
+class _Factors(Module):
     """Low-precision LU of ``A^T`` (not ``A``): LAPACK wants column-major input, and the
     column-major layout of ``A^T`` is the row-major buffer of ``A``, so factoring the
     transpose saves a transposing copy of ``A`` (here and in the fallback). Solves with

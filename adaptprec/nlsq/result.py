@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._pytree import Module, field
 from .._status import Reason
 from .common import STATUS_MESSAGES, Status
 
@@ -28,7 +28,7 @@ ESCALATION_REASONS = {int(r): r.describe() for r in Reason}
 ESCALATION_REASONS[0] = "not escalated"
 
 
-class NLSQResult(eqx.Module):
+class NLSQResult(Module):
     """Result of :func:`adaptprec.solve_nlsq` (a pytree; works under ``jit``/``vmap``).
 
     Fields as scipy's ``least_squares``: ``x`` (same pytree structure as ``x0``), ``cost``
@@ -71,7 +71,7 @@ class NLSQResult(eqx.Module):
     rung_entered: jax.Array
     rung_nfev: jax.Array
     escalation_reason: jax.Array
-    ladder: tuple = eqx.field(static=True, default=())
+    ladder: tuple = field(static=True, default=())
 
     @property
     def success(self):

@@ -22,7 +22,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -490,6 +489,7 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
         if throw:
             codes = sorted(k for k in STATUS_MESSAGES if k <= 0)
             idx = jnp.searchsorted(jnp.asarray(codes), jnp.minimum(status, 0))
+            import equinox as eqx  # only on this path: its import is slow
             x = eqx.branched_error_if(
                 x, status <= 0, idx,
                 [f"solve_nlsq failed (status {c}): {STATUS_MESSAGES[c]}" for c in codes])
