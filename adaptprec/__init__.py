@@ -84,6 +84,10 @@ from ._autocast import (  # noqa: E402
     explain,
 )
 
+# --- profiler and plots (issue 17): re-exports below this line ---
+from ._profile import Profile, ProfileRow, profile  # noqa: E402
+from ._plot import FitTrace, plot_batch, plot_fit  # noqa: E402  (matplotlib imported lazily)
+
 __all__ = [
     # precision
     "ALIASES", "FLOATING_DTYPES", "DTypeLike", "Ladder", "canonical_dtype", "dtype_name",
@@ -104,4 +108,6 @@ __all__ = [
     "ALWAYS_BF16", "ALWAYS_F16", "ALWAYS_F32", "AUTO_MIXED", "AUTO_MIXED_BF16",
     "AUTO_MIXED_CONSERVATIVE", "PRESETS", "PRIMITIVE_KINDS", "Explanation", "OpKind",
     "PrecisionPolicy", "Rule", "autocast", "classify", "explain",
+    # profiler and plots
+    "profile", "Profile", "ProfileRow", "FitTrace", "plot_fit", "plot_batch",
 ]

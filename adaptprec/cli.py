@@ -1,4 +1,5 @@
-"""Command line: ``python -m adaptprec demo [SECTION ...]``.
+"""Command line: ``python -m adaptprec demo [SECTION ...]`` and
+``python -m adaptprec profile MODULE:FUNCTION [--configs ...] [--plot PATH]``.
 
 Each capability contributes one demo section: a module in ``adaptprec/_demos`` with an
 integer ``ORDER``, a ``TITLE`` and a ``run()`` that prints. Sections are discovered, so a
@@ -42,11 +43,85 @@ def demo(only: list[str] | None = None) -> int:
     return 0
 
 
+_PROFILE_HELP = """\
+Profile a function across precision configurations (time, compile time, memory,
+accuracy against float64). MODULE is an importable module name or a path to a .py
+file; FUNCTION takes no arguments and returns (fn, args): the function to profile and
+a tuple of its arguments. Configs: dtypes (f32, bf16), ladders (bf16,f32,f64), autocast
+policies (auto_mixed_bf16) and adaptive settings (bf16,f32,f64;rtol=1e-3)."""
+
+
+def _load(target: str):
+    import importlib.util
+    import os
+
+    mod_name, sep, fn_name = target.rpartition(":")
+    if not sep or not mod_name or not fn_name:
+        raise ValueError(f"expected MODULE:FUNCTION (e.g. mykernels:setup or "
+                         f"path/to/file.py:setup), got {target!r}")
+    if mod_name.endswith(".py") or os.sep in mod_name:
+        if not os.path.isfile(mod_name):
+            raise ValueError(f"no such file: {mod_name!r}")
+        spec = importlib.util.spec_from_file_location(
+            os.path.splitext(os.path.basename(mod_name))[0], mod_name)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        module = importlib.import_module(mod_name)
+    try:
+        setup = getattr(module, fn_name)
+    except AttributeError:
+        raise ValueError(f"module {mod_name!r} has no function {fn_name!r}") from None
+    got = setup()
+    if not (isinstance(got, tuple) and len(got) == 2 and callable(got[0])):
+        raise ValueError(f"{target} must return (fn, args), a callable and a tuple of its "
+                         f"arguments; it returned {type(got).__name__}")
+    fn, args = got
+    return fn, (args if isinstance(args, tuple) else (args,))
+
+
+def profile(target: str, configs: list[str], plot: str | None, repeats: int,
+            json_path: str | None) -> int:
+    from ._profile import profile as run_profile
+
+    try:
+        fn, args = _load(target)
+        prof = run_profile(fn, *args, configs=configs, repeats=repeats,
+                           name=target.rpartition(":")[2])
+    except (ValueError, TypeError, ImportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(prof)
+    if json_path:
+        import json
+
+        with open(json_path, "w") as fh:
+            json.dump(prof.to_dict(), fh, indent=2, default=float)
+        print(f"wrote {json_path}")
+    if plot:
+        prof.plot().savefig(plot, dpi=120)
+        print(f"wrote {plot}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m adaptprec")
     sub = parser.add_subparsers(dest="command", required=True)
     p_demo = sub.add_parser("demo", help="tour of adaptprec's capabilities (< 1 min)")
     p_demo.add_argument("sections", nargs="*", help="only these sections (module names)")
+    p_prof = sub.add_parser("profile", help="time, memory and accuracy of your function "
+                            "per precision configuration", description=_PROFILE_HELP)
+    p_prof.add_argument("target", metavar="MODULE:FUNCTION",
+                        help="FUNCTION() returns (fn, args)")
+    p_prof.add_argument("--configs", nargs="+", default=None,
+                        help="configurations (default: bf16 f32 f64 bf16,f32,f64 "
+                        "auto_mixed_bf16)")
+    p_prof.add_argument("--plot", metavar="PATH", help="write the time-vs-digits chart "
+                        "here (needs matplotlib)")
+    p_prof.add_argument("--json", metavar="PATH", help="write Profile.to_dict() as JSON")
+    p_prof.add_argument("--repeats", type=int, default=5, help="timed repeats (median)")
     args = parser.parse_args(argv)
     # The CLI is an application, not the library: it may turn float64 on for its own
     # process (the demo's top rungs are float64). The library never does this.
@@ -55,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     jax.config.update("jax_enable_x64", True)
     if args.command == "demo":
         return demo(args.sections or None)
+    if args.command == "profile":
+        return profile(args.target, args.configs, args.plot, args.repeats, args.json)
     return 2
 
 

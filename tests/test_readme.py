@@ -1,4 +1,7 @@
-"""The README's python blocks run, and .ci/run runs the README's test command verbatim."""
+"""The README's setup commands, and .ci/run runs the README's test command verbatim.
+
+(The README's python blocks run, each on its own, in tests/test_docs.py.)
+"""
 
 import pathlib
 import re
@@ -9,14 +12,6 @@ README = (ROOT / "README.md").read_text()
 
 def _blocks(lang):
     return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
-
-
-def test_readme_python_blocks_execute():
-    blocks = _blocks("python")
-    assert blocks, "README has no python blocks"
-    namespace = {"__name__": "readme"}
-    for i, code in enumerate(blocks):
-        exec(compile(code, f"README.md[python block {i}]", "exec"), namespace)
 
 
 def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one():

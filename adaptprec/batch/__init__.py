@@ -17,7 +17,7 @@ Example:
 """
 
 from .api import solve_nlsq_batch
-from .chunking import TextProgress
+from .chunking import TextProgress, TqdmProgress
 from .result import BatchResult
 
-__all__ = ["solve_nlsq_batch", "BatchResult", "TextProgress"]
+__all__ = ["solve_nlsq_batch", "BatchResult", "TextProgress", "TqdmProgress"]

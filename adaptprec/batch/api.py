@@ -146,7 +146,7 @@ def solve_nlsq_batch(
     noise_floor: float = 10.0,
     block_size: int = 2500,
     chunk_size: Optional[int] = None,
-    progress: Optional[Callable[[int, int], None]] = None,
+    progress: Union[bool, Callable[[int, int], None], None] = None,
     mesh=None,
     batch_axis: Optional[str] = None,
 ) -> BatchResult:
@@ -216,8 +216,11 @@ def solve_nlsq_batch(
             (:func:`~adaptprec.batch.chunking.map_blocks`).
         chunk_size: solve at most this many fits at a time (default: all, unless the
             working set would exceed about 1 GiB).
-        progress: ``progress(done, total)`` called after each chunk (eager calls only),
-            e.g. :class:`~adaptprec.batch.TextProgress`. Off by default.
+        progress: ``True`` for a progress bar (:class:`~adaptprec.batch.TqdmProgress` when
+            ``tqdm`` is installed, else :class:`~adaptprec.batch.TextProgress`), or a
+            callable ``progress(done, total)`` called after each chunk (eager calls only).
+            Displays say when the solver is compiling, and their fits/s rate excludes
+            compilation. Off by default.
         mesh, batch_axis: a :class:`jax.sharding.Mesh` and the name of its axis to split
             the fits over (default: its first axis). Inputs already sharded with a
             ``NamedSharding`` over their leading axis are split the same way.
@@ -232,8 +235,8 @@ def solve_nlsq_batch(
 
     Raises:
         ValueError / TypeError: at the boundary, for an empty batch, batch sizes that
-        disagree between ``x0`` and the data, a residual that is not 1-D, ``m < n``,
-        mismatched ``sigma``, unknown options, or float64 without ``jax_enable_x64``.
+            disagree between ``x0`` and the data, a residual that is not 1-D, ``m < n``,
+            mismatched ``sigma``, unknown options, or float64 without ``jax_enable_x64``.
 
     Example (x64 on, as under the tests):
         >>> import jax.numpy as jnp

@@ -6,7 +6,10 @@ blocks; that is for speed, chunking is for memory and progress.)
 Eagerly (concrete inputs) the chunks run in a host loop over ONE compiled program (the last
 chunk is padded by repeating its first fit, so there is no recompilation), and an opt-in
 ``progress(done, total)`` callback is called after every chunk; nothing is printed unless
-the user passes a callback such as :class:`TextProgress`. Under ``jit`` (traced inputs) the
+the user passes ``progress=True`` (a :class:`TqdmProgress` bar when ``tqdm`` is installed,
+else :class:`TextProgress`) or a callback. With a progress display the program is compiled
+ahead of the first chunk; a display with a ``compiling(on)`` method is told when
+compilation starts and ends, so it can say so and keep compilation out of its fits/s rate. Under ``jit`` (traced inputs) the
 chunks run through :func:`jax.lax.map`, which bounds the live memory the same way; the
 progress callback is not available there.
 
@@ -26,18 +29,26 @@ import numpy as np
 
 from .._tracing import is_traced
 
-__all__ = ["TextProgress", "map_blocks", "run_chunked", "auto_chunk_size"]
+__all__ = ["TextProgress", "TqdmProgress", "default_progress", "map_blocks", "run_chunked",
+           "auto_chunk_size"]
 
 
 class TextProgress:
     """A progress display to pass as ``progress=``: one updating line on a text stream.
+
+    While the solver compiles the line says so; the fits/s rate counts only the time spent
+    solving (it starts when compilation ends). Without ``tqdm`` installed this is what
+    ``progress=True`` uses; with it, :class:`TqdmProgress`.
 
     Example:
         >>> import io
         >>> from adaptprec.batch import TextProgress
         >>> buf = io.StringIO()
         >>> p = TextProgress(stream=buf)
-        >>> p(50, 100); p(100, 100)
+        >>> p(0, 100); p.compiling(True)
+        >>> buf.getvalue().split(chr(13))[-1]
+        'solve_nlsq_batch: 0/100 fits (compiling...)'
+        >>> p.compiling(False); p(50, 100); p(100, 100)
         >>> buf.getvalue().split(chr(13))[-1].split(" fits")[0]
         'solve_nlsq_batch: 100/100'
     """
@@ -46,17 +57,140 @@ class TextProgress:
         self.stream = stream
         self.label = label
         self._t0: Optional[float] = None
+        self._n0 = 0
+        self._done = 0
+        self._total = 0
+        self._compiling = False
+
+    def _write(self, text: str, end: str = "") -> None:
+        stream = self.stream if self.stream is not None else sys.stderr
+        stream.write(f"\r{text}{end}")
+        stream.flush()
+
+    def compiling(self, on: bool) -> None:
+        """Called by the solver around compilation; the rate starts when it ends."""
+        self._compiling = bool(on)
+        if on:
+            self._write(f"{self.label}: {self._done}/{self._total} fits (compiling...)")
+        else:
+            self._t0, self._n0 = time.perf_counter(), self._done
+            self(self._done, self._total)
 
     def __call__(self, done: int, total: int) -> None:
-        stream = self.stream if self.stream is not None else sys.stderr
         now = time.perf_counter()
+        self._done, self._total = done, total
+        if self._compiling:       # fits solved while compiling do not enter the rate
+            self._write(f"{self.label}: {done}/{total} fits (compiling...)")
+            return
         if self._t0 is None or done <= 0:
-            self._t0 = now
-        rate = done / max(now - self._t0, 1e-9)
+            self._t0, self._n0 = now, done
+        solved = done - self._n0
+        elapsed = now - self._t0
+        rate = f"{solved / elapsed:,.0f} fits/s" if solved > 0 and elapsed > 0 else "-- fits/s"
         end = "\n" if done >= total else ""
-        stream.write(f"\r{self.label}: {done}/{total} fits ({100.0 * done / total:5.1f}%), "
-                     f"{rate:,.0f} fits/s{end}")
-        stream.flush()
+        pct = 100.0 * done / total if total else 100.0
+        self._write(f"{self.label}: {done}/{total} fits ({pct:5.1f}%), {rate}", end)
+
+
+class TqdmProgress:
+    """A ``tqdm`` progress bar to pass as ``progress=`` (``pip install adaptprec[progress]``).
+
+    The bar's description says ``compiling`` while the solver compiles, and its rate counts
+    only the time spent solving: the bar's clock restarts when compilation ends.
+    ``tqdm_kwargs`` go to ``tqdm.tqdm`` (e.g. ``file=``, ``disable=``, ``leave=``).
+
+    Example:
+        >>> import io
+        >>> from adaptprec.batch import TqdmProgress
+        >>> buf = io.StringIO()
+        >>> p = TqdmProgress(file=buf, mininterval=0)
+        >>> p(0, 100); p.compiling(True); p.compiling(False); p(100, 100)
+        >>> "compiling" in buf.getvalue(), "100/100" in buf.getvalue()
+        (True, True)
+    """
+
+    def __init__(self, label: str = "solve_nlsq_batch", **tqdm_kwargs):
+        try:
+            from tqdm.auto import tqdm
+        except ImportError as exc:      # pragma: no cover - depends on the environment
+            raise ImportError("TqdmProgress needs tqdm: pip install 'adaptprec[progress]' "
+                              "(or pass progress=TextProgress())") from exc
+        self._tqdm = tqdm
+        self.label = label
+        self.kwargs = dict(unit="fit", smoothing=0, **tqdm_kwargs)
+        self.bar = None
+        self._compiling = False
+
+    def _ensure(self, total: int):
+        if self.bar is None:
+            self.bar = self._tqdm(total=total, desc=self.label, **self.kwargs)
+        return self.bar
+
+    def compiling(self, on: bool) -> None:
+        """Called by the solver around compilation; the bar's clock restarts after it."""
+        self._compiling = bool(on)
+        bar = self.bar
+        if bar is None:
+            return
+        if on:
+            bar.set_description(f"{self.label} (compiling)")
+        else:
+            n = bar.n
+            bar.set_description(self.label, refresh=False)
+            bar.reset(total=bar.total)        # restarts the clock: the rate excludes compiling
+            bar.initial = bar.n = bar.last_print_n = n   # fits solved while compiling
+            bar.refresh()
+            if n >= bar.total:
+                bar.close()
+
+    def __call__(self, done: int, total: int) -> None:
+        bar = self._ensure(total)
+        if done > bar.n:
+            bar.update(done - bar.n)
+        if done >= total and not self._compiling:
+            bar.close()
+
+
+def default_progress(label: str = "solve_nlsq_batch"):
+    """What ``progress=True`` uses: :class:`TqdmProgress` if tqdm is installed, else
+    :class:`TextProgress` on stderr.
+
+    Example:
+        >>> from adaptprec.batch.chunking import default_progress
+        >>> type(default_progress()).__name__ in ("TqdmProgress", "TextProgress")
+        True
+    """
+    try:
+        import tqdm  # noqa: F401
+    except ImportError:
+        return TextProgress(label=label)
+    return TqdmProgress(label=label)
+
+
+def _resolve_progress(progress):
+    if progress is True:
+        return default_progress()
+    if progress is False or progress is None:
+        return None
+    if not callable(progress):
+        raise TypeError(f"progress must be True, a callable progress(done, total) (e.g. "
+                        f"adaptprec.batch.TqdmProgress()) or None, got {progress!r}")
+    return progress
+
+
+def _notify_compiling(progress, on: bool) -> None:
+    hook = getattr(progress, "compiling", None)
+    if callable(hook):
+        hook(on)
+
+
+def _aot_compile(solve: Callable, args):
+    """The compiled executable of ``solve`` for ``args`` when ``solve`` exposes its
+    top-level ``jax.jit`` (``.tuned``), else None."""
+    target = getattr(solve, "tuned", None)
+    if target is None or not hasattr(target, "lower"):
+        return None
+    return target.lower(*args).compile()
 
 
 def auto_chunk_size(size: int, m: int, n: int, itemsize: int,
@@ -133,24 +267,41 @@ def run_chunked(solve: Callable, x0, bargs, sargs, chunk_size: int,
     size = x0.shape[0]
     chunk_size = int(max(1, min(chunk_size, size)))
     nchunks = -(-size // chunk_size)
+    progress = _resolve_progress(progress)
     if is_traced(x0, bargs, sargs):
         if progress is not None:
             raise ValueError("progress= needs concrete inputs (call solve_nlsq_batch "
                              "outside jit); under jit chunks run inside lax.map")
         return map_blocks(solve, x0, bargs, sargs, chunk_size)
-    outs = []
-    if progress is not None:
-        progress(0, size)
-    for c in range(nchunks):
+
+    def chunk(c):
         lo = c * chunk_size
         hi = min(lo + chunk_size, size)
         part = jax.tree.map(lambda a: a[lo:hi], (x0, bargs))
-        part = pad_rows(part, chunk_size - (hi - lo))
-        out = solve(part[0], part[1], sargs)
-        outs.append(jax.tree.map(lambda a: a[: hi - lo], out))
+        return hi, pad_rows(part, chunk_size - (hi - lo))
+
+    run = solve
+    compiling = progress is not None
+    if compiling:
+        progress(0, size)
+        _notify_compiling(progress, True)
+        _, first = chunk(0)
+        compiled = _aot_compile(solve, (first[0], first[1], sargs))
+        if compiled is not None:       # compiled ahead: the chunks' time is solve time only
+            run = lambda x, b, s: compiled(x, b, s)  # noqa: E731
+            _notify_compiling(progress, False)
+            compiling = False
+    outs = []
+    for c in range(nchunks):
+        hi, part = chunk(c)
+        out = run(part[0], part[1], sargs)
+        outs.append(jax.tree.map(lambda a, n=hi - c * chunk_size: a[:n], out))
         if progress is not None:
             jax.block_until_ready(out)
             progress(hi, size)
+            if compiling:              # could not compile ahead: the first chunk compiled
+                _notify_compiling(progress, False)
+                compiling = False
     if len(outs) == 1:
         return outs[0]
     return jax.tree.map(lambda *a: jnp.concatenate(a, axis=0), *outs)
