@@ -70,7 +70,10 @@ from ._autocast import (  # noqa: E402
     PRESETS,
     PRIMITIVE_KINDS,
     Explanation,
+    KindRow,
     Rule,
+    ScopeMatch,
+    ScopeRules,
     classify,
     ALWAYS_BF16,
     ALWAYS_F16,
@@ -103,5 +106,6 @@ __all__ = [
     # autocast
     "ALWAYS_BF16", "ALWAYS_F16", "ALWAYS_F32", "AUTO_MIXED", "AUTO_MIXED_BF16",
     "AUTO_MIXED_CONSERVATIVE", "PRESETS", "PRIMITIVE_KINDS", "Explanation", "OpKind",
-    "PrecisionPolicy", "Rule", "autocast", "classify", "explain",
+    "PrecisionPolicy", "Rule", "autocast", "classify", "explain", "KindRow", "ScopeRules",
+    "ScopeMatch",
 ]
