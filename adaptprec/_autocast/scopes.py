@@ -16,9 +16,10 @@ so ``*``, ``?`` and ``[...]`` work inside a scope name):
 * ``"**"`` as a whole component matches any number of scopes (``"**/attn"``).
 
 A pattern covers the scope it names and every scope nested in it. When several patterns
-match, the most specific wins: the one whose match ends deepest in the path, then the one
-with more literal (wildcard-free) scopes, then more literal characters, then the one
-listed first. Equations outside every pattern use the base policy.
+match, the most specific wins: the one whose match reaches deepest into the path (counted
+up to its last scope with a literal character, so ``"*"`` never beats a named scope), then
+the one with more wildcard-free scopes, then more literal characters, then the one listed
+first. Equations outside every pattern use the base policy.
 
 Rules: a :class:`~adaptprec.PrecisionPolicy` or its string form (``"auto_mixed_bf16"``,
 ``"always_f32"``, ``"auto_mixed,exp=f32"``); a dtype (``"bf16"``, ``"f16"``, ``"f32"``,
@@ -44,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fnmatch
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -121,8 +123,13 @@ class _Pattern:
 
     @property
     def literal(self) -> tuple[int, int]:
+        """(wildcard-free scopes, literal characters)."""
         lit = [p for p in self.parts if not any(c in p for c in "*?[")]
-        return len(lit), sum(len(p) for p in lit)
+        return len(lit), sum(len(_literal_chars(p)) for p in self.parts)
+
+
+def _literal_chars(part: str) -> str:
+    return re.sub(r"\[[^\]]*\]|[*?]", "", part)
 
 
 def _parse_pattern(text: Any) -> tuple[tuple[str, ...], bool]:
@@ -169,25 +176,27 @@ def _parse_rule(pattern: str, value: Any) -> tuple[str, PrecisionPolicy | None]:
                     f"{type(value).__name__}")
 
 
-def _ends(parts: Sequence[str], path: Sequence[str], anchored: bool) -> list[int]:
-    """Every position in ``path`` at which a match of ``parts`` can end."""
+def _depth(parts: Sequence[str], path: Sequence[str], anchored: bool) -> int | None:
+    """How deep in ``path`` a match of ``parts`` reaches, counted up to the last pattern
+    scope with a literal character (``*``, ``**`` and ``?`` extend a match without making
+    it deeper, so a catch-all ``*`` never beats a named scope); ``None``: no match."""
     starts = [0] if anchored else range(len(path) + 1)
-    ends: set[int] = set()
+    best: list[int] = []
 
-    def go(i: int, j: int) -> None:  # pattern index i, path index j
+    def go(i: int, j: int, lit: int) -> None:  # pattern index i, path index j
         if i == len(parts):
-            ends.add(j)
+            best.append(lit)
             return
         if parts[i] == "**":
             for k in range(j, len(path) + 1):
-                go(i + 1, k)
+                go(i + 1, k, lit)
             return
         if j < len(path) and fnmatch.fnmatchcase(path[j], parts[i]):
-            go(i + 1, j + 1)
+            go(i + 1, j + 1, j + 1 if _literal_chars(parts[i]) else lit)
 
     for s in starts:
-        go(0, s)
-    return sorted(ends)
+        go(0, s, 0)
+    return max(best) if best else None
 
 
 class ScopeRules:
@@ -236,10 +245,10 @@ class ScopeRules:
             return hit
         best, best_key = None, None
         for p in self.patterns:
-            ends = _ends(p.parts, path, p.anchored)
-            if not ends:
+            depth = _depth(p.parts, path, p.anchored)
+            if depth is None:
                 continue
-            key = (ends[-1], *p.literal, -p.order)
+            key = (depth, *p.literal, -p.order)
             if best_key is None or key > best_key:
                 best, best_key = p, key
         if best is None:
