@@ -73,6 +73,7 @@ from ._autocast import (  # noqa: E402
     KindRow,
     Rule,
     ScopeMatch,
+    ScopeRow,
     ScopeRules,
     classify,
     ALWAYS_BF16,
@@ -85,6 +86,17 @@ from ._autocast import (  # noqa: E402
     PrecisionPolicy,
     autocast,
     explain,
+)
+
+# --- layered precision and training steps (issue 19): re-exports below this line ---
+from ._training import (  # noqa: E402
+    MixedGrads,
+    SkipNonFiniteState,
+    StepInfo,
+    loss_scale_of,
+    mixed_value_and_grad,
+    skip_nonfinite,
+    train_step,
 )
 
 __all__ = [
@@ -107,5 +119,8 @@ __all__ = [
     "ALWAYS_BF16", "ALWAYS_F16", "ALWAYS_F32", "AUTO_MIXED", "AUTO_MIXED_BF16",
     "AUTO_MIXED_CONSERVATIVE", "PRESETS", "PRIMITIVE_KINDS", "Explanation", "OpKind",
     "PrecisionPolicy", "Rule", "autocast", "classify", "explain", "KindRow", "ScopeRules",
-    "ScopeMatch",
+    "ScopeMatch", "ScopeRow",
+    # training steps (issue 19)
+    "MixedGrads", "StepInfo", "SkipNonFiniteState", "mixed_value_and_grad",
+    "skip_nonfinite", "train_step", "loss_scale_of",
 ]

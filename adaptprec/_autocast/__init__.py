@@ -17,7 +17,7 @@ Example:
     'float32'
 """
 
-from .explain import Explanation, KindRow, explain
+from .explain import Explanation, KindRow, ScopeRow, explain
 from .interpret import autocast
 from .opkind import EXACT_REDUCTIONS, PRIMITIVE_KINDS, OpKind, classify
 from .presets import (
@@ -38,6 +38,7 @@ __all__ = [
     "explain",
     "ScopeRules",
     "ScopeMatch",
+    "ScopeRow",
     "KEEP",
     "Explanation",
     "KindRow",
