@@ -271,3 +271,41 @@ def test_bad_input_is_rejected():
         ap.mixed_value_and_grad(lambda w: jnp.sum(w), "f32", has_aux=True)(jnp.ones(2))
     with pytest.raises(ValueError, match="unknown key"):
         ap.mixed_value_and_grad(lambda w: jnp.sum(w), "q=f32")
+
+
+# --------------------------------------------------------------------------- x64 off, example
+def test_train_step_with_x64_off():
+    from _subprocess import run_python
+    res = run_python("""
+        import jax, jax.numpy as jnp, optax
+        import adaptprec as ap
+        tx = ap.skip_nonfinite(optax.sgd(0.1), ap.DynamicLossScale(2.0 ** 20, period=5))
+        step = jax.jit(ap.train_step(lambda w, x: jnp.mean((x @ w - 1.0) ** 2), tx,
+                                     "p=f32,c=f16,o=f32", scopes={"a": "bf16"}))
+        w, x = jnp.zeros(3), jnp.ones((8, 3))
+        s = tx.init(w)
+        for _ in range(60):
+            w, s, info = step(w, s, x)
+        print(w.dtype, int(info.skipped) >= 5, float(info.loss) < 1e-2)
+    """, x64=False, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["float32", "True", "True"]
+
+
+@pytest.mark.slow
+def test_layered_training_example_runs_under_a_minute():
+    import os
+    import subprocess
+    import sys
+    import time
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu")
+    env.pop("JAX_ENABLE_X64", None)
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, os.path.join(root, "examples",
+                                                       "layered_training.py")],
+                         env=env, capture_output=True, text=True, timeout=300, cwd=root)
+    elapsed = time.perf_counter() - t0
+    assert res.returncode == 0, res.stderr
+    assert "loss/block0" in res.stdout and "early bf16 / late f32" in res.stdout
+    assert elapsed < 60, elapsed
