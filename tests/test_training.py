@@ -103,7 +103,7 @@ def test_f16_dynamic_loss_scale_tracks_f32(runs):
     # forced overflows: the scale starts at 2**24 and float16 holds at most 65504, so at
     # least 9 halvings (to 2**15) are skipped; the poisoned batches are skipped too
     early = np.flatnonzero(~finite[:20])
-    assert len(early) >= 9 and early.tolist() == list(range(len(early)))
+    assert len(early) >= 9 and early.tolist() == list(range(len(early)))  # measured: 9
     assert set(POISONED) <= set(np.flatnonzero(~finite).tolist())
     # skipped == counted == steps whose parameters did not move
     assert int(r["state"].skipped) == int((~finite).sum()) == int(r["infos"].skipped[-1])
