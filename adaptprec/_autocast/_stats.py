@@ -5,9 +5,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-
-
 from .opkind import OpKind
+
+_LABELS: dict = {}
+
+
+def _label(dtype) -> str:
+    """``str(dtype)``, memoized (``str`` of a numpy dtype is slow and asked per op)."""
+    try:
+        return _LABELS[dtype]
+    except KeyError:
+        out = _LABELS[dtype] = str(dtype)
+        return out
+    except TypeError:  # unhashable
+        return str(dtype)
 
 
 @dataclasses.dataclass
@@ -23,9 +34,15 @@ class _Stats:
 
     def op(self, kind: OpKind, name: str, dtype) -> None:
         self.ops[kind] += 1
-        self.primitives.setdefault(kind, Counter())[name] += 1
+        prims = self.primitives.get(kind)
+        if prims is None:
+            prims = self.primitives[kind] = Counter()
+        prims[name] += 1
         if dtype is not None:
-            self.dtypes.setdefault(kind, set()).add(str(dtype))
+            seen = self.dtypes.get(kind)
+            if seen is None:
+                seen = self.dtypes[kind] = set()
+            seen.add(_label(dtype))
 
     def cast(self, kind: OpKind) -> None:
         self.casts[kind] += 1
@@ -57,14 +74,14 @@ class _Tagged:
     """A ``_Stats`` seen from one scope: every count goes to the totals and to the
     scope's own ``_Stats``; everything else is the underlying object's."""
 
-    __slots__ = ("base", "scope", "_own")
+    _OWN = frozenset({"base", "scope", "_own"})
 
     def __init__(self, base: _Stats | _Tagged, scope: str):
         if isinstance(base, _Tagged):
             base = base.base
-        self.base = base
-        self.scope = scope
-        self._own = base.at(scope)
+        object.__setattr__(self, "base", base)
+        object.__setattr__(self, "scope", scope)
+        object.__setattr__(self, "_own", base.at(scope))
 
     def op(self, kind: OpKind, name: str, dtype) -> None:
         self.base.op(kind, name, dtype)
@@ -81,10 +98,14 @@ class _Tagged:
     def retained_converts(self) -> int:
         return self.base.retained_converts
 
-    @retained_converts.setter
-    def retained_converts(self, value: int) -> None:
-        self._own.retained_converts += value - self.base.retained_converts
-        self.base.retained_converts = value
+    def __setattr__(self, name: str, value) -> None:
+        if name == "retained_converts":  # ``+= 1`` counts for the scope too
+            self._own.retained_converts += value - self.base.retained_converts
+            self.base.retained_converts = value
+        elif name in self._OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.base, name, value)
 
     def __getattr__(self, name: str):
         return getattr(self.base, name)

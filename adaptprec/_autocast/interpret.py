@@ -133,10 +133,10 @@ class _Ctx:
     def keep(self) -> bool:
         return self.where[2]
 
-    def at(self, eqn) -> _Ctx:
-        """The context of ``eqn``: its scopes appended to this context's path, the policy
-        of the most specific matching scope rule (same statistics and cast cache)."""
-        names = _scopes.scope_path(eqn.source_info.name_stack)
+    def at(self, names: tuple) -> _Ctx:
+        """The context of an equation whose own name stack is ``names``: the names
+        appended to this context's path, the policy of the most specific matching scope
+        rule (same statistics and cast cache)."""
         if not names:
             return self
         kid = self.kids.get(names)
@@ -255,8 +255,9 @@ def _eval_jaxpr(ctx: _Ctx, jaxpr: Jaxpr, consts: Sequence[Any], args: Sequence[A
     for eqn in jaxpr.eqns:
         invals = [read(a) for a in eqn.invars]
         handler = _HANDLERS.get(eqn.primitive.name)
-        sctx = ctx.at(eqn)  # the scope rule of eqn's name stack
-        with _scopes.named(_scopes.scope_path(eqn.source_info.name_stack)):
+        names = _scopes.scope_path(eqn.source_info.name_stack)
+        sctx = ctx.at(names)  # the scope rule of eqn's name stack
+        with _scopes.named(names):
             if sctx.keep:
                 outs = _kept(sctx, eqn, invals, handler)
             elif handler is not None:
