@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._policy import Policy
 from .loss_scale import (
@@ -127,7 +128,9 @@ def mixed_value_and_grad(loss_fn: Callable, policy: Policy | str = "p=f32,c=bf16
 
     Args:
         loss_fn: ``loss_fn(params, *args, **kwargs)`` returning a scalar loss (or
-            ``(loss, aux)`` with ``has_aux``). Gradients are taken w.r.t. ``params``.
+            ``(loss, aux)`` with ``has_aux``). Gradients are taken w.r.t. the floating
+            array leaves of ``params``; other leaves (ints, Python values, an Equinox
+            module's functions) get ``None``, as with ``eqx.filter_grad``.
         policy: a :class:`~adaptprec.Policy` or its string (``"p=f32,c=bf16,o=f32"``,
             ``"p=f32,c=f16,o=f32"``): floating leaves of ``params`` and of the other
             arguments are cast to ``compute`` (ints/bools untouched); the loss (and aux)
@@ -189,11 +192,52 @@ def mixed_value_and_grad(loss_fn: Callable, policy: Policy | str = "p=f32,c=bf16
     def run(params, *args, loss_scale=None, **kwargs) -> MixedGrads:
         ls = NoOpLossScale() if loss_scale is None else loss_scale
         _check_loss_scale(ls, "mixed_value_and_grad")
-        grads, (loss, aux) = jax.grad(scaled, has_aux=True)(params, ls, args, kwargs)
+        leaves, treedef = jax.tree_util.tree_flatten(params)
+        diff = [i for i, leaf in enumerate(leaves) if _is_float_array(leaf)]
+
+        def of_leaves(dleaves, ls, args, kwargs):
+            full = list(leaves)
+            for i, d in zip(diff, dleaves):
+                full[i] = d
+            return scaled(jax.tree_util.tree_unflatten(treedef, full), ls, args, kwargs)
+
+        dgrads, (loss, aux) = jax.grad(of_leaves, has_aux=True)(
+            [leaves[i] for i in diff], ls, args, kwargs)
+        grads = _fill(treedef, len(leaves), diff, dgrads)
         grads, finite, new_ls = ls.unscale_and_adjust(grads)
         return MixedGrads((loss, aux) if has_aux else loss, grads, finite, new_ls)
 
     return run
+
+
+def _is_float_array(leaf: Any) -> bool:
+    return (isinstance(leaf, (jax.Array, np.ndarray))
+            and jnp.issubdtype(leaf.dtype, jnp.inexact))
+
+
+def _fill(treedef, n: int, idx: list, vals: list):
+    """A tree of ``treedef`` with ``vals`` at leaf positions ``idx`` and ``None`` elsewhere."""
+    out: list = [None] * n
+    for i, v in zip(idx, vals):
+        out[i] = v
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _trainable(params: Any) -> Any:
+    """``params`` with ``None`` in place of every leaf that is not a floating array
+    (what ``eqx.filter(params, eqx.is_inexact_array)`` gives)."""
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    idx = [i for i, leaf in enumerate(leaves) if _is_float_array(leaf)]
+    return _fill(treedef, len(leaves), idx, [leaves[i] for i in idx])
+
+
+def _apply_updates(params: Any, updates: Any) -> Any:
+    """``optax.apply_updates`` that leaves parameters with a ``None`` update alone."""
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    upd = treedef.flatten_up_to(updates)
+    return jax.tree_util.tree_unflatten(treedef, [
+        p if u is None else jnp.asarray(p + u).astype(jnp.asarray(p).dtype)
+        for p, u in zip(leaves, upd)])
 
 
 def _optax():
@@ -298,6 +342,9 @@ def train_step(loss_fn: Callable, optimizer: Any, policy: Policy | str = "p=f32,
     Returns:
         ``step(params, opt_state, *args, **kwargs) -> (params, opt_state, StepInfo)``,
         pure and ``jit``-able. Parameters keep their dtype (float32 master weights).
+        ``params`` may be any pytree, e.g. an Equinox module: only its floating array
+        leaves are trained (initialise the optimizer with
+        ``eqx.filter(model, eqx.is_inexact_array)``).
 
     Example:
         >>> import jax, jax.numpy as jnp, optax
@@ -314,14 +361,14 @@ def train_step(loss_fn: Callable, optimizer: Any, policy: Policy | str = "p=f32,
         >>> int(info.skipped), float(info.loss_scale)   # 4 * 2**15 overflowed float16 twice
         (2, 8192.0)
     """
-    optax = _optax()
+    _optax()
     vg = mixed_value_and_grad(loss_fn, policy, has_aux=has_aux, precision=precision,
                               scopes=scopes)
 
     def step(params, opt_state, *args, **kwargs):
         out = vg(params, *args, loss_scale=loss_scale_of(opt_state), **kwargs)
-        updates, opt_state = optimizer.update(out.grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
+        updates, opt_state = optimizer.update(out.grads, opt_state, _trainable(params))
+        params = _apply_updates(params, updates)
         st = _skip_state(opt_state)
         skipped = st.skipped if st is not None else jnp.zeros((), jnp.int32)
         scale = loss_scale_of(opt_state).loss_scale

@@ -309,3 +309,29 @@ def test_layered_training_example_runs_under_a_minute():
     assert res.returncode == 0, res.stderr
     assert "loss/block0" in res.stdout and "early bf16 / late f32" in res.stdout
     assert elapsed < 60, elapsed
+
+
+def test_equinox_module_as_params():
+    import equinox as eqx
+    model = eqx.nn.MLP(4, 1, 8, 2, key=jax.random.PRNGKey(0))
+    model = jax.tree_util.tree_map(
+        lambda a: a.astype(F32) if eqx.is_inexact_array(a) else a, model)
+    x = jax.random.normal(jax.random.PRNGKey(1), (64, 4), F32)
+    y = jnp.sin(x[:, 0])
+
+    def loss(m, x, y):
+        return jnp.mean((jax.vmap(m)(x)[:, 0] - y) ** 2)
+
+    tx = ap.skip_nonfinite(optax.adam(1e-2), ap.DynamicLossScale(2.0 ** 15, period=10))
+    state = tx.init(eqx.filter(model, eqx.is_inexact_array))
+    step = eqx.filter_jit(ap.train_step(loss, tx, "p=f32,c=f16,o=f32",
+                                        scopes={"eqx.nn.Linear": "f16"}))
+    first = float(loss(model, x, y))
+    for _ in range(100):
+        model, state, info = step(model, state, x, y)
+    assert float(loss(model, x, y)) < 0.5 * first
+    assert model.activation is jax.nn.relu  # static leaves survive
+    assert {a.dtype for a in jax.tree_util.tree_leaves(eqx.filter(model, eqx.is_array))} == {F32}
+    g = ap.mixed_value_and_grad(loss, "f32")(model, x, y).grads
+    ref = eqx.filter_grad(loss)(model, x, y)
+    np.testing.assert_allclose(g.layers[0].weight, ref.layers[0].weight, rtol=1e-5)
