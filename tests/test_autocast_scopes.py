@@ -255,3 +255,46 @@ def test_explain_without_named_scopes_prints_as_before():
     ex = ap.explain(lambda x: jnp.exp(x) @ x, "auto_mixed_bf16")(W)
     assert [r.scope for r in ex.scopes] == [""]
     assert "scope" not in str(ex)
+
+
+# --------------------------------------------------------------------------- properties
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_NAMES = st.sampled_from(["a", "b", "enc", "dec", "layer0", "layer1"])
+_COMPONENT = st.sampled_from(["a", "b", "enc", "dec", "layer0", "layer1", "layer*", "*",
+                              "**", "?"])
+_PATTERN = st.lists(_COMPONENT, min_size=1, max_size=3).map("/".join).filter(
+    lambda p: p.strip("*/") != "" or p == "*")
+
+
+@settings(max_examples=60, deadline=None)
+@given(path=st.lists(_NAMES, max_size=5), pats=st.lists(_PATTERN, min_size=1,
+                                                        max_size=4, unique=True))
+def test_catch_all_never_beats_a_named_scope(path, pats):
+    rules = {p: "bf16" for p in pats}
+    r = ap.ScopeRules("always_f32", rules)
+    with_star = ap.ScopeRules("always_f32", {"*": "f16", **rules})
+    won = r.match(path).pattern
+    if won is not None and won != "*":
+        assert with_star.match(path).pattern == won
+    else:
+        assert with_star.match(path).pattern in ("*", None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(path=st.lists(_NAMES, max_size=5), pats=st.lists(_PATTERN, min_size=1,
+                                                        max_size=4, unique=True))
+def test_winner_matches_and_order_only_breaks_exact_ties(path, pats):
+    fwd = ap.ScopeRules("always_f32", {p: "bf16" for p in pats})
+    rev = ap.ScopeRules("always_f32", {p: "bf16" for p in reversed(pats)})
+    a, b = fwd.match(path).pattern, rev.match(path).pattern
+    if a is None:
+        assert b is None
+        return
+    # the winner really matches: alone, it matches the path too
+    assert ap.ScopeRules("always_f32", {a: "f32"}).match(path).pattern == a
+    if a != b:  # only an exact tie of specificity may depend on the order
+        pa = next(p for p in fwd.patterns if p.text == a)
+        pb = next(p for p in fwd.patterns if p.text == b)
+        assert pa.literal == pb.literal
