@@ -298,3 +298,24 @@ def test_winner_matches_and_order_only_breaks_exact_ties(path, pats):
         pa = next(p for p in fwd.patterns if p.text == a)
         pb = next(p for p in fwd.patterns if p.text == b)
         assert pa.literal == pb.literal
+
+
+def test_scopes_with_x64_off():
+    from _subprocess import run_python
+    res = run_python("""
+        import jax, jax.numpy as jnp
+        import adaptprec as ap
+        def f(x):
+            with jax.named_scope("a"):
+                y = jnp.exp(x)
+            with jax.named_scope("b"):
+                return jnp.sum(y * x)
+        g = jax.jit(ap.autocast(f, "always_bf16", scopes={"b": "keep"}))
+        print(g(jnp.ones(4)).dtype)
+        try:
+            ap.autocast(f, "always_f32", scopes={"a": "f64"})
+        except ValueError as e:
+            print("f64 rejected:", "jax_enable_x64" in str(e))
+    """, x64=False, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["float32", "f64", "rejected:", "True"]
