@@ -46,6 +46,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -143,8 +144,10 @@ class _Ctx:
         if kid is None:
             rules, path = self.where[0], self.where[1] + names
             m = rules.match(path)
-            kid = self.kids[names] = _Ctx(m.policy, self.stats, self.cache,
-                                          (rules, path, m.keep))
+            kid = copy.copy(self)  # keeps any other per-trace state of this context
+            kid.policy, kid.where, kid.kids = m.policy, (rules, path, m.keep), {}
+            kid.stats = _Tagged(self.stats, "/".join(path))
+            self.kids[names] = kid
         return kid
 
     def cast(self, v: Any, dtype: Any, kind: OpKind) -> Any:
