@@ -184,7 +184,8 @@ class _Recorder:
 
     def quiet(self) -> _Ctx:
         return _Ctx(self.parent.policy, _Stats(),
-                    dict(self.parent.cache) if self.inherit else {}, self.parent.where)
+                    dict(self.parent.cache) if self.inherit else {},
+                    where=self.parent.where)
 
     def commit(self) -> None:
         if self.last is not None:
@@ -312,8 +313,10 @@ def _kept(ctx: _Ctx, eqn, invals, handler) -> list:
         return handler(ctx, eqn, args)
     ctx.stats.op(kind, name, _fmt([v.aval.dtype for v in eqn.outvars
                                    if _is_float(v.aval.dtype)]))
-    return _as_list(eqn.primitive.bind(*[_raw(v) for v in args], **eqn.params),
-                    eqn.primitive)
+    raw = [_raw(v) for v in args]
+    outs = _as_list(eqn.primitive.bind(*raw, **eqn.params), eqn.primitive)
+    hook = getattr(ctx, "hook", None)  # a per-equation hook, if the context has one
+    return outs if hook is None else hook(ctx, eqn, raw, outs)
 
 
 def _to_traced(ctx: _Ctx, v: Any, dtype: Any, kind: OpKind) -> Any:
