@@ -320,3 +320,13 @@ def test_scopes_with_x64_off():
     """, x64=False, timeout=300)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["float32", "f64", "rejected:", "True"]
+
+
+def test_scope_names_reach_the_lowered_module():
+    def f(x):
+        with jax.named_scope("block0"):
+            x = jnp.tanh(x)
+        return x * 2
+    g = jax.jit(ap.autocast(f, "always_f32", scopes={"block0": "bf16"}))
+    text = g.lower(X).as_text(debug_info=True)
+    assert "block0/tanh" in text
