@@ -187,7 +187,8 @@ def mixed_value_and_grad(loss_fn: Callable, policy: Policy | str = "p=f32,c=bf16
         loss = pol.cast_to_output(loss)
         # scale in float32 (or wider): the cotangent entering the backward pass is the scale
         wide = jnp.promote_types(loss.dtype, jnp.float32)
-        return loss.astype(wide) * ls.loss_scale.astype(wide), (loss, pol.cast_to_output(aux))
+        scaled_loss = loss.astype(wide) * ls.loss_scale.astype(wide)
+        return scaled_loss, (loss, pol.cast_to_output(aux))
 
     def run(params, *args, loss_scale=None, **kwargs) -> MixedGrads:
         ls = NoOpLossScale() if loss_scale is None else loss_scale
@@ -216,7 +217,7 @@ def _is_float_array(leaf: Any) -> bool:
 
 
 def _fill(treedef, n: int, idx: list, vals: list):
-    """A tree of ``treedef`` with ``vals`` at leaf positions ``idx`` and ``None`` elsewhere."""
+    """A tree of ``treedef``: ``vals`` at leaf positions ``idx``, ``None`` elsewhere."""
     out: list = [None] * n
     for i, v in zip(idx, vals):
         out[i] = v
@@ -329,8 +330,8 @@ def _skip_state(opt_state: Any) -> SkipNonFiniteState | None:
     return found[0] if found else None
 
 
-def train_step(loss_fn: Callable, optimizer: Any, policy: Policy | str = "p=f32,c=bf16,o=f32",
-               *, has_aux: bool = False, precision: Any = None,
+def train_step(loss_fn: Callable, optimizer: Any,
+               policy: Policy | str = "p=f32,c=bf16,o=f32", *, has_aux: bool = False, precision: Any = None,
                scopes: dict | None = None) -> Callable:
     """One mixed-precision optimisation step: policy, loss scale, finite check, optax.
 

@@ -78,7 +78,8 @@ def run(name, optimizer, **kw):
     final = float(loss(params, x, y))  # evaluated in float32
     held_out = float(loss(params, *data(1024, seed=1)))
     dtypes = {leaf.dtype.name for leaf in jax.tree_util.tree_leaves(params)}
-    return {"name": name, "final": final, "held_out": held_out, "skipped": int(info.skipped),
+    return {"name": name, "final": final, "held_out": held_out,
+            "skipped": int(info.skipped),
             "scale": float(info.loss_scale), "compile": compile_s,
             "median_ms": 1e3 * float(np.median(times)), "param_dtypes": dtypes}
 

@@ -231,7 +231,8 @@ def test_skip_keeps_inner_state_and_returns_zero_updates():
     _, s1 = tx.update({"w": jnp.ones(3, F32)}, s0, params)
     upd, s2 = tx.update({"w": jnp.array([1.0, jnp.nan, 1.0], F32)}, s1, params)
     assert jnp.all(upd["w"] == 0)
-    for a, b in zip(jax.tree_util.tree_leaves(s1.inner), jax.tree_util.tree_leaves(s2.inner)):
+    leaves = jax.tree_util.tree_leaves
+    for a, b in zip(leaves(s1.inner), leaves(s2.inner)):
         assert jnp.array_equal(a, b)
     assert int(s2.skipped) == 1 and int(s2.steps) == 2
     assert isinstance(ap.loss_scale_of(s2), ap.NoOpLossScale)
@@ -273,7 +274,7 @@ def test_bad_input_is_rejected():
         ap.mixed_value_and_grad(lambda w: jnp.sum(w), "q=f32")
 
 
-# --------------------------------------------------------------------------- x64 off, example
+# ------------------------------------------------------------------ x64 off, example
 def test_train_step_with_x64_off():
     from _subprocess import run_python
     res = run_python("""
@@ -331,7 +332,8 @@ def test_equinox_module_as_params():
         model, state, info = step(model, state, x, y)
     assert float(loss(model, x, y)) < 0.5 * first
     assert model.activation is jax.nn.relu  # static leaves survive
-    assert {a.dtype for a in jax.tree_util.tree_leaves(eqx.filter(model, eqx.is_array))} == {F32}
+    arrays = jax.tree_util.tree_leaves(eqx.filter(model, eqx.is_array))
+    assert {a.dtype for a in arrays} == {F32}
     g = ap.mixed_value_and_grad(loss, "f32")(model, x, y).grads
     ref = eqx.filter_grad(loss)(model, x, y)
     np.testing.assert_allclose(g.layers[0].weight, ref.layers[0].weight, rtol=1e-5)

@@ -23,10 +23,10 @@ first. Equations outside every pattern use the base policy.
 
 Rules: a :class:`~adaptprec.PrecisionPolicy` or its string form (``"auto_mixed_bf16"``,
 ``"always_f32"``, ``"auto_mixed,exp=f32"``); a dtype (``"bf16"``, ``"f16"``, ``"f32"``,
-``"f64"``), meaning "this region computes in that dtype" — every op's operands in the dtype,
-dots and sums accumulated in float32 or wider, loop carries at least float32; or ``"keep"``:
-the region runs at the dtypes it was traced at (values arriving from a low-precision region
-are cast back to their traced dtype).
+``"f64"``), meaning "this region computes in that dtype": every op's operands in the
+dtype, dots and sums accumulated in float32 or wider, loop carries at least float32; or
+``"keep"``: the region runs at the dtypes it was traced at (values arriving from a
+low-precision region are cast back to their traced dtype).
 
 Example:
     >>> import adaptprec as ap
