@@ -95,13 +95,15 @@ def test_most_specific_match_wins():
 def test_rule_forms():
     pol = ap.PrecisionPolicy.parse("auto_mixed,exp=f32")
     r = ap.ScopeRules("always_f32", {"a": "bf16", "b": "auto_mixed", "c": pol,
-                                     "d": "KEEP", "e": jnp.float16})
+                                     "d": "KEEP", "e": jnp.float16,
+                                     "f": ap.Policy.parse("p=f32,c=bf16,o=f32")})
     assert r.match("a").policy.dtype == BF16 and r.match("a").rule == "bf16"
     assert r.match("a").policy.accumulate == F32  # accumulation never below f32
     assert r.match("b").policy == ap.AUTO_MIXED
     assert r.match("c").policy == pol
     assert r.match("d").keep and r.match("d").rule == "keep"
     assert r.match("e").rule == "f16"
+    assert r.match("f").policy == r.match("a").policy  # a Policy: its compute dtype
 
 
 @pytest.mark.parametrize("scopes, err, msg", [

@@ -26,7 +26,8 @@ Rules: a :class:`~adaptprec.PrecisionPolicy` or its string form (``"auto_mixed_b
 ``"f64"``), meaning "this region computes in that dtype": every op's operands in the
 dtype, dots and sums accumulated in float32 or wider, loop carries at least float32; or
 ``"keep"``: the region runs at the dtypes it was traced at (values arriving from a
-low-precision region are cast back to their traced dtype).
+low-precision region are cast back to their traced dtype). A jmp-style
+:class:`~adaptprec.Policy` stands for its compute dtype.
 
 Example:
     >>> import adaptprec as ap
@@ -52,6 +53,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from .._policy import Policy
 from ..precision import canonical_dtype, dtype_name, require_x64, x64_enabled
 from .opkind import OpKind
 from .presets import PrecisionPolicy, Rule
@@ -152,6 +154,8 @@ def _parse_pattern(text: Any) -> tuple[tuple[str, ...], bool]:
 def _parse_rule(pattern: str, value: Any) -> tuple[str, PrecisionPolicy | None]:
     if isinstance(value, PrecisionPolicy):
         return str(value), value
+    if isinstance(value, Policy):  # a jmp-style policy: its compute dtype
+        return str(value), region_policy(value.compute)
     if isinstance(value, str) and value.strip().lower() == KEEP:
         return KEEP, None
     try:
