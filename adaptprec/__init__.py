@@ -70,7 +70,11 @@ from ._autocast import (  # noqa: E402
     PRESETS,
     PRIMITIVE_KINDS,
     Explanation,
+    KindRow,
     Rule,
+    ScopeMatch,
+    ScopeRow,
+    ScopeRules,
     classify,
     ALWAYS_BF16,
     ALWAYS_F16,
@@ -87,6 +91,16 @@ from ._autocast import (  # noqa: E402
 # --- profiler and plots (issue 17): re-exports below this line ---
 from ._profile import Profile, ProfileRow, profile  # noqa: E402
 from ._plot import FitTrace, plot_batch, plot_fit  # noqa: E402  (matplotlib imported lazily)
+# --- layered precision and training steps (issue 19): re-exports below this line ---
+from ._training import (  # noqa: E402
+    MixedGrads,
+    SkipNonFiniteState,
+    StepInfo,
+    loss_scale_of,
+    mixed_value_and_grad,
+    skip_nonfinite,
+    train_step,
+)
 
 __all__ = [
     # precision
@@ -110,4 +124,9 @@ __all__ = [
     "PrecisionPolicy", "Rule", "autocast", "classify", "explain",
     # profiler and plots
     "profile", "Profile", "ProfileRow", "FitTrace", "plot_fit", "plot_batch",
+    "PrecisionPolicy", "Rule", "autocast", "classify", "explain", "KindRow", "ScopeRules",
+    "ScopeMatch", "ScopeRow",
+    # training steps (issue 19)
+    "MixedGrads", "StepInfo", "SkipNonFiniteState", "mixed_value_and_grad",
+    "skip_nonfinite", "train_step", "loss_scale_of",
 ]

@@ -5,7 +5,9 @@
   ``AUTO_MIXED_CONSERVATIVE``, ``AUTO_MIXED``, ``AUTO_MIXED_BF16`` and a string form;
 * :func:`autocast`: re-evaluates ``fn``'s jaxpr with each primitive at its kind's precision
   (composes with ``jit``, ``grad``, ``vmap``, custom derivatives and ``adaptive()``);
-* :func:`explain`: the table of ops, dtypes and casts a policy produces.
+* :func:`explain`: the table of ops, dtypes and casts a policy produces;
+* :class:`ScopeRules`: per-region rules (``scopes={pattern: rule}``) matched on the name
+  stack of ``jax.named_scope`` / module scopes.
 
 Example:
     >>> import jax.numpy as jnp
@@ -15,7 +17,7 @@ Example:
     'float32'
 """
 
-from .explain import Explanation, KindRow, explain
+from .explain import Explanation, KindRow, ScopeRow, explain
 from .interpret import autocast
 from .opkind import EXACT_REDUCTIONS, PRIMITIVE_KINDS, OpKind, classify
 from .presets import (
@@ -29,10 +31,15 @@ from .presets import (
     PrecisionPolicy,
     Rule,
 )
+from .scopes import KEEP, ScopeMatch, ScopeRules
 
 __all__ = [
     "autocast",
     "explain",
+    "ScopeRules",
+    "ScopeMatch",
+    "ScopeRow",
+    "KEEP",
     "Explanation",
     "KindRow",
     "OpKind",

@@ -5,6 +5,9 @@ computed) and returns an :class:`Explanation`: per op kind the number of ops, th
 they compute in and the casts the policy inserts, the total cast count, and the
 primitives autocast does not know (they run at their input dtype) or had to run at the
 dtype they were traced at. Counts are static: an op inside a loop body counts once.
+The same counts are grouped by name-stack scope (``Explanation.scopes``, one
+:class:`ScopeRow` per scope path, with the ``scopes=`` pattern and rule that applied there);
+``str()`` adds that table when ``fn`` has named scopes.
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -40,8 +43,9 @@ from ._stats import _Stats
 from .interpret import _is_dynamic, _run
 from .opkind import OpKind
 from .presets import AUTO_MIXED_BF16, PrecisionPolicy
+from .scopes import ScopeRules
 
-__all__ = ["explain", "Explanation", "KindRow"]
+__all__ = ["explain", "Explanation", "KindRow", "ScopeRow"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +66,61 @@ class KindRow:
 
 
 @dataclasses.dataclass(frozen=True)
+class ScopeRow:
+    """The ops of one name-stack scope in an :class:`Explanation`.
+
+    Attributes:
+        scope: the scope path (``"encoder/layer0"``; ``""`` is code outside every scope).
+        pattern: the ``scopes=`` pattern that applied, or ``None`` (the base policy).
+        rule: that pattern's rule as given (``"bf16"``, ``"keep"``, a policy string).
+        ops, casts: counts in this scope (nested scopes have their own rows).
+        dtypes: the compute dtypes of its ops, every kind together.
+        rows: the per-kind :class:`KindRow` breakdown of this scope.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> import adaptprec as ap
+        >>> def f(x):
+        ...     with jax.named_scope("early"):
+        ...         return jnp.exp(x)
+        >>> ex = ap.explain(f, "always_f32", scopes={"early": "bf16"})(jnp.ones(2))
+        >>> r = ex.scope("early")
+        >>> r.rule, r.ops, r.casts, r.dtypes
+        ('bf16', 1, 1, ('bfloat16',))
+    """
+
+    scope: str
+    pattern: str | None
+    rule: str | None
+    ops: int
+    casts: int
+    dtypes: tuple[str, ...]
+    rows: tuple[KindRow, ...]
+
+
+def _rows(stats: _Stats) -> tuple[KindRow, ...]:
+    return tuple(
+        KindRow(kind, stats.ops[kind], stats.casts[kind],
+                tuple(sorted(stats.dtypes.get(kind, ()))),
+                tuple(sorted(stats.primitives.get(kind, {}).items())))
+        for kind in OpKind if stats.ops[kind] or stats.casts[kind])
+
+
+def _scope_rows(stats: _Stats, rules: ScopeRules) -> tuple[ScopeRow, ...]:
+    out = []
+    for path in sorted(stats.scopes):
+        sub = stats.scopes[path]
+        ops, casts = sum(sub.ops.values()), sum(sub.casts.values())
+        if not ops and not casts:
+            continue
+        m = rules.match(path)
+        dtypes = sorted(set().union(*sub.dtypes.values())) if sub.dtypes else []
+        out.append(ScopeRow(path, m.pattern, m.rule, ops, casts, tuple(dtypes),
+                            _rows(sub)))
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
 class Explanation:
     """The cost of a policy on one function; ``str()`` prints the table.
 
@@ -74,6 +133,7 @@ class Explanation:
         unknown_primitives: primitives not in the table (run at their input dtype).
         traced_dtype_primitives: primitives run at the dtype they were traced at.
         jaxpr: the transformed program (a ``ClosedJaxpr``), for inspection.
+        scopes: one :class:`ScopeRow` per name-stack scope (``""``: outside every scope).
 
     Example:
         >>> import jax.numpy as jnp
@@ -91,6 +151,7 @@ class Explanation:
     unknown_primitives: tuple[str, ...]
     traced_dtype_primitives: tuple[str, ...]
     jaxpr: Any = dataclasses.field(repr=False, compare=False)
+    scopes: tuple[ScopeRow, ...] = ()
 
     def row(self, kind: OpKind | str) -> KindRow:
         """The row of ``kind`` (a zero row if no op of that kind occurs)."""
@@ -99,6 +160,15 @@ class Explanation:
             if r.kind is kind:
                 return r
         return KindRow(kind, 0, 0, (), ())
+
+    def scope(self, path: str) -> ScopeRow:
+        """The row of scope ``path`` (``""``: outside every scope); ``KeyError`` if no op
+        ran there."""
+        for r in self.scopes:
+            if r.scope == path:
+                return r
+        raise KeyError(f"no op in scope {path!r}; scopes with ops: "
+                       f"{[r.scope for r in self.scopes]}")
 
     def __str__(self) -> str:
         lines = [f"policy {self.policy}",
@@ -113,13 +183,22 @@ class Explanation:
         if self.traced_dtype_primitives:
             lines.append("run at their traced dtype: "
                          + ", ".join(self.traced_dtype_primitives))
+        if any(r.scope for r in self.scopes):
+            width = max(16, *(len(r.scope) + 2 for r in self.scopes))
+            rw = max(6, *(len(r.rule or "-") + 2 for r in self.scopes))
+            lines.append(f"{'scope':<{width}}{'rule':<{rw}}{'ops':>4}{'casts':>7}  dtypes")
+            for r in self.scopes:
+                lines.append(f"{r.scope or '(outside)':<{width}}{r.rule or '-':<{rw}}"
+                             f"{r.ops:>4}{r.casts:>7}  {', '.join(r.dtypes) or '-'}")
         return "\n".join(lines)
 
 
-def explain(fn: Callable, policy: PrecisionPolicy | str = AUTO_MIXED_BF16) -> Callable:
+def explain(fn: Callable, policy: PrecisionPolicy | str = AUTO_MIXED_BF16,
+            scopes: dict | None = None) -> Callable:
     """``explain(fn, policy)(*args, **kwargs)`` -> :class:`Explanation` (nothing is run).
 
     Arguments are only used for their shapes and dtypes (``jax.ShapeDtypeStruct`` works).
+    ``scopes`` are per-region rules, as in :func:`~adaptprec.autocast`.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -129,6 +208,7 @@ def explain(fn: Callable, policy: PrecisionPolicy | str = AUTO_MIXED_BF16) -> Ca
         0
     """
     pol = PrecisionPolicy.parse(policy)
+    rules = ScopeRules(pol, scopes)
     if not callable(fn):
         raise TypeError(f"explain needs a callable, got {fn!r} of type "
                         f"{type(fn).__name__}")
@@ -144,18 +224,15 @@ def explain(fn: Callable, policy: PrecisionPolicy | str = AUTO_MIXED_BF16) -> Ca
             for i, x in zip(dyn_idx, xs):
                 ls[i] = x
             a, k = jax.tree_util.tree_unflatten(treedef, ls)
-            return _run(fn, pol, a, k, stats)
+            return _run(fn, pol, a, k, stats, scopes=rules)
 
         closed = jax.make_jaxpr(flat)(*[leaves[i] for i in dyn_idx])
-        rows = tuple(
-            KindRow(kind, stats.ops[kind], stats.casts[kind],
-                    tuple(sorted(stats.dtypes.get(kind, ()))),
-                    tuple(sorted(stats.primitives.get(kind, {}).items())))
-            for kind in OpKind if stats.ops[kind] or stats.casts[kind])
+        rows = _rows(stats)
         return Explanation(
             policy=pol, rows=rows, casts=sum(stats.casts.values()),
             ops=sum(stats.ops.values()), retained_converts=stats.retained_converts,
             unknown_primitives=tuple(sorted(stats.unknown)),
-            traced_dtype_primitives=tuple(sorted(stats.fallback)), jaxpr=closed)
+            traced_dtype_primitives=tuple(sorted(stats.fallback)), jaxpr=closed,
+            scopes=_scope_rows(stats, rules))
 
     return run

@@ -46,6 +46,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -56,7 +57,8 @@ import numpy as np
 from jax import lax
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
-from ._stats import _Stats
+from . import scopes as _scopes
+from ._stats import _Stats, _Tagged
 from .opkind import EXACT_REDUCTIONS, OpKind, classify
 from .presets import AUTO_MIXED_BF16, PrecisionPolicy, Rule
 
@@ -114,13 +116,39 @@ def _split_literals(vals: Sequence[Any]):
 
 # --------------------------------------------------------------------------- context
 class _Ctx:
-    """Policy, statistics and the cast cache of one traced scope."""
+    """Policy, statistics and the cast cache of one traced scope.
+
+    ``where`` is the name-stack position: (scope rules, path, keep); equations whose own
+    name stack adds scopes run in the context :meth:`at` gives them."""
 
     def __init__(self, policy: PrecisionPolicy, stats: _Stats | None = None,
-                 cache: dict | None = None):
+                 cache: dict | None = None, where: tuple | None = None):
         self.policy = policy
-        self.stats = _Stats() if stats is None else stats
+        self.where = (_scopes.ScopeRules(policy), (), False) if where is None else where
+        self.stats = _Tagged(_Stats() if stats is None else stats,
+                             "/".join(self.where[1]))
         self.cache = {} if cache is None else cache
+        self.kids: dict = {}
+
+    @property
+    def keep(self) -> bool:
+        return self.where[2]
+
+    def at(self, names: tuple) -> _Ctx:
+        """The context of an equation whose own name stack is ``names``: the names
+        appended to this context's path, the policy of the most specific matching scope
+        rule (same statistics and cast cache)."""
+        if not names:
+            return self
+        kid = self.kids.get(names)
+        if kid is None:
+            rules, path = self.where[0], self.where[1] + names
+            m = rules.match(path)
+            kid = copy.copy(self)  # keeps any other per-trace state of this context
+            kid.policy, kid.where, kid.kids = m.policy, (rules, path, m.keep), {}
+            kid.stats = _Tagged(self.stats, "/".join(path))
+            self.kids[names] = kid
+        return kid
 
     def cast(self, v: Any, dtype: Any, kind: OpKind) -> Any:
         """``v`` in ``dtype``; literals for free, arrays once per (value, dtype)."""
@@ -156,7 +184,8 @@ class _Recorder:
 
     def quiet(self) -> _Ctx:
         return _Ctx(self.parent.policy, _Stats(),
-                    dict(self.parent.cache) if self.inherit else {})
+                    dict(self.parent.cache) if self.inherit else {},
+                    where=self.parent.where)
 
     def commit(self) -> None:
         if self.last is not None:
@@ -230,12 +259,17 @@ def _eval_jaxpr(ctx: _Ctx, jaxpr: Jaxpr, consts: Sequence[Any], args: Sequence[A
     for eqn in jaxpr.eqns:
         invals = [read(a) for a in eqn.invars]
         handler = _HANDLERS.get(eqn.primitive.name)
-        if handler is not None:
-            outs = handler(ctx, eqn, invals)
-        elif _has_subjaxpr(eqn.params) or eqn.primitive.name in _TRACED_DTYPE:
-            outs = _at_traced_dtype(ctx, eqn, invals)
-        else:
-            outs = _first_order(ctx, eqn, invals)
+        names = _scopes.scope_path(eqn.source_info.name_stack)
+        sctx = ctx.at(names)  # the scope rule of eqn's name stack
+        with _scopes.named(names):
+            if sctx.keep:
+                outs = _kept(sctx, eqn, invals, handler)
+            elif handler is not None:
+                outs = handler(sctx, eqn, invals)
+            elif _has_subjaxpr(eqn.params) or eqn.primitive.name in _TRACED_DTYPE:
+                outs = _at_traced_dtype(sctx, eqn, invals)
+            else:
+                outs = _first_order(sctx, eqn, invals)
         for var, val in zip(eqn.outvars, outs):
             env[var] = val
     return [read(a) for a in jaxpr.outvars]
@@ -262,6 +296,35 @@ def _at_traced_dtype(ctx: _Ctx, eqn, invals) -> list:
     ctx.stats.fallback.add(name)
     ctx.stats.op(kind, name, "as traced")
     return _as_list(eqn.primitive.bind(*args, **eqn.params), eqn.primitive)
+
+
+# Handlers that recurse into bodies; inside a ``keep`` region they still run (a nested
+# scope may have its own rule), with operands at their traced dtypes.
+_RECURSIVE = frozenset({"jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint",
+                        "scan", "while", "cond", "custom_jvp_call", "custom_vjp_call"})
+
+
+def _kept(ctx: _Ctx, eqn, invals, handler) -> list:
+    """An equation in a ``keep`` scope: floating operands back at their traced dtypes."""
+    name = eqn.primitive.name
+    kind = classify(name)
+    args = [_to_traced(ctx, v, var.aval.dtype, kind) for v, var in zip(invals, eqn.invars)]
+    if handler is not None and name in _RECURSIVE:
+        return handler(ctx, eqn, args)
+    ctx.stats.op(kind, name, _fmt([v.aval.dtype for v in eqn.outvars
+                                   if _is_float(v.aval.dtype)]))
+    raw = [_raw(v) for v in args]
+    outs = _as_list(eqn.primitive.bind(*raw, **eqn.params), eqn.primitive)
+    hook = getattr(ctx, "hook", None)  # a per-equation hook, if the context has one
+    return outs if hook is None else hook(ctx, eqn, raw, outs)
+
+
+def _to_traced(ctx: _Ctx, v: Any, dtype: Any, kind: OpKind) -> Any:
+    if not _is_float(_dtype(v)) or not _is_float(dtype):
+        return v
+    if isinstance(v, _Lit):
+        return _Lit(np.asarray(v.val, dtype=dtype), np.dtype(dtype))
+    return ctx.cast(v, dtype, kind)
 
 
 def _first_order(ctx: _Ctx, eqn, invals) -> list:
@@ -673,9 +736,10 @@ def _boundary(ctx: _Ctx, v: Any) -> Any:
 
 
 def _run(fn: Callable, policy: PrecisionPolicy, args: tuple, kwargs: dict,
-         stats: _Stats | None = None):
+         stats: _Stats | None = None, scopes: _scopes.ScopeRules | None = None):
     closed, out_tree, dyn = _trace(fn, args, kwargs)
-    ctx = _Ctx(policy, stats)
+    rules = _scopes.ScopeRules(policy) if scopes is None else scopes
+    ctx = _Ctx(policy, stats, where=(rules, (), False))
     consts = [_boundary(ctx, jnp.asarray(c)) for c in closed.consts]
     ins = [_boundary(ctx, jnp.asarray(x)) for x in dyn]
     outs = _eval_jaxpr(ctx, closed.jaxpr, consts, ins)
@@ -691,8 +755,15 @@ def _run(fn: Callable, policy: PrecisionPolicy, args: tuple, kwargs: dict,
 
 
 def autocast(fn: Callable | None = None,
-             policy: PrecisionPolicy | str = AUTO_MIXED_BF16) -> Callable:
+             policy: PrecisionPolicy | str = AUTO_MIXED_BF16,
+             scopes: dict | None = None) -> Callable:
     """Run ``fn`` with every primitive at the precision ``policy`` gives its op kind.
+
+    ``scopes={pattern: rule}`` gives regions of ``fn`` their own rule, matched against the
+    name stack of ``jax.named_scope``/``jax.named_call``/module scopes (most specific
+    pattern wins); a rule is a policy, a policy string, a dtype (the region computes in
+    it, accumulating in float32 or wider) or ``"keep"`` (the region runs at its traced
+    dtypes). See :class:`~adaptprec.ScopeRules` for the pattern syntax.
 
     ``autocast(fn, policy)`` returns a function with ``fn``'s signature; array arguments
     (any pytree) are traced, other leaves (Python numbers, strings...) are static. Floating
@@ -713,17 +784,31 @@ def autocast(fn: Callable | None = None,
         >>> grad = jax.grad(ap.autocast(lambda x: jnp.sum(jnp.sin(x)), "always_f32"))
         >>> bool(jnp.allclose(grad(x), jnp.cos(x)))
         True
+
+        Layered precision: the ``early`` scope in bfloat16, the ``late`` one in float32.
+
+        >>> def net(x):
+        ...     with jax.named_scope("early"):
+        ...         x = jnp.tanh(x * 3.0)
+        ...     with jax.named_scope("late"):
+        ...         return jnp.sin(x) + 1.0
+        >>> g = ap.autocast(net, "always_f32", scopes={"early": "bf16"})
+        >>> ops = jax.make_jaxpr(g)(x).eqns
+        >>> [e.primitive.name for e in ops if e.outvars[0].aval.dtype == jnp.bfloat16]
+        ['convert_element_type', 'mul', 'tanh']
     """
     pol = PrecisionPolicy.parse(policy)
+    rules = _scopes.ScopeRules(pol, scopes)
     if fn is None:
-        return lambda f: autocast(f, pol)
+        return lambda f: autocast(f, pol, scopes)
     if not callable(fn):
         raise TypeError(f"autocast needs a callable, got {fn!r} of type "
                         f"{type(fn).__name__}")
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        return _run(fn, pol, args, kwargs)
+        return _run(fn, pol, args, kwargs, scopes=rules)
 
     wrapped.policy = pol  # type: ignore[attr-defined]
+    wrapped.scopes = rules  # type: ignore[attr-defined]
     return wrapped
