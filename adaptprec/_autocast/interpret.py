@@ -117,10 +117,17 @@ class _Ctx:
     """Policy, statistics and the cast cache of one traced scope."""
 
     def __init__(self, policy: PrecisionPolicy, stats: _Stats | None = None,
-                 cache: dict | None = None):
+                 cache: dict | None = None, hook: Callable | None = None,
+                 nested: bool = False):
         self.policy = policy
         self.stats = _Stats() if stats is None else stats
         self.cache = {} if cache is None else cache
+        # Optional per-equation callback ``hook(ctx, eqn, args, outs) -> outs`` applied to
+        # the results of first-order primitives and float conversions (used by the Monte
+        # Carlo arithmetic of ``guards.accuracy``). ``nested``: a sub-trace (loop body,
+        # branch, custom rule) whose values cannot leave it.
+        self.hook = hook
+        self.nested = nested
 
     def cast(self, v: Any, dtype: Any, kind: OpKind) -> Any:
         """``v`` in ``dtype``; literals for free, arrays once per (value, dtype)."""
@@ -156,7 +163,8 @@ class _Recorder:
 
     def quiet(self) -> _Ctx:
         return _Ctx(self.parent.policy, _Stats(),
-                    dict(self.parent.cache) if self.inherit else {})
+                    dict(self.parent.cache) if self.inherit else {},
+                    hook=self.parent.hook, nested=True)
 
     def commit(self) -> None:
         if self.last is not None:
@@ -298,6 +306,8 @@ def _first_order(ctx: _Ctx, eqn, invals) -> list:
     if "preferred_element_type" in params:  # operands -> accumulator
         label = f"{target.name}->{np.dtype(params['preferred_element_type']).name}"
     ctx.stats.op(kind, name, label)
+    if ctx.hook is not None:
+        outs = ctx.hook(ctx, eqn, args, outs)
     if policy.cast_back and rule in (Rule.HIGH, Rule.ACCUMULATE):
         outs = [ctx.cast(o, policy.dtype, kind) if _is_float(o.dtype) else o
                 for o in outs]
@@ -322,9 +332,11 @@ def _convert(ctx: _Ctx, eqn, invals) -> list:
     if isinstance(x, _Lit):
         return [_Lit(np.asarray(x.val, dtype=target), target)]
     if x.dtype == target:
-        return [x]
-    ctx.stats.retained_converts += 1
-    return [eqn.primitive.bind(x, **dict(eqn.params, new_dtype=target))]
+        out = [x]
+    else:
+        ctx.stats.retained_converts += 1
+        out = [eqn.primitive.bind(x, **dict(eqn.params, new_dtype=target))]
+    return out if ctx.hook is None else ctx.hook(ctx, eqn, [x], out)
 
 
 def _inline(ctx: _Ctx, eqn, invals) -> list:

@@ -1,0 +1,319 @@
+"""Monte Carlo arithmetic inside ``jit``: re-evaluate a function with random rounding.
+
+Private engine of :func:`adaptprec.guards.accuracy`. The function is traced to a jaxpr and
+re-evaluated by the autocast interpreter (``_autocast/interpret.py``) with every floating
+operation computed in an *evaluation* dtype, and a per-equation hook that perturbs each
+result at the size of the rounding error of its traced dtype:
+
+* **wide mode** (a wider dtype exists: bf16/f16 -> f32, f32 -> f64 when x64 is on): the op
+  runs in the wider dtype and its result is *stochastically rounded* to the traced dtype's
+  grid by bits (add random low bits to the bit pattern, clear them). The value is kept in
+  the wide dtype; it is exactly representable in the traced dtype.
+* **top mode** (no wider dtype: float64, or float32 with x64 off): the op runs in its own
+  dtype; add/sub (TwoSum), mul (Veltkamp/Dekker TwoProd) and div (remainder by TwoProd) get
+  their exact rounding error and are rounded up or down with probability proportional to
+  it; other ops (transcendentals, reductions, dots, linalg) are moved to a neighbouring
+  float with probability 1/4 each way (the rounding of an unknown sub-ulp part).
+
+Inputs that arrive wider than the rung are stochastically rounded to the rung the same way.
+Random bits come from a hash of the value's bits, its position, the equation and the
+sample: deterministic, different in every loop iteration, cheap (integer ops that XLA
+fuses into the surrounding loop).
+
+Two deterministic checks run alongside, on the top-level scope of the function (not inside
+loop bodies or branches, whose values cannot leave their trace):
+
+* **cancellation** per ``add``/``sub`` (normwise, CADNA's "unstable cancellation"):
+  ``u * max(|a| + |b|) / max(|a +- b|)``, the relative error the rounding of the operands
+  causes in the result;
+* **decisions** per comparison (``lt``, ``gt``, ``eq``...) and ``argmax``/``argmin`` in wide
+  mode: any element decided by a margin below the operands' rounding error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ._autocast.interpret import _Ctx, _eval_jaxpr, _is_float, _raw, _trace
+from ._autocast.opkind import EXACT_REDUCTIONS, OpKind, classify
+from ._autocast.presets import PrecisionPolicy, Rule
+from ._autocast.opkind import OpKind as _OpKind
+
+__all__ = ["wider", "MCAResult", "mca_samples"]
+
+# results that carry no rounding error
+_EXACT = frozenset(
+    "neg abs max min select_n clamp sign floor ceil round stop_gradient real imag conj "
+    "is_finite nextafter copy copy_p".split()) | EXACT_REDUCTIONS
+_COMPARE = frozenset("eq ne lt le gt ge".split())
+_ARGS = frozenset({"argmax", "argmin"})
+_ADDSUB = frozenset({"add", "sub", "add_any"})
+
+
+def wider(dtype) -> np.dtype | None:
+    """The next wider floating dtype available right now, or ``None`` (top mode)."""
+    dtype = np.dtype(dtype)
+    bits = jnp.finfo(dtype).bits
+    if bits < 32:
+        return np.dtype(np.float32)
+    if bits == 32 and jax.config.jax_enable_x64:
+        return np.dtype(np.float64)
+    return None
+
+
+def _nmant(dtype) -> int:
+    return int(jnp.finfo(dtype).nmant)
+
+
+def _u(dtype) -> float:
+    return float(2.0 ** -(_nmant(dtype) + 1))
+
+
+def _fmix32(h):
+    """murmur3's 32-bit finaliser: a cheap, well-mixing hash of uint32 values."""
+    h = h ^ (h >> 16)
+    h = h * np.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * np.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def _bits32(y):
+    """32 bits summarising the bit pattern of ``y`` (uint32)."""
+    if y.dtype.itemsize == 8:
+        b = lax.bitcast_convert_type(y, jnp.uint64)
+        return (b ^ (b >> 32)).astype(jnp.uint32)
+    if y.dtype.itemsize == 4:
+        return lax.bitcast_convert_type(y, jnp.uint32)
+    return lax.bitcast_convert_type(y, jnp.uint16).astype(jnp.uint32)
+
+
+def _random32(y, salt: int):
+    """Pseudo-random uint32 per element of ``y``: hash of (value, position, salt)."""
+    idx = lax.iota(jnp.uint32, max(1, y.size)).reshape(y.shape) if y.size else \
+        jnp.zeros(y.shape, jnp.uint32)
+    pos = _fmix32(idx * np.uint32(0x9E3779B1) + np.uint32(salt & 0xFFFFFFFF))
+    return _fmix32(_bits32(y) ^ pos)
+
+
+def _uniform(h, dtype):
+    """Uniform in [0, 1) from uint32 hashes (24 bits)."""
+    return (h >> 8).astype(dtype) * dtype.type(2.0 ** -24)
+
+
+def stochastic_round(y, target, salt: int):
+    """Round ``y`` (kept in its dtype) to ``target``'s mantissa grid, stochastically."""
+    drop = _nmant(y.dtype) - _nmant(target)
+    if drop <= 0:
+        return y
+    if drop > 32:       # e.g. float64 -> bfloat16: nearest to float32 first
+        return stochastic_round(y.astype(jnp.float32), target, salt).astype(y.dtype)
+    ut = jnp.uint64 if y.dtype.itemsize == 8 else jnp.uint32
+    b = lax.bitcast_convert_type(y, ut)
+    r = (_random32(y, salt) & np.uint32((1 << drop) - 1)).astype(ut)
+    mask = ~np.array((1 << drop) - 1, dtype=ut)
+    out = lax.bitcast_convert_type((b + r) & mask, y.dtype)
+    return jnp.where(jnp.isfinite(y), out, y)
+
+
+def _split(a):
+    factor = a.dtype.type(2.0 ** ((_nmant(a.dtype) + 2) // 2) + 1)
+    c = factor * a
+    hi = c - (c - a)
+    return hi, a - hi
+
+
+def _two_prod_err(a, b, p):
+    ah, al = _split(a)
+    bh, bl = _split(b)
+    return ((ah * bh - p) + ah * bl + al * bh) + al * bl
+
+
+def _exact_error(name: str, args, out):
+    """Exact rounding error ``exact - out`` of add/sub/mul/div (None for other ops)."""
+    if name in _ADDSUB or name == "sub":
+        a, b = (jnp.asarray(x, out.dtype) for x in args)
+        if name == "sub":
+            b = -b
+        bb = out - a
+        return (a - (out - bb)) + (b - bb)
+    if name == "mul":
+        a, b = (jnp.asarray(x, out.dtype) for x in args)
+        return _two_prod_err(a, b, out)
+    if name == "div":
+        a, b = (jnp.asarray(x, out.dtype) for x in args)
+        pe = _two_prod_err(out, b, out * b)
+        return ((a - out * b) - pe) / b
+    return None
+
+
+def random_round_same(y, err, salt: int):
+    """Random rounding of ``exact = y + err`` when no wider dtype exists.
+
+    With ``err`` known: round to the neighbour in its direction with probability
+    ``|err| / gap``. Unknown (``None``): each neighbour with probability 1/4.
+    """
+    v = _uniform(_random32(y, salt), y.dtype)
+    up = jnp.nextafter(y, jnp.asarray(jnp.inf, y.dtype))
+    down = jnp.nextafter(y, jnp.asarray(-jnp.inf, y.dtype))
+    if err is None:
+        out = jnp.where(v < 0.25, down, jnp.where(v >= 0.75, up, y))
+    else:
+        err = jnp.where(jnp.isfinite(err), err, 0)
+        nb = jnp.where(err > 0, up, down)
+        gap = jnp.abs(nb - y)
+        move = v * gap < jnp.abs(err)
+        out = jnp.where(move, nb, y)
+    return jnp.where(jnp.isfinite(y), out, y)
+
+
+class _Hook:
+    """Per-equation perturbation + deterministic checks of one sample."""
+
+    def __init__(self, wide: np.dtype | None, seed: int, sample: int, decisions: bool):
+        self.wide = wide
+        self.salt0 = (seed * 0x632BE5AB + sample * 0x9E3779B9 + 0x85EBCA77) & 0xFFFFFFFF
+        self.count = 0
+        self.decisions = decisions
+        self.cancel: list = []        # u * kappa per top-level add/sub
+        self.unstable: list = []      # number of near decisions per top-level comparison
+
+    def salt(self) -> int:
+        self.count += 1
+        return (self.salt0 + self.count * 0x7F4A7C15) & 0xFFFFFFFF
+
+    def __call__(self, ctx, eqn, args, outs):
+        name = eqn.primitive.name
+        if not ctx.nested:
+            if name in _ADDSUB:
+                self._cancellation(eqn, args, outs[0])
+            elif self.decisions and name in _COMPARE:
+                self._compare(eqn, args)
+            elif self.decisions and name in _ARGS:
+                self._argext(eqn, args, outs[0])
+        if name in _EXACT or classify(name) is OpKind.DATA_MOVEMENT and \
+                name != "convert_element_type":
+            return outs
+        new = []
+        for o, var in zip(outs, eqn.outvars):
+            traced = var.aval.dtype
+            if not (_is_float(getattr(o, "dtype", None)) and _is_float(traced)):
+                new.append(o)
+            elif self.wide is not None:
+                new.append(stochastic_round(o, np.dtype(traced), self.salt()))
+            elif name == "convert_element_type":
+                # no wider dtype: a narrowing convert was already rounded to nearest
+                new.append(o)
+            else:
+                err = _exact_error(name, args, o) if len(outs) == 1 else None
+                new.append(random_round_same(o, err, self.salt()))
+        return new
+
+    def _cancellation(self, eqn, args, out):
+        a, b = (jnp.abs(jnp.asarray(x)) for x in args)
+        if not (_is_float(a.dtype) or _is_float(b.dtype)):
+            return
+        wide = out.dtype
+        num = jnp.max(jnp.broadcast_to(a.astype(wide) + b.astype(wide), out.shape),
+                      initial=0)
+        den = jnp.max(jnp.abs(out), initial=0)
+        ratio = jnp.where(num == 0, 0.0, num / den)
+        self.cancel.append((_u(eqn.outvars[0].aval.dtype) * ratio).astype(jnp.float32))
+
+    def _compare(self, eqn, args):
+        traced = eqn.invars[0].aval.dtype
+        if not _is_float(traced):
+            return
+        a, b = (jnp.asarray(x) for x in args)
+        wide = jnp.promote_types(a.dtype, b.dtype)
+        a, b = a.astype(wide), b.astype(wide)
+        scale = jnp.abs(a) + jnp.abs(b)
+        near = jnp.abs(a - b) < _u(traced) * scale
+        self.unstable.append(jnp.sum(near, dtype=jnp.float32))
+
+    def _argext(self, eqn, args, idx):
+        (a,) = args
+        traced = eqn.invars[0].aval.dtype
+        if not _is_float(traced):
+            return
+        a = jnp.asarray(a)
+        (axis,) = eqn.params["axes"]
+        i = jnp.expand_dims(idx, axis)
+        m = jnp.take_along_axis(a, i.astype(jnp.int32), axis=axis)
+        pos = lax.broadcasted_iota(jnp.int32, a.shape, axis)
+        near = (jnp.abs(a - m) < _u(traced) * jnp.abs(m)) & (pos != i)
+        self.unstable.append(jnp.sum(near, dtype=jnp.float32))
+
+
+class MCAResult(NamedTuple):
+    """Samples of a random-rounding evaluation and the deterministic checks.
+
+    ``samples``: per sample, the list of output leaves; ``cancellation``: max over top-level
+    add/sub of ``u * kappa`` (float32, 0 when none); ``unstable``: how many comparisons /
+    argmax entries were decided within rounding distance (float32).
+    """
+
+    samples: list
+    cancellation: jax.Array
+    unstable: jax.Array
+
+
+def _eval_policy(dtype) -> PrecisionPolicy:
+    low = {k: Rule.LOW for k in _OpKind}
+    low[_OpKind.UNKNOWN] = Rule.INPUT
+    return PrecisionPolicy(dtype, low, accumulate=dtype, preferred_element_type=None)
+
+
+def mca_samples(fn: Callable, args: tuple, kwargs: dict, inputs: tuple, rung_dtype,
+                samples: int, seed: int = 0, decisions: bool = True) -> MCAResult:
+    """Evaluate ``fn(*args, **kwargs)`` ``samples`` times with random rounding.
+
+    ``args``/``kwargs`` are the inputs at the rung (what ``fn`` was traced with);
+    ``inputs = (args, kwargs)`` as the user passed them: floating inputs wider than the
+    rung are stochastically rounded from them. Outputs are in the evaluation dtype.
+    """
+    rung_dtype = np.dtype(rung_dtype)
+    wide = wider(rung_dtype)
+    closed, _, dyn = _trace(fn, args, kwargs)
+    leaves = jax.tree_util.tree_leaves((args, kwargs))
+    orig = jax.tree_util.tree_leaves(inputs)
+    from ._autocast.interpret import _is_dynamic
+    dyn_idx = [i for i, x in enumerate(leaves) if _is_dynamic(x)]
+    originals = [orig[i] if len(orig) == len(leaves) else leaves[i] for i in dyn_idx]
+    evald = wide if wide is not None else rung_dtype
+    policy = _eval_policy(evald)
+    outs, cancel, unstable = [], [], []
+    for s in range(samples):
+        hook = _Hook(wide, seed, s, decisions and wide is not None)
+        ins = []
+        for x, o in zip(dyn, originals):
+            x = jax.lax.stop_gradient(x)
+            if _is_float(x.dtype):
+                o = jax.lax.stop_gradient(jnp.asarray(o))
+                src = o if _is_float(o.dtype) and o.shape == x.shape else x
+                if wide is not None and _nmant(src.dtype) > _nmant(x.dtype):
+                    v = stochastic_round(src.astype(wide) if _nmant(src.dtype) <= _nmant(
+                        wide) else src, x.dtype, hook.salt()).astype(evald)
+                else:
+                    v = x.astype(evald)
+                ins.append(v)
+            else:
+                ins.append(x)
+        consts = [jax.lax.stop_gradient(jnp.asarray(c)) for c in closed.consts]
+        ctx = _Ctx(policy, hook=hook)
+        res = [_raw(r) for r in _eval_jaxpr(ctx, closed.jaxpr, consts, ins)]
+        res = [jnp.asarray(r, a.dtype) if not _is_float(a.dtype) else jnp.asarray(r)
+               for r, a in zip(res, closed.out_avals)]
+        outs.append(res)
+        cancel.extend(hook.cancel)
+        unstable.extend(hook.unstable)
+    c = jnp.max(jnp.stack(cancel)) if cancel else jnp.float32(0)
+    c = jnp.where(jnp.isnan(c), jnp.inf, c)
+    n = sum(unstable, jnp.float32(0))
+    return MCAResult(outs, c, n)
