@@ -40,10 +40,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._autocast.interpret import _Ctx, _eval_jaxpr, _is_float, _raw, _trace
+from ._autocast.interpret import _Ctx, _eval_jaxpr, _is_dynamic, _is_float, _raw, _trace
 from ._autocast.opkind import EXACT_REDUCTIONS, OpKind, classify
 from ._autocast.presets import PrecisionPolicy, Rule
-from ._autocast.opkind import OpKind as _OpKind
 
 __all__ = ["wider", "MCAResult", "mca_samples"]
 
@@ -94,12 +93,16 @@ def _bits32(y):
     return lax.bitcast_convert_type(y, jnp.uint16).astype(jnp.uint32)
 
 
-def _random32(y, salt: int):
-    """Pseudo-random uint32 per element of ``y``: hash of (value, position, salt)."""
+def _random32(y, salt, flip=None):
+    """Pseudo-random uint32 per element of ``y``: hash of (value, position, salt).
+
+    ``salt`` is a uint32 scalar (may be traced: the sample's seed under ``vmap``);
+    ``flip`` (0 or 0xFFFFFFFF) complements the bits: the antithetic twin of a sample."""
     idx = lax.iota(jnp.uint32, max(1, y.size)).reshape(y.shape) if y.size else \
         jnp.zeros(y.shape, jnp.uint32)
-    pos = _fmix32(idx * np.uint32(0x9E3779B1) + np.uint32(salt & 0xFFFFFFFF))
-    return _fmix32(_bits32(y) ^ pos)
+    pos = _fmix32(idx * np.uint32(0x9E3779B1) + jnp.asarray(salt, jnp.uint32))
+    h = _fmix32(_bits32(y) ^ pos)
+    return h if flip is None else h ^ jnp.asarray(flip, jnp.uint32)
 
 
 def _uniform(h, dtype):
@@ -107,16 +110,16 @@ def _uniform(h, dtype):
     return (h >> 8).astype(dtype) * dtype.type(2.0 ** -24)
 
 
-def stochastic_round(y, target, salt: int):
+def stochastic_round(y, target, salt, flip=None):
     """Round ``y`` (kept in its dtype) to ``target``'s mantissa grid, stochastically."""
     drop = _nmant(y.dtype) - _nmant(target)
     if drop <= 0:
         return y
     if drop > 32:       # e.g. float64 -> bfloat16: nearest to float32 first
-        return stochastic_round(y.astype(jnp.float32), target, salt).astype(y.dtype)
+        return stochastic_round(y.astype(jnp.float32), target, salt, flip).astype(y.dtype)
     ut = jnp.uint64 if y.dtype.itemsize == 8 else jnp.uint32
     b = lax.bitcast_convert_type(y, ut)
-    r = (_random32(y, salt) & np.uint32((1 << drop) - 1)).astype(ut)
+    r = (_random32(y, salt, flip) & np.uint32((1 << drop) - 1)).astype(ut)
     mask = ~np.array((1 << drop) - 1, dtype=ut)
     out = lax.bitcast_convert_type((b + r) & mask, y.dtype)
     return jnp.where(jnp.isfinite(y), out, y)
@@ -153,43 +156,79 @@ def _exact_error(name: str, args, out):
     return None
 
 
-def random_round_same(y, err, salt: int):
+def random_round_same(y, err, salt, flip=None):
     """Random rounding of ``exact = y + err`` when no wider dtype exists.
 
     With ``err`` known: round to the neighbour in its direction with probability
     ``|err| / gap``. Unknown (``None``): each neighbour with probability 1/4.
     """
-    v = _uniform(_random32(y, salt), y.dtype)
     up = jnp.nextafter(y, jnp.asarray(jnp.inf, y.dtype))
     down = jnp.nextafter(y, jnp.asarray(-jnp.inf, y.dtype))
     if err is None:
+        v = _uniform(_random32(y, salt, flip), y.dtype)
         out = jnp.where(v < 0.25, down, jnp.where(v >= 0.75, up, y))
     else:
+        v = _uniform(_random32(y, salt), y.dtype)
         err = jnp.where(jnp.isfinite(err), err, 0)
         nb = jnp.where(err > 0, up, down)
         gap = jnp.abs(nb - y)
         move = v * gap < jnp.abs(err)
+        if flip is not None:
+            # the antithetic twin rounds an inexact result the other way: a sample whose
+            # early roundings all match round-to-nearest would share its error
+            move = jnp.where(jnp.asarray(flip) != 0, ~move & (err != 0), move)
         out = jnp.where(move, nb, y)
     return jnp.where(jnp.isfinite(y), out, y)
 
 
-class _Hook:
-    """Per-equation perturbation + deterministic checks of one sample."""
+_AXIS = "adaptprec_mca_sample"
 
-    def __init__(self, wide: np.dtype | None, seed: int, sample: int, decisions: bool):
+
+def _no_digit(x):
+    """Elementwise: the samples of ``x`` (the vmapped axis) disagree by at least their
+    mean, i.e. ``x`` has no significant digit (CADNA's computational zero)."""
+    x = jnp.asarray(x)
+    hi, lo = lax.pmax(x, _AXIS), lax.pmin(x, _AXIS)
+    mid = 0.5 * (hi + lo)
+    return (hi - lo) >= jnp.abs(mid)
+
+
+class _Hook:
+    """Per-equation perturbation + deterministic checks (one sample; samples run
+    together under ``vmap`` over the axis ``_AXIS``)."""
+
+    def __init__(self, wide: np.dtype | None, sample_salt, flip, decisions: bool,
+                 joint: bool):
         self.wide = wide
-        self.salt0 = (seed * 0x632BE5AB + sample * 0x9E3779B9 + 0x85EBCA77) & 0xFFFFFFFF
+        self.salt0 = sample_salt      # uint32, traced per sample
+        self.flip = flip              # 0 or 0xFFFFFFFF: antithetic twin of the previous
         self.count = 0
         self.decisions = decisions
+        self.joint = joint            # samples evaluated together: instability checks
         self.cancel: list = []        # u * kappa per top-level add/sub
         self.unstable: list = []      # number of near decisions per top-level comparison
 
-    def salt(self) -> int:
+    def salt(self):
         self.count += 1
-        return (self.salt0 + self.count * 0x7F4A7C15) & 0xFFFFFFFF
+        return self.salt0 + np.uint32((self.count * 0x7F4A7C15) & 0xFFFFFFFF)
+
+    def _unstable_op(self, name, args, outs):
+        """CADNA's unstable division / multiplication inside loops and branches: the
+        divisor (both factors) has no significant digit across the samples. The result
+        becomes NaN in every sample, so the instability reaches the outputs through any
+        control flow (a flag could not leave the loop body's trace)."""
+        if name == "div":
+            bad = _no_digit(args[1])
+        else:
+            bad = _no_digit(args[0]) & _no_digit(args[1])
+        o = outs[0]
+        return [jnp.where(jnp.broadcast_to(bad, o.shape), jnp.asarray(jnp.nan, o.dtype), o)]
 
     def __call__(self, ctx, eqn, args, outs):
         name = eqn.primitive.name
+        if ctx.nested and self.joint and name in ("div", "mul") and all(
+                _is_float(jnp.asarray(a).dtype) for a in args):
+            outs = self._unstable_op(name, args, outs)
         if not ctx.nested:
             if name in _ADDSUB:
                 self._cancellation(eqn, args, outs[0])
@@ -206,13 +245,13 @@ class _Hook:
             if not (_is_float(getattr(o, "dtype", None)) and _is_float(traced)):
                 new.append(o)
             elif self.wide is not None:
-                new.append(stochastic_round(o, np.dtype(traced), self.salt()))
+                new.append(stochastic_round(o, np.dtype(traced), self.salt(), self.flip))
             elif name == "convert_element_type":
                 # no wider dtype: a narrowing convert was already rounded to nearest
                 new.append(o)
             else:
                 err = _exact_error(name, args, o) if len(outs) == 1 else None
-                new.append(random_round_same(o, err, self.salt()))
+                new.append(random_round_same(o, err, self.salt(), self.flip))
         return new
 
     def _cancellation(self, eqn, args, out):
@@ -265,8 +304,8 @@ class MCAResult(NamedTuple):
 
 
 def _eval_policy(dtype) -> PrecisionPolicy:
-    low = {k: Rule.LOW for k in _OpKind}
-    low[_OpKind.UNKNOWN] = Rule.INPUT
+    low = {k: Rule.LOW for k in OpKind}
+    low[OpKind.UNKNOWN] = Rule.INPUT
     return PrecisionPolicy(dtype, low, accumulate=dtype, preferred_element_type=None)
 
 
@@ -276,44 +315,55 @@ def mca_samples(fn: Callable, args: tuple, kwargs: dict, inputs: tuple, rung_dty
 
     ``args``/``kwargs`` are the inputs at the rung (what ``fn`` was traced with);
     ``inputs = (args, kwargs)`` as the user passed them: floating inputs wider than the
-    rung are stochastically rounded from them. Outputs are in the evaluation dtype.
+    rung are stochastically rounded from them. Outputs are in the evaluation dtype. The
+    samples run together (``vmap`` over a named sample axis), which lets operations in
+    loop bodies compare their operands across samples (unstable division/multiplication).
     """
     rung_dtype = np.dtype(rung_dtype)
     wide = wider(rung_dtype)
     closed, _, dyn = _trace(fn, args, kwargs)
     leaves = jax.tree_util.tree_leaves((args, kwargs))
     orig = jax.tree_util.tree_leaves(inputs)
-    from ._autocast.interpret import _is_dynamic
     dyn_idx = [i for i, x in enumerate(leaves) if _is_dynamic(x)]
     originals = [orig[i] if len(orig) == len(leaves) else leaves[i] for i in dyn_idx]
     evald = wide if wide is not None else rung_dtype
     policy = _eval_policy(evald)
-    outs, cancel, unstable = [], [], []
-    for s in range(samples):
-        hook = _Hook(wide, seed, s, decisions and wide is not None)
+    consts = [jax.lax.stop_gradient(jnp.asarray(c)) for c in closed.consts]
+    dyn = [jax.lax.stop_gradient(x) for x in dyn]
+    originals = [jax.lax.stop_gradient(jnp.asarray(o)) for o in originals]
+    joint = samples > 1
+
+    def one(sample_salt, flip):
+        hook = _Hook(wide, sample_salt, flip, decisions and wide is not None, joint)
         ins = []
         for x, o in zip(dyn, originals):
-            x = jax.lax.stop_gradient(x)
             if _is_float(x.dtype):
-                o = jax.lax.stop_gradient(jnp.asarray(o))
                 src = o if _is_float(o.dtype) and o.shape == x.shape else x
                 if wide is not None and _nmant(src.dtype) > _nmant(x.dtype):
                     v = stochastic_round(src.astype(wide) if _nmant(src.dtype) <= _nmant(
-                        wide) else src, x.dtype, hook.salt()).astype(evald)
+                        wide) else src, x.dtype, hook.salt(), flip).astype(evald)
                 else:
                     v = x.astype(evald)
                 ins.append(v)
             else:
                 ins.append(x)
-        consts = [jax.lax.stop_gradient(jnp.asarray(c)) for c in closed.consts]
         ctx = _Ctx(policy, hook=hook)
         res = [_raw(r) for r in _eval_jaxpr(ctx, closed.jaxpr, consts, ins)]
         res = [jnp.asarray(r, a.dtype) if not _is_float(a.dtype) else jnp.asarray(r)
                for r, a in zip(res, closed.out_avals)]
-        outs.append(res)
-        cancel.extend(hook.cancel)
-        unstable.extend(hook.unstable)
-    c = jnp.max(jnp.stack(cancel)) if cancel else jnp.float32(0)
+        c = jnp.max(jnp.stack(hook.cancel)) if hook.cancel else jnp.float32(0)
+        n = sum(hook.unstable, jnp.float32(0))
+        return res, c, n
+
+    # antithetic pairs: sample 2j + 1 uses the complemented random bits of sample 2j, so
+    # the pair rounds in opposite directions until their values part (this keeps two
+    # samples from drifting the same way, e.g. to the same wrong attractor)
+    salts = jnp.asarray([(seed * 0x632BE5AB + (k // 2) * 0x9E3779B9 + 0x85EBCA77)
+                         & 0xFFFFFFFF for k in range(samples)], jnp.uint32)
+    flips = jnp.asarray([0xFFFFFFFF * (k % 2) for k in range(samples)], jnp.uint32)
+    res, c, n = jax.vmap(one, axis_name=_AXIS)(salts, flips)
+    outs = [[r[k] for r in res] for k in range(samples)]
+    c = jnp.max(c)
     c = jnp.where(jnp.isnan(c), jnp.inf, c)
-    n = sum(unstable, jnp.float32(0))
+    n = jnp.sum(n)
     return MCAResult(outs, c, n)
