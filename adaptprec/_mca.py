@@ -358,8 +358,10 @@ def mca_samples(fn: Callable, args: tuple, kwargs: dict, inputs: tuple, rung_dty
     # antithetic pairs: sample 2j + 1 uses the complemented random bits of sample 2j, so
     # the pair rounds in opposite directions until their values part (this keeps two
     # samples from drifting the same way, e.g. to the same wrong attractor)
-    salts = jnp.asarray([(seed * 0x632BE5AB + (k // 2) * 0x9E3779B9 + 0x85EBCA77)
-                         & 0xFFFFFFFF for k in range(samples)], jnp.uint32)
+    seed = jnp.asarray(seed).astype(jnp.uint32)       # may be traced (calibration)
+    salts = (seed * np.uint32(0x632BE5AB) + jnp.asarray(
+        [((k // 2) * 0x9E3779B9 + 0x85EBCA77) & 0xFFFFFFFF for k in range(samples)],
+        jnp.uint32))
     flips = jnp.asarray([0xFFFFFFFF * (k % 2) for k in range(samples)], jnp.uint32)
     res, c, n = jax.vmap(one, axis_name=_AXIS)(salts, flips)
     outs = [[r[k] for r in res] for k in range(samples)]

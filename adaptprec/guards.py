@@ -697,9 +697,13 @@ class _Accuracy(Guard):
         return f"accuracy({self.rtol:g})"
 
     def check(self, ctx):
+        return self.estimate(ctx, self.seed)
+
+    def estimate(self, ctx, seed) -> GuardResult:
+        """The check with an explicit (possibly traced) ``seed``."""
         from ._mca import mca_samples
         res = mca_samples(ctx.fn, ctx.args, ctx.kwargs, ctx.inputs, ctx.dtype,
-                          self.samples, self.seed)
+                          self.samples, seed)
         y0s = jax.tree_util.tree_leaves(ctx.out)
         est = jnp.float32(0)
         bad = jnp.float32(0)
