@@ -198,7 +198,8 @@ class _Hook:
     together under ``vmap`` over the axis ``_AXIS``)."""
 
     def __init__(self, wide: np.dtype | None, sample_salt, flip, decisions: bool,
-                 joint: bool):
+                 joint: bool, componentwise: bool = False):
+        self.componentwise = componentwise
         self.wide = wide
         self.salt0 = sample_salt      # uint32, traced per sample
         self.flip = flip              # 0 or 0xFFFFFFFF: antithetic twin of the previous
@@ -259,10 +260,13 @@ class _Hook:
         if not (_is_float(a.dtype) or _is_float(b.dtype)):
             return
         wide = out.dtype
-        num = jnp.max(jnp.broadcast_to(a.astype(wide) + b.astype(wide), out.shape),
-                      initial=0)
-        den = jnp.max(jnp.abs(out), initial=0)
-        ratio = jnp.where(num == 0, 0.0, num / den)
+        num = jnp.broadcast_to(a.astype(wide) + b.astype(wide), out.shape)
+        if self.componentwise:    # every element must keep its relative accuracy
+            ratio = jnp.max(jnp.where(num == 0, 0.0, num / jnp.abs(out)), initial=0)
+        else:                     # normwise: centring (x - mean) is not a cancellation
+            num = jnp.max(num, initial=0)
+            den = jnp.max(jnp.abs(out), initial=0)
+            ratio = jnp.where(num == 0, 0.0, num / den)
         self.cancel.append((_u(eqn.outvars[0].aval.dtype) * ratio).astype(jnp.float32))
 
     def _compare(self, eqn, args):
@@ -310,7 +314,8 @@ def _eval_policy(dtype) -> PrecisionPolicy:
 
 
 def mca_samples(fn: Callable, args: tuple, kwargs: dict, inputs: tuple, rung_dtype,
-                samples: int, seed: int = 0, decisions: bool = True) -> MCAResult:
+                samples: int, seed: int = 0, decisions: bool = True,
+                componentwise: bool = False) -> MCAResult:
     """Evaluate ``fn(*args, **kwargs)`` ``samples`` times with random rounding.
 
     ``args``/``kwargs`` are the inputs at the rung (what ``fn`` was traced with);
@@ -334,7 +339,8 @@ def mca_samples(fn: Callable, args: tuple, kwargs: dict, inputs: tuple, rung_dty
     joint = samples > 1
 
     def one(sample_salt, flip):
-        hook = _Hook(wide, sample_salt, flip, decisions and wide is not None, joint)
+        hook = _Hook(wide, sample_salt, flip, decisions and wide is not None, joint,
+                     componentwise)
         ins = []
         for x, o in zip(dyn, originals):
             if _is_float(x.dtype):

@@ -703,7 +703,7 @@ class _Accuracy(Guard):
         """The check with an explicit (possibly traced) ``seed``."""
         from ._mca import mca_samples
         res = mca_samples(ctx.fn, ctx.args, ctx.kwargs, ctx.inputs, ctx.dtype,
-                          self.samples, seed)
+                          self.samples, seed, componentwise=self.componentwise)
         y0s = jax.tree_util.tree_leaves(ctx.out)
         est = jnp.float32(0)
         bad = jnp.float32(0)
@@ -733,7 +733,8 @@ def accuracy(rtol: float, samples: int = 2, *, componentwise: bool = False,
     ``safety * max_k ||y_k - y||_inf / ||y||_inf`` per floating output leaf
     (``componentwise=True``: per element), ``y`` the rung's own result. Two deterministic
     checks complete it: an ``add``/``sub`` that cancels (``u * max(|a|+|b|) / max|a+-b|``
-    above ``rtol``: code ``CANCELLATION``) and, below the top rung, a comparison or
+    above ``rtol``, per element with ``componentwise``: code ``CANCELLATION``) and, below
+    the top rung, a comparison or
     ``argmax`` decided within rounding distance. Integer and bool outputs fail on any
     disagreement between samples. Keys are deterministic (``seed``).
 
