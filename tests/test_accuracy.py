@@ -246,3 +246,11 @@ def test_spot_check_under_vmap():
     _, rep = jax.jit(jax.vmap(g.with_report))(ok_in)
     assert np.all(np.asarray(rep.rung) == 0)
     assert "spot-checked against the next rung (rtol 0.01)" in rep.summary()
+
+
+def test_softmax_shift_and_ties_are_not_cancellations():
+    f = ap.adaptive(lambda x: jax.nn.softmax(x, axis=-1), ladder="f32,f64", rtol=1e-3)
+    for x in (jnp.zeros((2, 4), jnp.float32),                        # exact ties
+              jnp.asarray([[1.0, 1.0 + 1e-6, 1.0, 0.5]], jnp.float32)):  # near ties
+        y, rep = jax.jit(f.with_report)(x)
+        assert rep.rung_name == "f32" and bool(rep.ok), rep.summary()
