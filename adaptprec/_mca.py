@@ -15,25 +15,35 @@ result at the size of the rounding error of its traced dtype:
   it; other ops (transcendentals, reductions, dots, linalg) are moved to a neighbouring
   float with probability 1/4 each way (the rounding of an unknown sub-ulp part).
 
+For cost, wide mode runs dots with the rung's operands and wide accumulation (bf16/f16) or
+in float32 (float32 rung), and float32-rung transcendentals in float32; those results are
+randomly rounded in place like top-mode ops (see :func:`_eval_policy`).
+
 Inputs that arrive wider than the rung are stochastically rounded to the rung the same way.
 Random bits come from a hash of the value's bits, its position, the equation and the
 sample: deterministic, different in every loop iteration, cheap (integer ops that XLA
-fuses into the surrounding loop).
+fuses into the surrounding loop). Samples come in antithetic pairs (the twin uses the
+complemented bits, and on the top mode rounds an inexact result the other way).
 
-Two deterministic checks run alongside, on the top-level scope of the function (not inside
+Deterministic checks run alongside, on the top-level scope of the function (not inside
 loop bodies or branches, whose values cannot leave their trace):
 
 * **cancellation** per ``add``/``sub`` (normwise, CADNA's "unstable cancellation"):
   ``u * max(|a| + |b|) / max(|a +- b|)``, the relative error the rounding of the operands
-  causes in the result;
+  causes in the result (not for the subtraction of a max/min: a softmax shift);
 * **decisions** per comparison (``lt``, ``gt``, ``eq``...) and ``argmax``/``argmin`` in wide
   mode: any element decided by a margin below the operands' rounding error.
+
+When the function has loops the samples run together under ``vmap`` over a named axis,
+and inside loop bodies a division by (or a product of two) values with no significant
+digit across the samples makes the result NaN (CADNA's unstable division/multiplication),
+which reaches the outputs through any control flow.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
