@@ -120,7 +120,7 @@ def monitor() -> Iterator[MonitorLog]:
         >>> with ap.monitor() as log:
         ...     _ = f(jnp.ones(3))
         >>> print(log.summary())
-        sin: bf16; ok
+        sin: bf16; finite only: accuracy not checked
     """
     log = MonitorLog()
     with _LOCK:

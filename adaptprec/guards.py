@@ -18,6 +18,12 @@ guard                                fires (``ok`` false) when
 ``residual(check_fn, tol)``          ``check_fn(out, *inputs) > tol``
 ``backward_error(tol)``              normwise backward error of ``x = fn(A, b)`` > tol
 ``predicate(fn)``                    ``fn(out, *inputs)`` is false
+``accuracy(rtol, samples=2)``        Monte Carlo arithmetic (random rounding) estimates
+                                     a relative error above ``rtol``, an add/sub cancels
+                                     more than ``rtol / u``, or a discrete result/decision
+                                     is unstable; value: estimated significant digits
+``spot_check(rtol, sample=k)``       ``k`` elements of a vmapped batch recomputed on the
+                                     next rung disagree by more than ``rtol``
 ===================================  ====================================================
 
 A plain function in a guard list is treated as ``predicate(fn)``. Guards compose by
@@ -63,6 +69,9 @@ __all__ = [
     "residual",
     "backward_error",
     "predicate",
+    "accuracy",
+    "spot_check",
+    "output_error",
     "as_guard",
     "code_name",
     "OK",
@@ -74,6 +83,9 @@ __all__ = [
     "RESIDUAL",
     "BACKWARD_ERROR",
     "PREDICATE",
+    "INACCURATE",
+    "CANCELLATION",
+    "SPOT_CHECK",
 ]
 
 #: Reason codes carried by :class:`GuardResult` (0 means the guard passed): the values of
@@ -87,6 +99,9 @@ MATRIX_ILL_CONDITIONED = Reason.MATRIX_ILL_CONDITIONED
 RESIDUAL = Reason.RESIDUAL
 BACKWARD_ERROR = Reason.BACKWARD_ERROR
 PREDICATE = Reason.PREDICATE
+INACCURATE = Reason.INACCURATE
+CANCELLATION = Reason.CANCELLATION
+SPOT_CHECK = Reason.SPOT_CHECK
 
 
 def code_name(code: int) -> str:
@@ -134,6 +149,10 @@ class GuardContext(NamedTuple):
         inputs: ``(args, kwargs)`` as the user passed them (uncast).
         out: ``fn``'s output at this rung (before any output cast).
         dtype: the rung's dtype; ``u``: its unit roundoff; ``rung``: its ladder index.
+        next_rung: ``None`` on the top rung or under ``vmap``; else a thunk returning the
+            output leaves recomputed on the next rung (cast like ``cast_out``).
+        batched: whether the runtime evaluates this guard per element of a vmapped batch.
+        cast_out: the output leaves cast to the runtime's output dtype (or ``None``).
 
     Example:
         >>> import jax.numpy as jnp
@@ -153,6 +172,9 @@ class GuardContext(NamedTuple):
     dtype: np.dtype
     u: float
     rung: int = 0
+    next_rung: Callable | None = None
+    batched: bool = False
+    cast_out: tuple | None = None
 
 
 def _check_scalar(x, what: str, name: str) -> jax.Array:
@@ -220,6 +242,10 @@ class Guard(abc.ABC):
     """
 
     code: int = PREDICATE
+    #: What a passing guard verifies, for reports: ``"finite"`` (finiteness / range only),
+    #: ``"accuracy"`` (an error estimate against ``rtol``), ``"spot_check"`` or ``"other"``.
+    #: (``"accuracy"``/``"spot_check"`` guards also carry the ``rtol`` they verify.)
+    role: str = "other"
 
     @abc.abstractmethod
     def check(self, ctx: GuardContext) -> GuardResult | jax.Array:
@@ -256,6 +282,7 @@ class Guard(abc.ABC):
 @dataclasses.dataclass(frozen=True)
 class _Finite(Guard):
     code = NONFINITE
+    role = "finite"
 
     @property
     def name(self):
@@ -288,6 +315,7 @@ def finite() -> Guard:
 class _Headroom(Guard):
     fraction: float
     code = OVERFLOW
+    role = "finite"
 
     @property
     def name(self):
@@ -622,6 +650,195 @@ def predicate(fn: Callable) -> Guard:
     if not callable(fn):
         raise TypeError(f"predicate needs a callable fn(out, *inputs), got {fn!r}")
     return _Predicate(fn)
+
+
+# ------------------------------------------------------------------------- accuracy
+
+
+def _check_rtol(rtol, who):
+    if not isinstance(rtol, (int, float)) or isinstance(rtol, bool) or not 0 < rtol < 1:
+        raise ValueError(f"{who}: rtol must be a relative tolerance in (0, 1), e.g. "
+                         f"rtol=1e-3, got {rtol!r}")
+
+
+def _leaf_error(y0, ys, componentwise: bool):
+    """Max over samples of the normwise (or componentwise) relative distance to ``y0``."""
+    w = _wide(jnp.promote_types(y0.dtype, ys[0].dtype))
+    a = y0.astype(w)
+    d = jnp.max(jnp.stack([jnp.abs(y.astype(w) - a) for y in ys]), axis=0)
+    if componentwise:
+        rel = jnp.where(d == 0, 0.0, d / jnp.abs(a))
+        e = jnp.max(rel, initial=0.0)
+    else:
+        dmax = jnp.max(d, initial=0.0)
+        e = jnp.where(dmax == 0, 0.0, dmax / jnp.max(jnp.abs(a), initial=0.0))
+    return jnp.where(jnp.isnan(e), jnp.inf, e).astype(jnp.float32)
+
+
+def digits_from_error(err, u) -> jax.Array:
+    """``-log10(err)`` clipped to ``[0, -log10(u)]``: the significant digits an error
+    estimate leaves (a rung never verifies more digits than it carries)."""
+    err = jnp.maximum(jnp.asarray(err, jnp.float32), jnp.float32(u))
+    return jnp.clip(-jnp.log10(err), 0.0, -math.log10(u)).astype(jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Accuracy(Guard):
+    rtol: float
+    samples: int
+    componentwise: bool
+    safety: float
+    seed: int
+    code = INACCURATE
+    role = "accuracy"
+
+    @property
+    def name(self):
+        return f"accuracy({self.rtol:g})"
+
+    def check(self, ctx):
+        return self.estimate(ctx, self.seed)
+
+    def estimate(self, ctx, seed) -> GuardResult:
+        """The check with an explicit (possibly traced) ``seed``."""
+        from ._mca import mca_samples
+        res = mca_samples(ctx.fn, ctx.args, ctx.kwargs, ctx.inputs, ctx.dtype,
+                          self.samples, seed, componentwise=self.componentwise)
+        y0s = jax.tree_util.tree_leaves(ctx.out)
+        est = jnp.float32(0)
+        bad = jnp.float32(0)
+        for i, y0 in enumerate(y0s):
+            ys = [s[i] for s in res.samples]
+            if _is_floating_array(y0):
+                est = jnp.maximum(est, _leaf_error(y0, ys, self.componentwise))
+            else:
+                bad = bad + sum(jnp.sum(jnp.asarray(y) != y0, dtype=jnp.float32)
+                                for y in ys)
+        unstable = (bad > 0) | (res.unstable > 0)
+        err = jnp.maximum(self.safety * est, res.cancellation)
+        err = jnp.where(unstable, jnp.inf, err)
+        code = jnp.where(res.cancellation > self.rtol, CANCELLATION, INACCURATE)
+        return GuardResult.make(err <= self.rtol, code, digits_from_error(err, ctx.u))
+
+
+def accuracy(rtol: float, samples: int = 2, *, componentwise: bool = False,
+             safety: float = 2.0, seed: int = 0) -> Guard:
+    """Fires when the rung's rounding error is estimated above ``rtol`` (inside ``jit``).
+
+    Monte Carlo arithmetic (Parker 1997; the idea behind CADNA and Verificarlo): the
+    kernel's jaxpr is re-evaluated ``samples`` times with the result of every
+    floating-point operation, and every input cast, randomly rounded at the size of its
+    rounding error (stochastic rounding from the next wider dtype; on the top rung, where
+    there is none, error-free transformations TwoSum/TwoProd). The estimate is
+    ``safety * max_k ||y_k - y||_inf / ||y||_inf`` per floating output leaf
+    (``componentwise=True``: per element), ``y`` the rung's own result. Two deterministic
+    checks complete it: an ``add``/``sub`` that cancels (``u * max(|a|+|b|) / max|a+-b|``
+    above ``rtol``, per element with ``componentwise``: code ``CANCELLATION``) and, below
+    the top rung, a comparison or
+    ``argmax`` decided within rounding distance. Integer and bool outputs fail on any
+    disagreement between samples. Keys are deterministic (``seed``).
+
+    ``value`` is the estimated number of significant digits, ``-log10(error)``, capped by
+    the rung's precision. Costs ``samples`` evaluations of the kernel in the next wider
+    dtype plus O(size) integer work per operation; derivatives never flow through the
+    samples. See docs/runtime.md for what it catches and misses, with measured rates.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec import guards
+        >>> g = guards.accuracy(rtol=1e-3)
+        >>> cancel = lambda x: (x + 1.0) - 1.0
+        >>> r = g.evaluate(cancel, jnp.float32(1e-3), dtype="bf16")    # bf16 returns 0
+        >>> bool(r.ok), guards.code_name(r.code)
+        (False, 'cancellation')
+        >>> r = g.evaluate(cancel, jnp.float32(1e-3), dtype="f32")
+        >>> bool(r.ok), 3.0 < float(r.value) < 5.0                     # ~4 digits
+        (True, True)
+    """
+    _check_rtol(rtol, "accuracy")
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"accuracy: samples must be a positive int, got {samples!r}")
+    if not isinstance(safety, (int, float)) or not safety > 0:
+        raise ValueError(f"accuracy: safety must be a positive number, got {safety!r}")
+    return _Accuracy(float(rtol), samples, bool(componentwise), float(safety), int(seed))
+
+
+def output_error(mine, ref) -> jax.Array:
+    """Largest normwise relative difference between two lists of output leaves (float32).
+
+    Floating leaves: ``max|mine - ref| / max|ref|``; integer/bool leaves: ``inf`` when any
+    entry differs. NaN becomes ``inf``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.guards import output_error
+        >>> float(output_error([jnp.array([1.0, 2.0])], [jnp.array([1.0, 2.2])]))  # doctest: +ELLIPSIS
+        0.0909...
+    """
+    err = jnp.float32(0)
+    for a, b in zip(mine, ref):
+        a, b = jnp.asarray(a), jnp.asarray(b)
+        if _is_floating_array(a) and _is_floating_array(b):
+            w = _wide(jnp.promote_types(a.dtype, b.dtype))
+            d = jnp.max(jnp.abs(a.astype(w) - b.astype(w)), initial=0.0)
+            e = jnp.where(d == 0, 0.0, d / jnp.max(jnp.abs(b.astype(w)), initial=0.0))
+        else:
+            e = jnp.where(jnp.any(a != b), jnp.inf, 0.0)
+        err = jnp.maximum(err, jnp.asarray(e, jnp.float32))
+    return jnp.where(jnp.isnan(err), jnp.inf, err)
+
+
+@dataclasses.dataclass(frozen=True)
+class _SpotCheck(Guard):
+    rtol: float
+    sample: int
+    seed: int
+    code = SPOT_CHECK
+    role = "spot_check"
+
+    @property
+    def name(self):
+        return f"spot_check({self.rtol:g}, sample={self.sample})"
+
+    def check(self, ctx):
+        if ctx.batched or ctx.next_rung is None:
+            # under vmap the runtime checks the batch (it overwrites this result); on the
+            # top rung there is nothing to compare with: value NaN, nothing verified
+            return GuardResult.make(True, SPOT_CHECK, jnp.nan)
+        mine = ctx.cast_out if ctx.cast_out is not None else jax.tree_util.tree_leaves(
+            ctx.out)
+        err = output_error(mine, ctx.next_rung())
+        return GuardResult.make(err <= self.rtol, SPOT_CHECK, err)
+
+
+def spot_check(rtol: float, sample: int = 8, *, seed: int = 0) -> Guard:
+    """Recompute ``sample`` random elements of a vmapped batch on the next rung; fires
+    when any differs from this rung's result by more than ``rtol`` (normwise relative;
+    integer/bool outputs: any difference).
+
+    A cheap complement to :func:`accuracy` for big vmapped kernels (under ``vmap`` with
+    ``batch="element"`` or ``"call"``): it costs ``sample`` element evaluations on the next
+    rung per rung tried, whatever the batch size. When it fires, every element of the
+    batch fails that rung (the sample says the rung is not trustworthy for this batch).
+    It is a sample, not a proof: a few bad elements among many are likely missed (see
+    docs/runtime.md). Outside ``vmap`` the whole call is one element, so it recomputes
+    the call on the next rung. It verifies nothing on the top rung (value NaN). ``value``
+    is the largest relative difference found.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> import adaptprec as ap
+        >>> f = ap.adaptive(lambda x: jnp.sum(x) - 1e4, ladder="bf16,f32",
+        ...                 guards=[ap.guards.finite(), ap.guards.spot_check(1e-2, 4)])
+        >>> xs = jnp.full((64, 1000), 10.0001, jnp.float32)
+        >>> _, rep = jax.vmap(f.with_report)(xs)
+        >>> print(rep.summary())                             # doctest: +ELLIPSIS
+        64 calls: f32 64; ok 64/64; reasons: spot check x64; spot check not run on the top rung...
+    """
+    _check_rtol(rtol, "spot_check")
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
+        raise ValueError(f"spot_check: sample must be a positive int, got {sample!r}")
+    return _SpotCheck(float(rtol), sample, int(seed))
 
 
 def as_guard(g: Any) -> Guard:

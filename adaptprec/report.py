@@ -35,6 +35,13 @@ class Report(Module):
             rung did not run.
         values: ``(n_rungs, n_guards)`` what each guard measured (NaN: not run).
         rung_names, guard_names: static labels.
+        guard_roles: static, per guard: what it verifies when it passes (``"finite"``,
+            ``"accuracy"``, ``"spot_check"`` or ``"other"``); guard_rtols: the ``rtol`` of
+            accuracy/spot-check guards (``None`` for others).
+
+    A report never calls a result "ok" for finiteness alone: :meth:`summary` and
+    :attr:`verified` say what was verified, e.g. ``f32; ~5.2 digits verified (rtol
+    0.001)`` with an accuracy guard, ``bf16; finite only: accuracy not checked`` without.
 
     Example:
         >>> import jax.numpy as jnp
@@ -46,7 +53,11 @@ class Report(Module):
         >>> rep.rung_name, int(rep.escalations), rep.reason_name
         ('f64', 1, 'nonfinite')
         >>> print(rep.summary())
-        f64 after 1 escalation (f32: finite failed: nonfinite, value 1); ok
+        f64 after 1 escalation (f32: finite failed: nonfinite, value 1); finite only: accuracy not checked
+        >>> _, rep = ap.adaptive(jnp.exp, ladder="f32,f64", rtol=1e-4).with_report(
+        ...     jnp.array([1.0, 2.0]))
+        >>> rep.rung_name, rep.digits > 4
+        ('f32', True)
     """
 
     rung: jax.Array
@@ -57,6 +68,62 @@ class Report(Module):
     values: jax.Array
     rung_names: tuple[str, ...] = field(static=True)
     guard_names: tuple[str, ...] = field(static=True)
+    guard_roles: tuple[str, ...] = field(static=True, default=())
+    guard_rtols: tuple[float | None, ...] = field(static=True, default=())
+
+    def _roles(self) -> tuple[str, ...]:
+        return self.guard_roles or ("other",) * len(self.guard_names)
+
+    def _rtols(self) -> tuple[float | None, ...]:
+        return self.guard_rtols or (None,) * len(self.guard_names)
+
+    def _accuracy_index(self) -> int | None:
+        roles = self._roles()
+        return roles.index("accuracy") if "accuracy" in roles else None
+
+    @property
+    def digits(self):
+        """Significant digits the accuracy guard estimated on the returned rung.
+
+        A float for a single call (NaN when no accuracy guard ran), an array for a batch.
+        """
+        i = self._accuracy_index()
+        rung = np.asarray(self.rung)
+        if i is None:
+            out = np.full(rung.shape, np.nan)
+        else:
+            vals = np.asarray(self.values)[..., i]
+            out = np.take_along_axis(vals, rung[..., None], axis=-1)[..., 0]
+        return float(out) if out.ndim == 0 else out
+
+    @property
+    def verified(self) -> str:
+        """What the guards verified for the returned result (host side), e.g.
+        ``"~5.2 digits verified (rtol 0.001)"`` or ``"finite only: accuracy not checked"``.
+        """
+        ok = np.asarray(self.ok)
+        roles, rtols = self._roles(), self._rtols()
+        i = self._accuracy_index()
+        if not ok.all():
+            n_bad = int((~ok).sum())
+            what = ("accuracy" if i is not None else "guards")
+            return (f"NOT OK: {what} not verified on the top rung"
+                    + (f" for {n_bad}/{ok.size}" if ok.ndim else ""))
+        if i is not None:
+            d = np.asarray(self.digits)
+            d = float(np.min(d)) if d.size else float("nan")
+            low = "" if ok.ndim == 0 else "min "
+            return f"{low}~{d:.1f} digits verified (rtol {rtols[i]:g})"
+        if "spot_check" in roles:
+            j = roles.index("spot_check")
+            top = len(self.rung_names) - 1
+            if np.all(np.asarray(self.rung) < top):
+                return f"spot-checked against the next rung (rtol {rtols[j]:g})"
+            return "spot check not run on the top rung: accuracy not checked"
+        others = [g for g, r in zip(self.guard_names, roles) if r == "other"]
+        if others:
+            return f"passed {', '.join(others)}; accuracy not estimated"
+        return "finite only: accuracy not checked"
 
     @property
     def batch_shape(self) -> tuple[int, ...]:
@@ -85,7 +152,8 @@ class Report(Module):
         """A readable one-line summary (host side; ``print`` it).
 
         Single call: the rung, escalations, which guards failed on lower rungs and their
-        values, and ``ok``. Batched: counts per rung, how many are ok, and reasons.
+        values, and what was verified (:attr:`verified`). Batched: counts per rung, how
+        many are ok, reasons, and what was verified.
         """
         rung = np.asarray(self.rung)
         ok = np.asarray(self.ok)
@@ -95,14 +163,17 @@ class Report(Module):
             values = np.asarray(self.values)
             n_esc = int(np.asarray(self.escalations))
             parts = []
+            roles = self._roles()
             for k in range(len(self.rung_names)):
-                failed = [f"{g} failed: {code_name(c)}, value {v:.3g}"
-                          for g, c, v in zip(self.guard_names, codes[k], values[k]) if c > 0]
+                failed = [f"{g} failed: {code_name(c)}, "
+                          + (f"~{v:.1f} digits" if role == "accuracy" else f"value {v:.3g}")
+                          for g, c, v, role in zip(self.guard_names, codes[k], values[k],
+                                                   roles) if c > 0]
                 if failed:
                     parts.append(f"{self.rung_names[k]}: " + "; ".join(failed))
             esc = f" after {n_esc} escalation{'s' if n_esc != 1 else ''}" if n_esc else ""
             why = f" ({' | '.join(parts)})" if parts else ""
-            return f"{self.rung_names[r]}{esc}{why}; {'ok' if bool(ok) else 'NOT OK'}"
+            return f"{self.rung_names[r]}{esc}{why}; {self.verified}"
         n = rung.size
         counts = collections.Counter(rung.ravel().tolist())
         per_rung = ", ".join(f"{self.rung_names[k]} {counts[k]}" for k in sorted(counts))
@@ -110,7 +181,7 @@ class Report(Module):
         reasons.pop(0, None)
         why = ("; reasons: " + ", ".join(f"{code_name(c)} x{m}" for c, m in
                                          sorted(reasons.items()))) if reasons else ""
-        return f"{n} calls: {per_rung}; ok {int(ok.sum())}/{n}{why}"
+        return f"{n} calls: {per_rung}; ok {int(ok.sum())}/{n}{why}; {self.verified}"
 
     def __str__(self) -> str:
         return self.summary()

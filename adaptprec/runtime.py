@@ -42,7 +42,8 @@ from jax.sharding import PartitionSpec
 from ._monitor import emit as _emit_report
 from ._monitor import enabled as _monitor_enabled
 from ._rungs import Rung, is_rung_object, normalize_ladder
-from .guards import Guard, GuardContext, as_guard, finite
+from .guards import (SPOT_CHECK, Guard, GuardContext, accuracy, as_guard, finite,
+                     output_error)
 from ._policy import Policy, _is_floating_array, cast_floating
 from .precision import dtype_name, unit_roundoff
 from .report import Report, _reason
@@ -128,6 +129,12 @@ class MixedPrecisionManager:
             objects.
         guards: a :class:`~adaptprec.guards.Guard`, a callable ``fn(out, *inputs) -> bool``
             or a sequence of them (default: ``[guards.finite()]``).
+        rtol: adds :func:`guards.accuracy(rtol) <adaptprec.guards.accuracy>` to the
+            guards: a rung's result is accepted only when its estimated relative rounding
+            error is at most ``rtol`` (the top rung is checked too; when it fails,
+            ``on_failure`` applies). Without an accuracy guard a report says "finite
+            only: accuracy not checked", and a kernel with integer or bool outputs raises
+            ``TypeError`` when traced.
         policy: a :class:`~adaptprec.Policy` or policy string; its *output* dtype is the
             dtype floating outputs are returned in (default: the inputs' floating dtype).
         batch: ``"call"`` (default) or ``"element"`` — the decision under ``vmap``.
@@ -150,9 +157,9 @@ class MixedPrecisionManager:
 
     def __init__(self, ladder: Any = "bf16,f32,f64",
                  guards: Guard | Callable | Sequence[Guard | Callable] | None = None,
-                 policy: Policy | str | None = None, *, batch: str = "call",
-                 capacity: int | float = 0.05, on_failure: str = "return",
-                 name: str | None = None):
+                 policy: Policy | str | None = None, *, rtol: float | None = None,
+                 batch: str = "call", capacity: int | float = 0.05,
+                 on_failure: str = "return", name: str | None = None):
         self.rungs, self.ladder = normalize_ladder(ladder, min_rungs=2)
         if guards is None:
             guards = [finite()]
@@ -163,9 +170,17 @@ class MixedPrecisionManager:
             raise TypeError(f"guards must be a Guard, a callable or a sequence of them, got "
                             f"{guards!r}")
         self.guards: tuple[Guard, ...] = tuple(as_guard(g) for g in guards)
+        if rtol is not None:
+            if any(g.role == "accuracy" for g in self.guards):
+                raise ValueError("pass either rtol= or an accuracy guard in guards=, not "
+                                 "both")
+            if not any(g.role == "finite" for g in self.guards):
+                self.guards = (finite(),) + self.guards
+            self.guards = self.guards + (accuracy(rtol),)
         if not self.guards:
             raise ValueError("an adaptive kernel needs at least one guard, e.g. "
                              "guards=[adaptprec.guards.finite()]")
+        self.rtol = rtol
         self.policy = None if policy is None else Policy.parse(policy)
         if batch not in _BATCH_MODES:
             raise ValueError(f"batch must be 'call' or 'element', got {batch!r}")
@@ -183,6 +198,9 @@ class MixedPrecisionManager:
             dtype_name(d) if not is_rung_object(r) else getattr(r, "name", None)
             or f"{type(r).__name__}[{dtype_name(d)}]" for r, d in zip(self.rungs, self.ladder))
         self.guard_names = tuple(g.name for g in self.guards)
+        self.guard_roles = tuple(g.role for g in self.guards)
+        self.guard_rtols = tuple(getattr(g, "rtol", None) if g.role != "other" else None
+                                 for g in self.guards)
         self._cache: dict = {}
 
     def __repr__(self):
@@ -261,6 +279,18 @@ class _Program:
                 f"adaptive kernel {self.name!r} must return arrays (a pytree of arrays); "
                 f"it returned leaves of type {bad or 'nothing'}. Return jnp arrays, e.g. "
                 "jnp.asarray(value).")
+        discrete = [f"{jnp.dtype(x.dtype).name}{list(x.shape)}" for x in leaves
+                    if not _is_floating_array(x)]
+        if discrete and not any(r in ("accuracy", "spot_check")
+                                for r in self.mgr.guard_roles):
+            raise TypeError(
+                f"adaptive kernel {self.name!r} returns integer/bool output(s) "
+                f"({', '.join(discrete)}) but has no accuracy guard. A discrete result (a "
+                "count, an argmax, a comparison) computed on a lower rung can be entirely "
+                "wrong while every floating-point check passes, and finiteness cannot "
+                f"check it. Pass rtol=, e.g. adaptive({self.name}, rtol=1e-3) (adds "
+                "guards.accuracy, which fails when randomly rounded re-evaluations "
+                "disagree), or add guards.spot_check(...) to the guards.")
         if self.out_treedef is None:
             self.out_treedef = treedef
         elif treedef != self.out_treedef:
@@ -271,10 +301,15 @@ class _Program:
         cast = [x.astype(odt) if _is_floating_array(x) else x for x in leaves]
         return call, (args, kwargs), (cargs, ckw), out, cast
 
-    def attempt(self, k, *dyn):
+    def attempt(self, k, *dyn, batched=False):
         call, inputs, (cargs, ckw), out, cast = self.call_at(k, dyn)
         dtype = self.mgr.ladder[k]
-        ctx = GuardContext(call, cargs, ckw, inputs, out, dtype, unit_roundoff(dtype), k)
+        nxt = None
+        if k + 1 < self.n_rungs and not batched:
+            def nxt():
+                return self.call_at(k + 1, dyn)[4]
+        ctx = GuardContext(call, cargs, ckw, inputs, out, dtype, unit_roundoff(dtype), k,
+                           next_rung=nxt, batched=batched, cast_out=tuple(cast))
         results = [g(ctx) for g in self.mgr.guards]
         codes = jnp.stack([r.code for r in results])
         values = jnp.stack([r.value for r in results])
@@ -347,7 +382,31 @@ class _Program:
 
     def vattempt(self, k, dyn, flags):
         in_axes = tuple(0 if f else None for f in flags)
-        return jax.vmap(functools.partial(self.attempt, k), in_axes=in_axes)(*dyn)
+        out, codes, values, ok = jax.vmap(functools.partial(self.attempt, k, batched=True),
+                                          in_axes=in_axes)(*dyn)
+        if k + 1 < self.n_rungs:
+            for gi, g in enumerate(self.mgr.guards):
+                if g.role == "spot_check":
+                    err = self.spot_check(g, k, dyn, flags, out)
+                    passed = err <= g.rtol
+                    codes = codes.at[:, gi].set(jnp.where(passed, 0, int(SPOT_CHECK)))
+                    values = values.at[:, gi].set(err)
+                    ok = ok & passed
+        return out, codes, values, ok
+
+    def spot_check(self, guard, k, dyn, flags, out):
+        """Recompute ``guard.sample`` random elements of the batch on rung k + 1; the
+        largest normwise relative difference to rung k's results (inf: a discrete output
+        differs)."""
+        size = next(x.shape[0] for x, f in zip(dyn, flags) if f)
+        m = min(guard.sample, size)
+        key = jax.random.fold_in(jax.random.PRNGKey(guard.seed), k)
+        idx = jax.random.choice(key, size, (m,), replace=False)
+        sub = [x[idx] if f else x for x, f in zip(dyn, flags)]
+        in_axes = tuple(0 if f else None for f in flags)
+        ref = jax.vmap(lambda *d: tuple(self.call_at(k + 1, d)[4]), in_axes=in_axes)(*sub)
+        mine = [o[idx] for o in out]
+        return jax.vmap(output_error)(mine, list(ref)).max()
 
     def batched(self, dyn, flags, size):
         rec = self.fresh(0, self.vattempt(0, dyn, flags), (size,))
@@ -448,7 +507,8 @@ class _Program:
             reason = jax.vmap(reason)
         return Report(rung=rung, escalations=rung, ok=ok, reason=reason(codes, rung, ok),
                       codes=codes, values=values, rung_names=self.mgr.rung_names,
-                      guard_names=self.mgr.guard_names)
+                      guard_names=self.mgr.guard_names, guard_roles=self.mgr.guard_roles,
+                      guard_rtols=self.mgr.guard_rtols)
 
     def emit(self, rec):
         """Send the report to active monitors (nothing is traced when none is active)."""
@@ -504,7 +564,8 @@ class AdaptiveFunction:
 
 
 def adaptive(fn: Callable | None = None, *, ladder: Any = "bf16,f32,f64",
-             guards: Any = None, policy: Policy | str | None = None, batch: str = "call",
+             guards: Any = None, policy: Policy | str | None = None,
+             rtol: float | None = None, batch: str = "call",
              capacity: int | float = 0.05, on_failure: str = "return",
              name: str | None = None):
     """Make ``fn`` adaptive: cheapest rung first, escalate when a guard fires.
@@ -527,8 +588,8 @@ def adaptive(fn: Callable | None = None, *, ladder: Any = "bf16,f32,f64",
         >>> import inspect; str(inspect.signature(softplus_sum))
         '(x)'
     """
-    mgr = MixedPrecisionManager(ladder, guards, policy, batch=batch, capacity=capacity,
-                                on_failure=on_failure, name=name)
+    mgr = MixedPrecisionManager(ladder, guards, policy, rtol=rtol, batch=batch,
+                                capacity=capacity, on_failure=on_failure, name=name)
 
     def wrap(f):
         if not callable(f):

@@ -6,11 +6,14 @@
    rung 0 and then at the top rung directly (target <= 1.05).
 3. ``batch="element"`` with 1% failing elements vs escalating the whole batch
    (``batch="call"``), under ``vmap``.
+4. The accuracy guard (``rtol=``, ``samples=2``) on an MLP and an elementwise kernel, on
+   a bf16 and an f32 first rung, un-escalated, vs the plain jitted kernel at that rung
+   (target <= samples + 1.5 = 3.5).
 
 Each figure is the median wall time over repeated calls of compiled functions
 (``block_until_ready``), interleaving candidate and baseline to share machine noise.
 
-Run:  python benchmarks/bench_adaptive.py [--n 512] [--repeats 30]
+Run:  python benchmarks/bench_adaptive.py [--n 512] [--repeats 30] [--only 1,2,3,4]
 """
 
 from __future__ import annotations
@@ -59,18 +62,57 @@ def kernel(a, b):
     return (a @ b) @ b
 
 
+def mlp(x, w1, w2, w3):
+    h = jnp.tanh(x @ w1)
+    h = jnp.tanh(h @ w2)
+    return h @ w3
+
+
+def elementwise(x):
+    return jnp.exp(-x * x) * jnp.cos(3.0 * x) + jnp.log1p(x * x)
+
+
+def accuracy_cost(rng, reps):
+    """4. accuracy guard vs the plain rung (nothing escalates)."""
+    f32 = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)  # noqa: E731
+    cases = {
+        "mlp 512x1024x1024x256": (mlp, (f32(512, 1024), f32(1024, 1024) / 32,
+                                         f32(1024, 1024) / 32, f32(1024, 256) / 32)),
+        "elementwise 2^20": (elementwise, (f32(1 << 20),)),
+    }
+    for name, (fn, xs) in cases.items():
+        for ladder, rtol in (("bf16,f32", 3e-2), ("f32,f64", 1e-4)):
+            rung = jnp.bfloat16 if ladder.startswith("bf16") else jnp.float32
+            f = ap.adaptive(fn, ladder=ladder, rtol=rtol)
+            _, rep = jax.jit(f.with_report)(*xs)
+            assert int(rep.rung) == 0, rep.summary()
+            guarded = jax.jit(f)
+            plain = jax.jit(lambda *a, fn=fn, rung=rung: fn(*[x.astype(rung) for x in a])
+                            .astype(jnp.float32))
+            tc, tb = compare(guarded, plain, xs, reps)
+            print(f"4. accuracy guard ({rep.summary().split('; ')[-1]}) on {name}, "
+                  f"rung {ladder.split(',')[0]}: {tc * 1e3:8.2f} ms vs plain "
+                  f"{tb * 1e3:8.2f} ms  ratio {tc / tb:.2f}  (target <= 3.5)")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=512, help="matrix size for 1 and 2")
     p.add_argument("--batch", type=int, default=2000, help="batch size for 3")
     p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--only", default="1,2,3,4", help="sections to run, e.g. 4")
     args = p.parse_args(argv)
+    only = {int(x) for x in args.only.split(",")}
     n, reps = args.n, args.repeats
     rng = np.random.default_rng(0)
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, "
           f"{len(jax.devices())} device(s); n={n}, batch={args.batch}, repeats={reps}")
     print("command: python benchmarks/bench_adaptive.py " + " ".join(sys.argv[1:]))
 
+    if 4 in only:
+        accuracy_cost(rng, reps)
+    if not only & {1, 2, 3}:
+        return
     # 1. un-escalated: ladder f32 -> f64, inputs f32, rung 0 passes the finite guard
     a = jnp.asarray(rng.standard_normal((n, n)), jnp.float32)
     b = jnp.asarray(rng.standard_normal((n, n)) / np.sqrt(n), jnp.float32)

@@ -122,12 +122,19 @@ class _Ctx:
     name stack adds scopes run in the context :meth:`at` gives them."""
 
     def __init__(self, policy: PrecisionPolicy, stats: _Stats | None = None,
-                 cache: dict | None = None, where: tuple | None = None):
+                 cache: dict | None = None, hook: Callable | None = None,
+                 nested: bool = False, where: tuple | None = None):
         self.policy = policy
         self.where = (_scopes.ScopeRules(policy), (), False) if where is None else where
         self.stats = _Tagged(_Stats() if stats is None else stats,
                              "/".join(self.where[1]))
         self.cache = {} if cache is None else cache
+        # Optional per-equation callback ``hook(ctx, eqn, args, outs) -> outs`` applied to
+        # the results of first-order primitives and float conversions (used by the Monte
+        # Carlo arithmetic of ``guards.accuracy``). ``nested``: a sub-trace (loop body,
+        # branch, custom rule) whose values cannot leave it.
+        self.hook = hook
+        self.nested = nested
         self.kids: dict = {}
 
     @property
@@ -185,7 +192,7 @@ class _Recorder:
     def quiet(self) -> _Ctx:
         return _Ctx(self.parent.policy, _Stats(),
                     dict(self.parent.cache) if self.inherit else {},
-                    where=self.parent.where)
+                    hook=self.parent.hook, nested=True, where=self.parent.where)
 
     def commit(self) -> None:
         if self.last is not None:
@@ -361,6 +368,8 @@ def _first_order(ctx: _Ctx, eqn, invals) -> list:
     if "preferred_element_type" in params:  # operands -> accumulator
         label = f"{target.name}->{np.dtype(params['preferred_element_type']).name}"
     ctx.stats.op(kind, name, label)
+    if ctx.hook is not None:
+        outs = ctx.hook(ctx, eqn, args, outs)
     if policy.cast_back and rule in (Rule.HIGH, Rule.ACCUMULATE):
         outs = [ctx.cast(o, policy.dtype, kind) if _is_float(o.dtype) else o
                 for o in outs]
@@ -385,9 +394,11 @@ def _convert(ctx: _Ctx, eqn, invals) -> list:
     if isinstance(x, _Lit):
         return [_Lit(np.asarray(x.val, dtype=target), target)]
     if x.dtype == target:
-        return [x]
-    ctx.stats.retained_converts += 1
-    return [eqn.primitive.bind(x, **dict(eqn.params, new_dtype=target))]
+        out = [x]
+    else:
+        ctx.stats.retained_converts += 1
+        out = [eqn.primitive.bind(x, **dict(eqn.params, new_dtype=target))]
+    return out if ctx.hook is None else ctx.hook(ctx, eqn, [x], out)
 
 
 def _inline(ctx: _Ctx, eqn, invals) -> list:

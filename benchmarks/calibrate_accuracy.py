@@ -1,0 +1,90 @@
+"""Miss and false-alarm rates of ``guards.accuracy`` over seeds (the figures in
+docs/runtime.md).
+
+For every kernel of tests/accuracy_kernels.py (known low-precision failures and benign
+kernels), every rung and every seed (the guard's random-rounding seed and, for kernels
+with random inputs, the inputs), the guard is evaluated on the rung and the rung's true
+normwise relative error is measured against float64. Then:
+
+* miss: the guard passes although the true error is above ``rtol``;
+* false alarm: the guard fires although the true error is at most ``rtol``;
+* ratio: estimated error / true error (``10**-digits`` against the true error) for the
+  passing cases, a check of the safety factor.
+
+Run:  python benchmarks/calibrate_accuracy.py [--seeds 12] [--samples 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from adaptprec import guards  # noqa: E402
+from adaptprec._policy import cast_floating  # noqa: E402
+from adaptprec.precision import unit_roundoff  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from accuracy_kernels import BENIGN, FAILING, reference, rel_error  # noqa: E402
+
+#: (rung, rtol) pairs: an rtol a healthy kernel can meet on that rung.
+RUNGS = (("bf16", 3e-2), ("f32", 1e-4))
+
+
+def run(name, fn, make, rung, rtol, seeds, samples):
+    g = guards.accuracy(rtol, samples)
+    dtype = jnp.dtype(jnp.bfloat16) if rung == "bf16" else jnp.dtype(rung.replace(
+        "f", "float"))
+
+    @jax.jit
+    def guarded(seed, *xs):
+        cx, _ = cast_floating((xs, {}), dtype)
+        out = fn(*cx)
+        ctx = guards.GuardContext(fn, cx, {}, (xs, {}), out, dtype, unit_roundoff(dtype))
+        r = g.estimate(ctx, seed)
+        return out, r.ok, r.value
+
+    fired = misses = alarms = 0
+    ratios = []
+    for s in range(seeds):
+        xs = make(np.random.default_rng(s))
+        y, ok, digits = guarded(jnp.uint32(s), *xs)
+        err = rel_error(y, reference(fn, xs))
+        ok = bool(ok)
+        fired += not ok
+        misses += ok and err > rtol
+        alarms += (not ok) and err <= rtol
+        if ok and err > 0:
+            ratios.append(10.0 ** -float(digits) / err)
+    rmin = f"{min(ratios):.2g}" if ratios else "-"
+    print(f"| {name} | {rung} | {rtol:g} | {fired}/{seeds} | {misses} | {alarms} | {rmin} |")
+    return misses, alarms
+
+
+def main():
+    ap_ = argparse.ArgumentParser()
+    ap_.add_argument("--seeds", type=int, default=12)
+    ap_.add_argument("--samples", type=int, default=2)
+    args = ap_.parse_args()
+    print(f"samples={args.samples}, seeds={args.seeds}")
+    print("| kernel | rung | rtol | fired | misses | false alarms | min est/true |")
+    print("|---|---|---|---|---|---|---|")
+    tot_m = tot_a = 0
+    for suite in (FAILING, BENIGN):
+        for name, (fn, make) in suite.items():
+            for rung, rtol in RUNGS:
+                m, a = run(name, fn, make, rung, rtol, args.seeds, args.samples)
+                tot_m += m
+                tot_a += a
+    print(f"total misses {tot_m}, total false alarms {tot_a}")
+
+
+if __name__ == "__main__":
+    main()
