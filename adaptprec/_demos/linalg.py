@@ -35,4 +35,6 @@ def run() -> None:
         print(f"  {refine:>6} {int(ih.status):>6} {str(bool(ih.fell_back)):>9} "
               f"{int(ih.iterations):>5} {float(ih.backward_error):>12.1e} "
               f"{np.abs(np.asarray(xh) - 1).max():>11.1e}")
-    print(f"  status 3 means: {ap.linalg.STATUS_MESSAGES[3]}")
+        if refine == "lu":
+            lu_message = ih.message
+    print(f"  LU-IR says: {lu_message}")
