@@ -67,6 +67,8 @@ STATUS_MESSAGES = {int(s): s.message for s in Status}
 _GMRES_RESTART = 30
 _GMRES_TOL = 1e-4
 _STAGNATION = 0.5
+#: right-hand sides up to this many are solved column by column (see _low_one)
+_SPLIT_COLUMNS = 3
 #: f16 factors: A is scaled by a power of 2 so that ||A||_inf lands at this fraction of the
 #: format's largest value (Higham, Pranesh & Zounon 2019 scale into range before the cast).
 _F16_HEADROOM = 2.0 ** -4
@@ -229,10 +231,18 @@ def _low_one(lu, perm, scale, r, w, trans_m):
     s = jnp.max(jnp.abs(r), axis=0, keepdims=True)
     s = jnp.where(s > 0, s, jnp.ones_like(s))
     y = (r / s).astype(lu.dtype)
-    if perm is None:
-        y = _chol_solve(lu, y)
+
+    def one(y):
+        return _chol_solve(lu, y) if perm is None else lu_solve(lu, perm, y,
+                                                                transpose=trans_m)
+
+    k = y.shape[-1]
+    if 1 < k <= _SPLIT_COLUMNS:
+        # LAPACK xTRSM with 2..~64 right-hand sides runs ~4x slower than with one here
+        # (OpenBLAS through jaxlib, n = 2048); a few columns are solved one at a time
+        y = jnp.concatenate([one(y[:, i:i + 1]) for i in range(k)], axis=1)
     else:
-        y = lu_solve(lu, perm, y, transpose=trans_m)
+        y = one(y)
     return y.astype(w) * (s * scale)
 
 
@@ -290,17 +300,19 @@ def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol, estimate_
     fac_good = fac.cast_ok & fac.factor_ok
     if estimate_cond:
         # kappa_inf(op(A)) = ||op(A)||_inf ||op(A)^{-T}||_1, the 1-norm estimated by the
-        # first two Hager–Higham steps (LAPACK xLACN2) plus Higham's alternating vector.
-        # The rmv solve (with op(A)) rides along as one more column of the x_0 solve.
+        # first two Hager–Higham steps (LAPACK xLACN2) plus Higham's alternating vector:
+        # four single-column low-precision solves (multi-column xTRSM is slower, see
+        # _low_one), none of them needed by x, so XLA drops them when cond is unused.
         i = jnp.arange(n)
         e = jnp.full((n,), 1.0 / n, w)
         alt = jnp.where(i % 2 == 0, 1.0, -1.0).astype(w) * (1.0 + i / max(n - 1, 1))
-        y1 = low(jnp.broadcast_to(jnp.stack([e, alt], axis=1), (m, n, 2)), not tm)
-        est = jnp.maximum(jnp.sum(jnp.abs(y1[..., 0]), axis=1),
-                          2.0 * jnp.sum(jnp.abs(y1[..., 1]), axis=1) / (3.0 * n))
-        xi = jnp.where(y1[..., 0] >= 0, 1.0, -1.0).astype(w)
-        xz = low(jnp.concatenate([B, xi[..., None]], axis=-1))
-        x0, z1 = xz[..., :k], xz[..., k]
+        y1 = low(jnp.broadcast_to(e[:, None], (m, n, 1)), not tm)[..., 0]
+        ya = low(jnp.broadcast_to(alt[:, None], (m, n, 1)), not tm)[..., 0]
+        est = jnp.maximum(jnp.sum(jnp.abs(y1), axis=1),
+                          2.0 * jnp.sum(jnp.abs(ya), axis=1) / (3.0 * n))
+        xi = jnp.where(y1 >= 0, 1.0, -1.0).astype(w)
+        x0 = low(B)
+        z1 = low(xi[..., None])[..., 0]
         j = jnp.argmax(jnp.abs(z1), axis=1)
         y2 = low(jax.nn.one_hot(j, n, dtype=w)[..., None], not tm)[..., 0]
         est = jnp.maximum(est, jnp.sum(jnp.abs(y2), axis=1))
@@ -495,10 +507,10 @@ def solve(A, b, *, assume_a="gen", factor="auto", working="f64", refine="auto",
         max_iters: cap on refinement steps (dsgesv's ``ITERMAX = 30``).
         tol: stopping tolerance; default :math:`\sqrt{n}\,u_{working}`.
         estimate_cond: fill ``info.cond_estimate`` on the refinement path: two
-            Hager–Higham steps on the low-precision factors (two extra low-precision
-            solves and one extra column in the first; about 2-4% of the call at n = 2048
-            on CPU). ``False`` gives NaN there; the fallback path always estimates it
-            from the working-precision factors (it decides ``ILL_CONDITIONED``).
+            Hager–Higham steps on the low-precision factors (four single-column
+            low-precision solves, O(n^2); see ``docs/linalg.md`` for the measured cost).
+            ``False`` gives NaN there; the fallback path always estimates it from the
+            working-precision factors (it decides ``ILL_CONDITIONED``).
         fallback_capacity: how many systems of a batch (or of a ``vmap``) can fall back
             without factoring the whole batch in the working precision: an int, or a
             fraction of the batch size (default 1/8).
