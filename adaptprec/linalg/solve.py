@@ -300,9 +300,11 @@ def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol, estimate_
     fac_good = fac.cast_ok & fac.factor_ok
     if estimate_cond:
         # kappa_inf(op(A)) = ||op(A)||_inf ||op(A)^{-T}||_1, the 1-norm estimated by the
-        # first two Hager–Higham steps (LAPACK xLACN2) plus Higham's alternating vector:
-        # four single-column low-precision solves (multi-column xTRSM is slower, see
-        # _low_one), none of them needed by x, so XLA drops them when cond is unused.
+        # first two Hager–Higham steps (LAPACK xLACN2, from x = e/n) plus Higham's
+        # alternating test vector: four single-column low-precision solves (multi-column
+        # xTRSM is slower, see _low_one), none of them needed by x, so XLA drops them when
+        # the estimate is unused. (Starting from the alternating vector instead saves one
+        # solve but underestimates kappa of the 1-D Poisson matrix 8x; e/n finds it.)
         i = jnp.arange(n)
         e = jnp.full((n,), 1.0 / n, w)
         alt = jnp.where(i % 2 == 0, 1.0, -1.0).astype(w) * (1.0 + i / max(n - 1, 1))
