@@ -139,11 +139,23 @@ def test_nested_vmap_and_vmap_over_b_only():
     assert info.fell_back.reshape(-1).tolist() == [i == 3 for i in range(8)]
     xb, _ = ap.linalg.solve(A, b)
     np.testing.assert_allclose(x.reshape(8, N), xb, rtol=1e-13, atol=1e-14)
-    # only b mapped: A is shared
-    x1, i1 = jax.jit(jax.vmap(lambda b: ap.linalg.solve(A[3], b)))(b)
+    # only b mapped: A and its factors are shared, the members become right-hand sides
+    f1 = jax.vmap(lambda b: ap.linalg.solve(A[3], b))
+    x1, i1 = jax.jit(f1)(b)
     assert i1.fell_back.tolist() == [True] * 8
+    # one system: every float64 LU in the program (solve and adjoint) is (1, N, N)
+    assert {s for s, _ in _lu_shapes(jax.make_jaxpr(f1)(b).jaxpr)} == {(1, N, N)}
+    x0, i0 = jax.jit(jax.vmap(lambda b: ap.linalg.solve(A[0], b)))(b)
+    assert not any(i0.fell_back.tolist())
+    np.testing.assert_allclose(x0, np.linalg.solve(A[0], b.T).T, rtol=1e-12)
     for i in range(8):                       # kappa = 1e12: check the backward error
         assert eta(A[3], x1[i], b[i]) <= math.sqrt(N) * U64
+
+
+def test_jacfwd_matches_inverse():
+    A = prescribed(1e2, seed=11)
+    J = jax.jit(jax.jacfwd(lambda b: ap.linalg.solve(A, b)[0]))(np.ones(N))
+    np.testing.assert_allclose(J, np.linalg.inv(A), rtol=1e-10, atol=1e-12)
 
 
 def test_grad_of_vmapped_solve():

@@ -427,6 +427,19 @@ def _refine_batched(A, B, fac: _Factors, **kw):
         if not any(in_batched):
             out = run(*args)
             return out, jax.tree_util.tree_map(lambda _: False, out)
+        if not in_batched[0] and not any(in_batched[2:]):
+            # only b is mapped (e.g. jacfwd): the members share A and its factors, so the
+            # mapped axis becomes more right-hand sides of the same systems (no copies of
+            # A); their info is shared, i.e. the worst case over the members
+            m, n, k = B.shape[1:]
+            Bf = jnp.moveaxis(B, 0, -2).reshape(m, n, axis_size * k)
+            x, info = _refine_batched(A, Bf, jax.tree_util.tree_unflatten(treedef, leaves),
+                                      **kw)
+            x = jnp.moveaxis(x.reshape(m, n, axis_size, k), -2, 0)
+            info = jax.tree_util.tree_map(
+                lambda f: jnp.broadcast_to(f[None], (axis_size,) + f.shape), info)
+            out = (x, info)
+            return out, jax.tree_util.tree_map(lambda _: True, out)
         folded = []
         for x, batched in zip(args, in_batched):
             if not batched:
