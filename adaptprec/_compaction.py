@@ -53,8 +53,17 @@ def _bcast(mask, x):
     return mask.reshape(mask.shape + (1,) * (x.ndim - 1))
 
 
+def _take(x, idx):
+    return x[idx]
+
+
+def _put(full, idx, sub):
+    return full.at[idx].set(sub, mode="drop")
+
+
 def recompute_rows(need: jax.Array, fn: Callable[[Any], Any], operands: Any, current: Any,
-                   *, capacity: int) -> Any:
+                   *, capacity: int, gather: Callable = _take, scatter: Callable = _put,
+                   prepare_mask: Callable | None = None) -> Any:
     """Replace the rows of ``current`` where ``need`` is True by ``fn(operands)``'s rows.
 
     Args:
@@ -65,6 +74,11 @@ def recompute_rows(need: jax.Array, fn: Callable[[Any], Any], operands: Any, cur
         operands: pytree of arrays with leading axis ``size``.
         current: pytree of arrays with leading axis ``size`` (the cheap results).
         capacity: buffer slots (static int, see :func:`capacity_for`).
+        gather, scatter, prepare_mask: hooks for sharded batches (the runtime passes
+            versions that keep the small buffer replicated on an explicit mesh):
+            ``gather(x, idx) -> rows``, ``scatter(full, idx, rows) -> full`` (indices equal
+            to the batch size must be dropped), ``prepare_mask(need) -> need`` before the
+            indices are computed. Defaults: plain indexing.
 
     Returns:
         ``current`` with the needed rows replaced. Executed work: nothing when no row needs
@@ -92,13 +106,13 @@ def recompute_rows(need: jax.Array, fn: Callable[[Any], Any], operands: Any, cur
         return lax.cond(jnp.any(need), whole, nothing, current)
 
     def compact(cur):
-        idx = jnp.nonzero(need, size=capacity, fill_value=size)[0]
+        mask = need if prepare_mask is None else prepare_mask(need)
+        idx = jnp.nonzero(mask, size=capacity, fill_value=size)[0]
         safe = jnp.where(idx < size, idx, 0)
-        sub = jax.tree_util.tree_map(lambda x: x[safe], operands)
+        sub = jax.tree_util.tree_map(lambda x: gather(x, safe), operands)
         new = fn(sub)
         # unused slots carry index `size`: out of bounds, dropped by the scatter
-        return jax.tree_util.tree_map(lambda full, s: full.at[idx].set(s, mode="drop"),
-                                      cur, new)
+        return jax.tree_util.tree_map(lambda full, s: scatter(full, idx, s), cur, new)
 
     n_need = jnp.sum(need, dtype=jnp.int32)
     branch = jnp.where(n_need == 0, 0, jnp.where(n_need <= capacity, 1, 2))
