@@ -24,6 +24,7 @@ code  name                    meaning
  -10  NOT_A_MINIMUM           a convergence test passed but the top-rung gradient test
                               does not: the point is not verified to be a minimum
  -11  CALLBACK_STOP           a user callback asked to stop (StopIteration)
+ -12  NOT_POSITIVE_DEFINITE   ``assume_a="pos"``: the working-precision Cholesky failed
    0  MAX_EVALUATIONS         the evaluation/iteration budget is exhausted
    1  GTOL                    ``gtol`` termination condition is satisfied
    2  FTOL                    ``ftol`` termination condition is satisfied
@@ -65,6 +66,7 @@ class Status(enum.IntEnum):
     ILL_CONDITIONED = -9
     NOT_A_MINIMUM = -10
     CALLBACK_STOP = -11
+    NOT_POSITIVE_DEFINITE = -12
     MAX_EVALUATIONS = 0
     GTOL = 1
     FTOL = 2
@@ -107,6 +109,8 @@ _MESSAGES = {
     Status.NOT_A_MINIMUM: "A convergence test was met, but the gradient test on the top rung "
                           "fails: the point is not verified to be a minimum.",
     Status.CALLBACK_STOP: "`callback` raised StopIteration.",
+    Status.NOT_POSITIVE_DEFINITE: "Not positive definite: the working-precision Cholesky "
+                                  "factorization failed (assume_a='pos'); x is NaN.",
     Status.MAX_EVALUATIONS: "The maximum number of function evaluations is exceeded.",
     Status.GTOL: "`gtol` termination condition is satisfied.",
     Status.FTOL: "`ftol` termination condition is satisfied.",

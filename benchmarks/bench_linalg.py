@@ -1,23 +1,36 @@
-"""Mixed-precision solve vs jnp.linalg.solve (float64), one run.
+"""Mixed-precision solve vs float64 LU (jnp.linalg.solve and scipy.linalg.solve), one run.
 
-For n = 512, 1024, 2048, 4096 (random Gaussian A, one right-hand side): wall time of
-``ap.linalg.solve`` (float32 LU + float64 refinement) and of ``jnp.linalg.solve`` in
-float64, both jitted and timed in the same run (best of ``--repeats``, interleaved), the
-backward error of both, and where the time goes: the float32 LU alone (cast included)
-and the float64 LU alone. Then, at ``--sweep-n``, a condition-number sweep with prescribed
-singular values shows where iterative refinement stops paying off (more iterations, then
-fallback to the float64 LU on top of the float32 one).
+For each n (random Gaussian A, one right-hand side) the same run times, jitted and
+interleaved (best of ``--repeats``):
 
-Targets (issue 7), on this 2-core CPU with float64-level backward error, kappa <= 1e6:
->= 1.25x at n = 2048 and >= 1.35x at n = 4096.
+* ``f64``: ``jnp.linalg.solve`` in float64, and ``scipy.linalg.solve`` (LAPACK ``dgesv``
+  through scipy, default arguments);
+* ``default``: ``x, info = ap.linalg.solve(A, b)`` under ``jit`` returning x *and* the full
+  ``SolveInfo`` (condition estimate included) — the call issue 16's targets are about;
+* ``x only``: ``jit(lambda A, b: ap.linalg.solve(A, b)[0])``;
+* the float32 and float64 LU alone (the bound on any speed-up).
 
-Run:  python benchmarks/bench_linalg.py            (about 3-5 minutes)
-      python benchmarks/bench_linalg.py --sizes 512 1024 --sweep-n 1024   (quick)
+and reports speed-ups as ratios, the backward errors of all answers, and process CPU-time
+ratios as a second opinion (the machine is shared; wall time includes waiting for a core).
+Then: SPD systems (``assume_a="pos"``) against ``jax.scipy.linalg.cho_solve`` in float64,
+the half-precision factor paths on this CPU (``factor="bf16"``, GMRES-IR; LAPACK on the
+rounded matrix, and the blocked tensor-core LU that accelerators use), and a condition
+sweep at ``--sweep-n`` showing where refinement stops paying off.
+
+Targets (issue 16), default call with full info, float64-level backward error:
+>= 1.25x at n = 2048 and >= 1.5x at n = 4096 over jnp.linalg.solve (float64).
+
+Run:  python benchmarks/bench_linalg.py                 (about 5 minutes on an idle machine)
+      python benchmarks/bench_linalg.py --sizes 512 1024 --sweep-n 0 --no-extras  (quick)
+      python benchmarks/bench_linalg.py --sizes 8192 --repeats 3 --sweep-n 0 --no-extras
+      (n = 8192 is not in the default list: 0.5 GB per float64 matrix and ~6 s per
+      float64 LU here, so it takes minutes on its own)
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import time
@@ -27,9 +40,13 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
+import jax.scipy.linalg as jsl  # noqa: E402
 import numpy as np  # noqa: E402
+import scipy.linalg  # noqa: E402
 
 import adaptprec as ap  # noqa: E402
+
+solve_mod = importlib.import_module("adaptprec.linalg.solve")
 
 
 def eta(A, x, b):
@@ -37,77 +54,131 @@ def eta(A, x, b):
     return float(r / (np.abs(A).sum(1).max() * np.abs(x).max() + np.abs(b).max()))
 
 
-CPU_TIMES = {}   # fn -> best process CPU time (all threads), a load-robust second opinion
-
-
 def best_times(fns, args, repeats):
-    """Interleaved timing: min wall time over repeats for each fn (compile and warm-up
-    excluded). Also records the min process CPU time per fn in CPU_TIMES: on a machine
-    shared with other jobs, wall time includes waiting for a core, CPU time does not."""
+    """Interleaved timing: min wall time and min process CPU time over repeats for each
+    fn (compile and warm-up excluded)."""
     for f in fns:
         jax.block_until_ready(f(*args))
-    best = [np.inf] * len(fns)
+    wall = [np.inf] * len(fns)
     cpu = [np.inf] * len(fns)
     for _ in range(repeats):
         for i, f in enumerate(fns):
             c0, t0 = time.process_time(), time.perf_counter()
             jax.block_until_ready(f(*args))
-            best[i] = min(best[i], time.perf_counter() - t0)
+            wall[i] = min(wall[i], time.perf_counter() - t0)
             cpu[i] = min(cpu[i], time.process_time() - c0)
-    for f, c in zip(fns, cpu):
-        CPU_TIMES[f] = c
-    return best
+    return wall, cpu
 
 
 ref_solve = jax.jit(jnp.linalg.solve)
-ours_x = jax.jit(lambda A, b: ap.linalg.solve(A, b)[0])           # x only (info unused)
 ours_full = jax.jit(lambda A, b: ap.linalg.solve(A, b))           # x and full SolveInfo
+ours_x = jax.jit(lambda A, b: ap.linalg.solve(A, b)[0])           # x only
 ours_nocond = jax.jit(lambda A, b: ap.linalg.solve(A, b, estimate_cond=False))
-ours_gmres = jax.jit(lambda A, b: ap.linalg.solve(A, b, refine="gmres", estimate_cond=False))
+ours_gmres = jax.jit(lambda A, b: ap.linalg.solve(A, b, refine="gmres"))
 lu32 = jax.jit(lambda A: jax.lax.linalg.lu(A.astype(jnp.float32))[0])
 lu64 = jax.jit(lambda A: jax.lax.linalg.lu(A)[0])
 
 
+def scipy_solve(A, b):
+    return scipy.linalg.solve(A, b)
+
+
 def size_table(sizes, repeats):
-    print("\n== timing vs jnp.linalg.solve (float64), random Gaussian A, 1 rhs ==")
-    hdr = (f"{'n':>5} {'f64 solve':>10} {'ours x':>9} {'ours+info':>10} {'no cond':>9} "
-           f"{'speedup':>8} {'(+info)':>8} {'(nocond)':>8} {'iters':>5} {'eta f64':>9} "
-           f"{'eta ours':>9} {'f32 LU':>8} {'f64 LU':>8} {'LU ratio':>8} {'overhead':>8}")
-    print(hdr)
+    print("\n== default call vs float64 LU, random Gaussian A, 1 rhs (best of "
+          f"{repeats}) ==")
+    print(f"{'n':>5} {'jnp f64':>9} {'scipy':>9} {'default':>9} {'x only':>9} "
+          f"{'vs jnp':>7} {'vs scipy':>8} {'x only':>7} {'cpu':>6} {'iters':>5} "
+          f"{'eta jnp':>8} {'eta scipy':>9} {'eta ours':>8} {'LU64/32':>7}")
     rows = []
     for n in sizes:
         rng = np.random.default_rng(n)
         A = rng.standard_normal((n, n))
         b = rng.standard_normal(n)
         Aj, bj = jnp.asarray(A), jnp.asarray(b)
-        reps = repeats if n < 4096 else max(2, repeats - 2)
-        t_ref, t_x, t_full, t_nc = best_times([ref_solve, ours_x, ours_full, ours_nocond],
-                                              (Aj, bj), reps)
-        t32, t64 = best_times([lu32, lu64], (Aj,), reps)
+        reps = repeats if n <= 4096 else max(2, repeats // 2)
+        # scipy takes numpy arrays: timed in the same interleaved loop
+        jobs = [(ref_solve, (Aj, bj)), (ours_full, (Aj, bj)), (ours_x, (Aj, bj)),
+                (lu32, (Aj,)), (lu64, (Aj,)), (scipy_solve, (A, b))]
+        for f, a in jobs:
+            jax.block_until_ready(f(*a))
+        wall = [np.inf] * len(jobs)
+        cpu = [np.inf] * len(jobs)
+        for _ in range(reps):
+            for i, (f, a) in enumerate(jobs):
+                c0, t0 = time.process_time(), time.perf_counter()
+                jax.block_until_ready(f(*a))
+                wall[i] = min(wall[i], time.perf_counter() - t0)
+                cpu[i] = min(cpu[i], time.process_time() - c0)
+        t_ref, t_full, t_x, t32, t64, t_sp = wall
         x, info = ours_full(Aj, bj)
-        xr = ref_solve(Aj, bj)
-        e_ref, e_ours = eta(A, np.asarray(xr), b), eta(A, np.asarray(x), b)
-        print(f"{n:>5} {t_ref:>10.4f} {t_x:>9.4f} {t_full:>10.4f} {t_nc:>9.4f} "
-              f"{t_ref / t_x:>7.2f}x {t_ref / t_full:>7.2f}x {t_ref / t_nc:>7.2f}x "
-              f"{int(info.iterations):>5} {e_ref:>9.1e} "
-              f"{e_ours:>9.1e} {t32:>8.4f} {t64:>8.4f} {t64 / t32:>7.2f}x "
-              f"{t_x - t32:>8.4f}", flush=True)
-        c = CPU_TIMES
-        print(f"{'':>5} cpu-time ratios: f64 solve / ours x {c[ref_solve] / c[ours_x]:.2f}x, "
-              f"/ ours+info {c[ref_solve] / c[ours_full]:.2f}x, / no cond "
-              f"{c[ref_solve] / c[ours_nocond]:.2f}x; f64 LU / f32 LU "
-              f"{c[lu64] / c[lu32]:.2f}x", flush=True)
-        rows.append((n, t_ref / t_x, t_ref / t_full, e_ours, bool(info.fell_back)))
-    print("ours x: jit(lambda A, b: solve(A, b)[0]) — XLA drops the unused cond estimate; "
-          "ours+info: x and SolveInfo returned (what an eager call computes); no cond: "
-          "estimate_cond=False. overhead = ours x minus the cast + float32 LU alone "
-          "(refinement residuals, triangular solves, norms, fallback predicate).")
+        e_ref = eta(A, np.asarray(ref_solve(Aj, bj)), b)
+        e_sp = eta(A, scipy_solve(A, b), b)
+        e_ours = eta(A, np.asarray(x), b)
+        cpu_ratio = cpu[0] / cpu[1]
+        print(f"{n:>5} {t_ref * 1e3:>7.1f}ms {t_sp * 1e3:>7.1f}ms {t_full * 1e3:>7.1f}ms "
+              f"{t_x * 1e3:>7.1f}ms {t_ref / t_full:>6.2f}x {t_sp / t_full:>7.2f}x "
+              f"{t_ref / t_x:>6.2f}x {cpu_ratio:>5.2f}x {int(info.iterations):>5} "
+              f"{e_ref:>8.1e} {e_sp:>9.1e} {e_ours:>8.1e} {t64 / t32:>6.2f}x", flush=True)
+        rows.append((n, t_ref / t_full, cpu_ratio, e_ours, bool(info.fell_back),
+                     int(info.status)))
+    print("default: jit(lambda A, b: ap.linalg.solve(A, b)) returning x and SolveInfo "
+          "(condition estimate included); vs jnp / vs scipy: speed-up of the default call; "
+          "x only: speed-up when only x is returned; cpu: process-CPU-time ratio jnp f64 / "
+          "default; LU64/32: float64 LU time / float32 LU time (the ceiling).")
     return rows
+
+
+def spd_table(n, repeats):
+    print(f"\n== SPD, assume_a='pos' (Cholesky + refinement, dsposv) at n = {n} ==")
+    rng = np.random.default_rng(n + 1)
+    G = rng.standard_normal((n, n))
+    A = G @ G.T / n + np.eye(n)
+    b = rng.standard_normal(n)
+    Aj, bj = jnp.asarray(A), jnp.asarray(b)
+    cho = jax.jit(lambda A, b: jsl.cho_solve(jsl.cho_factor(A), b))
+    pos = jax.jit(lambda A, b: ap.linalg.solve(A, b, assume_a="pos"))
+    (t_cho, t_pos, t_gen), _ = best_times([cho, pos, ours_full], (Aj, bj), repeats)
+    x, info = pos(Aj, bj)
+    print(f"cho_solve f64 {t_cho * 1e3:.1f} ms; ours pos {t_pos * 1e3:.1f} ms "
+          f"({t_cho / t_pos:.2f}x); ours gen on the same A {t_gen * 1e3:.1f} ms; iters "
+          f"{int(info.iterations)}, eta ours {eta(A, np.asarray(x), b):.1e}, eta cho "
+          f"{eta(A, np.asarray(cho(Aj, bj)), b):.1e}", flush=True)
+
+
+def half_table(n, repeats):
+    print(f"\n== half-precision factors on this CPU at n = {n} (kappa ~ Gaussian) ==")
+    rng = np.random.default_rng(n + 2)
+    A = rng.standard_normal((n, n))
+    b = rng.standard_normal(n)
+    Aj, bj = jnp.asarray(A), jnp.asarray(b)
+    rounded = jax.jit(lambda A, b: ap.linalg.solve(A, b, factor="bf16", refine="gmres"))
+    saved = solve_mod._backend
+    solve_mod._backend = lambda: "gpu"          # trace the accelerator path on CPU
+    try:
+        blocked = jax.jit(lambda A, b: ap.linalg.solve(A, b, factor="bf16",
+                                                        refine="gmres"))
+        jax.block_until_ready(blocked(Aj, bj))
+    finally:
+        solve_mod._backend = saved
+    from adaptprec.linalg._blocked_lu import blocked_lu
+    blu = jax.jit(lambda A: blocked_lu(A.astype(jnp.float32), low=jnp.bfloat16)[0])
+    (t_ref, t_def, t_r, t_b), _ = best_times([ref_solve, ours_full, rounded, blocked],
+                                             (Aj, bj), repeats)
+    (t32, tb), _ = best_times([lu32, blu], (Aj,), repeats)
+    for name, fn, t in (("default (f32 LU-IR)", ours_full, t_def),
+                        ("bf16 rounded + LAPACK f32 LU, GMRES-IR", rounded, t_r),
+                        ("bf16 blocked TC-LU, GMRES-IR", blocked, t_b)):
+        x, info = fn(Aj, bj)
+        print(f"{name:>40}: {t * 1e3:8.1f} ms ({t_ref / t:.2f}x vs jnp f64), iters "
+              f"{int(info.iterations)}, fell_back {bool(info.fell_back)}, eta "
+              f"{eta(A, np.asarray(x), b):.1e}", flush=True)
+    print(f"factorization alone: LAPACK f32 LU {t32 * 1e3:.1f} ms, blocked bf16-GEMM LU "
+          f"{tb * 1e3:.1f} ms ({tb / t32:.2f}x the f32 LU time)")
 
 
 def kappa_sweep(n, repeats):
     print(f"\n== condition sweep at n = {n} (prescribed singular values 1 .. 1/kappa; "
-          "estimate_cond=False so that only the refinement is compared) ==")
+          "default call, full info) ==")
     rng = np.random.default_rng(0)
     U, _ = np.linalg.qr(rng.standard_normal((n, n)))
     V, _ = np.linalg.qr(rng.standard_normal((n, n)))
@@ -119,10 +190,10 @@ def kappa_sweep(n, repeats):
     for kappa in (1e0, 1e2, 1e4, 1e6, 1e7, 1e8, 1e10, 1e12):
         A = (U * np.logspace(0, -np.log10(kappa), n)) @ V.T
         Aj = jnp.asarray(A)
-        t_ref, t_lu, t_gm = best_times([ref_solve, ours_nocond, ours_gmres], (Aj, bj),
-                                       repeats)
+        (t_ref, t_lu, t_gm), _ = best_times([ref_solve, ours_full, ours_gmres], (Aj, bj),
+                                            repeats)
         e_ref = eta(A, np.asarray(ref_solve(Aj, bj)), b)
-        for name, fn, t in (("lu", ours_nocond, t_lu), ("gmres", ours_gmres, t_gm)):
+        for name, fn, t in (("lu", ours_full, t_lu), ("gmres", ours_gmres, t_gm)):
             x, info = fn(Aj, bj)
             sp = t_ref / t
             print(f"{kappa:>7.0e} {name:>6} {sp:>7.2f}x {int(info.iterations):>5} "
@@ -140,26 +211,30 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     p.add_argument("--sweep-n", type=int, default=2048)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--no-extras", action="store_true", help="skip the SPD and half tables")
+    p.add_argument("--extras-n", type=int, default=2048)
     args = p.parse_args(argv)
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, "
-          f"{jax.local_device_count()} device(s); load average at start "
-          f"{os.getloadavg()[0]:.1f} (timings are only meaningful on an idle machine)")
+          f"{jax.local_device_count()} device(s), {os.cpu_count()} cpus; load average at "
+          f"start {os.getloadavg()[0]:.1f} (timings are only meaningful on an idle machine)")
     t0 = time.perf_counter()
     rows = size_table(args.sizes, args.repeats)
+    if not args.no_extras:
+        spd_table(args.extras_n, args.repeats)
+        half_table(args.extras_n, args.repeats)
     if args.sweep_n:
         kappa_sweep(args.sweep_n, args.repeats)
-    print("\n== targets ==")
-    for n, sp, sp_full, e, fb in rows:
-        target = {2048: 1.25, 4096: 1.35}.get(n)
+    print("\n== targets (default call, full info) ==")
+    for n, sp, cpu_sp, e, fb, st in rows:
+        target = {2048: 1.25, 4096: 1.5}.get(n)
         if target:
-            ok = e < 1e-14 and not fb
-            print(f"n = {n}: speedup {sp:.2f}x x-only ({'met' if ok and sp >= target else 'MISSED'}"
-                  f"), {sp_full:.2f}x with full info ("
-                  f"{'met' if ok and sp_full >= target else 'MISSED'}); target {target}x, "
-                  f"eta {e:.1e}")
-    print(f"\ntotal {time.perf_counter() - t0:.0f} s. Reproduce: python "
-          f"benchmarks/bench_linalg.py {' '.join(sys.argv[1:])}".rstrip())
+            ok = e < 1e-14 and not fb and st == int(ap.Status.CONVERGED)
+            print(f"n = {n}: {sp:.2f}x wall ({'met' if ok and sp >= target else 'MISSED'}), "
+                  f"{cpu_sp:.2f}x cpu time; target {target}x, eta {e:.1e}")
+    print(f"load average at end {os.getloadavg()[0]:.1f}; total "
+          f"{time.perf_counter() - t0:.0f} s. Reproduce: python benchmarks/bench_linalg.py "
+          f"{' '.join(sys.argv[1:])}".rstrip())
 
 
 if __name__ == "__main__":

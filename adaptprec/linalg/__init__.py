@@ -3,7 +3,8 @@
 * :func:`matmul`, :func:`pad_to_multiple` — low-precision products with float32 (or wider)
   accumulation;
 * :func:`cond_estimate` — Hager–Higham condition estimate on existing LU factors;
-* :func:`solve` — dsgesv-style LU iterative refinement (or GMRES-IR) with fallback;
+* :func:`solve` — dsgesv/dsposv-style iterative refinement (LU-IR or GMRES-IR; LU or, with
+  ``assume_a="pos"``, Cholesky factors) with a per-system fallback;
 * :func:`lstsq` — least squares by low-precision QR plus working-precision refinement.
 
 Example:
@@ -17,7 +18,7 @@ Example:
 from .cond import cond_estimate
 from .lstsq import lstsq
 from .matmul import matmul, pad_to_multiple
-from .solve import STATUS_MESSAGES, SolveInfo, solve
+from .solve import AUTO_FACTOR, STATUS_MESSAGES, SolveInfo, solve
 
 __all__ = ["matmul", "pad_to_multiple", "cond_estimate", "solve", "lstsq", "SolveInfo",
-           "STATUS_MESSAGES"]
+           "STATUS_MESSAGES", "AUTO_FACTOR"]

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._normest import norm1_estimate
+from .._status import Reason, Status
 from ..precision import max_value, unit_roundoff
 from ._common import check_array, check_options, prepare_system, resolve_precisions
 from .solve import SolveInfo
@@ -153,19 +154,29 @@ def _lstsq_batched(A, B, *, storage, compute, max_iters, tol):
         x = jnp.where(sel, xf, x)
         x = jnp.where((need & (zero | ~finite_in))[:, None, None], jnp.asarray(jnp.nan, w), x)
         e = jnp.where(need[:, None], ef, e)
-        status = jnp.select([~finite_in, zero, kappa * u_w >= 1, ~cast_ok, ~factor_ok],
-                            [6, 4, 5, 1, 2], default=3).astype(jnp.int32)
-        return x, e, jnp.where(need, status, 0), kappa
+        status = jnp.select(
+            [~finite_in, zero, kappa * u_w >= 1],
+            [int(Status.NONFINITE_INPUT), int(Status.SINGULAR), int(Status.ILL_CONDITIONED)],
+            default=int(Status.CONVERGED)).astype(jnp.int32)
+        reason = jnp.select(
+            [~finite_in, ~cast_ok, ~factor_ok],
+            [int(Reason.NONFINITE), int(Reason.OVERFLOW), int(Reason.SINGULAR_FACTOR)],
+            default=int(Reason.STAGNATION)).astype(jnp.int32)
+        return (x, e, jnp.where(need, status, int(Status.CONVERGED)),
+                jnp.where(need, reason, int(Reason.NONE)), kappa)
 
     def keep(ops):
         x, e = ops
-        return x, e, jnp.zeros(need.shape, jnp.int32), jnp.zeros(need.shape, w)
+        return (x, e, jnp.full(need.shape, int(Status.CONVERGED), jnp.int32),
+                jnp.full(need.shape, int(Reason.NONE), jnp.int32), jnp.zeros(need.shape, w))
 
-    x, e, status, kappa_f = lax.cond(jnp.any(need), fallback, keep, (x, e))
+    x, e, status, reason, kappa_f = lax.cond(jnp.any(need), fallback, keep, (x, e))
     kappa_low = jax.vmap(partial(_cond_r, dtype=w))(R)
+    # honest: a non-finite x has no meaningful optimality measure
+    e = jnp.where(jnp.all(jnp.isfinite(x), axis=1), e, jnp.inf)
     info = SolveInfo(iterations=its, backward_error=jnp.max(e, axis=1),
                      fell_back=need, cond_estimate=jnp.where(need, kappa_f, kappa_low),
-                     status=status)
+                     status=status, reason=reason)
     return x, info
 
 
@@ -197,8 +208,8 @@ def lstsq(A, b, *, factor="f32", working="f64", max_iters=30, tol=None):
         >>> b = 1.0 + 2.0 * t - 3.0 * t ** 2 + 1e-3 * jnp.cos(40 * t)
         >>> x, info = ap.linalg.lstsq(A, b)
         >>> ref = np.linalg.lstsq(np.asarray(A), np.asarray(b), rcond=None)[0]
-        >>> bool(np.allclose(x, ref, rtol=1e-12, atol=0)), int(info.status)
-        (True, 0)
+        >>> bool(np.allclose(x, ref, rtol=1e-12, atol=0)), ap.Status(int(info.status)).name
+        (True, 'CONVERGED')
     """
     what = "lstsq"
     check_options("lu", max_iters, tol, what)

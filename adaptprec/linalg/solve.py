@@ -1,24 +1,30 @@
-r"""Mixed-precision linear solve: low-precision LU, working-precision refinement, fallback.
+r"""Mixed-precision linear solve: low-precision factors, working-precision refinement, fallback.
 
-This is LAPACK ``dsgesv`` (and cuSOLVER IRS) for JAX:
+This is LAPACK ``dsgesv``/``dsposv`` (and cuSOLVER IRS) for JAX:
 
-1. round ``A`` to the factor precision (float32 by default) and factor ``P A = L U``;
-2. ``x_0 = U^{-1} L^{-1} P b`` in the factor precision, upcast to the working precision;
+1. round ``A`` to the factor precision (float32 on CPU) and factor it: ``P A = L U``, or
+   ``A = L L^T`` with ``assume_a="pos"``;
+2. ``x_0 = A^{-1} b`` with the low-precision factors, upcast to the working precision;
 3. repeat: ``r_i = b - A x_i`` in the working precision, correction ``d_i`` from the
-   low-precision factors (``refine="lu"``) or from LU-preconditioned FGMRES run in the
+   low-precision factors (``refine="lu"``) or from factor-preconditioned FGMRES run in the
    working precision (``refine="gmres"``, GMRES-IR), ``x_{i+1} = x_i + d_i``;
 4. stop when every column satisfies (dsgesv's rule)
 
    .. math:: \|r\|_\infty \le \mathrm{tol}\,\|x\|_\infty\,\|A\|_\infty, \qquad
              \mathrm{tol} = \sqrt{n}\,u_{working} \text{ by default};
 
-5. fall back to a working-precision LU when the cast overflowed, the low-precision factor
-   is singular, or refinement stagnated (residual not halved) or hit ``max_iters``.
+5. fall back to a working-precision factorization when the cast overflowed, the
+   low-precision factor is singular (or the low-precision Cholesky broke down), or
+   refinement stagnated (residual not halved) or hit ``max_iters``.
 
-The fallback is a ``lax.cond`` on one scalar predicate (any system of the batch needs it),
-so the working-precision factorization executes only when needed. Gradients are implicit
-(``lax.custom_linear_solve``): the adjoint is another refined solve with ``A^T`` that reuses
-the low-precision factors.
+The fallback recomputes only the systems that need it: they are gathered into a buffer of
+``fallback_capacity`` slots, factored in the working precision, and scattered back; one
+``lax.switch`` on the number of failing systems picks "none", "the buffer" or "the whole
+batch" (:mod:`adaptprec._compaction`). Under ``jax.vmap`` a ``custom_vmap`` rule folds the
+mapped axis into the batch, so the same compaction applies instead of a ``select`` that
+would run the fallback for every element. Gradients are implicit
+(``lax.custom_linear_solve``): the adjoint is another refined solve with ``A^T`` that
+reuses the low-precision factors.
 """
 
 from __future__ import annotations
@@ -31,18 +37,20 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.custom_batching import custom_vmap
 
+from .._compaction import capacity_for, recompute_rows
+from .._normest import norm1_estimate
 from .._pytree import Module
-from ..precision import max_value, unit_roundoff
+from .._status import Reason, Status
+from ..precision import canonical_dtype, max_value, unit_roundoff
 from ._common import (
     apply,
     check_array,
     check_options,
     prepare_system,
     lu_solve,
-    matrix_norms,
     resolve_precisions,
-    scaled_lowsolve,
     zero_pivot,
 )
 from ._gmres import fgmres
@@ -50,26 +58,32 @@ from .cond import inverse_norm1
 
 __all__ = ["solve", "SolveInfo", "STATUS_MESSAGES"]
 
-#: Status codes of :class:`SolveInfo` (``success`` is ``status <= 3``).
-STATUS_MESSAGES = {
-    0: "converged: refinement from the low-precision factors reached working-precision "
-       "accuracy",
-    1: "converged after fallback: casting A to the factor precision overflowed, so A was "
-       "factored in the working precision",
-    2: "converged after fallback: the low-precision factor is singular or non-finite, so A "
-       "was factored in the working precision",
-    3: "converged after fallback: refinement stagnated or reached max_iters (A is too "
-       "ill-conditioned for the factor precision), so A was factored in the working "
-       "precision",
-    4: "singular matrix: the working-precision factor has a zero pivot; x is NaN",
-    5: "ill-conditioned: the condition estimate exceeds 1/u_working; x has a small backward "
-       "error but may have no correct digits",
-    6: "non-finite input: A or b contains NaN or Inf; x is NaN",
-}
+#: ``{code: message}`` of the unified :class:`adaptprec.Status` (the same table as
+#: ``adaptprec.nlsq.STATUS_MESSAGES``). Linear solves end with ``CONVERGED`` (5),
+#: ``SINGULAR`` (-7), ``NONFINITE_INPUT`` (-8), ``ILL_CONDITIONED`` (-9) or
+#: ``NOT_POSITIVE_DEFINITE`` (-12).
+STATUS_MESSAGES = {int(s): s.message for s in Status}
 
 _GMRES_RESTART = 30
 _GMRES_TOL = 1e-4
 _STAGNATION = 0.5
+#: right-hand sides up to this many are solved column by column (see _low_one)
+_SPLIT_COLUMNS = 3
+#: f16 factors: A is scaled by a power of 2 so that ||A||_inf lands at this fraction of the
+#: format's largest value (Higham, Pranesh & Zounon 2019 scale into range before the cast).
+_F16_HEADROOM = 2.0 ** -4
+_ASSUME_A = {"gen": "lu", "general": "lu", "pos": "chol", "positive definite": "chol"}
+
+#: ``factor="auto"`` / ``refine="auto"`` per backend. CPU: XLA:CPU has no faster-than-f32
+#: LU (bf16 is upcast), so float32 factors + LU-IR; accelerators: half-precision factors
+#: (tensor-core GEMM updates) + GMRES-IR, as cuSOLVER IRS / Haidar et al. (SC18).
+AUTO_FACTOR = {"cpu": ("f32", "lu"), "gpu": ("f16", "gmres"), "tpu": ("bf16", "gmres")}
+
+_S_CONVERGED = int(Status.CONVERGED)
+
+
+def _backend() -> str:
+    return jax.default_backend()
 
 
 class SolveInfo(Module):
@@ -83,21 +97,31 @@ class SolveInfo(Module):
             ``ITER``); for ``refine="gmres"`` these are outer steps.
         backward_error: normwise backward error of the returned ``x``, maximised over
             right-hand sides: ``||b - A x||_inf / (||A||_inf ||x||_inf + ||b||_inf)``
-            (for :func:`lstsq`: ``||A^T r||_inf / (||A||_inf ||A||_1 ||x||_inf + ...)``,
-            see its docstring).
+            (for :func:`lstsq`: ``||A^T r||_inf / (||A||_1 (||A||_inf ||x||_inf + ...))``,
+            see its docstring). ``inf`` whenever ``x`` (or its residual) is not finite.
         fell_back: True when the answer comes from the working-precision factorization.
-        cond_estimate: Hager–Higham estimate of ``kappa_1(A)`` from the factors that
-            produced ``x``.
-        status: int code; :data:`STATUS_MESSAGES` has the text, ``message`` looks it up.
+        cond_estimate: estimate of ``kappa_inf(A)`` (:func:`solve`) from the factors
+            that produced ``x``: on the refinement path two Hager–Higham steps on the
+            low-precision factors, after a fallback the full estimator on the
+            working-precision factors; NaN with ``estimate_cond=False`` on the refinement
+            path.
+        status: :class:`adaptprec.Status` code (``int32``): ``CONVERGED`` (5) when ``x``
+            has working-precision backward error, else ``SINGULAR``, ``NONFINITE_INPUT``,
+            ``ILL_CONDITIONED`` or ``NOT_POSITIVE_DEFINITE``.
+        reason: :class:`adaptprec.Reason` code of the fallback (``NONE`` when the
+            low-precision factors sufficed): ``OVERFLOW`` (the cast to the factor
+            precision overflowed), ``SINGULAR_FACTOR`` (zero pivot or Cholesky breakdown
+            in the factor precision), ``STAGNATION`` (refinement stagnated or reached
+            ``max_iters``), ``NONFINITE`` (NaN/Inf input).
 
     Example:
         >>> import jax.numpy as jnp
         >>> import adaptprec as ap
         >>> x, info = ap.linalg.solve(jnp.eye(3) * 2.0, jnp.ones(3))  # float64: x64 on
-        >>> int(info.status), bool(info.success), bool(info.fell_back)
-        (0, True, False)
+        >>> ap.Status(int(info.status)).name, bool(info.success), bool(info.fell_back)
+        ('CONVERGED', True, False)
         >>> info.message
-        'converged: refinement from the low-precision factors reached working-precision accuracy'
+        'Converged: iterative refinement reached working-precision accuracy.'
     """
 
     iterations: jax.Array
@@ -105,56 +129,121 @@ class SolveInfo(Module):
     fell_back: jax.Array
     cond_estimate: jax.Array
     status: jax.Array
+    reason: jax.Array
 
     @property
     def success(self) -> jax.Array:
-        """Boolean array: the returned ``x`` is a trustworthy answer (status 0..3)."""
-        return self.status <= 3
+        """Boolean array: ``x`` is a trustworthy answer (``Status(status).success``)."""
+        return (self.status > 0) & (self.status < int(Status.RUNNING))
 
     @property
     def message(self):
-        """Text for ``status`` (a string, or a nested list for a batch). Needs concrete
-        values: call it outside ``jit``."""
-        if isinstance(self.status, jax.core.Tracer):
+        """Text for ``status`` and, after a fallback, its ``reason`` (a string, or a nested
+        list for a batch). Needs concrete values: call it outside ``jit``."""
+        if isinstance(self.status, jax.core.Tracer) or isinstance(self.reason,
+                                                                  jax.core.Tracer):
             raise TypeError(
                 "SolveInfo.message needs a concrete status; return the info from jit and "
-                "read .message outside, or use STATUS_MESSAGES[int(status)]"
+                "read .message outside, or use ap.status_message(int(status))"
             )
-        codes = np.asarray(self.status)
+
+        def text(code, why):
+            msg = Status(int(code)).message
+            if int(why) != int(Reason.NONE):
+                msg += f" Fell back to the working precision: {Reason(int(why)).describe()}."
+            return msg
+
+        codes, whys = np.asarray(self.status), np.asarray(self.reason)
         if codes.ndim == 0:
-            return STATUS_MESSAGES[int(codes)]
-        return np.vectorize(lambda c: STATUS_MESSAGES[int(c)], otypes=[object])(
-            codes).tolist()
+            return text(codes, whys)
+        return np.vectorize(text, otypes=[object])(codes, whys).tolist()
 
 
 class _Factors(Module):
-    """Low-precision LU of ``A^T`` (not ``A``): LAPACK wants column-major input, and the
-    column-major layout of ``A^T`` is the row-major buffer of ``A``, so factoring the
+    """Low-precision factors of ``A^T`` (not ``A``): LAPACK wants column-major input, and
+    the column-major layout of ``A^T`` is the row-major buffer of ``A``, so factoring the
     transpose saves a transposing copy of ``A`` (here and in the fallback). Solves with
-    ``A`` are then transposed solves with these factors."""
+    ``A`` are then transposed solves with these factors. With ``assume_a="pos"`` ``lu``
+    holds the Cholesky factor ``L`` (``A^T = A = L L^T``) and ``perm`` is None."""
 
-    lu: jax.Array        # (m, n, n) factor compute dtype: A^T[perm] = L U
-    perm: jax.Array      # (m, n)
-    cast_ok: jax.Array   # (m,) A finite after rounding to the factor precision
-    factor_ok: jax.Array  # (m,) no zero / non-finite pivot
-    norminf: jax.Array   # (m,) ||A||_inf, working dtype
+    lu: jax.Array         # (m, n, n) factor compute dtype: A^T[perm] = L U, or L
+    perm: jax.Array | None  # (m, n), None for Cholesky
+    scale: jax.Array      # (m,) the factors are of scale * A (a power of 2; f16 range)
+    cast_ok: jax.Array    # (m,) A finite after rounding to the factor precision
+    factor_ok: jax.Array  # (m,) no zero / non-finite pivot (Cholesky: no breakdown)
+    norminf: jax.Array    # (m,) ||A||_inf, working dtype
 
 
-def _factor(A, storage, compute) -> _Factors:
+def _chol_ok(L):
+    d = jnp.diagonal(L, axis1=-2, axis2=-1)
+    return jnp.all(jnp.isfinite(d) & (d > 0), axis=-1)
+
+
+def _factor(A, storage, compute, kind, method) -> _Factors:
     """Round A once to the factor precision and factor ``A^T``.
 
     ``||A||_inf`` comes from one read of ``A`` in the working precision; it also decides
     whether the cast can overflow (no entry can exceed the largest row sum), so a NaN/Inf
     or too-large entry sets ``cast_ok = False`` without another pass over ``A``.
     """
+    w = A.dtype
     ninf = jnp.max(jnp.sum(jnp.abs(A), axis=-1), axis=-1)
-    cast_ok = ninf <= max_value(storage)
-    a_low = A.astype(storage)
+    top = max_value(storage)
+    if top < 1e6:      # f16: scale into range first (bf16 and f32 have float32's range)
+        target = _F16_HEADROOM * top
+        e = jnp.floor(jnp.log2(target / jnp.where(ninf > 0, ninf, 1.0)))
+        scale = jnp.where(jnp.isfinite(e) & (ninf > 0), jnp.exp2(e), 1.0).astype(w)
+        a = A * scale[:, None, None]
+    else:
+        scale = jnp.ones_like(ninf)
+        a = A
+    cast_ok = ninf * scale <= top
+    if method == "blocked":
+        from ._blocked_lu import blocked_lu
+        lu, perm = jax.vmap(partial(blocked_lu, low=storage))(
+            jnp.swapaxes(a, -1, -2).astype(compute))
+        factor_ok = ~jax.vmap(zero_pivot)(lu)
+        return _Factors(lu, perm, scale, cast_ok, factor_ok, ninf)
+    a_low = a.astype(storage)
     if np.dtype(compute) != np.dtype(storage):
         a_low = a_low.astype(compute)
+    if kind == "chol":
+        L = lax.linalg.cholesky(jnp.swapaxes(a_low, -1, -2), symmetrize_input=False)
+        return _Factors(L, None, scale, cast_ok, _chol_ok(L), ninf)
     lu, _, perm = lax.linalg.lu(jnp.swapaxes(a_low, -1, -2))
     factor_ok = ~jax.vmap(zero_pivot)(lu)
-    return _Factors(lu, perm, cast_ok, factor_ok, ninf)
+    return _Factors(lu, perm, scale, cast_ok, factor_ok, ninf)
+
+
+def _chol_solve(L, b):
+    y = lax.linalg.triangular_solve(L, b, left_side=True, lower=True)
+    return lax.linalg.triangular_solve(L, y, left_side=True, lower=True, transpose_a=True)
+
+
+def _low_one(lu, perm, scale, r, w, trans_m):
+    """``op(A)^{-1} r`` for one system from its low-precision factors.
+
+    ``trans_m`` says whether the solve is transposed with respect to the factored matrix
+    ``M = A^T`` (True for ``op(A) = A``). Each column of ``r`` is scaled by its inf-norm
+    before the cast down so that neither overflow nor underflow in the low format can
+    occur; the result is upcast, scaled back, and multiplied by the factor scaling.
+    """
+    s = jnp.max(jnp.abs(r), axis=0, keepdims=True)
+    s = jnp.where(s > 0, s, jnp.ones_like(s))
+    y = (r / s).astype(lu.dtype)
+
+    def one(y):
+        return _chol_solve(lu, y) if perm is None else lu_solve(lu, perm, y,
+                                                                transpose=trans_m)
+
+    k = y.shape[-1]
+    if 1 < k <= _SPLIT_COLUMNS:
+        # LAPACK xTRSM with 2..~64 right-hand sides runs ~4x slower than with one here
+        # (OpenBLAS through jaxlib, n = 2048); a few columns are solved one at a time
+        y = jnp.concatenate([one(y[:, i:i + 1]) for i in range(k)], axis=1)
+    else:
+        y = one(y)
+    return y.astype(w) * (s * scale)
 
 
 def _colnorm(x):
@@ -167,41 +256,81 @@ def _norm1(A):
     return jnp.max(jnp.sum(jnp.abs(A), axis=-2), axis=-1)
 
 
-def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol, estimate_cond):
+def _chol_inverse_norm1(L, dtype):
+    n = L.shape[-1]
+
+    def mv(v):
+        return _chol_solve(L, v[:, None].astype(L.dtype))[:, 0].astype(dtype)
+
+    est = norm1_estimate(mv, mv, n, dtype)     # A^{-1} is symmetric
+    return jnp.where(_chol_ok(L) & jnp.isfinite(est), est, jnp.asarray(jnp.inf, dtype))
+
+
+def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol, estimate_cond,
+            kind, capacity):
     """Refine all systems of the batch; fall back where needed. A (m,n,n), B (m,n,k)."""
     w = A.dtype
     m, n, _ = A.shape
+    k = B.shape[-1]
     anrm = _norm1(A) if transpose else fac.norminf   # ||op(A)||_inf
-    tf = not transpose   # the factors are of A^T: solves with op(A) flip the transpose
+    tm = not transpose   # the factors are of A^T: solves with op(A) flip the transpose
     mv = jax.vmap(partial(apply, transpose=transpose))
-    low = jax.vmap(partial(scaled_lowsolve, work_dtype=w, transpose=tf))
+
+    def low(R, trans=tm):
+        return jax.vmap(lambda lu, perm, sc, r: _low_one(lu, perm, sc, r, w, trans))(
+            fac.lu, fac.perm, fac.scale, R)
 
     if refine == "lu":
-        def correct(r):
-            return low(fac.lu, fac.perm, r)
+        correct = low
     else:
-        def correct_one(a, lu, perm, r):
+        def correct_one(a, lu, perm, sc, r):
             def matvec(v):
                 return apply(a, v[:, None], transpose=transpose)[:, 0]
 
             def precond(v):
-                return scaled_lowsolve(lu, perm, v[:, None], w, transpose=tf)[:, 0]
+                return _low_one(lu, perm, sc, v[:, None], w, tm)[:, 0]
 
             col = partial(fgmres, matvec, precond, restart=min(n, _GMRES_RESTART),
                           tol=_GMRES_TOL)
             return jax.vmap(col, in_axes=1, out_axes=1)(r)
 
         def correct(r):
-            return jax.vmap(correct_one)(A, fac.lu, fac.perm, r)
+            return jax.vmap(correct_one)(A, fac.lu, fac.perm, fac.scale, r)
+
+    fac_good = fac.cast_ok & fac.factor_ok
+    if estimate_cond:
+        # kappa_inf(op(A)) = ||op(A)||_inf ||op(A)^{-T}||_1, the 1-norm estimated by the
+        # first two Hager–Higham steps (LAPACK xLACN2, from x = e/n) plus Higham's
+        # alternating test vector: four single-column low-precision solves (multi-column
+        # xTRSM is slower, see _low_one), none of them needed by x, so XLA drops them when
+        # the estimate is unused. (Starting from the alternating vector instead saves one
+        # solve but underestimates kappa of the 1-D Poisson matrix 8x; e/n finds it.)
+        i = jnp.arange(n)
+        e = jnp.full((n,), 1.0 / n, w)
+        alt = jnp.where(i % 2 == 0, 1.0, -1.0).astype(w) * (1.0 + i / max(n - 1, 1))
+        y1 = low(jnp.broadcast_to(e[:, None], (m, n, 1)), not tm)[..., 0]
+        ya = low(jnp.broadcast_to(alt[:, None], (m, n, 1)), not tm)[..., 0]
+        est = jnp.maximum(jnp.sum(jnp.abs(y1), axis=1),
+                          2.0 * jnp.sum(jnp.abs(ya), axis=1) / (3.0 * n))
+        xi = jnp.where(y1 >= 0, 1.0, -1.0).astype(w)
+        x0 = low(B)
+        z1 = low(xi[..., None])[..., 0]
+        j = jnp.argmax(jnp.abs(z1), axis=1)
+        y2 = low(jax.nn.one_hot(j, n, dtype=w)[..., None], not tm)[..., 0]
+        est = jnp.maximum(est, jnp.sum(jnp.abs(y2), axis=1))
+        kappa_low = anrm * est
+        kappa_low = jnp.where(fac_good & jnp.isfinite(kappa_low), kappa_low,
+                              jnp.asarray(jnp.inf, w))
+    else:
+        x0 = low(B)
+        kappa_low = jnp.full((m,), jnp.nan, w)
 
     thresh = (anrm * jnp.asarray(tol, w))[:, None]       # (m, 1)
-
-    x0 = low(fac.lu, fac.perm, B)
     r0 = B - mv(A, x0)
     rn0 = _colnorm(r0)
     xn0 = _colnorm(x0)
     conv0 = rn0 <= xn0 * thresh
-    bad0 = ~(jnp.isfinite(rn0) & jnp.isfinite(xn0))
+    bad0 = ~(jnp.isfinite(rn0) & jnp.isfinite(xn0)) | ~fac_good[:, None]
     its0 = jnp.zeros((m,), jnp.int32)
 
     def cond(s):
@@ -229,99 +358,177 @@ def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol, estimate_
     init = (jnp.asarray(0, jnp.int32), its0, x0, r0, rn0, conv0, bad0)
     _, its, x, r, _, conv, _ = lax.while_loop(cond, body, init)
 
-    ok = fac.cast_ok & fac.factor_ok & jnp.all(conv, axis=1)
-    need = ~ok
+    need = ~(fac_good & jnp.all(conv, axis=1))
     u_w = unit_roundoff(w)
 
     def fallback(ops):
-        x, r, anrm_ = ops
-        lu64, _, perm64 = lax.linalg.lu(jnp.swapaxes(A, -1, -2))
-        xf = jax.vmap(partial(lu_solve, transpose=tf))(lu64, perm64, B)
-        rf = B - mv(A, xf)
-        zero = jax.vmap(zero_pivot)(lu64)
-        finite_in = (jnp.all(jnp.isfinite(A), axis=(1, 2))
-                     & jnp.all(jnp.isfinite(B), axis=(1, 2)))
-        n1, ninf = jax.vmap(matrix_norms)(A)
-        anrm_f = n1 if transpose else ninf
-        # kappa_1(op(A)) = ||op(A)||_1 ||op(A)^{-1}||_1; op(A)^{-1} = M^{-T} for tf.
-        kappa = (ninf if transpose else n1) * jax.vmap(
-            partial(inverse_norm1, dtype=w, transpose=tf))(lu64, perm64)
-        nan_out = need & (zero | ~finite_in)
-        sel = need[:, None, None]
-        x = jnp.where(sel, xf, x)
-        x = jnp.where(nan_out[:, None, None], jnp.asarray(jnp.nan, w), x)
-        r = jnp.where(sel, rf, r)
+        """Working-precision solve of the given rows (any number of them)."""
+        A_, B_, cast_ok, factor_ok = ops
+        finite_in = (jnp.all(jnp.isfinite(A_), axis=(1, 2))
+                     & jnp.all(jnp.isfinite(B_), axis=(1, 2)))
+        anrm_f = _norm1(A_) if transpose else jnp.max(jnp.sum(jnp.abs(A_), axis=-1), -1)
+        At = jnp.swapaxes(A_, -1, -2)
+        if kind == "chol":
+            L = lax.linalg.cholesky(At, symmetrize_input=False)
+            bad = ~_chol_ok(L)
+            xf = jax.vmap(_chol_solve)(L, B_)
+            kappa = anrm_f * jax.vmap(partial(_chol_inverse_norm1, dtype=w))(L)
+            s_bad = int(Status.NOT_POSITIVE_DEFINITE)
+        else:
+            lu64, _, perm64 = lax.linalg.lu(At)
+            bad = jax.vmap(zero_pivot)(lu64)
+            xf = jax.vmap(partial(lu_solve, transpose=tm))(lu64, perm64, B_)
+            # kappa_inf(op(A)) = ||op(A)||_inf ||op(A)^{-T}||_1 (see the refinement path)
+            kappa = anrm_f * jax.vmap(
+                partial(inverse_norm1, dtype=w, transpose=not tm))(lu64, perm64)
+            s_bad = int(Status.SINGULAR)
+        rf = B_ - mv(A_, xf)
+        nan_out = bad | ~finite_in
+        xf = jnp.where(nan_out[:, None, None], jnp.asarray(jnp.nan, w), xf)
         status = jnp.select(
-            [~finite_in, zero, kappa * u_w >= 1, ~fac.cast_ok, ~fac.factor_ok],
-            [6, 4, 5, 1, 2], default=3).astype(jnp.int32)
-        return x, r, jnp.where(need, anrm_f, anrm_), jnp.where(need, status, 0), kappa
+            [~finite_in, bad, kappa * u_w >= 1],
+            [int(Status.NONFINITE_INPUT), s_bad, int(Status.ILL_CONDITIONED)],
+            default=_S_CONVERGED).astype(jnp.int32)
+        reason = jnp.select(
+            [~finite_in, ~cast_ok, ~factor_ok],
+            [int(Reason.NONFINITE), int(Reason.OVERFLOW), int(Reason.SINGULAR_FACTOR)],
+            default=int(Reason.STAGNATION)).astype(jnp.int32)
+        return xf, rf, anrm_f, status, reason, kappa
 
-    def keep(ops):
-        x, r, anrm_ = ops
-        return x, r, anrm_, jnp.zeros((m,), jnp.int32), jnp.zeros((m,), w)
+    current = (x, r, anrm, jnp.full((m,), _S_CONVERGED, jnp.int32),
+               jnp.full((m,), int(Reason.NONE), jnp.int32), kappa_low)
+    x, r, anrm, status, reason, kappa = recompute_rows(
+        need, fallback, (A, B, fac.cast_ok, fac.factor_ok), current,
+        capacity=capacity_for(capacity, m))
 
-    x, r, anrm, status, kappa_f = lax.cond(jnp.any(need), fallback, keep, (x, r, anrm))
-
-    if estimate_cond:
-        kappa_low = (fac.norminf if transpose else _norm1(A)) * jax.vmap(
-            partial(inverse_norm1, dtype=w, transpose=tf))(fac.lu, fac.perm)
-    else:
-        kappa_low = jnp.full((m,), jnp.nan, w)
-    kappa = jnp.where(need, kappa_f, kappa_low)
     bn, xn, rn = _colnorm(B), _colnorm(x), _colnorm(r)
     denom = anrm[:, None] * xn + bn
-    eta = jnp.where(denom > 0, rn / jnp.where(denom > 0, denom, 1), jnp.where(rn > 0, jnp.inf, 0))
+    eta = jnp.where(denom > 0, rn / jnp.where(denom > 0, denom, 1),
+                    jnp.where(rn > 0, jnp.inf, 0))
+    # honest: a non-finite x (or residual) has no meaningful backward error
+    eta = jnp.where(jnp.isfinite(xn) & jnp.isfinite(rn), eta, jnp.inf)
     info = SolveInfo(iterations=its, backward_error=jnp.max(eta, axis=1).astype(w),
-                     fell_back=need, cond_estimate=kappa, status=status)
+                     fell_back=need, cond_estimate=kappa, status=status, reason=reason)
     return x, info
 
 
+def _refine_batched(A, B, fac: _Factors, **kw):
+    """:func:`_refine` with a ``custom_vmap`` rule: a ``vmap`` axis is folded into the
+    batch axis (so the fallback stays a compacted ``switch``, not a ``select``)."""
+    leaves, treedef = jax.tree_util.tree_flatten(fac)
+
+    @custom_vmap
+    def run(A, B, *leaves):
+        return _refine(A, B, jax.tree_util.tree_unflatten(treedef, leaves), **kw)
+
+    @run.def_vmap
+    def rule(axis_size, in_batched, A, B, *leaves):
+        args = (A, B) + tuple(leaves)
+        if not any(in_batched):
+            out = run(*args)
+            return out, jax.tree_util.tree_map(lambda _: False, out)
+        if not in_batched[0] and not any(in_batched[2:]):
+            # only b is mapped (e.g. jacfwd): the members share A and its factors, so the
+            # mapped axis becomes more right-hand sides of the same systems (no copies of
+            # A); their info is shared, i.e. the worst case over the members
+            m, n, k = B.shape[1:]
+            Bf = jnp.moveaxis(B, 0, -2).reshape(m, n, axis_size * k)
+            x, info = _refine_batched(A, Bf, jax.tree_util.tree_unflatten(treedef, leaves),
+                                      **kw)
+            x = jnp.moveaxis(x.reshape(m, n, axis_size, k), -2, 0)
+            info = jax.tree_util.tree_map(
+                lambda f: jnp.broadcast_to(f[None], (axis_size,) + f.shape), info)
+            out = (x, info)
+            return out, jax.tree_util.tree_map(lambda _: True, out)
+        folded = []
+        for x, batched in zip(args, in_batched):
+            if not batched:
+                x = jnp.broadcast_to(x[None], (axis_size,) + x.shape)
+            folded.append(x.reshape((axis_size * x.shape[1],) + x.shape[2:]))
+        fac_f = jax.tree_util.tree_unflatten(treedef, folded[2:])
+        out = _refine_batched(folded[0], folded[1], fac_f, **kw)
+        out = jax.tree_util.tree_map(lambda y: y.reshape((axis_size, -1) + y.shape[1:]),
+                                     out)
+        return out, jax.tree_util.tree_map(lambda _: True, out)
+
+    return run(A, B, *leaves)
+
+
 @partial(jax.jit, static_argnames=("storage", "compute", "refine", "max_iters", "tol",
-                                   "estimate_cond"))
-def _solve_batched(A, B, *, storage, compute, refine, max_iters, tol, estimate_cond):
+                                   "estimate_cond", "kind", "method", "capacity"))
+def _solve_batched(A, B, *, storage, compute, refine, max_iters, tol, estimate_cond, kind,
+                   method, capacity):
     A_s = lax.stop_gradient(A)
-    fac = _factor(A_s, storage, compute)
-    kw = dict(refine=refine, max_iters=max_iters, tol=tol, estimate_cond=estimate_cond)
+    fac = _factor(A_s, storage, compute, kind, method)
+    kw = dict(refine=refine, max_iters=max_iters, tol=tol, kind=kind, capacity=capacity)
 
     def matvec(X):
         return jnp.matmul(A, X)
 
     def solve_fn(_matvec, rhs):
-        return _refine(A_s, rhs, fac, transpose=False, **kw)
+        return _refine_batched(A_s, rhs, fac, transpose=False, estimate_cond=estimate_cond,
+                               **kw)
 
     def transpose_solve_fn(_vecmat, rhs):
-        return _refine(A_s, rhs, fac, transpose=True, **kw)
+        return _refine_batched(A_s, rhs, fac, transpose=True, estimate_cond=False, **kw)
 
     return lax.custom_linear_solve(matvec, B, solve_fn, transpose_solve_fn, has_aux=True)
 
 
-def solve(A, b, *, factor="f32", working="f64", refine="lu", max_iters=30, tol=None,
-          estimate_cond=True):
-    r"""Solve ``A x = b`` by low-precision LU and working-precision iterative refinement.
+def _resolve_auto(factor, refine, what):
+    if isinstance(factor, str) and factor == "auto":
+        backend = _backend()
+        factor_a, refine_a = AUTO_FACTOR.get(backend, AUTO_FACTOR["cpu"])
+        factor = factor_a
+        if refine == "auto":
+            refine = refine_a
+    if refine == "auto":
+        fdt = canonical_dtype(factor)
+        refine = "lu" if unit_roundoff(fdt) <= unit_roundoff(np.float32) else "gmres"
+    return factor, refine
 
-    LAPACK ``dsgesv`` semantics (see the module docstring and ``docs/linalg.md``): factor
-    ``A`` once in ``factor`` precision, refine in ``working`` precision until
-    :math:`\|r\|_\infty \le \mathrm{tol}\,\|x\|_\infty\|A\|_\infty` for every right-hand
-    side, else fall back to a ``working``-precision LU (executed only when needed).
+
+def solve(A, b, *, assume_a="gen", factor="auto", working="f64", refine="auto",
+          max_iters=30, tol=None, estimate_cond=True, fallback_capacity=0.125):
+    r"""Solve ``A x = b`` by low-precision factors and working-precision refinement.
+
+    LAPACK ``dsgesv`` / ``dsposv`` semantics (see the module docstring and
+    ``docs/linalg.md``): factor ``A`` once in ``factor`` precision, refine in ``working``
+    precision until :math:`\|r\|_\infty \le \mathrm{tol}\,\|x\|_\infty\|A\|_\infty` for
+    every right-hand side, else fall back to a ``working``-precision factorization
+    (executed only for the systems that need it).
 
     Args:
         A: ``(..., n, n)`` floating array.
         b: ``(n,)``, ``(..., n)`` (one vector per matrix: ``b.ndim == A.ndim - 1``) or
             ``(..., n, k)`` (``k`` right-hand sides). Batch dimensions broadcast.
-        factor: precision of the LU factors: ``"f32"`` (default), ``"bf16"``/``"f16"``
-            (A is rounded to that format and factored with float32 arithmetic: XLA has no
-            half-precision LU) or the working precision itself.
+        assume_a: ``"gen"`` (general: LU with partial pivoting, dsgesv) or ``"pos"``
+            (symmetric positive definite: Cholesky, dsposv; only the upper triangle of
+            ``A`` enters the factors, the residuals use all of ``A``). As in
+            ``scipy.linalg.solve``; ``"general"`` and ``"positive definite"`` also work.
+        factor: precision of the factors. ``"auto"`` (default) picks per backend
+            (:data:`AUTO_FACTOR`): float32 on CPU, float16 on GPU, bfloat16 on TPU.
+            ``"f32"``, ``"bf16"``/``"f16"`` or the working precision itself can be forced.
+            Half-precision factors on CPU round ``A`` to that format and factor it with
+            float32 LAPACK (same numerics as a half-precision-input factorization, not
+            faster); on accelerators a blocked LU runs its trailing updates as
+            half-precision GEMMs with float32 accumulation (tensor cores).
         working: precision of ``x``, residuals and the fallback (``"f64"`` needs
             ``jax_enable_x64``; ``"f32"`` with a half-precision factor also works).
-        refine: ``"lu"`` (corrections from the low-precision factors, dsgesv) or
-            ``"gmres"`` (GMRES-IR: LU-preconditioned FGMRES in the working precision,
-            converges for larger condition numbers before falling back).
+        refine: ``"lu"`` (corrections from the low-precision factors, dsgesv),
+            ``"gmres"`` (GMRES-IR: factor-preconditioned FGMRES in the working precision;
+            converges for larger condition numbers and for half-precision factors), or
+            ``"auto"`` (``"lu"`` for float32 factors, ``"gmres"`` for half precision).
         max_iters: cap on refinement steps (dsgesv's ``ITERMAX = 30``).
         tol: stopping tolerance; default :math:`\sqrt{n}\,u_{working}`.
-        estimate_cond: compute ``info.cond_estimate`` on the refinement path (a few
-            pairs of O(n^2) triangular solves; under ``jit`` XLA drops it anyway when the
-            caller ignores it). ``False`` gives NaN there; the fallback path always
-            estimates it (it decides status 5).
+        estimate_cond: fill ``info.cond_estimate`` on the refinement path: two
+            Hager–Higham steps on the low-precision factors (four single-column
+            low-precision solves, O(n^2); see ``docs/linalg.md`` for the measured cost).
+            ``False`` gives NaN there; the fallback path always estimates it from the
+            working-precision factors (it decides ``ILL_CONDITIONED``).
+        fallback_capacity: how many systems of a batch (or of a ``vmap``) can fall back
+            without factoring the whole batch in the working precision: an int, or a
+            fraction of the batch size (default 1/8).
 
     Returns:
         ``(x, info)``: ``x`` in the working dtype with ``b``'s shape (batch-broadcast), and
@@ -330,13 +537,13 @@ def solve(A, b, *, factor="f32", working="f64", refine="lu", max_iters=30, tol=N
     Raises:
         ValueError: non-square ``A``, mismatched shapes, non-floating dtypes, unknown
             options, or (for concrete inputs, outside ``jit``) NaN/Inf in ``A`` or ``b``.
-            Inside ``jit`` non-finite input gives status 6 and NaN ``x``.
+            Inside ``jit`` non-finite input gives ``Status.NONFINITE_INPUT`` and NaN ``x``.
 
     ``jit``, ``vmap`` and ``grad``/``jvp`` work (gradients by implicit differentiation:
     ``b_bar = A^{-T} x_bar``, ``A_bar = -b_bar x^T``, with the adjoint refined on the same
-    factors). Under ``jax.vmap`` the fallback ``lax.cond`` becomes a ``select`` and the
-    working-precision LU runs for every member; pass the batch as leading dimensions
-    instead to run it only when some member needs it.
+    factors). Under ``jax.vmap`` the mapped axis joins the batch: only the members that
+    need the working-precision factorization compute it (up to ``fallback_capacity`` of
+    them; beyond that the whole batch does).
 
     Example:
         >>> import jax.numpy as jnp
@@ -346,10 +553,24 @@ def solve(A, b, *, factor="f32", working="f64", refine="lu", max_iters=30, tol=N
         >>> bool(jnp.allclose(A @ x, jnp.array([1.0, 2.0]), rtol=0, atol=1e-15))
         True
         >>> int(info.status), bool(info.fell_back), bool(info.backward_error < 1e-15)
-        (0, False, True)
+        (5, False, True)
+        >>> x, info = ap.linalg.solve(A, jnp.array([1.0, 2.0]), assume_a="pos")  # Cholesky
+        >>> ap.Status(int(info.status)).name
+        'CONVERGED'
     """
     what = "solve"
+    if not isinstance(assume_a, str) or assume_a not in _ASSUME_A:
+        raise ValueError(
+            f"{what}: assume_a must be 'gen' (general, LU) or 'pos' (symmetric positive "
+            f"definite, Cholesky), got {assume_a!r}; for symmetric indefinite matrices use "
+            "'gen'"
+        )
+    kind = _ASSUME_A[assume_a]
+    if refine not in ("lu", "gmres", "auto"):
+        raise ValueError(f"{what}: refine must be 'auto', 'lu' or 'gmres', got {refine!r}")
+    factor, refine = _resolve_auto(factor, refine, what)
     check_options(refine, max_iters, tol, what)
+    capacity_for(fallback_capacity, 1)          # validates
     storage, compute, w = resolve_precisions(factor, working, what=what)
     A = check_array(A, "A", what)
     if A.ndim < 2 or A.shape[-1] != A.shape[-2]:
@@ -357,13 +578,17 @@ def solve(A, b, *, factor="f32", working="f64", refine="lu", max_iters=30, tol=N
             f"{what}: A must be a square matrix or a stack of them, shape (..., n, n); got "
             f"shape {tuple(A.shape)}. For rectangular A use ap.linalg.lstsq."
         )
+    method = "lapack"
+    if unit_roundoff(storage) > unit_roundoff(np.float32) and kind == "lu" \
+            and _backend() != "cpu":
+        method = "blocked"
     n = A.shape[-1]
     A3, B3, out_shape, batch = prepare_system(A, b, w, what)
     tol_ = float(math.sqrt(n) * unit_roundoff(w)) if tol is None else float(tol)
     x, info = _solve_batched(A3, B3, storage=storage, compute=compute, refine=refine,
                              max_iters=int(max_iters), tol=tol_,
-                             estimate_cond=bool(estimate_cond))
+                             estimate_cond=bool(estimate_cond), kind=kind, method=method,
+                             capacity=fallback_capacity)
     x = x.reshape(out_shape)
     info = jax.tree_util.tree_map(lambda f: f.reshape(batch), info)
     return x, info
-
