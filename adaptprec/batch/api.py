@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..nlsq._x64 import float64_entry
 from ..nlsq.common import check_loss, robust_cost, scale_for_robust_loss
 from ..precision import Ladder, dtype_name, require_x64, unit_roundoff
 from ._problem import Residual, build_problem, nonfinite_fits
@@ -120,6 +121,7 @@ def _build(residual: Residual, cfg: _Config) -> Callable:
     return solve
 
 
+@float64_entry("solve_nlsq_batch", ("x0", "args", "ydata", "sigma", "bounds"))
 def solve_nlsq_batch(
     fun: Callable,
     x0,

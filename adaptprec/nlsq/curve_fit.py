@@ -33,6 +33,7 @@ from jax.scipy.linalg import solve_triangular
 
 from .._tracing import is_concrete
 from .common import covariance_from_jac
+from ._x64 import float64_entry
 from .solve import solve_nlsq
 
 __all__ = ["curve_fit", "OptimizeWarning"]
@@ -89,6 +90,8 @@ def _n_params(f) -> int:
     return len(ps) - 1
 
 
+@float64_entry("curve_fit", ("xdata", "ydata", "p0", "sigma", "bounds", "kwargs"),
+               always_host=True)
 def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bool = False,
               check_finite=None, bounds=(-np.inf, np.inf), method=None, jac=None, *,
               full_output: bool = False, nan_policy=None, **kwargs):

@@ -35,6 +35,7 @@ from ._blocks import PointBlocks
 from ._compile import cpu_jit
 from ._loop import LoopConfig, build_loop, default_schedule
 from ._pointwise import point_axes
+from ._x64 import float64_entry
 from .common import STATUS_MESSAGES, check_loss, robust_cost, scale_for_robust_loss
 from .gn import gn_step
 from .lm import lm_step, minpack_delta0, minpack_gnorm
@@ -207,6 +208,7 @@ def _point_axes(residual, fun_flat, x0, x0_flat, args, m):
     return _m_cache[key]
 
 
+@float64_entry("solve_nlsq", ("x0", "args", "bounds", "f_scale"))
 def solve_nlsq(
     residual: Callable,
     x0: Any,
