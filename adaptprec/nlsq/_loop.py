@@ -35,7 +35,7 @@ from .common import scale_for_robust_loss, update_tr_radius
 from ._blocks import PointBlocks
 from .lm import minpack_radius
 
-__all__ = ["LoopConfig", "build_loop"]
+__all__ = ["LoopConfig", "Proposal", "build_loop"]
 
 
 class LoopConfig(NamedTuple):
@@ -81,6 +81,16 @@ class _State(NamedTuple):
     rung_nfev: jax.Array
     esc_reason: jax.Array
     sched: Any
+
+
+class Proposal(NamedTuple):
+    """What ``propose`` hands to the evaluation and to ``advance``: the step, the point
+    to evaluate (the trial point, or the current point when ``pending``) and whether the
+    current model already satisfies the ``gtol`` test."""
+
+    step: Any
+    z: jax.Array
+    gtol_hit: jax.Array
 
 
 def _promote(dtype):
@@ -225,19 +235,33 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             rung_nfev=jnp.zeros((nr,), jnp.int32),
             esc_reason=jnp.zeros((nr,), jnp.int32), sched=sched0)
 
-    def body(st: _State, ctx) -> _State:
+    # One trust-region iteration = propose (model -> trial point z), one evaluation of
+    # residual and Jacobian at z (eval_fj, the only part that depends on the residual),
+    # advance (acceptance, radius, termination, escalation). The fused driver runs
+    # ``body`` in a while_loop; the host driver (:mod:`._host`) compiles ``propose`` and
+    # ``advance`` once, independently of the residual, and calls the evaluation between.
+    def propose(st: _State, ctx) -> Proposal:
         args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol = ctx
-        f_scale = jnp.asarray(f_scale, top_dt)
-        pending = st.pending
-        on_top = st.rung == top
         g = st.R.T @ st.qtf
         gnorm = gnorm_fn(st.x, g, st.R, st.fsn, lb, ub)
         gtol_hit = st.ok & (gnorm < gtol)
         step = step_fn(st.x, st.R, st.qtf, g, st.scale_inv, st.Delta, st.alpha, lb, ub)
         # One evaluation per iteration: at the trial point, or (pending: start or after an
         # escalation) at the current point on the current rung.
-        z = jnp.where(pending, st.x, step.x_new)
-        cost_z, R_z, qtf_z, fsn_z, jok_z = eval_fj(st.rung, z, args_all, f_scale)
+        z = jnp.where(st.pending, st.x, step.x_new)
+        return Proposal(step, z, gtol_hit)
+
+    def body(st: _State, ctx) -> _State:
+        prop = propose(st, ctx)
+        return advance(st, prop, eval_fj(st.rung, prop.z, ctx[0], ctx[4]), ctx)
+
+    def advance(st: _State, prop: Proposal, ev, ctx) -> _State:
+        args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol = ctx
+        f_scale = jnp.asarray(f_scale, top_dt)
+        pending = st.pending
+        on_top = st.rung == top
+        step, z, gtol_hit = prop
+        cost_z, R_z, qtf_z, fsn_z, jok_z = ev
         finite_z = jnp.isfinite(cost_z) & jnp.all(jnp.isfinite(z))
         ok_z = finite_z & jok_z
         # ---- trust-region bookkeeping for a real step
@@ -356,6 +380,10 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
 
     run.init = init
     run.body = body
+    run.propose = propose
+    run.advance = advance
+    run.fj_branches = fj_branches
+    run.blocks = blocks
     return run
 
 

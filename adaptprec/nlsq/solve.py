@@ -394,12 +394,10 @@ def solve_nlsq(
                   jnp.asarray(xtol, top_dt), jnp.asarray(gtol, top_dt))
 
 
-def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
-    rungs = cfg.rungs
-    top_dt = rungs[-1]
-    m = cfg.m
-
-    if cfg.method == "trf":
+def method_fns(method: str, m):
+    """``(step_fn, gnorm_fn, delta0_fn)`` of :func:`._loop.build_loop` for ``method``
+    (``m`` may be traced: the host driver's step is compiled once for every ``m``)."""
+    if method == "trf":
         def step_fn(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub):
             return trf_step(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub, m=m)
 
@@ -407,15 +405,51 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
             v, _ = cl_scaling(x, g, lb, ub)
             return jnp.max(jnp.abs(g * v))
 
-        delta0_fn = trf_delta0
+        return step_fn, gnorm_fn, trf_delta0
+    inner = lm_step if method == "lm" else gn_step
+
+    def step_fn(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub):  # noqa: F811
+        return inner(x, R, qtf, scale_inv, Delta, alpha, m=m)
+
+    return step_fn, minpack_gnorm, minpack_delta0
+
+
+def final_eval(fun_flat, cfg: LoopConfig, x, args_top, f_scale):
+    """The final evaluation on the top rung: ``(f, Js, g, cost)`` (residual, loss-scaled
+    Jacobian, gradient, cost), shared by both drivers."""
+    top_dt = cfg.rungs[-1]
+    loss = cfg.loss
+    if cfg.point_axes is not None:
+        # block by block: f, loss-scaled J, g and the cost without an m x n transpose
+        blocks = PointBlocks(cfg.m, cfg.point_axes)
+
+        def body(carry, f, JT):
+            g, cost = carry
+            f, JT = f.astype(top_dt), JT.astype(top_dt)
+            fs, Js = scale_for_robust_loss(loss, f, JT.T, f_scale)
+            return (g + Js.T @ fs, cost + robust_cost(loss, f, f_scale)), (f, Js)
+
+        init = (jnp.zeros((cfg.n,), top_dt), jnp.zeros((), top_dt))
+        (g, cost), (f, Js) = blocks.scan_rows(fun_flat, x, blocks.block(args_top), body,
+                                              init)
+        return blocks.points(f), blocks.points(Js), g, cost
+    if callable(cfg.jac):
+        f = fun_flat(x, *args_top)
+        J = jnp.asarray(cfg.jac(x, *args_top))
     else:
-        inner = lm_step if cfg.method == "lm" else gn_step
+        jf = jax.jacfwd if cfg.jac == "fwd" else jax.jacrev
+        J, f = jf(lambda z: (fun_flat(z, *args_top),) * 2, has_aux=True)(x)
+    f = f.astype(top_dt)
+    J = J.astype(top_dt)
+    cost = robust_cost(loss, f, f_scale)
+    fs, Js = scale_for_robust_loss(loss, f, J, f_scale)
+    return f, Js, Js.T @ fs, cost
 
-        def step_fn(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub):
-            return inner(x, R, qtf, scale_inv, Delta, alpha, m=m)
 
-        gnorm_fn = minpack_gnorm
-        delta0_fn = minpack_delta0
+def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
+    rungs = cfg.rungs
+    top_dt = rungs[-1]
+    step_fn, gnorm_fn, delta0_fn = method_fns(cfg.method, cfg.m)
 
     run = build_loop(fun_flat, cfg, step_fn, gnorm_fn, delta0_fn)
     loss = cfg.loss
@@ -439,22 +473,6 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
         dx = -jnp.linalg.solve(H, rhs * fz)
         return x, dx
 
-    def _final_blocked(x, args_top, f_scale):
-        """The final evaluation block by block: ``f``, loss-scaled ``J``, ``g`` and the
-        cost without an ``m x n`` transpose (the gradient is summed per block)."""
-        blocks = PointBlocks(m, cfg.point_axes)
-
-        def body(carry, f, JT):
-            g, cost = carry
-            f, JT = f.astype(top_dt), JT.astype(top_dt)
-            fs, Js = scale_for_robust_loss(loss, f, JT.T, f_scale)
-            return (g + Js.T @ fs, cost + robust_cost(loss, f, f_scale)), (f, Js)
-
-        init = (jnp.zeros((cfg.n,), top_dt), jnp.zeros((), top_dt))
-        (g, cost), (f, Js) = blocks.scan_rows(fun_flat, x, blocks.block(args_top), body,
-                                              init)
-        return blocks.points(f), blocks.points(Js), g, cost
-
     def solve(x0, args, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol):
         args_top = cast_floating(args, top_dt)
         args_c = jax.lax.stop_gradient(args)
@@ -469,20 +487,7 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
             jnp.zeros(x_star.shape, jnp.int32)
         x = implicit_x(x_star, args_top, f_scale, active == 0)
         # Final evaluation on the top rung: fun, (loss-modified) jac, grad, optimality.
-        if cfg.point_axes is not None:
-            f, Js, g, cost = _final_blocked(x, args_top, f_scale)
-        else:
-            if callable(cfg.jac):
-                f = fun_flat(x, *args_top)
-                J = jnp.asarray(cfg.jac(x, *args_top))
-            else:
-                jf = jax.jacfwd if cfg.jac == "fwd" else jax.jacrev
-                J, f = jf(lambda z: (fun_flat(z, *args_top),) * 2, has_aux=True)(x)
-            f = f.astype(top_dt)
-            J = J.astype(top_dt)
-            cost = robust_cost(loss, f, f_scale)
-            fs, Js = scale_for_robust_loss(loss, f, J, f_scale)
-            g = Js.T @ fs
+        f, Js, g, cost = final_eval(fun_flat, cfg, x, args_top, f_scale)
         if cfg.has_bounds:
             v, _ = cl_scaling(x, g, lb, ub)
             optimality = jnp.max(jnp.abs(g * v))
