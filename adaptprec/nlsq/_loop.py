@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ..precision import Ladder, unit_roundoff
@@ -140,7 +141,8 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
     nr = len(rungs)
     top = nr - 1
     loss = cfg.loss
-    us = jnp.asarray([unit_roundoff(d) for d in rungs], top_dt)
+    # NumPy, not jnp: build_loop may run under a user's trace and its closures are cached
+    us = np.asarray([unit_roundoff(d) for d in rungs], top_dt)
 
     def fj_branch(i):
         dt = rungs[i]
@@ -290,13 +292,13 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         # Only rejections of steps whose predicted decrease is already at the rounding
         # noise of the rung count towards escalation; ordinary radius shrinking (a model
         # that is merely too optimistic far from the solution) does not.
-        noisy = step.predicted <= 100.0 * us[st.rung] * jnp.abs(st.cost)
+        noisy = step.predicted <= 100.0 * jnp.asarray(us)[st.rung] * jnp.abs(st.cost)
         consec = jnp.where(accepted, 0, st.consec_rej + (noisy | ~finite_z).astype(
             jnp.int32))
         cond_est = step.s[0] / jnp.maximum(step.s[-1], jnp.finfo(top_dt).tiny)
         if cfg.linear_solver == "normal":  # the Gram matrix squares the condition
             cond_est = cond_est * cond_est
-        cond_bad = (~pending) & (cond_est * us[st.rung] > cfg.cond_tol)
+        cond_bad = (~pending) & (cond_est * jnp.asarray(us)[st.rung] > cfg.cond_tol)
         # A non-finite trial point first shrinks the radius; escalate when the current
         # point is bad or two trials in a row were non-finite.
         bad = jnp.where(pending, ~ok_z, (~st.ok) | collapsed |

@@ -33,6 +33,9 @@ from .._policy import cast_floating
 from ..precision import Ladder, canonical_dtype, x64_enabled
 from ._blocks import PointBlocks
 from ._compile import cpu_jit
+from ._errors import explain_trace_error
+from ._buckets import bucket
+from ._host import host_eligible, host_solve, masked
 from ._loop import LoopConfig, build_loop, default_schedule
 from ._pointwise import point_axes
 from ._x64 import float64_entry
@@ -180,8 +183,12 @@ def _residual_size(residual, unravel, x0, x0_flat, args) -> int:
     try:
         out_shape = jax.eval_shape(lambda x, a: residual(unravel(x), *a), x0_flat, args)
     except Exception as exc:
-        raise TypeError(f"calling residual(x0, *args) failed while checking shapes: {exc}"
-                        ) from exc
+        # JAX's complaints about NumPy / Python control flow on a parameter get the fix;
+        # anything else (the user's own exceptions) propagates unchanged
+        explained = explain_trace_error(exc)
+        if explained is None:
+            raise
+        raise explained.with_traceback(None) from exc
     out_leaves = jax.tree.leaves(out_shape)
     if not out_leaves:
         raise ValueError("residual returned no arrays; it must return a 1-D array")
@@ -230,6 +237,7 @@ def solve_nlsq(
     linear_solver: str = "auto",
     max_rejections: int = 4,
     cond_tol: float = 1e-2,
+    driver: str = "auto",
 ) -> NLSQResult:
     """Minimise ``0.5 * sum(rho(residual(x, *args) ** 2))`` (scipy ``least_squares``
     semantics, jit/vmap/grad compatible, adaptive precision).
@@ -267,6 +275,15 @@ def solve_nlsq(
         ``J^T J``, ``J^T f`` accumulated in float32 or wider; squares the condition number
         of the step computation, not of the answer: the fixed point ``J^T f = 0`` is the
         same), or ``"auto"`` (default): QR below 4096 residuals, normal equations above.
+      driver: ``"auto"`` (default), ``"host"`` or ``"fused"``. The fused driver compiles
+        the whole solve (one ``while_loop``) per residual and shape; it runs under
+        ``jit``/``vmap``/``grad`` and for large problems. The host driver
+        (:mod:`adaptprec.nlsq._host`) runs a Python loop over a trust-region step compiled
+        once for every residual and data length, and compiles only the residual's
+        evaluation per residual computation and data bucket: small eager solves then take
+        milliseconds after the first. ``"auto"`` uses it for eager calls with the QR
+        model (below 4096 residuals), an autodiff Jacobian and ``throw=False``. Both give
+        the same iterates up to rounding.
 
     Returns:
       :class:`~adaptprec.NLSQResult`. ``x`` is differentiable with respect to the arrays in
@@ -368,20 +385,41 @@ def solve_nlsq(
     axes = None
     if linear_solver == "normal" and jac == "fwd":
         axes = _point_axes(residual, fun_flat, x0, x0_flat, args, m)
+    # Shape buckets: a pointwise residual's data are padded to a bucket length (masked
+    # rows are zero), in both drivers, so a new length in the bucket compiles nothing.
+    pad = None
+    if linear_solver == "qr" and jac in ("fwd", "rev") and args and bucket(m) != m:
+        q_axes = _point_axes(residual, fun_flat, x0, x0_flat, args, m)
+        if q_axes is not None:
+            pad = (q_axes, bucket(m))
+    if driver not in ("auto", "host", "fused"):
+        raise ValueError(f"driver must be 'auto', 'host' or 'fused', got {driver!r}")
     # ------------------------------------------------------------------ compiled solver
     cfg = LoopConfig(m=m, n=n, rungs=rungs, method=method, loss=loss, jac=jac,
                      jac_scale=isinstance(x_scale, str), has_bounds=has_bounds,
                      max_steps=int(max_steps), linear_solver=linear_solver,
                      max_rejections=int(max_rejections), cond_tol=float(cond_tol),
                      schedule=schedule, point_axes=axes)
+    if driver != "fused":
+        trees = (x0_flat, args, lb, ub, f_scale)
+        if host_eligible(cfg, bool(throw), *trees):
+            x0_shape = np.shape(x0) if isinstance(x0, (jax.Array, np.ndarray)) else None
+            return host_solve(residual, fun_flat, unravel, x0_shape, cfg, pad,
+                              x0_flat.astype(top_dt), args, lb, ub, scale_inv0, f_scale,
+                              ftol, xtol, gtol)
+        if driver == "host":
+            raise ValueError("driver='host' needs an eager call (no tracers in x0, args, "
+                             "bounds), jac='fwd'/'rev', the QR model (linear_solver='qr' "
+                             "or fewer than 4096 residuals), throw=False and a hashable "
+                             "loss and schedule; use driver='auto'")
     key = (_hashable(residual), _hashable(jac), _hashable(loss), _hashable(schedule),
            cfg._replace(loss=None, jac=None, schedule=None), bool(throw),
-           _sig(x0), _sig(args), str(x0_flat.dtype))
+           _sig(x0), _sig(args), str(x0_flat.dtype), pad)
     with _cache_lock:
         solver = _cache.get(key)
         if solver is None:
             _stats["misses"] += 1
-            solver = _build_solver(fun_flat, unravel, cfg, bool(throw), ladder)
+            solver = _build_solver(fun_flat, unravel, cfg, bool(throw), ladder, pad)
             _cache[key] = solver
             if len(_cache) > _CACHE_SIZE:
                 _cache.popitem(last=False)
@@ -446,10 +484,14 @@ def final_eval(fun_flat, cfg: LoopConfig, x, args_top, f_scale):
     return f, Js, Js.T @ fs, cost
 
 
-def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
+def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder, pad=None):
     rungs = cfg.rungs
     top_dt = rungs[-1]
     step_fn, gnorm_fn, delta0_fn = method_fns(cfg.method, cfg.m)
+    if pad is not None:  # data padded to the bucket inside, padded rows masked
+        pad_axes, pad_m = pad
+        pad_idx = np.minimum(np.arange(pad_m), cfg.m - 1)
+        fun_flat = masked(fun_flat, np.arange(pad_m) < cfg.m)
 
     run = build_loop(fun_flat, cfg, step_fn, gnorm_fn, delta0_fn)
     loss = cfg.loss
@@ -474,6 +516,11 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
         return x, dx
 
     def solve(x0, args, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol):
+        if pad is not None:
+            leaves, treedef = jax.tree.flatten(args)
+            args = jax.tree.unflatten(treedef, [
+                a if ax is None else jnp.take(jnp.asarray(a), pad_idx, axis=ax)
+                for a, ax in zip(leaves, pad_axes)])
         args_top = cast_floating(args, top_dt)
         args_c = jax.lax.stop_gradient(args)
         args_all = tuple(cast_floating(args_c, d) for d in rungs)
@@ -488,6 +535,8 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
         x = implicit_x(x_star, args_top, f_scale, active == 0)
         # Final evaluation on the top rung: fun, (loss-modified) jac, grad, optimality.
         f, Js, g, cost = final_eval(fun_flat, cfg, x, args_top, f_scale)
+        if pad is not None:
+            f, Js = f[:cfg.m], Js[:cfg.m]
         if cfg.has_bounds:
             v, _ = cl_scaling(x, g, lb, ub)
             optimality = jnp.max(jnp.abs(g * v))
