@@ -48,6 +48,8 @@ from .trf import active_constraints, cl_scaling, make_strictly_feasible
 __all__ = ["host_solve", "host_eligible", "cache_info", "clear_cache"]
 
 _SIZE = 128
+#: iterations queued between status checks (see host_solve)
+QUEUE = 4
 _programs: collections.OrderedDict = collections.OrderedDict()
 _prepared: collections.OrderedDict = collections.OrderedDict()
 _lock = threading.Lock()
@@ -133,7 +135,10 @@ def _step_programs(cfg: LoopConfig):
 
     def step(st, prop, ev, ctx, m):
         run = loop(m)
-        st = run.advance(st, prop, ev, ctx)
+        new = run.advance(st, prop, ev, ctx)
+        # a finished solve is left as it is: the host queues a few iterations at a time
+        running = st.status == Status.RUNNING
+        st = jax.tree.map(lambda a, b: jnp.where(running, a, b), new, st)
         return st, run.propose(st, ctx), _ctl(st)
 
     key = ("step", scfg)
@@ -158,19 +163,26 @@ def masked(fun, mask):
     return lambda x, *a: jnp.where(mask, fun(x, *a), 0.0)
 
 
-def _eval_program(cfg: LoopConfig, i: int, tr, is_padded: bool):
+def _eval_program(cfg: LoopConfig, traced, is_padded: bool):
+    """Residual, Jacobian and the factored model at ``z`` on rung ``rung`` (a
+    ``lax.switch`` over the rungs, as in the fused loop: the host need not know the
+    rung, so it can queue iterations without waiting for their results)."""
     rungs = cfg.rungs
     ecfg = cfg._replace(schedule=None, point_axes=None)
 
-    def evaluate(z, consts, mask, args, f_scale):
-        fun = masked(jaxpr_function(tr.jaxpr, consts), mask if is_padded else None)
+    def evaluate(rung, z, consts, mask, args, f_scale):
+        by_dtype = {np.dtype(d): jaxpr_function(tr.jaxpr, c)
+                    for d, tr, c in zip(rungs, traced, consts)}
+        fun = masked(lambda x, *a: by_dtype[np.dtype(x.dtype)](x, *a),
+                     mask if is_padded else None)
         run = build_loop(fun, ecfg, None, None, None)
-        args_all = tuple(cast_floating(args, d) if k == i else None
-                         for k, d in enumerate(rungs))
-        return run.fj_branches[i](z, args_all, f_scale)
+        args_all = tuple(cast_floating(args, d) for d in rungs)
+        if len(rungs) == 1:
+            return run.fj_branches[0](z, args_all, f_scale)
+        return jax.lax.switch(rung, run.fj_branches, z, args_all, f_scale)
 
-    key = ("eval", i, tr.key, is_padded, cfg.n, cfg.rungs, cfg.loss, cfg.jac,
-           cfg.linear_solver)
+    key = ("eval", tuple(tr.key for tr in traced), is_padded, cfg.n, cfg.rungs, cfg.loss,
+           cfg.jac, cfg.linear_solver)
     return _program(key, lambda: cpu_jit(evaluate, optimise=False))
 
 
@@ -247,7 +259,7 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
         mask = None
     # inputs are concrete here: call the option-tuned jit directly (skips the check)
     init, step = (p.tuned for p in _step_programs(cfg))
-    evals = [_eval_program(cfg, i, traced[i], is_padded).tuned for i in range(len(rungs))]
+    evaluate = _eval_program(cfg, traced, is_padded).tuned
     final = _final_program(cfg, traced[-1], is_padded).tuned
 
     def arr(v):
@@ -257,13 +269,18 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
            arr(gtol))
     m_arr = np.asarray(m, np.int32)
     fs = ctx[4]
-    consts = [tr.consts for tr in traced]
+    consts = tuple(tr.consts for tr in traced)
     st, prop, ctl = init(np.asarray(x0, top), ctx, m_arr)
-    status, rung = np.asarray(ctl)
-    while status == Status.RUNNING:
-        ev = evals[rung](prop.z, consts[rung], mask, args, fs)
-        st, prop, ctl = step(st, prop, ev, ctx, m_arr)
-        status, rung = np.asarray(ctl)
+    # Iterations are queued QUEUE at a time (JAX dispatches asynchronously) and the
+    # status is read back once per batch: a finished solve is a no-op in `step`, so the
+    # extra iterations change nothing but cost a little compute, far less than waiting
+    # for every result on a busy CPU.
+    while True:
+        for _ in range(QUEUE):
+            ev = evaluate(st.rung, prop.z, consts, mask, args, fs)
+            st, prop, ctl = step(st, prop, ev, ctx, m_arr)
+        if int(np.asarray(ctl)[0]) != Status.RUNNING:
+            break
     f, Js, g, cost, optimality, active = final(st.x, consts[-1], mask, args, fs, ctx[1],
                                                ctx[2], ctx[6])
     (x, f, Js, g, cost, optimality, active, nfev, njev, nit, st_status, st_rung, esc,
