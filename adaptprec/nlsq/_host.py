@@ -50,6 +50,13 @@ __all__ = ["host_solve", "host_eligible", "cache_info", "clear_cache"]
 _SIZE = 128
 #: iterations queued between status checks (see host_solve)
 QUEUE = 4
+#: a residual computation (and bucket) solved more often than this gets the fused
+#: program (one compile, then no host round trips); ``None``: never
+PROMOTE_AFTER = 8
+_uses: dict = {}
+#: LLVM optimisation for the promoted program (off: the same code generation as the
+#: host programs, so a fit gives the same bits on its first and its hundredth call)
+PROMOTED_OPTIMISE = False
 _programs: collections.OrderedDict = collections.OrderedDict()
 _prepared: collections.OrderedDict = collections.OrderedDict()
 _lock = threading.Lock()
@@ -61,6 +68,7 @@ def clear_cache() -> None:
     with _lock:
         _programs.clear()
         _prepared.clear()
+        _uses.clear()
         _stats.update(programs_built=0, program_hits=0, traces=0)
 
 
@@ -241,6 +249,57 @@ def _prepare(residual, fun_flat, x0_flat, args, cfg: LoopConfig, pad):
 
 
 # ----------------------------------------------------------------------------- driver
+def _host_loop(init, step, evaluate, x0, consts, mask, args, ctx, m):
+    st, prop, ctl = init(x0, ctx, m)
+    # Iterations are queued QUEUE at a time (JAX dispatches asynchronously) and the
+    # status is read back once per batch: a finished solve is a no-op in `step`, so the
+    # extra iterations change nothing but cost a little compute, far less than waiting
+    # for every result on a busy CPU.
+    while True:
+        for _ in range(QUEUE):
+            ev = evaluate(st.rung, prop.z, consts, mask, args, ctx[4])
+            st, prop, ctl = step(st, prop, ev, ctx, m)
+        if int(np.asarray(ctl)[0]) != Status.RUNNING:
+            return st
+
+
+def _promoted(progs, traced, is_padded, cfg):
+    """The same iteration fused into one ``while_loop`` for a residual computation (and
+    bucket) solved more than :data:`PROMOTE_AFTER` times in this process: repeated fits
+    of one model then run at compiled speed, no host round trips. Its iterates are those
+    of the host loop (same operations). ``None`` until then."""
+    if PROMOTE_AFTER is None:
+        return None
+    key = ("fused", tuple(tr.key for tr in traced), is_padded, _step_cfg(cfg), cfg.n,
+           cfg.rungs, cfg.loss, cfg.jac, cfg.linear_solver)
+    with _lock:
+        hit = _programs.get(key)
+        if hit is not None:
+            _programs.move_to_end(key)
+            return hit.tuned
+        _uses[key] = _uses.get(key, 0) + 1
+        if len(_uses) > 4 * _SIZE:
+            _uses.pop(next(iter(_uses)))
+        if _uses[key] <= PROMOTE_AFTER:
+            return None
+    init, step, evaluate = (p.plain_fn for p in progs)
+
+    def solve(x0, consts, mask, args, ctx, m):
+        st, prop, _ = init(x0, ctx, m)
+
+        def body(c):
+            st, prop = c
+            ev = evaluate(st.rung, prop.z, consts, mask, args, ctx[4])
+            st, prop, _ = step(st, prop, ev, ctx, m)
+            return st, prop
+
+        st, _ = jax.lax.while_loop(lambda c: c[0].status == Status.RUNNING, body,
+                                   (st, prop))
+        return st
+
+    return _program(key, lambda: cpu_jit(solve, optimise=PROMOTED_OPTIMISE)).tuned
+
+
 def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, args,
                lb, ub, scale_inv0, f_scale, ftol, xtol, gtol) -> NLSQResult:
     """Solve with the host driver (see the module docstring); inputs as
@@ -258,8 +317,7 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
     else:
         mask = None
     # inputs are concrete here: call the option-tuned jit directly (skips the check)
-    init, step = (p.tuned for p in _step_programs(cfg))
-    evaluate = _eval_program(cfg, traced, is_padded).tuned
+    progs = _step_programs(cfg) + (_eval_program(cfg, traced, is_padded),)
     final = _final_program(cfg, traced[-1], is_padded).tuned
 
     def arr(v):
@@ -270,17 +328,12 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
     m_arr = np.asarray(m, np.int32)
     fs = ctx[4]
     consts = tuple(tr.consts for tr in traced)
-    st, prop, ctl = init(np.asarray(x0, top), ctx, m_arr)
-    # Iterations are queued QUEUE at a time (JAX dispatches asynchronously) and the
-    # status is read back once per batch: a finished solve is a no-op in `step`, so the
-    # extra iterations change nothing but cost a little compute, far less than waiting
-    # for every result on a busy CPU.
-    while True:
-        for _ in range(QUEUE):
-            ev = evaluate(st.rung, prop.z, consts, mask, args, fs)
-            st, prop, ctl = step(st, prop, ev, ctx, m_arr)
-        if int(np.asarray(ctl)[0]) != Status.RUNNING:
-            break
+    fused = _promoted(progs, traced, is_padded, cfg)
+    if fused is not None:
+        st = fused(np.asarray(x0, top), consts, mask, args, ctx, m_arr)
+    else:
+        st = _host_loop(*(p.tuned for p in progs), np.asarray(x0, top), consts, mask,
+                        args, ctx, m_arr)
     f, Js, g, cost, optimality, active = final(st.x, consts[-1], mask, args, fs, ctx[1],
                                                ctx[2], ctx[6])
     (x, f, Js, g, cost, optimality, active, nfev, njev, nit, st_status, st_rung, esc,
