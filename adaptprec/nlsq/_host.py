@@ -12,10 +12,15 @@ residual's evaluation depends on the residual:
   with captured arrays hoisted to arguments) and data bucket (:mod:`._buckets`): one per
   rung evaluating residual, Jacobian and the factored model, and one final evaluation.
 
-A Python loop calls ``evaluate`` and ``step`` in turn (about 80 us per iteration on a
-2-core CPU) and reads back two integers (status, rung) per iteration. Both drivers run
-the same operations in the same order, so they agree to rounding with the same ``nfev``
-(tested on the NIST suite).
+A Python loop calls ``evaluate`` and ``step`` in turn, queuing :data:`QUEUE` iterations
+before reading back the status (``step`` leaves a finished solve unchanged). Both
+drivers run the same operations in the same order, so they agree with the same ``nfev``
+(bit for bit on the NIST suite, tests/test_latency.py).
+
+A residual computation (and bucket) solved more than :data:`PROMOTE_AFTER` times in a
+process is *promoted*: the same ``init``/``evaluate``/``step`` functions are compiled
+once into one ``while_loop`` (at the same optimisation level, so the bits do not
+change), and later fits of that model skip the host round trips.
 
 Example:
     >>> import jax.numpy as jnp, numpy as np

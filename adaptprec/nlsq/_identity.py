@@ -54,7 +54,8 @@ def trace_residual(fun, x, args) -> TracedResidual:
         raise ValueError("trace_residual expects a function with one array output")
     consts = tuple(closed.consts)
     key = (str(closed.jaxpr), str(treedef),
-           tuple((np.shape(c), str(np.result_type(c))) for c in consts))
+           tuple((np.shape(c), str(c.dtype if hasattr(c, "dtype") else np.asarray(c).dtype))
+                 for c in consts))
     out = closed.jaxpr.outvars[0].aval
     return TracedResidual(key, closed.jaxpr, consts,
                           jax.ShapeDtypeStruct(out.shape, out.dtype))

@@ -162,12 +162,29 @@ def _sig(tree):
                            else type(a).__name__) for a in leaves)
 
 
+class _Same:
+    """Cache-key stand-in for an unhashable object: equal only to itself, and it keeps
+    the object alive while the key is cached (a bare ``id()`` could be reused by a new
+    object after the old one is collected, and hit the wrong compiled program)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __eq__(self, other):
+        return isinstance(other, _Same) and other.obj is self.obj
+
+    def __hash__(self):
+        return object.__hash__(self.obj)
+
+
 def _hashable(obj):
     try:
         hash(obj)
         return obj
     except TypeError:
-        return id(obj)
+        return _Same(obj)
 
 
 def _residual_size(residual, unravel, x0, x0_flat, args) -> int:
