@@ -143,7 +143,9 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
         ``ftol``, ``max_steps``...).
 
     Raises ``RuntimeError`` (concrete inputs only) when the fit does not succeed, like
-    scipy; under ``jit`` check ``ier``/the result instead.
+    scipy; under ``jit`` check ``ier``/the result instead. Eager calls return NumPy
+    ``popt``/``pcov`` (float64 by default, also with ``jax_enable_x64`` off: the fit then
+    runs inside ``jax.enable_x64(True)``).
 
     Example:
         >>> import jax.numpy as jnp

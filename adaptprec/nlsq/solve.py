@@ -282,7 +282,9 @@ def solve_nlsq(
       max_steps: iteration cap (trial steps); default ``100 * (n + 1)``.
       precision: ``"adaptive"`` (``f32 -> f64``; residual and Jacobian on f32 first while
         the iterate stays float64), a :class:`~adaptprec.Ladder`/``"f32,f64"``, or one
-        dtype (fixed precision).
+        dtype (fixed precision). With ``jax_enable_x64`` off, an eager call asking for
+        float64 runs inside ``jax.enable_x64(True)`` (thread-local) and returns NumPy
+        arrays; under ``jit``/``vmap``/``grad`` it raises (see :mod:`._x64`).
       schedule: a ``adaptprec.schedule.PrecisionSchedule`` consulted every step (stall /
         noise floor); the built-in triggers (non-finite values, convergence on a lower rung,
         ``max_rejections`` rejected steps in a row, ``cond(J D^-1) * u > cond_tol``) are
