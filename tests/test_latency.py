@@ -217,9 +217,10 @@ def test_float64_without_setup_in_a_fresh_process():
     assert proc.stdout.split() == ["numpy", "float64", "numpy", "float64", "float32"]
 
 
-def test_repeated_fits_are_promoted_to_one_program_with_the_same_result():
+def test_repeated_fits_are_promoted_to_one_program_with_the_same_result(monkeypatch):
     import adaptprec.nlsq._host as host
 
+    monkeypatch.setattr(host, "PROMOTE_AFTER", 2)  # opt-in
     t, y = _data(70, seed=9)
     xs, nfev = [], []
     before = host.cache_info()["programs_built"]

@@ -17,8 +17,8 @@ before reading back the status (``step`` leaves a finished solve unchanged). Bot
 drivers run the same operations in the same order, so they agree with the same ``nfev``
 (bit for bit on the NIST suite, tests/test_latency.py).
 
-A residual computation (and bucket) solved more than :data:`PROMOTE_AFTER` times in a
-process is *promoted*: the same ``init``/``evaluate``/``step`` functions are compiled
+Opt-in (:data:`PROMOTE_AFTER`, off by default): a residual computation (and bucket)
+solved more than ``PROMOTE_AFTER`` times in a process is *promoted*: the same ``init``/``evaluate``/``step`` functions are compiled
 once into one ``while_loop`` (at the same optimisation level, so the bits do not
 change), and later fits of that model skip the host round trips.
 
@@ -56,8 +56,10 @@ _SIZE = 128
 #: iterations queued between status checks (see host_solve)
 QUEUE = 4
 #: a residual computation (and bucket) solved more often than this gets the fused
-#: program (one compile, then no host round trips); ``None``: never
-PROMOTE_AFTER = 8
+#: program (one compile, then no host round trips); ``None`` (default): never. Off by
+#: default: on this 2-core CPU it ran repeats at best ~2x faster (min over repeats,
+#: noisy) for a 1-2 s compilation on the (PROMOTE_AFTER + 1)-th call.
+PROMOTE_AFTER = None
 _uses: dict = {}
 #: LLVM optimisation for the promoted program (off: the same code generation as the
 #: host programs, so a fit gives the same bits on its first and its hundredth call)
