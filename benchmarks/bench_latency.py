@@ -108,6 +108,9 @@ def _curve_child(lib: str, reps: int) -> dict:
     out["repeat"] = float(np.median(times[-10:]))
     out["repeat_slowest"] = float(np.max(times))
     out["fresh_lambda"] = float(np.median([timed(fresh, t, y)[0] for _ in range(5)]))
+    # steady state: new lengths in a bucket already compiled (121..127 -> 128)
+    out["new_len_steady"] = float(np.median([timed(fit, *data(m))[0]
+                                             for m in range(121, 128)]))
     return out
 
 
@@ -216,7 +219,8 @@ def main(argv=None):
     libs = ("adaptprec", "scipy", "optimistix")
     curve = {lib: _run("curve", lib, args.reps) for lib in libs}
     rows = ["import_jax", "import_lib", "first_fit", "new_length_125", "new_length_157",
-            "new_length_301", "repeat_first5", "repeat", "repeat_slowest", "fresh_lambda"]
+            "new_length_301", "new_len_steady", "repeat_first5", "repeat", "repeat_slowest",
+            "fresh_lambda"]
     print("(a) curve_fit, fresh processes, x64 off; times in ms")
     print(f"{'':16s}" + "".join(f"{lib:>12s}" for lib in libs) + f"{'ap/scipy':>10s}"
           + f"{'ap/optx':>10s}")
