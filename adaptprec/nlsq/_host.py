@@ -233,14 +233,15 @@ def _prepare(residual, fun_flat, x0_flat, args, cfg: LoopConfig, pad):
     """The residual traced at each rung on the (padded) argument shapes (memoised per
     residual object and argument shapes; a new object is traced again, and keyed by its
     computation, so it still finds its compiled programs)."""
+    shaped = padded_avals(args, *pad) if pad is not None else args
     memo_key = None
     if _hashable(residual):
-        memo_key = (residual, _sig(x0_flat), _sig(args), cfg.rungs, pad)
+        # keyed on the padded shapes: a new length in the bucket is not traced again
+        memo_key = (residual, _sig(x0_flat), _sig(shaped), cfg.rungs, pad)
         with _lock:
             hit = _prepared.get(memo_key)
         if hit is not None:
             return hit
-    shaped = padded_avals(args, *pad) if pad is not None else args
     traced = []
     for dt in cfg.rungs:
         avals = jax.tree.map(lambda a: _arg_aval(a, dt), shaped)
