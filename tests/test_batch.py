@@ -281,14 +281,18 @@ def test_grad_by_implicit_differentiation_matches_finite_differences():
 def test_x64_off_adaptive_raises_and_f32_works():
     from _subprocess import run_python
     script = (
-        "import jax.numpy as jnp, numpy as np, adaptprec as ap\n"
+        "import jax, jax.numpy as jnp, numpy as np, adaptprec as ap\n"
         "t = np.linspace(0, 1, 8); y = 3 * np.exp(-np.array([[0.5], [2.0]]) * t)\n"
         "m = lambda p, t: p[0] * jnp.exp(-p[1] * t)\n"
+        "r = ap.solve_nlsq_batch(m, np.ones((2, 2)), (t,), in_axes=None, ydata=y)\n"
+        "assert isinstance(r.x, np.ndarray) and r.x.dtype == np.float64, r.x.dtype\n"
+        "np.testing.assert_allclose(r.x, [[3, 0.5], [3, 2]], rtol=1e-10)\n"
         "try:\n"
-        "    ap.solve_nlsq_batch(m, np.ones((2, 2)), (t,), in_axes=None, ydata=y)\n"
+        "    jax.jit(lambda y: ap.solve_nlsq_batch(m, jnp.ones((2, 2)), (t,), in_axes=None,"
+        " ydata=y).x)(y)\n"
         "    raise SystemExit('no error')\n"
         "except ValueError as e:\n"
-        "    assert 'jax_enable_x64' in str(e)\n"
+        "    assert 'jax_enable_x64' in str(e) and 'solve_nlsq_batch' in str(e)\n"
         "r = ap.solve_nlsq_batch(m, np.ones((2, 2)), (t,), in_axes=None, ydata=y, precision='f32')\n"
         "assert r.x.dtype == np.float32 and r.ladder == ('f32',)\n"
         "np.testing.assert_allclose(np.asarray(r.x), [[3, 0.5], [3, 2]], rtol=1e-5)\n"

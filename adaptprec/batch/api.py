@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._pytree import replace
+from ..nlsq._buckets import bucket
+from ..nlsq._x64 import float64_entry
 from ..nlsq.common import (DEFAULT_FTOL, DEFAULT_GTOL, DEFAULT_XTOL, check_loss,
                            default_max_steps, robust_cost, scale_for_robust_loss)
 from ..precision import Ladder, dtype_name, require_x64, unit_roundoff
@@ -67,6 +69,37 @@ def _plans(ladder: Ladder, ftol, xtol, gtol, max_steps, loss="linear", f_scale=1
     return tuple(plans)
 
 
+def batch_bucket(size: int) -> int:
+    """Batch sizes are padded to a bucket (``2^k`` or ``3 * 2^(k-1)``, at most 50% more
+    fits) so that a new batch size in the bucket reuses the compiled solver.
+
+    Example:
+        >>> from adaptprec.batch.api import batch_bucket
+        >>> [batch_bucket(b) for b in (3, 1000, 1001, 1017, 1600)]
+        [3, 1024, 1024, 1024, 2048]
+    """
+    return bucket(size)
+
+
+def _pad_batch(prob, size: int):
+    """``x0`` and the batched args padded to ``size`` fits (NumPy, no compilation).
+    Padded fits copy the last fit's data and start at NaN, so they are finished (status
+    -3) before the first iteration and take no work; :func:`_unpad_batch` drops them."""
+    idx = np.minimum(np.arange(size), prob.size - 1)
+    x0 = np.take(np.asarray(prob.x0), idx, axis=0)
+    x0[prob.size:] = np.nan
+    bargs = jax.tree.map(lambda a: np.take(np.asarray(a), idx, axis=0), prob.bargs)
+    return x0, bargs
+
+
+def _unpad_batch(result, size: int):
+    """The first ``size`` fits of ``result`` (NumPy slicing, then back on the device)."""
+    def cut(a):
+        return jax.device_put(np.asarray(a)[:size]) if isinstance(a, jax.Array) else a
+
+    return jax.tree.map(cut, result)
+
+
 @functools.lru_cache(maxsize=64)
 def _core(residual: Residual, cfg: _Config) -> Callable:
     """The jitted solver for one residual and configuration (shapes cached by jit).
@@ -121,6 +154,7 @@ def _build(residual: Residual, cfg: _Config) -> Callable:
     return solve
 
 
+@float64_entry("solve_nlsq_batch", ("x0", "args", "ydata", "sigma", "bounds"))
 def solve_nlsq_batch(
     fun: Callable,
     x0,
@@ -313,7 +347,14 @@ def solve_nlsq_batch(
     elif int(chunk_size) < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
     if chunk_size >= prob.size and progress is None:
-        result = solve(prob.x0, prob.bargs, prob.sargs)
+        size = prob.size
+        padded = mesh is None and not traced and batch_bucket(size) != size
+        x0b, bargs = prob.x0, prob.bargs
+        if padded:
+            x0b, bargs = _pad_batch(prob, batch_bucket(size))
+        result = solve(x0b, bargs, prob.sargs)
+        if padded:
+            result = _unpad_batch(result, size)
     else:
         result = run_chunked(solve, prob.x0, prob.bargs, prob.sargs, int(chunk_size),
                              progress)

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ..precision import Ladder, unit_roundoff
@@ -35,7 +36,7 @@ from .common import scale_for_robust_loss, update_tr_radius
 from ._blocks import PointBlocks
 from .lm import minpack_radius
 
-__all__ = ["LoopConfig", "build_loop"]
+__all__ = ["LoopConfig", "Proposal", "build_loop"]
 
 
 class LoopConfig(NamedTuple):
@@ -81,6 +82,16 @@ class _State(NamedTuple):
     rung_nfev: jax.Array
     esc_reason: jax.Array
     sched: Any
+
+
+class Proposal(NamedTuple):
+    """What ``propose`` hands to the evaluation and to ``advance``: the step, the point
+    to evaluate (the trial point, or the current point when ``pending``) and whether the
+    current model already satisfies the ``gtol`` test."""
+
+    step: Any
+    z: jax.Array
+    gtol_hit: jax.Array
 
 
 def _promote(dtype):
@@ -130,7 +141,8 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
     nr = len(rungs)
     top = nr - 1
     loss = cfg.loss
-    us = jnp.asarray([unit_roundoff(d) for d in rungs], top_dt)
+    # NumPy, not jnp: build_loop may run under a user's trace and its closures are cached
+    us = np.asarray([unit_roundoff(d) for d in rungs], top_dt)
 
     def fj_branch(i):
         dt = rungs[i]
@@ -225,19 +237,33 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             rung_nfev=jnp.zeros((nr,), jnp.int32),
             esc_reason=jnp.zeros((nr,), jnp.int32), sched=sched0)
 
-    def body(st: _State, ctx) -> _State:
+    # One trust-region iteration = propose (model -> trial point z), one evaluation of
+    # residual and Jacobian at z (eval_fj, the only part that depends on the residual),
+    # advance (acceptance, radius, termination, escalation). The fused driver runs
+    # ``body`` in a while_loop; the host driver (:mod:`._host`) compiles ``propose`` and
+    # ``advance`` once, independently of the residual, and calls the evaluation between.
+    def propose(st: _State, ctx) -> Proposal:
         args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol = ctx
-        f_scale = jnp.asarray(f_scale, top_dt)
-        pending = st.pending
-        on_top = st.rung == top
         g = st.R.T @ st.qtf
         gnorm = gnorm_fn(st.x, g, st.R, st.fsn, lb, ub)
         gtol_hit = st.ok & (gnorm < gtol)
         step = step_fn(st.x, st.R, st.qtf, g, st.scale_inv, st.Delta, st.alpha, lb, ub)
         # One evaluation per iteration: at the trial point, or (pending: start or after an
         # escalation) at the current point on the current rung.
-        z = jnp.where(pending, st.x, step.x_new)
-        cost_z, R_z, qtf_z, fsn_z, jok_z = eval_fj(st.rung, z, args_all, f_scale)
+        z = jnp.where(st.pending, st.x, step.x_new)
+        return Proposal(step, z, gtol_hit)
+
+    def body(st: _State, ctx) -> _State:
+        prop = propose(st, ctx)
+        return advance(st, prop, eval_fj(st.rung, prop.z, ctx[0], ctx[4]), ctx)
+
+    def advance(st: _State, prop: Proposal, ev, ctx) -> _State:
+        args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol = ctx
+        f_scale = jnp.asarray(f_scale, top_dt)
+        pending = st.pending
+        on_top = st.rung == top
+        step, z, gtol_hit = prop
+        cost_z, R_z, qtf_z, fsn_z, jok_z = ev
         finite_z = jnp.isfinite(cost_z) & jnp.all(jnp.isfinite(z))
         ok_z = finite_z & jok_z
         # ---- trust-region bookkeeping for a real step
@@ -266,13 +292,13 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         # Only rejections of steps whose predicted decrease is already at the rounding
         # noise of the rung count towards escalation; ordinary radius shrinking (a model
         # that is merely too optimistic far from the solution) does not.
-        noisy = step.predicted <= 100.0 * us[st.rung] * jnp.abs(st.cost)
+        noisy = step.predicted <= 100.0 * jnp.asarray(us)[st.rung] * jnp.abs(st.cost)
         consec = jnp.where(accepted, 0, st.consec_rej + (noisy | ~finite_z).astype(
             jnp.int32))
         cond_est = step.s[0] / jnp.maximum(step.s[-1], jnp.finfo(top_dt).tiny)
         if cfg.linear_solver == "normal":  # the Gram matrix squares the condition
             cond_est = cond_est * cond_est
-        cond_bad = (~pending) & (cond_est * us[st.rung] > cfg.cond_tol)
+        cond_bad = (~pending) & (cond_est * jnp.asarray(us)[st.rung] > cfg.cond_tol)
         # A non-finite trial point first shrinks the radius; escalate when the current
         # point is bad or two trials in a row were non-finite.
         bad = jnp.where(pending, ~ok_z, (~st.ok) | collapsed |
@@ -356,6 +382,10 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
 
     run.init = init
     run.body = body
+    run.propose = propose
+    run.advance = advance
+    run.fj_branches = fj_branches
+    run.blocks = blocks
     return run
 
 

@@ -228,8 +228,9 @@ def solve_lsq_trust_region(s, V, suf, Delta, alpha0, m: int, *, rtol=0.01, max_i
     eps = jnp.finfo(dt).eps
     s2 = s * s
     n = s.shape[0]
-    threshold = eps * max(m, n) * s[0]
-    full_rank = (s[-1] > threshold) if m >= n else jnp.asarray(False)
+    # ``m`` may be traced (the host driver's step is compiled once for every m)
+    threshold = eps * jnp.maximum(m, n) * s[0]
+    full_rank = (s[-1] > threshold) & (jnp.asarray(m) >= n)
     # scipy's rank test is on ``s`` (not ``s**2``): a test ``s**2 > threshold * s[0]``
     # drops every direction with ``s < sqrt(eps max(m, n)) s[0]`` from the Gauss–Newton
     # step while still calling it full rank, so the iteration stalls in a valley whose

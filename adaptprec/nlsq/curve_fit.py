@@ -33,6 +33,7 @@ from jax.scipy.linalg import solve_triangular
 
 from .._tracing import is_concrete
 from .common import covariance_from_jac
+from ._x64 import float64_entry
 from .solve import solve_nlsq
 
 __all__ = ["curve_fit", "OptimizeWarning"]
@@ -76,6 +77,34 @@ def _jac_for(jac: Callable, kind: str) -> Callable:
     return J
 
 
+#: Below this many points an eager curve_fit computes pcov with NumPy (scipy's route).
+_NUMPY_COVARIANCE_MAX_M = 4096
+
+
+def covariance_numpy(J):
+    """:func:`adaptprec.nlsq.common.covariance_from_jac`'s SVD route in NumPy (scipy's
+    ``curve_fit`` rule): ``(J^T J)^+`` with the rank threshold ``eps * max(m, n) *
+    s_max``; parameters with a component in the numerical null space get ``inf``.
+
+    Example:
+        >>> import numpy as np
+        >>> from adaptprec.nlsq.curve_fit import covariance_numpy
+        >>> covariance_numpy(np.array([[2.0, 0.0], [0.0, 0.0]]))[0, 0]
+        np.float64(0.25)
+    """
+    m, n = J.shape
+    eps = np.finfo(J.dtype).eps
+    A = J if m >= n else np.concatenate([J, np.zeros((n - m, n), J.dtype)])
+    R = np.linalg.qr(A, mode="r")[:n] if m > 2 * n else A
+    _, s, VT = np.linalg.svd(R, full_matrices=False)
+    keep = s > eps * max(m, n) * s[0]
+    inv_s2 = np.where(keep, 1.0 / np.where(keep, s, 1.0) ** 2, 0.0)
+    cov = (VT.T * inv_s2) @ VT
+    null_weight = np.sum(np.where(keep[:, None], 0.0, VT ** 2), axis=0)
+    bad = np.sqrt(null_weight) > np.sqrt(eps)
+    return np.where(bad[:, None] | bad[None, :], np.inf, cov)
+
+
 def _n_params(f) -> int:
     try:
         sig = inspect.signature(f)
@@ -89,6 +118,8 @@ def _n_params(f) -> int:
     return len(ps) - 1
 
 
+@float64_entry("curve_fit", ("xdata", "ydata", "p0", "sigma", "bounds", "kwargs"),
+               always_host=True)
 def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bool = False,
               check_finite=None, bounds=(-np.inf, np.inf), method=None, jac=None, *,
               full_output: bool = False, nan_policy=None, **kwargs):
@@ -112,7 +143,9 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
         ``ftol``, ``max_steps``...).
 
     Raises ``RuntimeError`` (concrete inputs only) when the fit does not succeed, like
-    scipy; under ``jit`` check ``ier``/the result instead.
+    scipy; under ``jit`` check ``ier``/the result instead. Eager calls return NumPy
+    ``popt``/``pcov`` (float64 by default, also with ``jax_enable_x64`` off: the fit then
+    runs inside ``jax.enable_x64(True)``).
 
     Example:
         >>> import jax.numpy as jnp
@@ -158,28 +191,35 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
                         sigma = s[~has_nan]
                     elif s.ndim == 2:
                         sigma = s[~has_nan][:, ~has_nan]
-    ydata = jnp.asarray(ydata)
+    # Eager calls prepare the data with NumPy: an eager jnp operation compiles for every
+    # new data length (see the host driver in solve_nlsq).
+    xnp = np if concrete and not isinstance(ydata, jax.Array) else jnp
+    ydata = xnp.asarray(ydata)
     if ydata.ndim != 1:
-        ydata = jnp.ravel(ydata)
+        ydata = xnp.ravel(ydata)
     if ydata.size == 0:
         raise ValueError("`ydata` must not be empty!")
-    xdata = jnp.asarray(xdata) if isinstance(xdata, (list, tuple, np.ndarray)) else xdata
+    if isinstance(xdata, (list, tuple, np.ndarray)):
+        xdata = np.asarray(xdata) if concrete else jnp.asarray(xdata)
     m = int(ydata.size)
     if p0 is None:
         n = _n_params(f)
         p0 = np.ones(n)
-    p0 = jnp.atleast_1d(jnp.asarray(p0, dtype=jnp.result_type(float)))
+    if is_concrete(p0):
+        p0 = np.atleast_1d(np.asarray(p0, dtype=jnp.result_type(float)))
+    else:
+        p0 = jnp.atleast_1d(jnp.asarray(p0, dtype=jnp.result_type(float)))
     n = int(p0.size)
 
     if sigma is None:
         kind, extra = "none", ()
     else:
-        s = jnp.asarray(sigma, dtype=ydata.dtype if jnp.issubdtype(ydata.dtype,
+        s = xnp.asarray(sigma, dtype=ydata.dtype if jnp.issubdtype(ydata.dtype,
                                                                   jnp.floating) else float)
         if s.size == 1 or s.shape == (m,):
             if concrete and np.any(np.asarray(s) <= 0):
                 raise ValueError("1-D `sigma` must be positive (standard deviations).")
-            kind, extra = "1d", (jnp.broadcast_to(1.0 / s.reshape(-1), (m,)),)
+            kind, extra = "1d", (xnp.broadcast_to(1.0 / s.reshape(-1), (m,)),)
         elif s.shape == (m, m):
             L = jnp.linalg.cholesky(s)
             if concrete and not np.all(np.isfinite(np.asarray(L))):
@@ -198,14 +238,19 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
     res = solve_nlsq(residual, p0, args=(xdata, ydata, *extra), bounds=bounds,
                      method=method, jac=jac_arg, **kwargs)
     popt = res.x
-    pcov, _ = covariance_from_jac(res.jac)
+    if is_concrete(res.jac) and m < _NUMPY_COVARIANCE_MAX_M:
+        pcov = covariance_numpy(np.asarray(res.jac))  # no compilation per data length
+        xnp_c = np
+    else:
+        pcov, _ = covariance_from_jac(res.jac)
+        xnp_c = jnp
     dof = m - n
     if absolute_sigma:
         pass
     elif dof > 0:
-        pcov = pcov * (2.0 * res.cost / dof)
+        pcov = pcov * (2.0 * xnp_c.asarray(res.cost) / dof)
     else:
-        pcov = jnp.full_like(pcov, jnp.inf)
+        pcov = xnp_c.full_like(pcov, np.inf)
     if is_concrete(pcov):
         if concrete and not bool(res.success):
             raise RuntimeError("Optimal parameters not found: " + res.message)

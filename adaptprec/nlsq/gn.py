@@ -39,7 +39,7 @@ def gn_step(x, R, qtf, scale_inv, Delta, alpha, *, m: int) -> Step:
     U, s, VT = jnp.linalg.svd(R * d[None, :], full_matrices=False)
     uf = U.T @ qtf
     n = s.shape[0]
-    keep = s > jnp.finfo(s.dtype).eps * max(m, n) * s[0]
+    keep = s > jnp.finfo(s.dtype).eps * jnp.maximum(m, n) * s[0]  # m may be traced
     y = jnp.where(keep, -uf / jnp.where(keep, s, 1.0), 0.0)
     full = jnp.linalg.norm(y)
     t = jnp.minimum(1.0, Delta / jnp.where(full > 0, full, 1.0))

@@ -32,8 +32,12 @@ from .._policy import cast_floating
 from ..precision import Ladder, canonical_dtype, x64_enabled
 from ._blocks import PointBlocks
 from ._compile import cpu_jit
+from ._errors import explain_trace_error
+from ._buckets import bucket
+from ._host import host_eligible, host_solve, masked
 from ._loop import LoopConfig, build_loop, default_schedule
 from ._pointwise import point_axes
+from ._x64 import float64_entry
 from .common import STATUS_MESSAGES, check_loss, robust_cost, scale_for_robust_loss
 from .gn import gn_step
 from .lm import lm_step, minpack_delta0, minpack_gnorm
@@ -157,12 +161,29 @@ def _sig(tree):
                            else type(a).__name__) for a in leaves)
 
 
+class _Same:
+    """Cache-key stand-in for an unhashable object: equal only to itself, and it keeps
+    the object alive while the key is cached (a bare ``id()`` could be reused by a new
+    object after the old one is collected, and hit the wrong compiled program)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __eq__(self, other):
+        return isinstance(other, _Same) and other.obj is self.obj
+
+    def __hash__(self):
+        return object.__hash__(self.obj)
+
+
 def _hashable(obj):
     try:
         hash(obj)
         return obj
     except TypeError:
-        return id(obj)
+        return _Same(obj)
 
 
 def _residual_size(residual, unravel, x0, x0_flat, args) -> int:
@@ -178,8 +199,12 @@ def _residual_size(residual, unravel, x0, x0_flat, args) -> int:
     try:
         out_shape = jax.eval_shape(lambda x, a: residual(unravel(x), *a), x0_flat, args)
     except Exception as exc:
-        raise TypeError(f"calling residual(x0, *args) failed while checking shapes: {exc}"
-                        ) from exc
+        # JAX's complaints about NumPy / Python control flow on a parameter get the fix;
+        # anything else (the user's own exceptions) propagates unchanged
+        explained = explain_trace_error(exc)
+        if explained is None:
+            raise
+        raise explained.with_traceback(None) from exc
     out_leaves = jax.tree.leaves(out_shape)
     if not out_leaves:
         raise ValueError("residual returned no arrays; it must return a 1-D array")
@@ -206,6 +231,7 @@ def _point_axes(residual, fun_flat, x0, x0_flat, args, m):
     return _m_cache[key]
 
 
+@float64_entry("solve_nlsq", ("x0", "args", "bounds", "f_scale"))
 def solve_nlsq(
     residual: Callable,
     x0: Any,
@@ -227,6 +253,7 @@ def solve_nlsq(
     linear_solver: str = "auto",
     max_rejections: int = 4,
     cond_tol: float = 1e-2,
+    driver: str = "auto",
 ) -> NLSQResult:
     """Minimise ``0.5 * sum(rho(residual(x, *args) ** 2))`` (scipy ``least_squares``
     semantics, jit/vmap/grad compatible, adaptive precision).
@@ -254,7 +281,9 @@ def solve_nlsq(
       max_steps: iteration cap (trial steps); default ``100 * (n + 1)``.
       precision: ``"adaptive"`` (``f32 -> f64``; residual and Jacobian on f32 first while
         the iterate stays float64), a :class:`~adaptprec.Ladder`/``"f32,f64"``, or one
-        dtype (fixed precision).
+        dtype (fixed precision). With ``jax_enable_x64`` off, an eager call asking for
+        float64 runs inside ``jax.enable_x64(True)`` (thread-local) and returns NumPy
+        arrays; under ``jit``/``vmap``/``grad`` it raises (see :mod:`._x64`).
       schedule: a ``adaptprec.schedule.PrecisionSchedule`` consulted every step (stall /
         noise floor); the built-in triggers (non-finite values, convergence on a lower rung,
         ``max_rejections`` rejected steps in a row, ``cond(J D^-1) * u > cond_tol``) are
@@ -264,6 +293,15 @@ def solve_nlsq(
         ``J^T J``, ``J^T f`` accumulated in float32 or wider; squares the condition number
         of the step computation, not of the answer: the fixed point ``J^T f = 0`` is the
         same), or ``"auto"`` (default): QR below 4096 residuals, normal equations above.
+      driver: ``"auto"`` (default), ``"host"`` or ``"fused"``. The fused driver compiles
+        the whole solve (one ``while_loop``) per residual and shape; it runs under
+        ``jit``/``vmap``/``grad`` and for large problems. The host driver
+        (:mod:`adaptprec.nlsq._host`) runs a Python loop over a trust-region step compiled
+        once for every residual and data length, and compiles only the residual's
+        evaluation per residual computation and data bucket: small eager solves then take
+        milliseconds after the first. ``"auto"`` uses it for eager calls with the QR
+        model (below 4096 residuals), an autodiff Jacobian and ``throw=False``. Both give
+        the same iterates up to rounding.
 
     Returns:
       :class:`~adaptprec.NLSQResult`. ``x`` is differentiable with respect to the arrays in
@@ -365,20 +403,41 @@ def solve_nlsq(
     axes = None
     if linear_solver == "normal" and jac == "fwd":
         axes = _point_axes(residual, fun_flat, x0, x0_flat, args, m)
+    # Shape buckets: a pointwise residual's data are padded to a bucket length (masked
+    # rows are zero), in both drivers, so a new length in the bucket compiles nothing.
+    pad = None
+    if linear_solver == "qr" and jac in ("fwd", "rev") and args and bucket(m) != m:
+        q_axes = _point_axes(residual, fun_flat, x0, x0_flat, args, m)
+        if q_axes is not None:
+            pad = (q_axes, bucket(m))
+    if driver not in ("auto", "host", "fused"):
+        raise ValueError(f"driver must be 'auto', 'host' or 'fused', got {driver!r}")
     # ------------------------------------------------------------------ compiled solver
     cfg = LoopConfig(m=m, n=n, rungs=rungs, method=method, loss=loss, jac=jac,
                      jac_scale=isinstance(x_scale, str), has_bounds=has_bounds,
                      max_steps=int(max_steps), linear_solver=linear_solver,
                      max_rejections=int(max_rejections), cond_tol=float(cond_tol),
                      schedule=schedule, point_axes=axes)
+    if driver != "fused":
+        trees = (x0_flat, args, lb, ub, f_scale)
+        if host_eligible(cfg, bool(throw), *trees):
+            x0_shape = np.shape(x0) if isinstance(x0, (jax.Array, np.ndarray)) else None
+            return host_solve(residual, fun_flat, unravel, x0_shape, cfg, pad,
+                              x0_flat.astype(top_dt), args, lb, ub, scale_inv0, f_scale,
+                              ftol, xtol, gtol)
+        if driver == "host":
+            raise ValueError("driver='host' needs an eager call (no tracers in x0, args, "
+                             "bounds), jac='fwd'/'rev', the QR model (linear_solver='qr' "
+                             "or fewer than 4096 residuals), throw=False and a hashable "
+                             "loss and schedule; use driver='auto'")
     key = (_hashable(residual), _hashable(jac), _hashable(loss), _hashable(schedule),
            cfg._replace(loss=None, jac=None, schedule=None), bool(throw),
-           _sig(x0), _sig(args), str(x0_flat.dtype))
+           _sig(x0), _sig(args), str(x0_flat.dtype), pad)
     with _cache_lock:
         solver = _cache.get(key)
         if solver is None:
             _stats["misses"] += 1
-            solver = _build_solver(fun_flat, unravel, cfg, bool(throw), ladder)
+            solver = _build_solver(fun_flat, unravel, cfg, bool(throw), ladder, pad)
             _cache[key] = solver
             if len(_cache) > _CACHE_SIZE:
                 _cache.popitem(last=False)
@@ -391,12 +450,10 @@ def solve_nlsq(
                   jnp.asarray(xtol, top_dt), jnp.asarray(gtol, top_dt))
 
 
-def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
-    rungs = cfg.rungs
-    top_dt = rungs[-1]
-    m = cfg.m
-
-    if cfg.method == "trf":
+def method_fns(method: str, m):
+    """``(step_fn, gnorm_fn, delta0_fn)`` of :func:`._loop.build_loop` for ``method``
+    (``m`` may be traced: the host driver's step is compiled once for every ``m``)."""
+    if method == "trf":
         def step_fn(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub):
             return trf_step(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub, m=m)
 
@@ -404,15 +461,55 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
             v, _ = cl_scaling(x, g, lb, ub)
             return jnp.max(jnp.abs(g * v))
 
-        delta0_fn = trf_delta0
+        return step_fn, gnorm_fn, trf_delta0
+    inner = lm_step if method == "lm" else gn_step
+
+    def step_fn(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub):  # noqa: F811
+        return inner(x, R, qtf, scale_inv, Delta, alpha, m=m)
+
+    return step_fn, minpack_gnorm, minpack_delta0
+
+
+def final_eval(fun_flat, cfg: LoopConfig, x, args_top, f_scale):
+    """The final evaluation on the top rung: ``(f, Js, g, cost)`` (residual, loss-scaled
+    Jacobian, gradient, cost), shared by both drivers."""
+    top_dt = cfg.rungs[-1]
+    loss = cfg.loss
+    if cfg.point_axes is not None:
+        # block by block: f, loss-scaled J, g and the cost without an m x n transpose
+        blocks = PointBlocks(cfg.m, cfg.point_axes)
+
+        def body(carry, f, JT):
+            g, cost = carry
+            f, JT = f.astype(top_dt), JT.astype(top_dt)
+            fs, Js = scale_for_robust_loss(loss, f, JT.T, f_scale)
+            return (g + Js.T @ fs, cost + robust_cost(loss, f, f_scale)), (f, Js)
+
+        init = (jnp.zeros((cfg.n,), top_dt), jnp.zeros((), top_dt))
+        (g, cost), (f, Js) = blocks.scan_rows(fun_flat, x, blocks.block(args_top), body,
+                                              init)
+        return blocks.points(f), blocks.points(Js), g, cost
+    if callable(cfg.jac):
+        f = fun_flat(x, *args_top)
+        J = jnp.asarray(cfg.jac(x, *args_top))
     else:
-        inner = lm_step if cfg.method == "lm" else gn_step
+        jf = jax.jacfwd if cfg.jac == "fwd" else jax.jacrev
+        J, f = jf(lambda z: (fun_flat(z, *args_top),) * 2, has_aux=True)(x)
+    f = f.astype(top_dt)
+    J = J.astype(top_dt)
+    cost = robust_cost(loss, f, f_scale)
+    fs, Js = scale_for_robust_loss(loss, f, J, f_scale)
+    return f, Js, Js.T @ fs, cost
 
-        def step_fn(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub):
-            return inner(x, R, qtf, scale_inv, Delta, alpha, m=m)
 
-        gnorm_fn = minpack_gnorm
-        delta0_fn = minpack_delta0
+def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder, pad=None):
+    rungs = cfg.rungs
+    top_dt = rungs[-1]
+    step_fn, gnorm_fn, delta0_fn = method_fns(cfg.method, cfg.m)
+    if pad is not None:  # data padded to the bucket inside, padded rows masked
+        pad_axes, pad_m = pad
+        pad_idx = np.minimum(np.arange(pad_m), cfg.m - 1)
+        fun_flat = masked(fun_flat, np.arange(pad_m) < cfg.m)
 
     run = build_loop(fun_flat, cfg, step_fn, gnorm_fn, delta0_fn)
     loss = cfg.loss
@@ -436,23 +533,12 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
         dx = -jnp.linalg.solve(H, rhs * fz)
         return x, dx
 
-    def _final_blocked(x, args_top, f_scale):
-        """The final evaluation block by block: ``f``, loss-scaled ``J``, ``g`` and the
-        cost without an ``m x n`` transpose (the gradient is summed per block)."""
-        blocks = PointBlocks(m, cfg.point_axes)
-
-        def body(carry, f, JT):
-            g, cost = carry
-            f, JT = f.astype(top_dt), JT.astype(top_dt)
-            fs, Js = scale_for_robust_loss(loss, f, JT.T, f_scale)
-            return (g + Js.T @ fs, cost + robust_cost(loss, f, f_scale)), (f, Js)
-
-        init = (jnp.zeros((cfg.n,), top_dt), jnp.zeros((), top_dt))
-        (g, cost), (f, Js) = blocks.scan_rows(fun_flat, x, blocks.block(args_top), body,
-                                              init)
-        return blocks.points(f), blocks.points(Js), g, cost
-
     def solve(x0, args, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol):
+        if pad is not None:
+            leaves, treedef = jax.tree.flatten(args)
+            args = jax.tree.unflatten(treedef, [
+                a if ax is None else jnp.take(jnp.asarray(a), pad_idx, axis=ax)
+                for a, ax in zip(leaves, pad_axes)])
         args_top = cast_floating(args, top_dt)
         args_c = jax.lax.stop_gradient(args)
         args_all = tuple(cast_floating(args_c, d) for d in rungs)
@@ -466,20 +552,9 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
             jnp.zeros(x_star.shape, jnp.int32)
         x = implicit_x(x_star, args_top, f_scale, active == 0)
         # Final evaluation on the top rung: fun, (loss-modified) jac, grad, optimality.
-        if cfg.point_axes is not None:
-            f, Js, g, cost = _final_blocked(x, args_top, f_scale)
-        else:
-            if callable(cfg.jac):
-                f = fun_flat(x, *args_top)
-                J = jnp.asarray(cfg.jac(x, *args_top))
-            else:
-                jf = jax.jacfwd if cfg.jac == "fwd" else jax.jacrev
-                J, f = jf(lambda z: (fun_flat(z, *args_top),) * 2, has_aux=True)(x)
-            f = f.astype(top_dt)
-            J = J.astype(top_dt)
-            cost = robust_cost(loss, f, f_scale)
-            fs, Js = scale_for_robust_loss(loss, f, J, f_scale)
-            g = Js.T @ fs
+        f, Js, g, cost = final_eval(fun_flat, cfg, x, args_top, f_scale)
+        if pad is not None:
+            f, Js = f[:cfg.m], Js[:cfg.m]
         if cfg.has_bounds:
             v, _ = cl_scaling(x, g, lb, ub)
             optimality = jnp.max(jnp.abs(g * v))

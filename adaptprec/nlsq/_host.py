@@ -1,0 +1,364 @@
+"""The host driver: small eager solves as a Python loop over compiled programs.
+
+The fused driver compiles one program per residual (the whole ``while_loop``), which
+costs 0.4-0.8 s for every new residual or data length. Here the same trust-region
+iteration (:func:`._loop.build_loop`'s ``propose``/``advance``) is split so that only the
+residual's evaluation depends on the residual:
+
+* **step programs** ``init`` and ``step`` (``advance`` then the next ``propose``):
+  compiled once per ``(n, method, ladder, options)``, for every residual and every data
+  length (``m`` is an argument);
+* **residual programs**, per residual *computation* (:mod:`._identity`: the closed jaxpr
+  with captured arrays hoisted to arguments) and data bucket (:mod:`._buckets`): one per
+  rung evaluating residual, Jacobian and the factored model, and one final evaluation.
+
+A Python loop calls ``evaluate`` and ``step`` in turn, queuing :data:`QUEUE` iterations
+before reading back the status (``step`` leaves a finished solve unchanged). Both
+drivers run the same operations in the same order, so they agree with the same ``nfev``
+(bit for bit on the NIST suite, tests/test_latency.py).
+
+Opt-in (:data:`PROMOTE_AFTER`, off by default): a residual computation (and bucket)
+solved more than ``PROMOTE_AFTER`` times in a process is *promoted*: the same ``init``/``evaluate``/``step`` functions are compiled
+once into one ``while_loop`` (at the same optimisation level, so the bits do not
+change), and later fits of that model skip the host round trips.
+
+Example:
+    >>> import jax.numpy as jnp, numpy as np
+    >>> import adaptprec as ap
+    >>> t = np.linspace(0.0, 1.0, 30)
+    >>> res = ap.solve_nlsq(lambda p, t, y: p[0] * jnp.exp(-p[1] * t) - y, np.ones(2),
+    ...                     args=(t, 3.0 * np.exp(-2.0 * t)), driver="host")
+    >>> [round(float(v), 8) for v in res.x], res.rung_name
+    ([3.0, 2.0], 'f64')
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._policy import cast_floating
+from ._buckets import pad_points, padded_avals
+from ._compile import cpu_jit
+from ._identity import jaxpr_function, trace_residual
+from ._loop import LoopConfig, build_loop
+from .common import Status
+from .result import NLSQResult
+from .trf import active_constraints, cl_scaling, make_strictly_feasible
+
+__all__ = ["host_solve", "host_eligible", "cache_info", "clear_cache"]
+
+_SIZE = 128
+#: iterations queued between status checks (see host_solve)
+QUEUE = 4
+#: a residual computation (and bucket) solved more often than this gets the fused
+#: program (one compile, then no host round trips); ``None`` (default): never. Off by
+#: default: on this 2-core CPU it ran repeats at best ~2x faster (min over repeats,
+#: noisy) for a 1-2 s compilation on the (PROMOTE_AFTER + 1)-th call.
+PROMOTE_AFTER = None
+_uses: dict = {}
+#: LLVM optimisation for the promoted program (off: the same code generation as the
+#: host programs, so a fit gives the same bits on its first and its hundredth call)
+PROMOTED_OPTIMISE = False
+_programs: collections.OrderedDict = collections.OrderedDict()
+_prepared: collections.OrderedDict = collections.OrderedDict()
+_lock = threading.Lock()
+_stats = {"programs_built": 0, "program_hits": 0, "traces": 0}
+
+
+def clear_cache() -> None:
+    """Drop the host driver's programs and traced residuals."""
+    with _lock:
+        _programs.clear()
+        _prepared.clear()
+        _uses.clear()
+        _stats.update(programs_built=0, program_hits=0, traces=0)
+
+
+def cache_info() -> dict:
+    """``{"programs", "programs_built", "program_hits", "traces"}`` of the host driver."""
+    return {"programs": len(_programs), **_stats}
+
+
+def _hashable(obj) -> bool:
+    try:
+        hash(obj)
+        return True
+    except TypeError:
+        return False
+
+
+def host_eligible(cfg: LoopConfig, throw: bool, *trees) -> bool:
+    """Whether the host driver can run this solve: eager (concrete inputs), autodiff
+    Jacobian, QR model (``m`` below the normal-equations crossover), no ``throw`` and
+    hashable loss/schedule (they key the step programs)."""
+    from .._tracing import is_concrete
+
+    return (not throw and cfg.jac in ("fwd", "rev") and cfg.linear_solver == "qr"
+            and cfg.point_axes is None and _hashable(cfg.loss)
+            and _hashable(cfg.schedule) and is_concrete(*trees))
+
+
+def _program(key, build):
+    with _lock:
+        fn = _programs.get(key)
+        if fn is not None:
+            _programs.move_to_end(key)
+            _stats["program_hits"] += 1
+            return fn
+    fn = build()
+    with _lock:
+        _programs[key] = fn
+        _stats["programs_built"] += 1
+        if len(_programs) > _SIZE:
+            _programs.popitem(last=False)
+    return fn
+
+
+# ----------------------------------------------------------------------------- step
+def _step_cfg(cfg: LoopConfig) -> LoopConfig:
+    """The options the step depends on (not the residual, ``m``, loss or Jacobian)."""
+    return cfg._replace(m=0, loss=None, jac=None, point_axes=None)
+
+
+def _ctl(st):
+    return jnp.stack([st.status, st.rung]).astype(jnp.int32)
+
+
+def _step_programs(cfg: LoopConfig):
+    from .solve import method_fns
+
+    scfg = _step_cfg(cfg)
+
+    def loop(m):
+        return build_loop(None, scfg, *method_fns(scfg.method, m))
+
+    def init(x0, ctx, m):
+        if scfg.has_bounds:
+            x0 = make_strictly_feasible(x0, ctx[1], ctx[2])
+        run = loop(m)
+        st = run.init(x0, ctx)
+        # The first iteration only evaluates at x0 (pending): nothing of the proposal
+        # but z = x0 is used, so zeros stand in for the step (no step compiled here).
+        shape = jax.eval_shape(run.propose, st, ctx)
+        prop = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape)
+        return st, prop._replace(z=st.x), _ctl(st)
+
+    def step(st, prop, ev, ctx, m):
+        run = loop(m)
+        new = run.advance(st, prop, ev, ctx)
+        # a finished solve is left as it is: the host queues a few iterations at a time
+        running = st.status == Status.RUNNING
+        st = jax.tree.map(lambda a, b: jnp.where(running, a, b), new, st)
+        return st, run.propose(st, ctx), _ctl(st)
+
+    key = ("step", scfg)
+    return (_program(key + ("init",), lambda: cpu_jit(init, optimise=False)),
+            _program(key + ("step",), lambda: cpu_jit(step, optimise=False)))
+
+
+# ----------------------------------------------------------------------------- residual
+def _arg_aval(a, dt):
+    dtype = jnp.result_type(a)
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jax.ShapeDtypeStruct(np.shape(a), dt)
+    return jax.ShapeDtypeStruct(np.shape(a), dtype,
+                                weak_type=isinstance(a, (bool, int, float, complex)))
+
+
+def masked(fun, mask):
+    """``fun`` with the residuals of padded points (``~mask``) set to zero (so are their
+    Jacobian rows); ``fun`` itself when ``mask`` is ``None``."""
+    if mask is None:
+        return fun
+    return lambda x, *a: jnp.where(mask, fun(x, *a), 0.0)
+
+
+def _eval_program(cfg: LoopConfig, traced, is_padded: bool):
+    """Residual, Jacobian and the factored model at ``z`` on rung ``rung`` (a
+    ``lax.switch`` over the rungs, as in the fused loop: the host need not know the
+    rung, so it can queue iterations without waiting for their results)."""
+    rungs = cfg.rungs
+    ecfg = cfg._replace(schedule=None, point_axes=None)
+
+    def evaluate(rung, z, consts, mask, args, f_scale):
+        by_dtype = {np.dtype(d): jaxpr_function(tr.jaxpr, c)
+                    for d, tr, c in zip(rungs, traced, consts)}
+        fun = masked(lambda x, *a: by_dtype[np.dtype(x.dtype)](x, *a),
+                     mask if is_padded else None)
+        run = build_loop(fun, ecfg, None, None, None)
+        args_all = tuple(cast_floating(args, d) for d in rungs)
+        if len(rungs) == 1:
+            return run.fj_branches[0](z, args_all, f_scale)
+        return jax.lax.switch(rung, run.fj_branches, z, args_all, f_scale)
+
+    key = ("eval", tuple(tr.key for tr in traced), is_padded, cfg.n, cfg.rungs, cfg.loss,
+           cfg.jac, cfg.linear_solver)
+    return _program(key, lambda: cpu_jit(evaluate, optimise=False))
+
+
+def _final_program(cfg: LoopConfig, tr, is_padded: bool):
+    from .solve import final_eval
+
+    top_dt = cfg.rungs[-1]
+    fcfg = cfg._replace(schedule=None, point_axes=None)
+
+    def final(x, consts, mask, args, f_scale, lb, ub, xtol):
+        fun = masked(jaxpr_function(tr.jaxpr, consts), mask if is_padded else None)
+        f, Js, g, cost = final_eval(fun, fcfg, x, cast_floating(args, top_dt), f_scale)
+        if cfg.has_bounds:
+            active = active_constraints(x, lb, ub, xtol)
+            v, _ = cl_scaling(x, g, lb, ub)
+            optimality = jnp.max(jnp.abs(g * v))
+        else:
+            active = jnp.zeros(x.shape, jnp.int32)
+            optimality = jnp.max(jnp.abs(g))
+        return f, Js, g, cost, optimality, active
+
+    key = ("final", tr.key, is_padded, cfg.n, cfg.rungs, cfg.loss, cfg.jac, cfg.has_bounds)
+    return _program(key, lambda: cpu_jit(final, optimise=False))
+
+
+def _sig(tree):
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((np.shape(a), str(jnp.result_type(a)),
+                           isinstance(a, (bool, int, float, complex))) for a in leaves)
+
+
+def _prepare(residual, fun_flat, x0_flat, args, cfg: LoopConfig, pad):
+    """The residual traced at each rung on the (padded) argument shapes (memoised per
+    residual object and argument shapes; a new object is traced again, and keyed by its
+    computation, so it still finds its compiled programs)."""
+    shaped = padded_avals(args, *pad) if pad is not None else args
+    memo_key = None
+    if _hashable(residual):
+        # keyed on the padded shapes: a new length in the bucket is not traced again
+        memo_key = (residual, _sig(x0_flat), _sig(shaped), cfg.rungs, pad)
+        with _lock:
+            hit = _prepared.get(memo_key)
+        if hit is not None:
+            return hit
+    traced = []
+    for dt in cfg.rungs:
+        avals = jax.tree.map(lambda a: _arg_aval(a, dt), shaped)
+        traced.append(trace_residual(fun_flat, jax.ShapeDtypeStruct((cfg.n,), dt), avals))
+    _stats["traces"] += len(traced)
+    prep = tuple(traced)
+    if memo_key is not None:
+        with _lock:
+            _prepared[memo_key] = prep
+            if len(_prepared) > _SIZE:
+                _prepared.popitem(last=False)
+    return prep
+
+
+# ----------------------------------------------------------------------------- driver
+def _host_loop(init, step, evaluate, x0, consts, mask, args, ctx, m):
+    st, prop, ctl = init(x0, ctx, m)
+    # Iterations are queued QUEUE at a time (JAX dispatches asynchronously) and the
+    # status is read back once per batch: a finished solve is a no-op in `step`, so the
+    # extra iterations change nothing but cost a little compute, far less than waiting
+    # for every result on a busy CPU.
+    while True:
+        for _ in range(QUEUE):
+            ev = evaluate(st.rung, prop.z, consts, mask, args, ctx[4])
+            st, prop, ctl = step(st, prop, ev, ctx, m)
+        if int(np.asarray(ctl)[0]) != Status.RUNNING:
+            return st
+
+
+def _promoted(progs, traced, is_padded, cfg):
+    """The same iteration fused into one ``while_loop`` for a residual computation (and
+    bucket) solved more than :data:`PROMOTE_AFTER` times in this process: repeated fits
+    of one model then run at compiled speed, no host round trips. Its iterates are those
+    of the host loop (same operations). ``None`` until then."""
+    if PROMOTE_AFTER is None:
+        return None
+    key = ("fused", tuple(tr.key for tr in traced), is_padded, _step_cfg(cfg), cfg.n,
+           cfg.rungs, cfg.loss, cfg.jac, cfg.linear_solver)
+    with _lock:
+        hit = _programs.get(key)
+        if hit is not None:
+            _programs.move_to_end(key)
+            return hit.tuned
+        _uses[key] = _uses.get(key, 0) + 1
+        if len(_uses) > 4 * _SIZE:
+            _uses.pop(next(iter(_uses)))
+        if _uses[key] <= PROMOTE_AFTER:
+            return None
+    init, step, evaluate = (p.plain_fn for p in progs)
+
+    def solve(x0, consts, mask, args, ctx, m):
+        st, prop, _ = init(x0, ctx, m)
+
+        def body(c):
+            st, prop = c
+            ev = evaluate(st.rung, prop.z, consts, mask, args, ctx[4])
+            st, prop, _ = step(st, prop, ev, ctx, m)
+            return st, prop
+
+        st, _ = jax.lax.while_loop(lambda c: c[0].status == Status.RUNNING, body,
+                                   (st, prop))
+        return st
+
+    return _program(key, lambda: cpu_jit(solve, optimise=PROMOTED_OPTIMISE)).tuned
+
+
+def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, args,
+               lb, ub, scale_inv0, f_scale, ftol, xtol, gtol) -> NLSQResult:
+    """Solve with the host driver (see the module docstring); inputs as
+    :func:`adaptprec.solve_nlsq` after validation (``x0`` flat in the top dtype;
+    ``pad``: ``(point axes, bucket length)`` or ``None``)."""
+    rungs = cfg.rungs
+    top = np.dtype(rungs[-1])
+    traced = _prepare(residual, fun_flat, x0, args, cfg, pad)
+    m = cfg.m
+    is_padded = pad is not None
+    if is_padded:
+        axes, M = pad
+        args = jax.device_put(pad_points(args, axes, m, M))
+        mask = jax.device_put(np.arange(M) < m)
+    else:
+        mask = None
+    # inputs are concrete here: call the option-tuned jit directly (skips the check)
+    progs = _step_programs(cfg) + (_eval_program(cfg, traced, is_padded),)
+    final = _final_program(cfg, traced[-1], is_padded).tuned
+
+    def arr(v):
+        return np.asarray(v, top)
+
+    ctx = (None, arr(lb), arr(ub), arr(scale_inv0), arr(f_scale), arr(ftol), arr(xtol),
+           arr(gtol))
+    m_arr = np.asarray(m, np.int32)
+    fs = ctx[4]
+    consts = tuple(tr.consts for tr in traced)
+    fused = _promoted(progs, traced, is_padded, cfg)
+    if fused is not None:
+        st = fused(np.asarray(x0, top), consts, mask, args, ctx, m_arr)
+    else:
+        st = _host_loop(*(p.tuned for p in progs), np.asarray(x0, top), consts, mask,
+                        args, ctx, m_arr)
+    f, Js, g, cost, optimality, active = final(st.x, consts[-1], mask, args, fs, ctx[1],
+                                               ctx[2], ctx[6])
+    (x, f, Js, g, cost, optimality, active, nfev, njev, nit, st_status, st_rung, esc,
+     entered, rnfev, reason) = jax.device_get(
+        (st.x, f, Js, g, cost, optimality, active, st.nfev, st.njev, st.nit, st.status,
+         st.rung, st.escalations, st.rung_entered, st.rung_nfev, st.esc_reason))
+    if is_padded:
+        f, Js = f[:m], Js[:m]
+    if x0_shape is not None:
+        x_out = jax.device_put(x.reshape(x0_shape))
+    else:
+        x_out = unravel(jax.device_put(x))
+    put = jax.device_put
+    return NLSQResult(
+        x=x_out, cost=put(cost), fun=put(f), jac=put(Js), grad=put(g),
+        optimality=put(optimality), active_mask=put(active), nfev=put(nfev),
+        njev=put(njev + np.ones_like(njev)), nit=put(nit), status=put(st_status),
+        rung=put(st_rung), escalations=put(esc), rung_entered=put(entered),
+        rung_nfev=put(rnfev), escalation_reason=put(reason),
+        ladder=tuple(np.dtype(d) for d in rungs))

@@ -1,0 +1,235 @@
+"""Issue 14 (scipy drop-in latency): the host driver agrees with the fused one, shape
+buckets compile nothing for a new length in the bucket, inline residuals reuse compiled
+code, float64 without setup, migration errors. Timings are in
+benchmarks/bench_latency.py, not here."""
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.optimize as so
+
+import adaptprec as ap
+from _subprocess import run_python
+from nist_problems import MODELS, load
+
+HANDFUL = ["Misra1a", "Kirby2", "MGH17", "Lanczos3"]  # Kirby2 (m=151): padded to 192
+
+
+@contextlib.contextmanager
+def count_compiles():
+    """Counts XLA backend compilations (every jit program and eager operation)."""
+    from jax._src import monitoring
+    from jax._src.dispatch import BACKEND_COMPILE_EVENT
+
+    seen = []
+
+    def listener(event, duration, **kw):
+        if event == BACKEND_COMPILE_EVENT:
+            seen.append(duration)
+
+    monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield seen
+    finally:
+        monitoring.unregister_event_duration_listener(listener)
+
+
+def _nist(name, start, driver, precision="adaptive"):
+    p = load(name)
+    return ap.solve_nlsq(p.residual, jnp.asarray(p.starts[start]),
+                         args=(jnp.asarray(p.x), jnp.asarray(p.y)), driver=driver,
+                         precision=precision)
+
+
+def _agree(name):
+    for start in (0, 1):
+        a, b = _nist(name, start, "fused"), _nist(name, start, "host")
+        assert int(a.nfev) == int(b.nfev), (name, start, int(a.nfev), int(b.nfev))
+        assert int(a.status) == int(b.status) and int(a.rung) == int(b.rung)
+        np.testing.assert_allclose(np.asarray(b.x), np.asarray(a.x), rtol=1e-12, atol=0)
+        np.testing.assert_allclose(float(b.cost), float(a.cost), rtol=1e-12)
+        assert np.asarray(b.fun).shape == np.asarray(a.fun).shape == (load(name).y.size,)
+        np.testing.assert_array_equal(np.asarray(a.rung_nfev), np.asarray(b.rung_nfev))
+
+
+@pytest.mark.parametrize("name", HANDFUL)
+def test_drivers_agree_on_nist(name):
+    _agree(name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in MODELS if n not in HANDFUL])
+def test_drivers_agree_on_nist_full(name):
+    _agree(name)
+
+
+def _expo(t, a, k, c):
+    return a * jnp.exp(-k * t) + c
+
+
+def _data(m, seed=0):
+    rng = np.random.default_rng(seed)
+    t = np.linspace(0.0, 4.0, m)
+    return t, 2.5 * np.exp(-1.3 * t) + 0.5 + 0.01 * rng.standard_normal(m)
+
+
+def test_new_length_in_bucket_compiles_nothing():
+    t, y = _data(130)
+    ap.curve_fit(_expo, t, y, p0=[1.0, 1.0, 0.0])          # bucket 192: compiles
+    for m in (131, 150, 191):
+        t, y = _data(m, seed=m)
+        with count_compiles() as seen:
+            popt, pcov = ap.curve_fit(_expo, t, y, p0=[1.0, 1.0, 0.0])
+        assert len(seen) == 0, (m, len(seen))
+        ref, _ = so.curve_fit(lambda t, a, k, c: a * np.exp(-k * t) + c, t, y,
+                              p0=[1.0, 1.0, 0.0], ftol=1e-15, xtol=1e-15, gtol=1e-15)
+        np.testing.assert_allclose(popt, ref, rtol=1e-9)
+
+
+def test_fresh_lambda_reuses_compiled_code_with_its_own_constants():
+    t = np.linspace(0.0, 4.0, 40)
+    ys = [2.0 * np.exp(-0.7 * t), 3.0 * np.exp(-1.9 * t)]
+    ap.curve_fit(lambda t, a, k: a * jnp.exp(-k * t) - 0.0 * ys[0], t, ys[0], p0=[1.0, 1.0])
+    compiles = []
+    for y, want in zip(ys, ([2.0, 0.7], [3.0, 1.9])):
+        # a new closure each time, capturing a different array (hoisted, not baked in)
+        with count_compiles() as seen:
+            res = ap.solve_nlsq(lambda p, t: p[0] * jnp.exp(-p[1] * t) - y,
+                                np.ones(2), args=(t,), driver="host")
+        np.testing.assert_allclose(np.asarray(res.x), want, rtol=1e-10)
+        compiles.append(len(seen))
+    assert compiles[1] == 0, compiles  # the first compiled this residual's programs
+    with count_compiles() as seen:
+        res = ap.solve_nlsq(lambda p, t: p[0] * jnp.exp(-p[1] * t) - ys[0],
+                            np.ones(2), args=(t,), driver="host")
+    assert len(seen) == 0
+    np.testing.assert_allclose(np.asarray(res.x), [2.0, 0.7], rtol=1e-10)
+
+
+def test_padded_rows_contribute_nothing():
+    t, y = _data(100, seed=3)  # bucket 128
+    sig = 0.01 + 0.02 * np.random.default_rng(4).random(100)
+    popt, pcov, info, _, ier = ap.curve_fit(_expo, t, y, p0=[1.0, 1.0, 0.0], sigma=sig,
+                                            full_output=True)
+    ref, rcov = so.curve_fit(lambda t, a, k, c: a * np.exp(-k * t) + c, t, y,
+                             p0=[1.0, 1.0, 0.0], sigma=sig, ftol=1e-15, xtol=1e-15,
+                             gtol=1e-15)
+    np.testing.assert_allclose(popt, ref, rtol=1e-9)
+    np.testing.assert_allclose(pcov, rcov, rtol=1e-6)      # dof = m - n, not the bucket
+    assert isinstance(popt, np.ndarray) and isinstance(pcov, np.ndarray)
+    res = info["result"]
+    assert np.asarray(res.fun).shape == (100,) and np.asarray(res.jac).shape == (100, 3)
+    np.testing.assert_allclose(2.0 * float(res.cost),
+                               np.sum(((_expo(t, *popt) - y) / sig) ** 2), rtol=1e-10)
+
+
+def test_fused_driver_pads_the_same_under_jit():
+    t, y = _data(100, seed=5)
+    args = (jnp.asarray(t), jnp.asarray(y))
+
+    def resid(p, t, y):
+        return _expo(t, *p) - y
+
+    eager = ap.solve_nlsq(resid, jnp.ones(3), args=args)
+    traced = jax.jit(lambda a: ap.solve_nlsq(resid, jnp.ones(3), args=a))(args)
+    # (under a user's jit XLA's default options apply: equal up to the tolerances)
+    np.testing.assert_allclose(np.asarray(traced.x), np.asarray(eager.x), rtol=1e-8)
+    assert traced.fun.shape == (100,) and traced.jac.shape == (100, 3)
+    # and grad through the fused (padded) driver
+    g = jax.grad(lambda y: ap.solve_nlsq(resid, jnp.ones(3), args=(args[0], y)).x[1])(args[1])
+    assert g.shape == (100,) and bool(jnp.all(jnp.isfinite(g)))
+
+
+def test_migration_errors_name_the_construct_and_the_fix():
+    t = np.linspace(0.0, 1.0, 20)
+    with pytest.raises(TypeError, match="jax.numpy"):
+        ap.curve_fit(lambda t, a, k: a * np.exp(-k * t), t, np.exp(-t), p0=[1.0, 1.0])
+    with pytest.raises(TypeError, match="jnp.where"):
+        ap.curve_fit(lambda t, a, k: a * t if k > 0 else t, t, t, p0=[1.0, 1.0])
+
+    class Mine(Exception):
+        pass
+
+    def bad(t, a, k):
+        raise Mine("my own error")
+
+    with pytest.raises(Mine, match="my own error"):
+        ap.curve_fit(bad, t, t, p0=[1.0, 1.0])
+    with pytest.raises(Mine):
+        ap.solve_nlsq(lambda p: bad(t, *p), np.ones(2))
+
+
+def test_batch_size_bucket_compiles_nothing():
+    t = np.linspace(0.0, 1.0, 12)
+    model = lambda p, t: p[0] * jnp.exp(-p[1] * t)  # noqa: E731
+
+    def run(B):
+        k = np.linspace(0.5, 2.0, B)
+        y = 3.0 * np.exp(-k[:, None] * t)
+        return k, ap.solve_nlsq_batch(model, np.ones((B, 2)), (t,), in_axes=None, ydata=y,
+                                      return_pcov=True)
+
+    k, res = run(20)                                     # bucket 24
+    assert res.x.shape == (20, 2) and res.status.shape == (20,) and res.pcov.shape[0] == 20
+    np.testing.assert_allclose(np.asarray(res.x[:, 1]), k, rtol=1e-8)
+    assert bool(np.all(np.asarray(res.success)))
+    with count_compiles() as seen:
+        k, res = run(23)
+    assert len(seen) == 0
+    assert res.x.shape == (23, 2)
+    np.testing.assert_allclose(np.asarray(res.x[:, 1]), k, rtol=1e-8)
+
+
+X64_OFF = r"""
+import jax, jax.numpy as jnp, numpy as np
+import adaptprec as ap
+t = np.linspace(0, 4, 120)
+popt, pcov = ap.curve_fit(lambda t, a, k: a * jnp.exp(-k * t), t, np.exp(-t), p0=[1.0, 1.0])
+print(type(popt).__module__, popt.dtype, type(pcov).__module__, pcov.dtype)
+assert abs(popt[1] - 1.0) < 1e-12 and not jax.config.read("jax_enable_x64")
+msgs = []
+calls = [
+    lambda y: ap.curve_fit(lambda t, a, k: a * jnp.exp(-k * t), t, y, p0=[1.0, 1.0])[0],
+    lambda y: ap.solve_nlsq(lambda p, y: p[0] * jnp.exp(-p[1] * t) - y, jnp.ones(2),
+                            args=(y,)).x,
+    lambda y: ap.solve_nlsq_batch(lambda p, t: p[0] * jnp.exp(-p[1] * t), jnp.ones((1, 2)),
+                                  (t,), in_axes=None, ydata=y[None]).x,
+]
+for call in calls:
+    try:
+        jax.jit(call)(jnp.asarray(np.exp(-t)))
+        raise SystemExit("no error")
+    except ValueError as e:
+        msgs.append(str(e).split(":", 1)[1])
+assert len(set(msgs)) == 1 and "jax_enable_x64" in msgs[0], msgs
+popt, _ = ap.curve_fit(lambda t, a, k: a * jnp.exp(-k * t), t, np.exp(-t), p0=[1.0, 1.0],
+                       precision="f32")
+print(popt.dtype)
+"""
+
+
+def test_float64_without_setup_in_a_fresh_process():
+    proc = run_python(X64_OFF, x64=False, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["numpy", "float64", "numpy", "float64", "float32"]
+
+
+def test_repeated_fits_are_promoted_to_one_program_with_the_same_result(monkeypatch):
+    import adaptprec.nlsq._host as host
+
+    monkeypatch.setattr(host, "PROMOTE_AFTER", 2)  # opt-in
+    t, y = _data(70, seed=9)
+    xs, nfev = [], []
+    before = host.cache_info()["programs_built"]
+    for _ in range(host.PROMOTE_AFTER + 2):
+        res = ap.solve_nlsq(lambda p, t, y: _expo(t, *p) - y, np.ones(3), args=(t, y))
+        xs.append(np.asarray(res.x))
+        nfev.append(int(res.nfev))
+    fused = [k for k in host._programs if k[0] == "fused"]
+    assert fused and host.cache_info()["programs_built"] > before
+    for x in xs[1:]:
+        np.testing.assert_array_equal(x, xs[0])  # host loop and promoted program: same bits
+    assert len(set(nfev)) == 1
