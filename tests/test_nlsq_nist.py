@@ -2,7 +2,7 @@
 starts, default adaptive precision and float64, default tolerances.
 
 The default run covers a representative handful (lower and average difficulty,
-exponential / rational / multi-peak models); the full 2 x 19 x 2 sweep is ``slow``.
+exponential / rational / multi-peak models); the full 2 x 27 x 2 sweep is ``slow``.
 MGH17 from start 1 is a known failure of this LM (it stalls in the b2 = -b3, b4 = b5
 valley, as scipy's MINPACK ``lm`` does); it is marked ``xfail``.
 """
