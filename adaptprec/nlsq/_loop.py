@@ -31,7 +31,7 @@ from ..precision import Ladder, unit_roundoff
 from .._status import Reason
 from ..schedule import NoiseFloor, ScheduleStats, StallEscalation, any_of
 from .common import Status, check_termination_codes, jac_scale, robust_cost
-from .common import scale_for_robust_loss, update_tr_radius
+from .common import lower_rung_budget, scale_for_robust_loss, update_tr_radius
 from ._blocks import PointBlocks
 from .lm import minpack_radius
 
@@ -131,6 +131,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
     top = nr - 1
     loss = cfg.loss
     us = jnp.asarray([unit_roundoff(d) for d in rungs], top_dt)
+    share = lower_rung_budget(cfg.max_steps, cfg.n, nr)
 
     def fj_branch(i):
         dt = rungs[i]
@@ -291,6 +292,10 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             consec >= cfg.max_rejections, Reason.REJECTED_STEPS, jnp.where(
                 cond_bad, Reason.ILL_CONDITIONED, jnp.where(sched_up, Reason.SCHEDULE,
                                                             Reason.NONE))))).astype(jnp.int32)
+        # A lower rung never ends a solve: its share of the budget used up, it escalates.
+        rung_steps = st.nit + (~pending).astype(jnp.int32) - st.rung_entered[st.rung]
+        reason = jnp.where((reason == Reason.NONE) & (~pending) & (rung_steps >= share),
+                           Reason.BUDGET, reason).astype(jnp.int32)
         want_up = (~on_top) & (reason > 0)
         rung_n = jnp.where(want_up, st.rung + 1, st.rung)
         # ---- new model: after an accepted step or a (pending) evaluation
@@ -329,8 +334,9 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         status = jnp.where(on_top & cur_bad,
                            jnp.where(jnp.isfinite(cur_cost), Status.NONFINITE_JACOBIAN,
                                      Status.NONFINITE_RESIDUAL), status)
-        status = jnp.where((status == Status.RUNNING) & (nit >= cfg.max_steps),
-                           Status.MAX_STEPS, status)
+        # The budget ends the solve on the top rung only, after at least one step there.
+        status = jnp.where((status == Status.RUNNING) & on_top & (top_steps >= 1)
+                           & (nit >= cfg.max_steps), Status.MAX_STEPS, status)
         one = jnp.ones((), jnp.int32)
         return _State(
             x=x_n, cost=cost_n, R=R_n, qtf=qtf_n, fsn=fsn_n, ok=ok_n,
