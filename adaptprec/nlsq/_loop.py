@@ -33,7 +33,7 @@ from ..schedule import NoiseFloor, ScheduleStats, StallEscalation, any_of
 from .common import Status, check_termination_codes, jac_scale, robust_cost
 from .common import lower_rung_budget, scale_for_robust_loss, update_tr_radius
 from ._blocks import PointBlocks
-from .lm import minpack_radius
+from .lm import minpack_radius, verify_minimum
 
 __all__ = ["LoopConfig", "build_loop"]
 
@@ -357,8 +357,11 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         if blocks is not None:  # once, outside the loop: data split into blocks
             args_all = tuple(blocks.block(a) for a in args_all)
         ctx = (args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol)
-        return lax.while_loop(lambda s: s.status == Status.RUNNING,
-                              lambda s: body(s, ctx), init(x0, ctx))
+        st = lax.while_loop(lambda s: s.status == Status.RUNNING,
+                            lambda s: body(s, ctx), init(x0, ctx))
+        if not cfg.has_bounds:  # honest success: the top rung's model says "minimum"
+            st = st._replace(status=verify_minimum(st.status, st.x, st.R, st.qtf, st.fsn))
+        return st
 
     run.init = init
     run.body = body

@@ -28,10 +28,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from .._status import Status
 from .common import solve_lsq_trust_region
 
 __all__ = ["Step", "lm_step", "predicted_reduction", "minpack_gnorm", "minpack_delta0",
-           "minpack_radius"]
+           "minpack_radius", "verify_minimum", "NOT_A_MINIMUM_COSINE"]
 
 
 class Step(NamedTuple):
@@ -131,3 +132,36 @@ def minpack_radius(Delta, ratio, step_norm, alpha, blew_up):
     temp = jnp.where(blew_up, 0.1, 0.5)
     return jnp.where(ratio < 0.25, temp * jnp.minimum(Delta, 10.0 * step_norm),
                      jnp.where((ratio >= 0.75) | (alpha == 0), 2.0 * step_norm, Delta))
+
+
+#: A point is not a minimum when the residual keeps this cosine with a Jacobian column.
+NOT_A_MINIMUM_COSINE = 0.1
+#: ... unless the residual is at the rounding level of the model (``||f|| <= c eps ||J x||``):
+#: the cosine of a rounding-noise residual means nothing (zero-residual problems).
+_NOISE_FACTOR = 1e5
+
+
+def verify_minimum(status, x, R, qtf, fnorm, tol=NOT_A_MINIMUM_COSINE):
+    """Honest success: a convergence ``status`` (``ftol``/``xtol``/``gtol``) becomes
+    ``Status.NOT_A_MINIMUM`` when, on the top rung's model ``(R, qtf)`` at ``x``, the
+    residual still has a cosine above ``tol`` with a Jacobian column (MINPACK's gtol
+    measure, :func:`minpack_gnorm`): the steps stopped (radius collapse, a plateau where
+    the model saturates) at a point that is not stationary. Residuals at the rounding
+    level of the model are exempt.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.nlsq.lm import verify_minimum
+        >>> R = jnp.eye(2)                       # J = I; f = (1, 0) lies along column 0
+        >>> int(verify_minimum(3, jnp.ones(2), R, jnp.array([1.0, 0.0]), 1.0))
+        -10
+        >>> int(verify_minimum(3, jnp.ones(2), R, jnp.zeros(2), 1.0))  # g = 0: a minimum
+        3
+    """
+    g = R.T @ qtf
+    cosine = minpack_gnorm(x, g, R, fnorm)
+    eps = jnp.finfo(R.dtype).eps
+    noise = fnorm <= _NOISE_FACTOR * eps * jnp.linalg.norm(R @ x)
+    converged = (status > 0) & (status < Status.RUNNING)
+    return jnp.where(converged & (cosine > tol) & ~noise, Status.NOT_A_MINIMUM,
+                     status).astype(jnp.int32)

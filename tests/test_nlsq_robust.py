@@ -1,0 +1,70 @@
+"""NLSQ robustness (issue 15): complete escalation (a lower rung never ends a solve),
+honest success (a convergence code at a point that is not a minimum is a failure),
+multi-start, and the slow robustness sweep against optimistix LM and scipy.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import adaptprec as ap
+from adaptprec.nlsq.common import lower_rung_budget
+from nist_problems import load
+from robust_sweep import residual_for, run_ours, score
+
+
+def rosen(x):
+    return jnp.array([10.0 * (x[1] - x[0] ** 2), 1.0 - x[0]])
+
+
+def _nist(name, start, **kw):
+    p = load(name)
+    x0 = p.starts[start] if isinstance(start, int) else start
+    res = ap.solve_nlsq(residual_for(name), jnp.asarray(x0),
+                        args=(jnp.asarray(p.x), jnp.asarray(p.y)), **kw)
+    return p, res
+
+
+# --------------------------------------------------------------------------- escalation
+def test_lower_rung_never_ends_a_solve_on_the_budget():
+    # max_steps=3: the f32 rung gets 1 step, then the solve goes on on f64
+    res = ap.solve_nlsq(rosen, jnp.array([-1.2, 1.0]), max_steps=3)
+    assert res.rung_name == "f64"
+    assert res.status_int == ap.Status.MAX_STEPS
+    tr = res.trace()
+    assert [t["rung"] for t in tr] == ["f32", "f64"]
+
+
+def test_lower_rung_share_escalates_with_budget_reason():
+    # Bennett5 from start 1: float32 cannot resolve the minimum (its residual noise is
+    # above the certified residual); it must leave f32 within its share
+    p, res = _nist("Bennett5", 0)
+    tr = res.trace()
+    share = lower_rung_budget(100 * (p.n + 1), p.n, 2)
+    assert res.rung_name == "f64"
+    assert tr[0]["rung"] == "f32" and tr[0]["nfev"] <= share + 1
+    assert int(res.rung_entered[1]) <= share
+
+
+def test_escalation_under_jit_and_vmap():
+    f = jax.jit(jax.vmap(lambda x0: ap.solve_nlsq(rosen, x0, max_steps=3).rung))
+    assert np.all(np.asarray(f(jnp.array([[-1.2, 1.0], [2.0, 2.0]]))) == 1)
+
+
+# --------------------------------------------------------------------------- honest success
+def test_convergence_code_at_a_non_minimum_is_not_success():
+    # xtol=0.9 makes the first accepted step "converge" far from the minimum (1, 1)
+    res = ap.solve_nlsq(rosen, jnp.array([-1.2, 1.0]), xtol=0.9, precision="f64")
+    assert res.status_int == ap.Status.NOT_A_MINIMUM
+    assert not bool(res.success)
+    assert "not verified to be a minimum" in res.message
+
+
+def test_honest_success_keeps_real_minima():
+    res = ap.solve_nlsq(rosen, jnp.array([-1.2, 1.0]), precision="f64")
+    assert bool(res.success) and res.status_int > 0
+    # a zero-residual problem at rounding level (Lanczos1: RSS 1e-25) stays a success
+    p, res = _nist("Lanczos1", 0, precision="f64")
+    assert bool(res.success), res.message
+    assert score(p, res.x, res.cost) >= 6.0
