@@ -68,3 +68,33 @@ def test_honest_success_keeps_real_minima():
     p, res = _nist("Lanczos1", 0, precision="f64")
     assert bool(res.success), res.message
     assert score(p, res.x, res.cost) >= 6.0
+
+
+# --------------------------------------------------------------------------- multi-start
+def test_multistart_helper_spreads_and_keeps_x0():
+    from adaptprec.nlsq._multistart import spread_starts
+    x0 = jnp.array([100.0, 1.0, -3.0])
+    X = np.asarray(spread_starts(x0, 5, spread=0.5, seed=3))
+    assert X.shape == (5, 3) and np.array_equal(X[0], np.asarray(x0))
+    assert np.all(np.abs(X[1:] - X[0]) <= 0.5 * np.abs(X[0]) + 1e-12)
+    # inside a finite box: a Latin hypercube in the box
+    Xb = np.asarray(spread_starts(x0, 9, lb=jnp.array([0.0, 0.0, -5.0]),
+                                  ub=jnp.array([200.0, 2.0, 0.0]), seed=1))
+    assert np.all(Xb[1:] > [0.0, 0.0, -5.0]) and np.all(Xb[1:] < [200.0, 2.0, 0.0])
+    assert len(np.unique((Xb[1:, 0] // 25).astype(int))) == 8  # one per stratum
+
+
+def test_multistart_fixes_a_far_start():
+    # Bennett5 from start 1: the single solve creeps along the valley and runs out of
+    # steps; 8 starts on the batched engine find the certified minimum
+    p = load("Bennett5")
+    single = run_ours(p, p.starts[0])
+    multi = run_ours(p, p.starts[0], starts=8)
+    assert score(p, multi["x"], multi["cost"]) >= 6.0 and multi["success"]
+    assert multi["cost"] <= single["cost"] * (1 + 1e-12)
+    assert multi["rung"] == "f64"
+
+
+def test_multistart_rejects_bad_starts():
+    with pytest.raises(ValueError, match="starts"):
+        ap.solve_nlsq(rosen, jnp.array([-1.2, 1.0]), starts=0)
