@@ -33,9 +33,12 @@ from ..schedule import NoiseFloor, ScheduleStats, StallEscalation, any_of
 from .common import Status, check_termination_codes, jac_scale, robust_cost
 from .common import lower_rung_budget, scale_for_robust_loss, update_tr_radius
 from ._blocks import PointBlocks
-from .lm import minpack_radius, verify_minimum
+from .lm import minpack_radius, rounding_level_step, verify_minimum
 
 __all__ = ["LoopConfig", "build_loop"]
+
+#: Rounding-level steps in a row on the top rung before the solve ends (ftol).
+NOISE_STEPS = 3
 
 
 class LoopConfig(NamedTuple):
@@ -255,21 +258,30 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
                                      cost_z > 100.0 * st.cost)
         Delta_n = jnp.where(finite_z, Delta_n, 0.25 * step.step_norm)
         accepted = (~pending) & st.ok & finite_z & (actual > 0)
+        # On the top rung, steps whose predicted decrease is at the rounding level of the
+        # cost cannot be judged by the cost: they are taken unless the cost rose beyond
+        # its rounding error (Gauss-Newton corrections the cost can no longer see), and
+        # after NOISE_STEPS of them in a row the solve ends (ftol), instead of shrinking
+        # the radius until the xtol test fires short of the minimum.
+        at_noise = on_top & (~pending) & st.ok & finite_z & rounding_level_step(
+            step.predicted, actual, st.cost, us[top], st.fsn * jnp.linalg.norm(st.R @ st.x))
+        accepted = accepted | at_noise
+        # Only rejections of steps whose predicted decrease is already at the rounding
+        # noise of the rung count towards escalation; ordinary radius shrinking (a model
+        # that is merely too optimistic far from the solution) does not.
+        noisy = step.predicted <= 100.0 * us[st.rung] * jnp.abs(st.cost)
+        consec = jnp.where(accepted & ~at_noise, 0, st.consec_rej + (
+            noisy | ~finite_z).astype(jnp.int32))
         xnorm = jnp.linalg.norm(st.x * st.scale_inv)
         dxn = jnp.linalg.norm((z - st.x) * st.scale_inv)
         code = check_termination_codes(actual, st.cost, dxn, xnorm, ratio, ftol, xtol)
         code = jnp.where(accepted, code, 0)
+        code = jnp.where(at_noise & (code == 0) & (consec >= NOISE_STEPS), Status.FTOL, code)
         # Rejected steps: MINPACK's test on the radius (no further progress possible).
         tiny = (~pending) & (~accepted) & st.ok & (Delta_n <= xtol * (xtol + xnorm))
         code = jnp.where(tiny & (code == 0) & finite_z, Status.XTOL, code)
         collapsed = tiny & ~finite_z
         conv = (code > 0) | ((~pending) & gtol_hit)
-        # Only rejections of steps whose predicted decrease is already at the rounding
-        # noise of the rung count towards escalation; ordinary radius shrinking (a model
-        # that is merely too optimistic far from the solution) does not.
-        noisy = step.predicted <= 100.0 * us[st.rung] * jnp.abs(st.cost)
-        consec = jnp.where(accepted, 0, st.consec_rej + (noisy | ~finite_z).astype(
-            jnp.int32))
         cond_est = step.s[0] / jnp.maximum(step.s[-1], jnp.finfo(top_dt).tiny)
         if cfg.linear_solver == "normal":  # the Gram matrix squares the condition
             cond_est = cond_est * cond_est

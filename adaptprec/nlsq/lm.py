@@ -32,7 +32,8 @@ from .._status import Status
 from .common import solve_lsq_trust_region
 
 __all__ = ["Step", "lm_step", "predicted_reduction", "minpack_gnorm", "minpack_delta0",
-           "minpack_radius", "verify_minimum", "NOT_A_MINIMUM_COSINE"]
+           "minpack_radius", "verify_minimum", "NOT_A_MINIMUM_COSINE",
+           "rounding_level_step"]
 
 
 class Step(NamedTuple):
@@ -177,3 +178,22 @@ def verify_minimum(status, x, R, qtf, fnorm, tol=NOT_A_MINIMUM_COSINE):
     converged = (status > 0) & (status < Status.RUNNING)
     return jnp.where(converged & (cosine > tol) & ~noise, Status.NOT_A_MINIMUM,
                      status).astype(jnp.int32)
+
+
+def rounding_level_step(predicted, actual, cost, u, scale=0.0):
+    """Whether a step's predicted decrease is at the rounding level of the cost
+    (``predicted <= 100 u |cost|``) and the cost did not rise by more than its evaluation
+    error (``u (|cost| + scale)``, with ``scale = ||f|| ||J x||``: the residual is a
+    small difference of model and data of size ``||J x||``). Such a step cannot be judged
+    by the cost any more (MINPACK's ``ftol`` test compares the predicted reduction too):
+    the driver takes it and stops.
+
+    Example:
+        >>> from adaptprec.nlsq.lm import rounding_level_step
+        >>> u = 2.0 ** -53
+        >>> [bool(rounding_level_step(p, a, 1.0, u)) for p, a in ((1e-18, -1e-17),
+        ...                                                        (1e-6, 1e-6))]
+        [True, False]
+    """
+    return (predicted <= 100.0 * u * jnp.abs(cost)) & (
+        actual >= -u * (jnp.abs(cost) + scale))
