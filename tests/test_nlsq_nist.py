@@ -3,8 +3,7 @@ values), both starts, default adaptive precision and float64, default tolerances
 
 The default run covers a representative handful (lower and average difficulty,
 exponential / rational / multi-peak models); the full 2 x 27 x 2 sweep is ``slow``.
-Bennett5 from start 1 with adaptive precision is a known failure (``KNOWN_FAIL``, strict
-``xfail``; float64 alone solves it).
+Known failures go in ``KNOWN_FAIL`` (strict ``xfail``); there are none.
 """
 
 import jax.numpy as jnp
@@ -15,9 +14,9 @@ import adaptprec as ap
 from nist_problems import MODELS, load, lre
 
 HANDFUL = ["Misra1a", "Kirby2", "MGH17"]  # MGH17: start 1 used to stall (fixed)
-# MGH17 start 1 fixed: rank test on s, MINPACK radius. Bennett5 start 1, adaptive only:
-# float32 leaves it in the valley from which float64 creeps (docs/nlsq.md, Robustness).
-KNOWN_FAIL: set = {("Bennett5", 0, "adaptive")}
+# MGH17 start 1 fixed: rank test on s, MINPACK radius. Bennett5 start 1 (adaptive) fixed:
+# a float32 rung that uses up its budget no longer hands float64 its point in the valley.
+KNOWN_FAIL: set = set()
 
 
 def _solve(name, start, precision):

@@ -213,7 +213,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
     def init(x0, ctx):
         """A state that evaluates residual and Jacobian at ``x0`` on the bottom rung in
         its first iteration (``pending``), so the loop holds the only copy of them."""
-        args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol = ctx
+        args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol = ctx[:8]
         n = cfg.n
         zi = jnp.zeros((), jnp.int32)
         sched0 = cfg.schedule.init(Ladder(list(rungs))) if cfg.schedule is not None else None
@@ -230,7 +230,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             esc_reason=jnp.zeros((nr,), jnp.int32), sched=sched0)
 
     def body(st: _State, ctx) -> _State:
-        args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol = ctx
+        args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol = ctx[:8]
         f_scale = jnp.asarray(f_scale, top_dt)
         pending = st.pending
         on_top = st.rung == top
@@ -326,6 +326,14 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
                                     st.scale_inv)
         else:
             scale_inv_n = st.scale_inv
+        # A lower rung that used up its budget without converging has not earned its
+        # path: the top rung restarts from x0 (so adaptive is never worse than the top
+        # rung alone, at the cost of the share).
+        if nr > 1 and len(ctx) > 8:  # (ctx[8] is x0; one-rung callers may omit it)
+            restart = want_up & (reason == Reason.BUDGET)
+            x_n = jnp.where(restart, ctx[8], x_n)
+            if cfg.jac_scale:
+                scale_inv_n = jnp.where(restart, 0.0, scale_inv_n)
         g_n = R_n.T @ qtf_n
         alpha_n = jnp.where(pending, 0.0,
                             step.alpha * st.Delta / jnp.where(Delta_n > 0, Delta_n, 1.0))
@@ -368,7 +376,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
     def run(x0, args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol):
         if blocks is not None:  # once, outside the loop: data split into blocks
             args_all = tuple(blocks.block(a) for a in args_all)
-        ctx = (args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol)
+        ctx = (args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol, x0)
         st = lax.while_loop(lambda s: s.status == Status.RUNNING,
                             lambda s: body(s, ctx), init(x0, ctx))
         if not cfg.has_bounds:  # honest success: the top rung's model says "minimum"
