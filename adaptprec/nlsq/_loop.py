@@ -12,8 +12,10 @@ normal equations in the rung's dtype promoted to at least float32).
 Escalation (rung ``r`` below the top) when: the termination test fires on ``r``
 (convergence is only declared on the top rung after at least one step there), a residual or
 Jacobian is non-finite, ``max_rejections`` consecutive steps are rejected, the scaled
-Jacobian's condition number times ``u_r`` exceeds ``cond_tol``, or the precision schedule
-asks for it (stall / noise floor).
+Jacobian's condition number times ``u_r`` exceeds ``cond_tol``, the precision schedule
+asks for it (stall / noise floor), or the rung has used its share of the budget
+(:func:`.common.lower_rung_budget`; the top rung then restarts from ``x0``). A lower rung
+never ends a solve: ``max_steps`` ends it only on the top rung.
 """
 
 from __future__ import annotations
