@@ -278,7 +278,10 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         dxn = jnp.linalg.norm((z - st.x) * st.scale_inv)
         code = check_termination_codes(actual, st.cost, dxn, xnorm, ratio, ftol, xtol)
         code = jnp.where(accepted, code, 0)
-        code = jnp.where(at_noise & (code == 0) & (consec >= NOISE_STEPS), Status.FTOL, code)
+        # (an ftol stop at the rounding level waits for the same NOISE_STEPS: on a
+        # large-residual problem the cost stops moving before the parameters do)
+        code = jnp.where(at_noise & ((code == 0) | (code == Status.FTOL)),
+                         jnp.where(consec >= NOISE_STEPS, Status.FTOL, 0), code)
         # Rejected steps: MINPACK's test on the radius (no further progress possible).
         tiny = (~pending) & (~accepted) & st.ok & (Delta_n <= xtol * (xtol + xnorm))
         code = jnp.where(tiny & (code == 0) & finite_z, Status.XTOL, code)
