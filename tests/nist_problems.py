@@ -5,7 +5,9 @@ Examples and benchmarks import it from here (``sys.path`` gets ``tests/``).
 Example:
     >>> from nist_problems import MODELS, lre
     >>> len(MODELS), round(lre(1.000001, 1.0), 3)
-    (19, 6.0)
+    (27, 6.0)
+    >>> sorted(DIFFICULTY.values()).count("higher")
+    8
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["NistProblem", "MODELS", "load", "load_all", "lre", "default_data_dir"]
+__all__ = ["NistProblem", "MODELS", "DIFFICULTY", "load", "load_all", "lre", "default_data_dir"]
 
 
 def _misra1a(b, x):
@@ -82,6 +84,39 @@ def _enso(b, x):
             + b[7] * jnp.cos(w / b[6]) + b[8] * jnp.sin(w / b[6]))
 
 
+def _mgh09(b, x):
+    return b[0] * (x ** 2 + x * b[1]) / (x ** 2 + x * b[2] + b[3])
+
+
+def _thurber(b, x):
+    return ((b[0] + b[1] * x + b[2] * x ** 2 + b[3] * x ** 3)
+            / (1 + b[4] * x + b[5] * x ** 2 + b[6] * x ** 3))
+
+
+def _boxbod(b, x):
+    return b[0] * (1 - jnp.exp(-b[1] * x))
+
+
+def _rat42(b, x):
+    return b[0] / (1 + jnp.exp(b[1] - b[2] * x))
+
+
+def _mgh10(b, x):
+    return b[0] * jnp.exp(b[1] / (x + b[2]))
+
+
+def _eckerle4(b, x):
+    return (b[0] / b[1]) * jnp.exp(-0.5 * ((x - b[2]) / b[1]) ** 2)
+
+
+def _rat43(b, x):
+    return b[0] / (1 + jnp.exp(b[1] - b[2] * x)) ** (1 / b[3])
+
+
+def _bennett5(b, x):
+    return b[0] * (b[1] + x) ** (-1 / b[2])
+
+
 MODELS = {
     "Misra1a": _misra1a, "Chwirut1": _chwirut, "Chwirut2": _chwirut,
     "Lanczos1": _lanczos, "Lanczos2": _lanczos, "Lanczos3": _lanczos,
@@ -89,6 +124,19 @@ MODELS = {
     "Misra1b": _misra1b, "Kirby2": _kirby2, "Hahn1": _hahn1, "Nelson": _nelson,
     "MGH17": _mgh17, "Misra1c": _misra1c, "Misra1d": _misra1d, "Roszman1": _roszman1,
     "ENSO": _enso,
+    # higher level of difficulty
+    "MGH09": _mgh09, "Thurber": _thurber, "BoxBOD": _boxbod, "Rat42": _rat42,
+    "MGH10": _mgh10, "Eckerle4": _eckerle4, "Rat43": _rat43, "Bennett5": _bennett5,
+}
+
+# NIST's "Level of Difficulty" from each file's header
+DIFFICULTY = {
+    **dict.fromkeys(["Misra1a", "Chwirut1", "Chwirut2", "Lanczos3", "Gauss1", "Gauss2",
+                     "DanWood", "Misra1b"], "lower"),
+    **dict.fromkeys(["Kirby2", "Hahn1", "Nelson", "MGH17", "Lanczos1", "Lanczos2", "Gauss3",
+                     "Misra1c", "Misra1d", "Roszman1", "ENSO"], "average"),
+    **dict.fromkeys(["MGH09", "Thurber", "BoxBOD", "Rat42", "MGH10", "Eckerle4", "Rat43",
+                     "Bennett5"], "higher"),
 }
 
 
@@ -155,7 +203,7 @@ def load(name: str, data_dir: str | None = None) -> NistProblem:
 
 
 def load_all(data_dir: str | None = None) -> list[NistProblem]:
-    """All 19 problems, in :data:`MODELS` order."""
+    """All 27 problems, in :data:`MODELS` order."""
     return [load(name, data_dir) for name in MODELS]
 
 

@@ -150,7 +150,7 @@ def _step_programs(cfg: LoopConfig):
 
     def step(st, prop, ev, ctx, m):
         run = loop(m)
-        new = run.advance(st, prop, ev, ctx)
+        new = run.finish(run.advance(st, prop, ev, ctx))   # finish: as the fused driver
         # a finished solve is left as it is: the host queues a few iterations at a time
         running = st.status == Status.RUNNING
         st = jax.tree.map(lambda a, b: jnp.where(running, a, b), new, st)
@@ -332,7 +332,7 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
         return np.asarray(v, top)
 
     ctx = (None, arr(lb), arr(ub), arr(scale_inv0), arr(f_scale), arr(ftol), arr(xtol),
-           arr(gtol))
+           arr(gtol), arr(x0))   # x0: where the top rung restarts after a lower rung's budget
     m_arr = np.asarray(m, np.int32)
     fs = ctx[4]
     consts = tuple(tr.consts for tr in traced)

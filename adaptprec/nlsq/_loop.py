@@ -12,8 +12,10 @@ normal equations in the rung's dtype promoted to at least float32).
 Escalation (rung ``r`` below the top) when: the termination test fires on ``r``
 (convergence is only declared on the top rung after at least one step there), a residual or
 Jacobian is non-finite, ``max_rejections`` consecutive steps are rejected, the scaled
-Jacobian's condition number times ``u_r`` exceeds ``cond_tol``, or the precision schedule
-asks for it (stall / noise floor).
+Jacobian's condition number times ``u_r`` exceeds ``cond_tol``, the precision schedule
+asks for it (stall / noise floor), or the rung has used its share of the budget
+(:func:`.common.lower_rung_budget`; the top rung then restarts from ``x0``). A lower rung
+never ends a solve: ``max_steps`` ends it only on the top rung.
 """
 
 from __future__ import annotations
@@ -32,11 +34,14 @@ from ..precision import Ladder, unit_roundoff
 from .._status import Reason
 from ..schedule import NoiseFloor, ScheduleStats, StallEscalation, any_of
 from .common import Status, check_termination_codes, jac_scale, robust_cost
-from .common import scale_for_robust_loss, update_tr_radius
+from .common import lower_rung_budget, scale_for_robust_loss, update_tr_radius
 from ._blocks import PointBlocks
-from .lm import minpack_radius
+from .lm import minpack_radius, rounding_level_step, verify_minimum
 
 __all__ = ["LoopConfig", "Proposal", "build_loop"]
+
+#: Rounding-level steps in a row on the top rung before the solve ends (ftol).
+NOISE_STEPS = 3
 
 
 class LoopConfig(NamedTuple):
@@ -143,6 +148,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
     loss = cfg.loss
     # NumPy, not jnp: build_loop may run under a user's trace and its closures are cached
     us = np.asarray([unit_roundoff(d) for d in rungs], top_dt)
+    share = lower_rung_budget(cfg.max_steps, cfg.n, nr)
 
     def fj_branch(i):
         dt = rungs[i]
@@ -221,7 +227,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
     def init(x0, ctx):
         """A state that evaluates residual and Jacobian at ``x0`` on the bottom rung in
         its first iteration (``pending``), so the loop holds the only copy of them."""
-        args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol = ctx
+        args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol = ctx[:8]
         n = cfg.n
         zi = jnp.zeros((), jnp.int32)
         sched0 = cfg.schedule.init(Ladder(list(rungs))) if cfg.schedule is not None else None
@@ -243,7 +249,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
     # ``body`` in a while_loop; the host driver (:mod:`._host`) compiles ``propose`` and
     # ``advance`` once, independently of the residual, and calls the evaluation between.
     def propose(st: _State, ctx) -> Proposal:
-        args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol = ctx
+        args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol = ctx[:8]
         g = st.R.T @ st.qtf
         gnorm = gnorm_fn(st.x, g, st.R, st.fsn, lb, ub)
         gtol_hit = st.ok & (gnorm < gtol)
@@ -258,7 +264,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         return advance(st, prop, eval_fj(st.rung, prop.z, ctx[0], ctx[4]), ctx)
 
     def advance(st: _State, prop: Proposal, ev, ctx) -> _State:
-        args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol = ctx
+        args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol = ctx[:8]
         f_scale = jnp.asarray(f_scale, top_dt)
         pending = st.pending
         on_top = st.rung == top
@@ -280,21 +286,33 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
                                      cost_z > 100.0 * st.cost)
         Delta_n = jnp.where(finite_z, Delta_n, 0.25 * step.step_norm)
         accepted = (~pending) & st.ok & finite_z & (actual > 0)
+        # On the top rung, steps whose predicted decrease is at the rounding level of the
+        # cost cannot be judged by the cost: they are taken unless the cost rose beyond
+        # its rounding error (Gauss-Newton corrections the cost can no longer see), and
+        # after NOISE_STEPS of them in a row the solve ends (ftol), instead of shrinking
+        # the radius until the xtol test fires short of the minimum.
+        at_noise = on_top & (~pending) & st.ok & finite_z & rounding_level_step(
+            step.predicted, actual, st.cost, us[top], st.fsn * jnp.linalg.norm(st.R @ st.x))
+        accepted = accepted | at_noise
+        # Only rejections of steps whose predicted decrease is already at the rounding
+        # noise of the rung count towards escalation; ordinary radius shrinking (a model
+        # that is merely too optimistic far from the solution) does not.
+        noisy = step.predicted <= 100.0 * jnp.asarray(us)[st.rung] * jnp.abs(st.cost)
+        consec = jnp.where(accepted & ~at_noise, 0, st.consec_rej + (
+            noisy | ~finite_z).astype(jnp.int32))
         xnorm = jnp.linalg.norm(st.x * st.scale_inv)
         dxn = jnp.linalg.norm((z - st.x) * st.scale_inv)
         code = check_termination_codes(actual, st.cost, dxn, xnorm, ratio, ftol, xtol)
         code = jnp.where(accepted, code, 0)
+        # (an ftol stop at the rounding level waits for the same NOISE_STEPS: on a
+        # large-residual problem the cost stops moving before the parameters do)
+        code = jnp.where(at_noise & ((code == 0) | (code == Status.FTOL)),
+                         jnp.where(consec >= NOISE_STEPS, Status.FTOL, 0), code)
         # Rejected steps: MINPACK's test on the radius (no further progress possible).
         tiny = (~pending) & (~accepted) & st.ok & (Delta_n <= xtol * (xtol + xnorm))
         code = jnp.where(tiny & (code == 0) & finite_z, Status.XTOL, code)
         collapsed = tiny & ~finite_z
         conv = (code > 0) | ((~pending) & gtol_hit)
-        # Only rejections of steps whose predicted decrease is already at the rounding
-        # noise of the rung count towards escalation; ordinary radius shrinking (a model
-        # that is merely too optimistic far from the solution) does not.
-        noisy = step.predicted <= 100.0 * jnp.asarray(us)[st.rung] * jnp.abs(st.cost)
-        consec = jnp.where(accepted, 0, st.consec_rej + (noisy | ~finite_z).astype(
-            jnp.int32))
         cond_est = step.s[0] / jnp.maximum(step.s[-1], jnp.finfo(top_dt).tiny)
         if cfg.linear_solver == "normal":  # the Gram matrix squares the condition
             cond_est = cond_est * cond_est
@@ -317,6 +335,10 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             consec >= cfg.max_rejections, Reason.REJECTED_STEPS, jnp.where(
                 cond_bad, Reason.ILL_CONDITIONED, jnp.where(sched_up, Reason.SCHEDULE,
                                                             Reason.NONE))))).astype(jnp.int32)
+        # A lower rung never ends a solve: its share of the budget used up, it escalates.
+        rung_steps = st.nit + (~pending).astype(jnp.int32) - st.rung_entered[st.rung]
+        reason = jnp.where((reason == Reason.NONE) & (~pending) & (rung_steps >= share),
+                           Reason.BUDGET, reason).astype(jnp.int32)
         want_up = (~on_top) & (reason > 0)
         rung_n = jnp.where(want_up, st.rung + 1, st.rung)
         # ---- new model: after an accepted step or a (pending) evaluation
@@ -335,6 +357,14 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
                                     st.scale_inv)
         else:
             scale_inv_n = st.scale_inv
+        # A lower rung that used up its budget without converging has not earned its
+        # path: the top rung restarts from x0 (so adaptive is never worse than the top
+        # rung alone, at the cost of the share).
+        if nr > 1 and len(ctx) > 8:  # (ctx[8] is x0; one-rung callers may omit it)
+            restart = want_up & (reason == Reason.BUDGET)
+            x_n = jnp.where(restart, ctx[8], x_n)
+            if cfg.jac_scale:
+                scale_inv_n = jnp.where(restart, 0.0, scale_inv_n)
         g_n = R_n.T @ qtf_n
         alpha_n = jnp.where(pending, 0.0,
                             step.alpha * st.Delta / jnp.where(Delta_n > 0, Delta_n, 1.0))
@@ -355,8 +385,9 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         status = jnp.where(on_top & cur_bad,
                            jnp.where(jnp.isfinite(cur_cost), Status.NONFINITE_JACOBIAN,
                                      Status.NONFINITE_RESIDUAL), status)
-        status = jnp.where((status == Status.RUNNING) & (nit >= cfg.max_steps),
-                           Status.MAX_STEPS, status)
+        # The budget ends the solve on the top rung only, after at least one step there.
+        status = jnp.where((status == Status.RUNNING) & on_top & (top_steps >= 1)
+                           & (nit >= cfg.max_steps), Status.MAX_STEPS, status)
         one = jnp.ones((), jnp.int32)
         return _State(
             x=x_n, cost=cost_n, R=R_n, qtf=qtf_n, fsn=fsn_n, ok=ok_n,
@@ -376,14 +407,22 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
     def run(x0, args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol):
         if blocks is not None:  # once, outside the loop: data split into blocks
             args_all = tuple(blocks.block(a) for a in args_all)
-        ctx = (args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol)
-        return lax.while_loop(lambda s: s.status == Status.RUNNING,
-                              lambda s: body(s, ctx), init(x0, ctx))
+        ctx = (args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol, x0)
+        st = lax.while_loop(lambda s: s.status == Status.RUNNING,
+                            lambda s: body(s, ctx), init(x0, ctx))
+        return finish(st)
+
+    def finish(st: _State) -> _State:
+        """Honest success (unbounded solves): the top rung's model must say "minimum"."""
+        if cfg.has_bounds:
+            return st
+        return st._replace(status=verify_minimum(st.status, st.x, st.R, st.qtf, st.fsn))
 
     run.init = init
     run.body = body
     run.propose = propose
     run.advance = advance
+    run.finish = finish
     run.fj_branches = fj_branches
     run.blocks = blocks
     return run

@@ -50,6 +50,7 @@ __all__ = [
     "solve_lsq_trust_region",
     "update_tr_radius",
     "check_termination_codes",
+    "lower_rung_budget",
     "covariance_from_jac",
 ]
 
@@ -304,6 +305,30 @@ def check_termination_codes(dF, F, dx_norm, x_norm, ratio, ftol, xtol):
     x_ok = dx_norm < xtol * (xtol + x_norm)
     return jnp.where(f_ok & x_ok, 4, jnp.where(f_ok, 2, jnp.where(x_ok, 3, 0))).astype(
         jnp.int32)
+
+
+#: A lower rung's share of the iteration budget: ``LOWER_RUNG_STEPS_PER_PARAM * n``
+#: trial steps (at least ``LOWER_RUNG_MIN_STEPS``), and never more than ``1 / n_rungs`` of
+#: ``max_steps``.
+LOWER_RUNG_STEPS_PER_PARAM = 10
+LOWER_RUNG_MIN_STEPS = 10
+
+
+def lower_rung_budget(max_steps: int, n: int, n_rungs: int) -> int:
+    """Trial steps a rung below the top may take before it escalates (``Reason.BUDGET``).
+
+    A lower rung never ends a solve: when it has used this share without converging, the
+    solve moves up; the top rung gets the rest of ``max_steps`` (and at least one step).
+    The share is small (``10 n`` steps, at least 10) so that a lower rung that cannot
+    converge costs little next to the float64 solve it precedes.
+
+    Example:
+        >>> from adaptprec.nlsq.common import lower_rung_budget
+        >>> [lower_rung_budget(*a) for a in ((400, 3, 2), (400, 100, 2), (3, 3, 2))]
+        [30, 200, 1]
+    """
+    share = max(LOWER_RUNG_MIN_STEPS, LOWER_RUNG_STEPS_PER_PARAM * n)
+    return int(max(1, min(share, max_steps // max(n_rungs, 1))))
 
 
 # --------------------------------------------------------------------------- covariance

@@ -254,6 +254,7 @@ def solve_nlsq(
     max_rejections: int = 4,
     cond_tol: float = 1e-2,
     driver: str = "auto",
+    starts: int = 1,
 ) -> NLSQResult:
     """Minimise ``0.5 * sum(rho(residual(x, *args) ** 2))`` (scipy ``least_squares``
     semantics, jit/vmap/grad compatible, adaptive precision).
@@ -302,6 +303,9 @@ def solve_nlsq(
         milliseconds after the first. ``"auto"`` uses it for eager calls with the QR
         model (below 4096 residuals), an autodiff Jacobian and ``throw=False``. Both give
         the same iterates up to rounding.
+      starts: multi-start (:mod:`adaptprec.nlsq._multistart`): ``K > 1`` runs ``x0`` and
+        ``K - 1`` Latin-hypercube starts (in the box, or around ``x0`` by its scale) on the
+        batched engine and polishes the best; never worse than ``starts=1``.
 
     Returns:
       :class:`~adaptprec.NLSQResult`. ``x`` is differentiable with respect to the arrays in
@@ -317,6 +321,13 @@ def solve_nlsq(
         >>> [round(float(v), 8) for v in res.x], res.escalations >= 1
         ([1.0, 1.0], Array(True, dtype=bool))
     """
+    if starts != 1:
+        from ._multistart import solve_multistart
+        return solve_multistart(
+            residual, x0, args, starts=starts, method=method, bounds=bounds, loss=loss,
+            f_scale=f_scale, x_scale=x_scale, jac=jac, ftol=ftol, xtol=xtol, gtol=gtol,
+            max_steps=max_steps, precision=precision, schedule=schedule, throw=throw,
+            linear_solver=linear_solver, max_rejections=max_rejections, cond_tol=cond_tol)
     # ------------------------------------------------------------------ validation
     if not callable(residual):
         raise TypeError(f"residual must be callable, got {type(residual).__name__}")

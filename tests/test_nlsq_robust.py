@@ -1,0 +1,165 @@
+"""NLSQ robustness (issue 15): complete escalation (a lower rung never ends a solve),
+honest success (a convergence code at a point that is not a minimum is a failure),
+multi-start, and the slow robustness sweep against optimistix LM and scipy.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import adaptprec as ap
+from adaptprec.nlsq.common import lower_rung_budget
+from nist_problems import load
+from robust_sweep import residual_for, run_ours, score
+
+
+def rosen(x):
+    return jnp.array([10.0 * (x[1] - x[0] ** 2), 1.0 - x[0]])
+
+
+def _nist(name, start, **kw):
+    p = load(name)
+    x0 = p.starts[start] if isinstance(start, int) else start
+    res = ap.solve_nlsq(residual_for(name), jnp.asarray(x0),
+                        args=(jnp.asarray(p.x), jnp.asarray(p.y)), **kw)
+    return p, res
+
+
+# --------------------------------------------------------------------------- escalation
+def test_lower_rung_never_ends_a_solve_on_the_budget():
+    # max_steps=3: the f32 rung gets 1 step, then the solve goes on on f64
+    res = ap.solve_nlsq(rosen, jnp.array([-1.2, 1.0]), max_steps=3)
+    assert res.rung_name == "f64"
+    assert res.status_int == ap.Status.MAX_STEPS
+    tr = res.trace()
+    assert [t["rung"] for t in tr] == ["f32", "f64"]
+
+
+def test_lower_rung_share_escalates_with_budget_reason():
+    # Bennett5 from start 1: float32 cannot resolve the minimum (its residual noise is
+    # above the certified residual); it must leave f32 within its share
+    p, res = _nist("Bennett5", 0)
+    tr = res.trace()
+    share = lower_rung_budget(100 * (p.n + 1), p.n, 2)
+    assert res.rung_name == "f64"
+    assert tr[0]["rung"] == "f32" and tr[0]["nfev"] <= share + 1
+    assert int(res.rung_entered[1]) <= share
+    # ... and float64 restarts from x0 (the f32 path ended in the valley where LM
+    # creeps): the answer is float64-only's
+    assert tr[1]["reason"] == ap.Reason.BUDGET.describe()
+    assert score(p, res.x, res.cost) >= 6.0 and bool(res.success)
+
+
+def test_escalation_under_jit_and_vmap():
+    f = jax.jit(jax.vmap(lambda x0: ap.solve_nlsq(rosen, x0, max_steps=3).rung))
+    assert np.all(np.asarray(f(jnp.array([[-1.2, 1.0], [2.0, 2.0]]))) == 1)
+
+
+# --------------------------------------------------------------------------- honest success
+def test_convergence_code_at_a_non_minimum_is_not_success():
+    # xtol=0.9 makes the first accepted step "converge" far from the minimum (1, 1)
+    res = ap.solve_nlsq(rosen, jnp.array([-1.2, 1.0]), xtol=0.9, precision="f64")
+    assert res.status_int == ap.Status.NOT_A_MINIMUM
+    assert not bool(res.success)
+    assert "not verified to be a minimum" in res.message
+
+
+def test_honest_success_keeps_real_minima():
+    res = ap.solve_nlsq(rosen, jnp.array([-1.2, 1.0]), precision="f64")
+    assert bool(res.success) and res.status_int > 0
+    # a zero-residual problem at rounding level (Lanczos1: RSS 1e-25) stays a success
+    p, res = _nist("Lanczos1", 0, precision="f64")
+    assert bool(res.success), res.message
+    assert score(p, res.x, res.cost) >= 6.0
+
+
+# --------------------------------------------------------------------------- multi-start
+def test_multistart_helper_spreads_and_keeps_x0():
+    from adaptprec.nlsq._multistart import spread_starts
+    x0 = jnp.array([100.0, 1.0, -3.0])
+    X = np.asarray(spread_starts(x0, 5, spread=0.5, seed=3))
+    assert X.shape == (5, 3) and np.array_equal(X[0], np.asarray(x0))
+    assert np.all(np.abs(X[1:] - X[0]) <= 0.5 * np.abs(X[0]) + 1e-12)
+    # inside a finite box: a Latin hypercube in the box
+    Xb = np.asarray(spread_starts(x0, 9, lb=jnp.array([0.0, 0.0, -5.0]),
+                                  ub=jnp.array([200.0, 2.0, 0.0]), seed=1))
+    assert np.all(Xb[1:] > [0.0, 0.0, -5.0]) and np.all(Xb[1:] < [200.0, 2.0, 0.0])
+    assert len(np.unique((Xb[1:, 0] // 25).astype(int))) == 8  # one per stratum
+
+
+def test_multistart_fixes_a_far_start():
+    # MGH09 from a perturbed start 1 (sweep row p1): the single solve runs the parameters
+    # off to ~1e9 (a minimum at infinity, cost 5.1e-4); 8 starts on the batched engine
+    # find the certified minimum (cost 1.5e-4)
+    from robust_sweep import problem_starts
+    p, starts = problem_starts("MGH09", 2, 0)
+    x0 = dict(starts)["p1"]
+    single = run_ours(p, x0)
+    multi = run_ours(p, x0, starts=8)
+    assert score(p, single["x"], single["cost"]) < 6.0
+    assert score(p, multi["x"], multi["cost"]) >= 6.0 and multi["success"]
+    assert multi["cost"] < single["cost"] and multi["rung"] == "f64"
+
+
+def test_multistart_pytree_and_bounds():
+    t = jnp.arange(1.0, 11.0)
+    y = 2.0 * (1.0 - jnp.exp(-0.5 * t))
+
+    def r(p, t, y):
+        return p["a"] * (1 - jnp.exp(-p["k"] * t)) - y
+
+    x0 = {"a": jnp.array(1.0), "k": jnp.array(1.0)}
+    res = ap.solve_nlsq(r, x0, args=(t, y), starts=4,
+                        bounds=({"a": 0.0, "k": 0.0}, {"a": 10.0, "k": 5.0}))
+    assert bool(res.success) and set(res.x) == {"a", "k"}
+    np.testing.assert_allclose([float(res.x["a"]), float(res.x["k"])], [2.0, 0.5],
+                               rtol=1e-8)
+
+
+def test_multistart_rejects_bad_starts():
+    with pytest.raises(ValueError, match="starts"):
+        ap.solve_nlsq(rosen, jnp.array([-1.2, 1.0]), starts=0)
+
+
+# --------------------------------------------------------------------------- the sweep
+#: Problem/starts (seed 0, 2 perturbations) where optimistix LM reaches LRE 6 and default
+#: solve_nlsq does not, as measured (docs/nlsq.md, "Robustness"); solve_nlsq(starts=8)
+#: fixes those marked in the docs. Any new entry fails the test.
+KNOWN_BEHIND = {("MGH09", "p1"), ("MGH10", "p2")}
+
+
+@pytest.fixture(scope="module")
+def sweep_rows():
+    from nist_problems import MODELS
+    from robust_sweep import run_optimistix, sweep
+    solvers = {"ours": lambda p, x0: run_ours(p, x0),
+               "ours_f64": lambda p, x0: run_ours(p, x0, precision="f64"),
+               "optimistix": run_optimistix}
+    return sweep(list(MODELS), perturbed=2, seed=0, solvers=solvers)
+
+
+@pytest.mark.slow
+def test_sweep_certified_starts(sweep_rows):
+    cert = [r for r in sweep_rows if r["start"] in ("s1", "s2")]
+    assert len(cert) == 54
+    low = [(r["problem"], r["start"], round(r["ours"], 2)) for r in cert if r["ours"] < 6.0
+           and (r["problem"], r["start"]) not in KNOWN_BEHIND]
+    assert not low
+
+
+@pytest.mark.slow
+def test_sweep_not_behind_optimistix(sweep_rows):
+    behind = {(r["problem"], r["start"]) for r in sweep_rows
+              if r["optimistix"] >= 6.0 and r["ours"] < 6.0}
+    assert behind <= KNOWN_BEHIND, sorted(behind - KNOWN_BEHIND)
+
+
+@pytest.mark.slow
+def test_sweep_adaptive_never_below_float64(sweep_rows):
+    # LRE within 0.5 of float64-only, except at the rounding level where both have more
+    # than 7 digits (the last digits then depend on where the f32 rung left the iterate)
+    bad = [(r["problem"], r["start"], round(r["ours"], 2), round(r["ours_f64"], 2))
+           for r in sweep_rows if r["ours"] < min(r["ours_f64"] - 0.5, 7.0)
+           and (r["problem"], r["start"]) not in KNOWN_BEHIND]
+    assert not bad
