@@ -56,6 +56,9 @@ class LoopConfig(NamedTuple):
     #: set (see :mod:`._pointwise`) only when the residual is proven pointwise and the
     #: normal equations are accumulated block by block.
     point_axes: tuple | None = None
+    #: scipy's ``max_nfev``: stop (status 0) after this many residual evaluations; 0 = no
+    #: cap beyond ``max_steps``.
+    max_nfev: int = 0
 
 
 class _State(NamedTuple):
@@ -331,6 +334,9 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
                                      Status.NONFINITE_RESIDUAL), status)
         status = jnp.where((status == Status.RUNNING) & (nit >= cfg.max_steps),
                            Status.MAX_STEPS, status)
+        if cfg.max_nfev:
+            status = jnp.where((status == Status.RUNNING) & (st.nfev + 1 >= cfg.max_nfev),
+                               Status.MAX_EVALUATIONS, status)
         one = jnp.ones((), jnp.int32)
         return _State(
             x=x_n, cost=cost_n, R=R_n, qtf=qtf_n, fsn=fsn_n, ok=ok_n,

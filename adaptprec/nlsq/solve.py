@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +42,10 @@ from .lm import lm_step, minpack_delta0, minpack_gnorm
 from .result import NLSQResult
 from .trf import active_constraints, cl_scaling, make_strictly_feasible, trf_delta0
 from .trf import trf_step
+from ._finite_diff import fd_jacobian
+from ._inputs import (FD_METHODS, as_bounds, as_x0, check_jac_option, check_max_nfev,
+                      check_tolerances, check_unsupported, check_jac_shape,
+                      wrap_jac)
 
 __all__ = ["solve_nlsq", "resolve_ladder", "clear_cache", "cache_info"]
 
@@ -185,8 +190,8 @@ def _residual_size(residual, unravel, x0, x0_flat, args) -> int:
     if not out_leaves:
         raise ValueError("residual returned no arrays; it must return a 1-D array")
     if len(out_leaves) == 1 and jax.tree.structure(out_shape).num_leaves == 1 \
-            and not isinstance(out_shape, (tuple, list, dict)) and out_leaves[0].ndim != 1:
-        raise ValueError(f"residual must return a 1-D array (or a pytree of arrays); it "
+            and not isinstance(out_shape, (tuple, list, dict)) and out_leaves[0].ndim > 1:
+        raise ValueError(f"residual must return at most a 1-D array (or a pytree of arrays); it "
                          f"returned shape {out_leaves[0].shape}. Return jnp.ravel(r) or "
                          "stack the residuals into a vector.")
     for leaf in out_leaves:
@@ -197,6 +202,25 @@ def _residual_size(residual, unravel, x0, x0_flat, args) -> int:
     if len(_m_cache) > 4 * _CACHE_SIZE:
         _m_cache.pop(next(iter(_m_cache)))
     return m
+
+
+@functools.lru_cache(maxsize=256)
+def _with_kwargs(fn, n_args: int):
+    """``fn(x, *args, **kwargs)`` as ``g(x, *args, kwargs)`` (scipy's ``kwargs=``), stable
+    per ``(fn, n_args)`` so the compiled-solver cache hits."""
+    def g(x, *a):
+        return fn(x, *a[:n_args], **a[n_args])
+    return g
+
+
+def _check_jac_shape(jac, x0_flat, args, m: int, n: int) -> None:
+    """A user ``jac``'s output shape, checked once (``jax.eval_shape``) at the boundary."""
+    try:
+        out = jax.eval_shape(lambda x, a: jnp.asarray(jac(x, *a)), x0_flat, args)
+    except Exception as exc:
+        raise TypeError(f"calling jac(x0, *args) failed while checking its shape: {exc}"
+                        ) from exc
+    check_jac_shape(tuple(out.shape), m, n)
 
 
 def _point_axes(residual, fun_flat, x0, x0_flat, args, m):
@@ -228,6 +252,15 @@ def solve_nlsq(
     linear_solver: str = "auto",
     max_rejections: int = 4,
     cond_tol: float = 1e-2,
+    max_nfev: int | None = None,
+    diff_step=None,
+    kwargs: dict | None = None,
+    tr_solver: str | None = None,
+    tr_options: dict | None = None,
+    jac_sparsity=None,
+    verbose: int = 0,
+    callback=None,
+    workers=None,
 ) -> NLSQResult:
     """Minimise ``0.5 * sum(rho(residual(x, *args) ** 2))`` (scipy ``least_squares``
     semantics, jit/vmap/grad compatible, adaptive precision).
@@ -248,11 +281,22 @@ def solve_nlsq(
       loss, f_scale: robust loss (``"linear"``, ``"soft_l1"``, ``"huber"``, ``"cauchy"``,
         ``"arctan"`` or a callable ``rho(z)``) and its soft margin, as in scipy.
       x_scale: ``"jac"`` (column norms of the Jacobian, non-decreasing) or an array.
-      jac: ``"fwd"`` (``jax.jacfwd``), ``"rev"`` or a callable ``jac(x, *args)`` returning
-        the ``(m, n)`` Jacobian of the flat residual w.r.t. the flat ``x``.
+      jac: ``"fwd"`` (``jax.jacfwd``), ``"rev"``, scipy's finite differences
+        ``"2-point"``, ``"3-point"``, ``"cs"`` (one vectorised evaluation; for models JAX
+        cannot differentiate) or a callable ``jac(x, *args)`` returning the ``(m, n)``
+        Jacobian of the flat residual w.r.t. the flat ``x`` (``(m,)`` is accepted for one
+        parameter).
       ftol, xtol, gtol: scipy's termination tolerances (``gtol`` is MINPACK's scaled
-        cosine for ``lm``/``gn`` and ``||g * v||_inf`` for ``trf``).
+        cosine for ``lm``/``gn`` and ``||g * v||_inf`` for ``trf``); ``None`` disables a
+        test, as in scipy.
       max_steps: iteration cap (trial steps); default ``100 * (n + 1)``.
+      max_nfev: scipy's cap on residual evaluations (``None``: no cap beyond
+        ``max_steps``); ``max_nfev=1`` evaluates at ``x0`` only. Status 0 when reached.
+      diff_step: relative finite-difference step (with ``jac="2-point"/"3-point"/"cs"``).
+      kwargs: keyword arguments for ``residual`` (and a callable ``jac``), as scipy's.
+      tr_solver, tr_options, jac_sparsity, verbose, callback, workers: scipy's options;
+        ``tr_solver=None/"exact"`` and ``verbose=0`` are what adaptprec does, anything else
+        raises an error naming the alternative (see ``docs/scipy.md``).
       precision: ``"adaptive"`` (``f32 -> f64``; residual and Jacobian on f32 first while
         the iterate stays float64), a :class:`~adaptprec.Ladder`/``"f32,f64"``, or one
         dtype (fixed precision).
@@ -288,14 +332,27 @@ def solve_nlsq(
     if method is not None and method not in METHODS:
         raise ValueError(f"method={method!r} is not supported; use one of {METHODS}")
     loss = check_loss(loss)
-    if not (isinstance(jac, str) and jac in ("fwd", "rev")) and not callable(jac):
-        raise ValueError(f"jac must be 'fwd', 'rev' or a callable, got {jac!r}")
+    if method == "lm" and loss != "linear":
+        raise ValueError("method='lm' supports only 'linear' loss function; use "
+                         "method='trf' for a robust loss.")
+    jac = check_jac_option(jac)
+    check_unsupported(tr_solver=tr_solver, tr_options=tr_options, jac_sparsity=jac_sparsity,
+                      verbose=verbose, callback=callback, workers=workers)
+    max_nfev = check_max_nfev(max_nfev)
+    if diff_step is not None and not (isinstance(jac, str) and jac in FD_METHODS):
+        raise ValueError("diff_step only applies to finite-difference Jacobians; pass "
+                         "jac='2-point', '3-point' or 'cs' with it.")
+    if kwargs:
+        if not isinstance(kwargs, dict):
+            raise TypeError(f"kwargs must be a dict, got {type(kwargs).__name__}")
+        residual = _with_kwargs(residual, len(args))
+        if callable(jac):
+            jac = _with_kwargs(jac, len(args))
+        args = (*args, dict(kwargs))
+    x0 = as_x0(x0)
     if linear_solver not in ("auto", "qr", "normal"):
         raise ValueError(f"linear_solver must be 'auto', 'qr' or 'normal', got "
                          f"{linear_solver!r}")
-    for name, tol in (("ftol", ftol), ("xtol", xtol), ("gtol", gtol)):
-        if not np.isscalar(tol) or not np.isfinite(tol) or tol < 0:
-            raise ValueError(f"{name} must be a finite non-negative number, got {tol!r}")
     if not (np.isscalar(f_scale) and np.isfinite(f_scale) and f_scale > 0):
         if is_concrete(f_scale):
             raise ValueError(f"f_scale must be a positive finite number, got {f_scale!r}")
@@ -320,7 +377,7 @@ def solve_nlsq(
 
     m = _residual_size(residual, unravel, x0, x0_flat, args)
 
-    lb, ub = _broadcast_bounds(bounds, n, top_dt)
+    lb, ub = _broadcast_bounds(as_bounds(bounds, n), n, top_dt)
     bounds_known = is_concrete((lb, ub))
     # traced bounds (jit/vmap over them): finiteness is unknown at trace time, so the
     # bounded method runs (with infinite bounds trf is an unconstrained trust region)
@@ -331,6 +388,7 @@ def solve_nlsq(
     if has_bounds and method in ("lm", "gn"):
         raise ValueError(f"method={method!r} does not support bounds; use method='trf' "
                          "(or leave method unset)")
+    ftol, xtol, gtol = check_tolerances(ftol, xtol, gtol, method)
     if method in ("lm", "gn") and m < n:
         raise ValueError(f"method={method!r} needs at least as many residuals as "
                          f"parameters; got m={m} residuals for n={n} parameters. Use "
@@ -366,13 +424,24 @@ def solve_nlsq(
     axes = None
     if linear_solver == "normal" and jac == "fwd":
         axes = _point_axes(residual, fun_flat, x0, x0_flat, args, m)
+    jac_key = jac
+    if callable(jac):
+        _check_jac_shape(jac, x0_flat, args, m, n)
+        jac = wrap_jac(jac, m, n)
+    elif jac in FD_METHODS:
+        fd_bounds = (lb, ub) if bounds_known and has_bounds else (None, None)
+        jac_key = (jac, None if diff_step is None else
+                   tuple(np.ravel(np.asarray(diff_step, float)).tolist()),
+                   *(None if b is None else tuple(np.asarray(b).tolist())
+                     for b in fd_bounds))
+        jac = fd_jacobian(fun_flat, jac, diff_step, *fd_bounds)
     # ------------------------------------------------------------------ compiled solver
     cfg = LoopConfig(m=m, n=n, rungs=rungs, method=method, loss=loss, jac=jac,
                      jac_scale=isinstance(x_scale, str), has_bounds=has_bounds,
                      max_steps=int(max_steps), linear_solver=linear_solver,
                      max_rejections=int(max_rejections), cond_tol=float(cond_tol),
-                     schedule=schedule, point_axes=axes)
-    key = (_hashable(residual), _hashable(jac), _hashable(loss), _hashable(schedule),
+                     schedule=schedule, point_axes=axes, max_nfev=max_nfev)
+    key = (_hashable(residual), _hashable(jac_key), _hashable(loss), _hashable(schedule),
            cfg._replace(loss=None, jac=None, schedule=None), bool(throw),
            _sig(x0), _sig(args), str(x0_flat.dtype))
     with _cache_lock:
