@@ -37,7 +37,7 @@ def default_rel_step(method: str, dtype) -> float:
     Example:
         >>> import numpy as np
         >>> from adaptprec.nlsq._finite_diff import default_rel_step
-        >>> default_rel_step("2-point", np.float64) == np.finfo(np.float64).eps ** 0.5
+        >>> default_rel_step("2-point", np.float64) == float(np.finfo(np.float64).eps) ** 0.5
         True
     """
     eps = float(np.finfo(np.dtype(dtype)).eps)

@@ -112,8 +112,8 @@ def as_bounds(bounds, n: int):
         >>> from scipy.optimize import Bounds
         >>> from adaptprec.nlsq._inputs import as_bounds
         >>> lb, ub = as_bounds(Bounds([0.0, 1.0], [2.0, 3.0]), 2)
-        >>> list(lb), list(ub)
-        [0.0, 1.0], [2.0, 3.0]
+        >>> lb.tolist(), ub.tolist()
+        ([0.0, 1.0], [2.0, 3.0])
     """
     if hasattr(bounds, "lb") and hasattr(bounds, "ub") and not isinstance(
             bounds, (tuple, list)):
