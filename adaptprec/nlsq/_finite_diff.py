@@ -126,6 +126,7 @@ def fd_jacobian(fun: Callable, method: str = "2-point", diff_step=None, lb=None,
         one = (-3 * f0[None, :] + 4 * F1 - F2) / (2 * hs[:, None])
         return jnp.where(central[:, None], cen, one).T
 
+    jac.finite_diff = method
     return jac
 
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from .._tracing import is_concrete
 
-__all__ = ["as_x0", "as_bounds", "check_tolerances", "check_max_nfev",
+__all__ = ["OptionNotOffered", "as_x0", "as_bounds", "check_tolerances", "check_max_nfev",
            "initialize_feasible", "as_data", "FD_METHODS", "check_jac_option",
            "normalize_jac_output", "check_jac_shape", "check_unsupported", "leastsq_kwargs"]
 
@@ -37,6 +37,12 @@ EPS = float(np.finfo(np.float64).eps)
 FD_METHODS = ("2-point", "3-point", "cs")
 #: autodiff schemes (adaptprec's own).
 AD_METHODS = ("fwd", "rev")
+
+
+class OptionNotOffered(ValueError, NotImplementedError):
+    """A scipy option adaptprec does not offer (a ``ValueError``, as scipy raises for
+    option combinations it rejects, and a ``NotImplementedError``); the message names the
+    alternative."""
 
 
 def _is_number_like(leaf) -> bool:
@@ -331,29 +337,29 @@ def check_unsupported(**options):
     """
     workers = options.get("workers")
     if workers is not None and workers is not map:
-        raise NotImplementedError(f"workers={workers!r} is not offered: "
+        raise OptionNotOffered(f"workers={workers!r} is not offered: "
                                   f"{_UNSUPPORTED['workers']}.")
     verbose = options.get("verbose", 0)
     if verbose not in (0, 1, 2, False, None):
         raise ValueError("`verbose` must be in [0, 1, 2].")
     if verbose:
-        raise NotImplementedError(f"verbose={verbose!r} is not offered: "
+        raise OptionNotOffered(f"verbose={verbose!r} is not offered: "
                                   f"{_UNSUPPORTED['verbose']}.")
     tr_solver = options.get("tr_solver")
     if tr_solver not in (None, "exact", "lsmr"):
         raise ValueError("`tr_solver` must be None, 'exact' or 'lsmr'.")
     if tr_solver == "lsmr" or options.get("tr_options"):
-        raise NotImplementedError(
+        raise OptionNotOffered(
             "tr_solver='lsmr' / tr_options are not offered yet: the trust-region step is "
             "solved exactly from a QR (or normal-equations) factorisation; for very many "
             "residuals use linear_solver='normal'.")
     if options.get("jac_sparsity") is not None:
-        raise NotImplementedError(
+        raise OptionNotOffered(
             "jac_sparsity is not offered: adaptprec differentiates the model (jac='fwd'), "
             "which costs n forward passes independently of sparsity; for a pointwise "
             "model with many residuals use linear_solver='normal'.")
     if options.get("callback") is not None:
-        raise NotImplementedError(
+        raise OptionNotOffered(
             "callback is not offered yet; limit the work with max_nfev/max_steps and "
             "inspect res.trace() afterwards.")
 
@@ -388,12 +394,12 @@ def leastsq_kwargs(kwargs: dict) -> dict:
         if v is not None:
             kw["x_scale"] = 1.0 / np.asarray(v, float)
     if kw.pop("col_deriv", 0):
-        raise NotImplementedError("col_deriv is not offered: return the Jacobian with one "
+        raise OptionNotOffered("col_deriv is not offered: return the Jacobian with one "
                                   "row per data point (transpose it in your jac).")
     if "factor" in kw:
         v = kw.pop("factor")
         if v not in (None, 100):
-            raise NotImplementedError("factor (MINPACK's initial step bound) is not "
+            raise OptionNotOffered("factor (MINPACK's initial step bound) is not "
                                       "offered; use x_scale to change the initial radius.")
     if "Dfun" in kw:
         raise TypeError("Dfun is leastsq's name; pass the Jacobian as jac=...")

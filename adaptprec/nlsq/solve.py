@@ -241,7 +241,7 @@ def solve_nlsq(
     loss="linear",
     f_scale: float = 1.0,
     x_scale="jac",
-    jac="fwd",
+    jac=None,
     ftol: float = 1e-15,
     xtol: float = 1e-10,
     gtol: float = 1e-10,
@@ -281,7 +281,8 @@ def solve_nlsq(
       loss, f_scale: robust loss (``"linear"``, ``"soft_l1"``, ``"huber"``, ``"cauchy"``,
         ``"arctan"`` or a callable ``rho(z)``) and its soft margin, as in scipy.
       x_scale: ``"jac"`` (column norms of the Jacobian, non-decreasing) or an array.
-      jac: ``"fwd"`` (``jax.jacfwd``), ``"rev"``, scipy's finite differences
+      jac: ``"fwd"`` (``jax.jacfwd``; the default, or ``"2-point"`` when ``diff_step``
+        is given), ``"rev"``, scipy's finite differences
         ``"2-point"``, ``"3-point"``, ``"cs"`` (one vectorised evaluation; for models JAX
         cannot differentiate) or a callable ``jac(x, *args)`` returning the ``(m, n)``
         Jacobian of the flat residual w.r.t. the flat ``x`` (``(m,)`` is accepted for one
@@ -335,6 +336,8 @@ def solve_nlsq(
     if method == "lm" and loss != "linear":
         raise ValueError("method='lm' supports only 'linear' loss function; use "
                          "method='trf' for a robust loss.")
+    if jac is None:  # scipy's default is "2-point": a diff_step asks for it
+        jac = "2-point" if diff_step is not None else "fwd"
     jac = check_jac_option(jac)
     check_unsupported(tr_solver=tr_solver, tr_options=tr_options, jac_sparsity=jac_sparsity,
                       verbose=verbose, callback=callback, workers=workers)
@@ -564,7 +567,9 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
                 [f"solve_nlsq failed (status {c}): {STATUS_MESSAGES[c]}" for c in codes])
         return NLSQResult(
             x=unravel(x), cost=cost, fun=f, jac=Js, grad=g, optimality=optimality,
-            active_mask=active, nfev=st.nfev, njev=st.njev + 1, nit=st.nit,
+            active_mask=active, nfev=st.nfev,
+            njev=None if (cfg.method == "lm" and getattr(cfg.jac, "finite_diff", False))
+            else st.njev, nit=st.nit,
             status=status, rung=st.rung, escalations=st.escalations,
             rung_entered=st.rung_entered, rung_nfev=st.rung_nfev,
             escalation_reason=st.esc_reason, ladder=tuple(np.dtype(d) for d in rungs))
