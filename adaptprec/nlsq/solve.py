@@ -43,13 +43,14 @@ from .result import NLSQResult
 from .trf import active_constraints, cl_scaling, make_strictly_feasible, trf_delta0
 from .trf import trf_step
 from ._finite_diff import fd_jacobian
+from .dogbox import dogbox_delta0, dogbox_gnorm, dogbox_step, on_bound
 from ._inputs import (FD_METHODS, as_bounds, as_x0, check_jac_option, check_max_nfev,
                       check_tolerances, check_unsupported, check_jac_shape,
                       wrap_jac)
 
 __all__ = ["solve_nlsq", "resolve_ladder", "clear_cache", "cache_info"]
 
-METHODS = ("lm", "gn", "trf")
+METHODS = ("lm", "gn", "trf", "dogbox")
 _CACHE_SIZE = 64
 _cache: collections.OrderedDict = collections.OrderedDict()
 _cache_lock = threading.Lock()
@@ -271,7 +272,8 @@ def solve_nlsq(
       x0: initial guess (array or pytree of arrays); must be finite and inside ``bounds``.
       args: tuple of extra arguments (data); arrays in it are cast to each rung's dtype.
       method: ``"lm"`` (Levenberg–Marquardt trust region, Moré/MINPACK; default),
-        ``"gn"`` (damped Gauss–Newton) or ``"trf"`` (trust-region reflective, bounds).
+        ``"gn"`` (damped Gauss–Newton), ``"trf"`` (trust-region reflective, bounds) or
+        ``"dogbox"`` (dogleg in a rectangular trust region, bounds; scipy's).
         ``"lm"``/``"gn"`` need ``m >= n`` and no bounds.
       bounds: ``(lb, ub)`` scalars or arrays of ``x0``'s size; iterates stay strictly
         feasible (``method="trf"`` is chosen automatically when bounds are given with the
@@ -478,6 +480,10 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
             return jnp.max(jnp.abs(g * v))
 
         delta0_fn = trf_delta0
+    elif cfg.method == "dogbox":
+        step_fn = dogbox_step
+        gnorm_fn = dogbox_gnorm
+        delta0_fn = dogbox_delta0
     else:
         inner = lm_step if cfg.method == "lm" else gn_step
 
@@ -530,13 +536,17 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
         args_c = jax.lax.stop_gradient(args)
         args_all = tuple(cast_floating(args_c, d) for d in rungs)
         x0c = jax.lax.stop_gradient(x0)
-        if cfg.has_bounds:
+        if cfg.has_bounds and cfg.method == "trf":
             x0c = make_strictly_feasible(x0c, lb, ub)
         st = run(x0c, args_all, lb, ub, scale_inv0, jax.lax.stop_gradient(f_scale),
                  ftol, xtol, gtol)
         x_star = jax.lax.stop_gradient(st.x)
-        active = active_constraints(x_star, lb, ub, xtol) if cfg.has_bounds else \
-            jnp.zeros(x_star.shape, jnp.int32)
+        if cfg.has_bounds and cfg.method == "dogbox":
+            active = on_bound(x_star, lb, ub)
+        elif cfg.has_bounds:
+            active = active_constraints(x_star, lb, ub, xtol)
+        else:
+            active = jnp.zeros(x_star.shape, jnp.int32)
         x = implicit_x(x_star, args_top, f_scale, active == 0)
         # Final evaluation on the top rung: fun, (loss-modified) jac, grad, optimality.
         if cfg.point_axes is not None:
@@ -553,7 +563,9 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder):
             cost = robust_cost(loss, f, f_scale)
             fs, Js = scale_for_robust_loss(loss, f, J, f_scale)
             g = Js.T @ fs
-        if cfg.has_bounds:
+        if cfg.has_bounds and cfg.method == "dogbox":
+            optimality = dogbox_gnorm(x, g, None, None, lb, ub)
+        elif cfg.has_bounds:
             v, _ = cl_scaling(x, g, lb, ub)
             optimality = jnp.max(jnp.abs(g * v))
         else:
