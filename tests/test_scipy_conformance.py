@@ -246,7 +246,9 @@ def test_diff_step():
             ours = np.asarray(fd_jacobian(f, method, ds)(jnp.asarray(x)))
             ref = approx_derivative(lambda v: np.asarray(f(v)), x, method=method,
                                     rel_step=ds)
-            assert np.allclose(ours, ref, rtol=1e-12, atol=1e-14), (method, ds)
+            # the perturbed evaluations are vectorised (vmap): their last-bit rounding
+            # may differ from scipy's loop, magnified by 1 / h
+            assert np.allclose(ours, ref, rtol=1e-9, atol=1e-12), (method, ds)
     # without jac, diff_step selects scipy's default 2-point
     res = ap.solve_nlsq(fun_trivial, 2.0, diff_step=1e-1, method="trf")
     assert abs(float(res.x[0])) < 1e-4
@@ -333,7 +335,9 @@ def test_infodict():
     R = np.triu(np.asarray(info["fjac"]).T[:2])
     Rs = np.triu(rinfo["fjac"].T[:2])
     assert np.allclose(np.abs(R), np.abs(Rs), rtol=1e-5)
-    assert np.allclose(np.abs(info["qtf"]), np.abs(rinfo["qtf"]), rtol=1e-4, atol=1e-10)
+    # qtf = Q^T f vanishes at the optimum (R^T qtf = J^T f = 0): compare at the scale of
+    # scipy's own convergence (ftol 1.5e-8)
+    assert np.allclose(info["qtf"], rinfo["qtf"], atol=1e-7)
     assert np.allclose(info["fvec"], rinfo["fvec"], atol=1e-7)
     assert int(info["nfev"]) >= 1 and ier in (1, 2, 3, 4) and isinstance(mesg, str)
 

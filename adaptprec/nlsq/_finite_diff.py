@@ -122,8 +122,11 @@ def fd_jacobian(fun: Callable, method: str = "2-point", diff_step=None, lb=None,
         d2 = jnp.where(central, hs, 2 * hs)  # central: x + h; one-sided: x + 2h
         F1 = jax.vmap(at)(eye * d1[:, None])
         F2 = jax.vmap(at)(eye * d2[:, None])
-        cen = (F2 - F1) / (2 * hs[:, None])
-        one = (-3 * f0[None, :] + 4 * F1 - F2) / (2 * hs[:, None])
+        # denominators as scipy forms them: (x + h) - (x - h) and (x + 2h) - x
+        dx_cen = (x + d2) - (x + d1)
+        dx_one = (x + d2) - x
+        cen = (F2 - F1) / dx_cen[:, None]
+        one = (-3 * f0[None, :] + 4 * F1 - F2) / dx_one[:, None]
         return jnp.where(central[:, None], cen, one).T
 
     jac.finite_diff = method

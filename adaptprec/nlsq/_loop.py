@@ -346,6 +346,9 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         # ends on gtol, not on the radius collapse of a rejected step from it
         status = jnp.where(on_top & (~want_up) & (top_steps >= 1) & gtol_n &
                            ((code == 0) | radius_xtol), Status.GTOL, status)
+        # a point just evaluated on the top rung that already satisfies gtol ends the
+        # solve there, as scipy's first test of each iteration does
+        status = jnp.where(on_top & pending & gtol_n, Status.GTOL, status)
         status = jnp.where(on_top & collapsed, Status.NO_FINITE_STEP, status)
         cur_bad = jnp.where(pending, ~ok_z, ~st.ok)
         cur_cost = jnp.where(pending, cost_z, st.cost)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import warnings
 from collections.abc import Callable
 
@@ -43,6 +44,24 @@ __all__ = ["curve_fit", "OptimizeWarning"]
 
 class OptimizeWarning(UserWarning):
     """Warned when the covariance of the parameters cannot be estimated."""
+
+
+@functools.lru_cache(maxsize=1)
+def _both_warning_classes():
+    import scipy.optimize
+
+    class OptimizeWarningBoth(OptimizeWarning, scipy.optimize.OptimizeWarning):
+        """adaptprec's and scipy's ``OptimizeWarning`` at once."""
+
+    return OptimizeWarningBoth
+
+
+def _warning_class():
+    """:class:`OptimizeWarning`; when scipy.optimize is already imported, a subclass of
+    both it and scipy's, so code that filters scipy's warning keeps working."""
+    if "scipy.optimize" in sys.modules:
+        return _both_warning_classes()
+    return OptimizeWarning
 
 
 def _check_model_jac(f, jac, xdata, p0) -> None:
@@ -210,7 +229,10 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
     p0 = jnp.atleast_1d(jnp.asarray(p0, dtype=jnp.result_type(float)))
     n = int(p0.size)
     bounds = as_bounds(bounds, n)
-    if method == "lm" and m != 1 and n > m:
+    unbounded = is_concrete(bounds) and all(
+        np.all(np.isinf(np.asarray(b, float))) for b in bounds
+        if not isinstance(b, dict))
+    if (method == "lm" or (method is None and unbounded)) and m != 1 and n > m:
         raise TypeError(f"The number of func parameters={n} must not exceed the number "
                         f"of data points={m}")
 
@@ -248,6 +270,9 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
                              + str(exc).replace("x0", "p0")) from None
         raise
     popt = res.x
+    # intentional difference (docs/scipy.md): scipy's lm gives an all-inf pcov for a
+    # rank-deficient Jacobian and trf a pseudo-inverse; here only the rows and columns of
+    # the parameters that are not identifiable are inf, for every method
     pcov, _ = covariance_from_jac(res.jac)
     # the point count is the residual's size (a scalar ydata broadcasts against f)
     m = int(res.fun.size)
@@ -263,7 +288,7 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
             raise RuntimeError("Optimal parameters not found: " + res.message)
         if np.any(np.isinf(np.asarray(pcov))):
             warnings.warn("Covariance of the parameters could not be estimated (inf "
-                          "where a parameter is not identifiable)", OptimizeWarning,
+                          "where a parameter is not identifiable)", _warning_class(),
                           stacklevel=2)
     if full_output:
         infodict = {"nfev": res.nfev, "fvec": res.fun, "result": res,
