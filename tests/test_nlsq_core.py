@@ -291,7 +291,7 @@ def test_grad_linear_closed_form():
     ({"method": "lm", "bounds": (-5, 5)}, jnp.asarray(P0), (T, Y), ValueError,
      "does not support bounds"),
     ({"loss": "l2"}, jnp.asarray(P0), (T, Y), ValueError, "loss='l2'"),
-    ({"method": "dogbox"}, jnp.asarray(P0), (T, Y), ValueError, "method='dogbox'"),
+    ({"method": "newton"}, jnp.asarray(P0), (T, Y), ValueError, "method='newton'"),
     ({"x_scale": -1.0}, jnp.asarray(P0), (T, Y), ValueError, "x_scale"),
     ({"precision": "f8"}, jnp.asarray(P0), (T, Y), ValueError, "alias"),
 ])
