@@ -59,6 +59,8 @@ BEHAVIOURS = [
     ("a start that satisfies gtol ends on gtol (gh-18793)", "test_gtol_first"),
     ("finite differences work under jit and vmap", "test_fd_jit_vmap"),
     ("curve_fit lm with bounds raises ValueError", "test_curve_fit_lm_bounds"),
+    ("callback sees each accepted step; StopIteration ends with status -2",
+     "test_callback"),
 ]
 
 
@@ -361,7 +363,6 @@ def test_nan_policy_messages():
     ({"tr_solver": "lsmr"}, "linear_solver='normal'"),
     ({"tr_options": {"btol": 1e-10}}, "linear_solver='normal'"),
     ({"jac_sparsity": np.eye(1)}, "jac='fwd'"),
-    ({"callback": lambda x: None}, "max_nfev"),
 ])
 def test_unsupported_options(kw, alt):
     with pytest.raises(OptionNotOffered, match=alt):
@@ -416,3 +417,36 @@ def test_warning_below_eps():
         warnings.simplefilter("always")
         ap.solve_nlsq(fun_trivial, 2.0, method="trf", ftol=1e-20)
     assert any("machine epsilon" in str(x.message) for x in w)
+
+
+@pytest.mark.parametrize("method, bounds", [("trf", (-np.inf, np.inf)), ("trf", (-8.0, 8.0)),
+                                            ("dogbox", (-np.inf, np.inf)),
+                                            ("lm", (-np.inf, np.inf))])
+def test_callback(method, bounds):
+    seen = []
+
+    def by_result(intermediate_result):
+        seen.append(intermediate_result)
+
+    def by_x(x):
+        seen.append({"x": x, "nit": 1})
+
+    for cb in (by_result, by_x):
+        seen.clear()
+        res = ap.solve_nlsq(fun_trivial, 5.0, method=method, bounds=bounds, callback=cb)
+        assert seen and int(res.status) != -2 and bool(res.success)
+        assert np.allclose(seen[-1]["x"], res.x)
+
+    def stop(intermediate_result):
+        seen.append(intermediate_result)
+        raise StopIteration
+
+    seen.clear()
+    res = ap.solve_nlsq(fun_trivial, 5.0, method=method, bounds=bounds, callback=stop)
+    assert len(seen) == 1 and int(res.status) == -2 and not bool(res.success)
+    assert np.allclose(seen[0].x, res.x)
+    # under jit the callback still runs on the host
+    seen.clear()
+    jax.jit(lambda a: ap.solve_nlsq(fun_trivial, 5.0, args=(a,), method=method,
+                                    bounds=bounds, callback=by_result).x)(1.0)
+    assert seen

@@ -358,10 +358,6 @@ def check_unsupported(**options):
             "jac_sparsity is not offered: adaptprec differentiates the model (jac='fwd'), "
             "which costs n forward passes independently of sparsity; for a pointwise "
             "model with many residuals use linear_solver='normal'.")
-    if options.get("callback") is not None:
-        raise OptionNotOffered(
-            "callback is not offered yet; limit the work with max_nfev/max_steps and "
-            "inspect res.trace() afterwards.")
 
 
 #: leastsq keyword arguments (curve_fit with method="lm" forwards them in scipy) and

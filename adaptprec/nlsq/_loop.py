@@ -34,6 +34,7 @@ from .common import Status, check_termination_codes, jac_scale, robust_cost
 from .common import scale_for_robust_loss, update_tr_radius
 from ._blocks import PointBlocks
 from .lm import minpack_radius
+from ._callback import call_callback
 
 __all__ = ["LoopConfig", "build_loop"]
 
@@ -59,6 +60,8 @@ class LoopConfig(NamedTuple):
     #: scipy's ``max_nfev``: stop (status 0) after this many residual evaluations; 0 = no
     #: cap beyond ``max_steps``.
     max_nfev: int = 0
+    #: scipy's ``callback`` (see :mod:`._callback`), or ``None``
+    callback: Any = None
 
 
 class _State(NamedTuple):
@@ -357,6 +360,11 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
                                      Status.NONFINITE_RESIDUAL), status)
         status = jnp.where((status == Status.RUNNING) & (nit >= cfg.max_steps),
                            Status.MAX_STEPS, status)
+        if cfg.callback is not None:
+            stop = call_callback(cfg.callback, x_n, nit, st.nfev + 1, cost_n,
+                                 accepted & ~want_up)
+            status = jnp.where((status == Status.RUNNING) & stop, Status.CALLBACK_STOP,
+                               status)
         if cfg.max_nfev:
             status = jnp.where((status == Status.RUNNING) & (st.nfev + 1 >= cfg.max_nfev),
                                Status.MAX_EVALUATIONS, status)

@@ -297,7 +297,10 @@ def solve_nlsq(
         ``max_steps``); ``max_nfev=1`` evaluates at ``x0`` only. Status 0 when reached.
       diff_step: relative finite-difference step (with ``jac="2-point"/"3-point"/"cs"``).
       kwargs: keyword arguments for ``residual`` (and a callable ``jac``), as scipy's.
-      tr_solver, tr_options, jac_sparsity, verbose, callback, workers: scipy's options;
+      callback: scipy's ``callback(intermediate_result)`` (or ``callback(x)``), called on
+        the host after every accepted step (also under ``jit``); raising
+        ``StopIteration`` ends the solve with status -2.
+      tr_solver, tr_options, jac_sparsity, verbose, workers: scipy's options;
         ``tr_solver=None/"exact"`` and ``verbose=0`` are what adaptprec does, anything else
         raises an error naming the alternative (see ``docs/scipy.md``).
       precision: ``"adaptive"`` (``f32 -> f64``; residual and Jacobian on f32 first while
@@ -342,7 +345,9 @@ def solve_nlsq(
         jac = "2-point" if diff_step is not None else "fwd"
     jac = check_jac_option(jac)
     check_unsupported(tr_solver=tr_solver, tr_options=tr_options, jac_sparsity=jac_sparsity,
-                      verbose=verbose, callback=callback, workers=workers)
+                      verbose=verbose, workers=workers)
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable, got {type(callback).__name__}")
     max_nfev = check_max_nfev(max_nfev)
     if diff_step is not None and not (isinstance(jac, str) and jac in FD_METHODS):
         raise ValueError("diff_step only applies to finite-difference Jacobians; pass "
@@ -445,9 +450,11 @@ def solve_nlsq(
                      jac_scale=isinstance(x_scale, str), has_bounds=has_bounds,
                      max_steps=int(max_steps), linear_solver=linear_solver,
                      max_rejections=int(max_rejections), cond_tol=float(cond_tol),
-                     schedule=schedule, point_axes=axes, max_nfev=max_nfev)
+                     schedule=schedule, point_axes=axes, max_nfev=max_nfev,
+                     callback=callback)
     key = (_hashable(residual), _hashable(jac_key), _hashable(loss), _hashable(schedule),
-           cfg._replace(loss=None, jac=None, schedule=None), bool(throw),
+           cfg._replace(loss=None, jac=None, schedule=None, callback=None),
+           _hashable(callback), bool(throw),
            _sig(x0), _sig(args), str(x0_flat.dtype))
     with _cache_lock:
         solver = _cache.get(key)
