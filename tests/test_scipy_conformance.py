@@ -61,6 +61,7 @@ BEHAVIOURS = [
     ("curve_fit lm with bounds raises ValueError", "test_curve_fit_lm_bounds"),
     ("callback sees each accepted step; StopIteration ends with status -2",
      "test_callback"),
+    ("jac_sparsity groups finite-difference columns; lm rejects it", "test_jac_sparsity"),
 ]
 
 
@@ -362,7 +363,7 @@ def test_nan_policy_messages():
     ({"verbose": 1}, "res.message"),
     ({"tr_solver": "lsmr"}, "linear_solver='normal'"),
     ({"tr_options": {"btol": 1e-10}}, "linear_solver='normal'"),
-    ({"jac_sparsity": np.eye(1)}, "jac='fwd'"),
+    ({"jac_sparsity": np.eye(1), "jac": "fwd"}, "2-point"),
 ])
 def test_unsupported_options(kw, alt):
     with pytest.raises(OptionNotOffered, match=alt):
@@ -450,3 +451,34 @@ def test_callback(method, bounds):
     jax.jit(lambda a: ap.solve_nlsq(fun_trivial, 5.0, args=(a,), method=method,
                                     bounds=bounds, callback=by_result).x)(1.0)
     assert seen
+
+
+def test_jac_sparsity():
+    from scipy.sparse import diags
+
+    n = 30
+    rng = np.random.default_rng(0)
+    x0 = -np.ones(n) + 0.1 * rng.standard_normal(n)
+
+    def broyden(x):
+        f = (3 - x) * x + 1
+        f = f.at[1:].add(-x[:-1])
+        return f.at[:-1].add(-2 * x[1:])
+
+    pattern = diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(n, n))
+    from adaptprec.nlsq._finite_diff import as_sparsity, fd_jacobian, group_columns
+
+    sp = as_sparsity(pattern, n, n)
+    assert group_columns(sp).max() + 1 == 3  # tridiagonal: 3 evaluations, not 30
+    xj = jnp.asarray(x0)
+    for method in ("2-point", "3-point", "cs"):
+        dense = fd_jacobian(broyden, method)(xj)
+        grouped = fd_jacobian(broyden, method, sparsity=sp)(xj)
+        assert np.allclose(dense, grouped, rtol=1e-12, atol=1e-12), method
+    res = ap.solve_nlsq(broyden, x0, jac_sparsity=pattern, method="trf")
+    ref = ap.solve_nlsq(broyden, x0, jac="2-point", method="trf")
+    assert float(res.cost) < 1e-20 and np.allclose(res.x, ref.x, atol=1e-10)
+    with pytest.raises(ValueError, match="does not support `jac_sparsity`"):
+        ap.solve_nlsq(broyden, x0, jac_sparsity=pattern, method="lm")
+    with pytest.raises(ValueError, match="`jac_sparsity` has wrong shape"):
+        ap.solve_nlsq(broyden, x0, jac_sparsity=np.ones((n - 1, n)), method="trf")

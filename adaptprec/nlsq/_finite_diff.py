@@ -56,8 +56,53 @@ def _steps(x, method, diff_step):
     return ((x + h) - x).astype(dt)
 
 
+def as_sparsity(sparsity, m: int, n: int) -> np.ndarray:
+    """``jac_sparsity`` (a dense array, a scipy.sparse matrix or array, anything with
+    ``toarray``) as a boolean ``(m, n)`` NumPy array; the wrong shape raises ``ValueError``.
+
+    Example:
+        >>> import numpy as np
+        >>> from adaptprec.nlsq._finite_diff import as_sparsity
+        >>> as_sparsity(np.eye(2), 2, 2).tolist()
+        [[True, False], [False, True]]
+    """
+    a = sparsity.toarray() if hasattr(sparsity, "toarray") else np.asarray(sparsity)
+    a = np.atleast_2d(a)
+    if a.shape != (m, n):
+        raise ValueError(f"`jac_sparsity` has wrong shape: expected {(m, n)} (residuals x "
+                         f"parameters), actual {a.shape}.")
+    return a != 0
+
+
+def group_columns(sparsity: np.ndarray) -> np.ndarray:
+    """Greedy column grouping (scipy's ``group_columns``, in order): columns in one group
+    share no nonzero row, so one perturbed evaluation serves the whole group.
+
+    Example:
+        >>> import numpy as np
+        >>> from adaptprec.nlsq._finite_diff import group_columns
+        >>> tri = np.eye(5) + np.eye(5, k=1) + np.eye(5, k=-1)
+        >>> group_columns(tri != 0).tolist()
+        [0, 1, 2, 0, 1]
+    """
+    m, n = sparsity.shape
+    groups = -np.ones(n, dtype=int)
+    used_rows = []
+    for j in range(n):
+        rows = sparsity[:, j]
+        for g, used in enumerate(used_rows):
+            if not np.any(used & rows):
+                groups[j] = g
+                used_rows[g] = used | rows
+                break
+        else:
+            groups[j] = len(used_rows)
+            used_rows.append(rows.copy())
+    return groups
+
+
 def fd_jacobian(fun: Callable, method: str = "2-point", diff_step=None, lb=None,
-                ub=None) -> Callable:
+                ub=None, sparsity=None) -> Callable:
     """``jac(x, *args)``: the ``(m, n)`` finite-difference Jacobian of the flat residual
     ``fun(x, *args)`` (one vectorised evaluation of all perturbed points).
 
@@ -68,6 +113,9 @@ def fd_jacobian(fun: Callable, method: str = "2-point", diff_step=None, lb=None,
       diff_step: relative step (scalar or per parameter), or ``None`` for scipy's default.
       lb, ub: concrete bounds (NumPy arrays) the perturbed points must respect, or
         ``None``.
+      sparsity: a boolean ``(m, n)`` pattern (see :func:`as_sparsity`), or ``None``.
+        Columns are grouped (:func:`group_columns`) and each group costs one perturbed
+        evaluation instead of one per column.
 
     Example:
         >>> import jax.numpy as jnp
@@ -85,27 +133,46 @@ def fd_jacobian(fun: Callable, method: str = "2-point", diff_step=None, lb=None,
     ub = None if ub is None else np.asarray(ub, float)
     bounded = lb is not None and (np.any(np.isfinite(lb)) or np.any(np.isfinite(ub)))
 
+    if sparsity is not None:
+        groups = group_columns(np.asarray(sparsity, bool))
+        n_groups = int(groups.max()) + 1
+        # (n_groups, n): which columns each perturbed evaluation moves
+        member = np.zeros((n_groups, groups.size), bool)
+        member[groups, np.arange(groups.size)] = True
+        mask = np.asarray(sparsity, bool)
+
     def jac(x, *args):
         x = jnp.asarray(x)
         n = x.shape[0]
         h = _steps(x, method, diff_step)
-        eye = jnp.eye(n, dtype=x.dtype)
+        if sparsity is None:
+            eye = jnp.eye(n, dtype=x.dtype)
+        else:
+            eye = jnp.asarray(member, x.dtype)  # one row per group
 
         def at(dx):
             return jnp.ravel(fun(x + dx, *args))
 
+        def spread(D, dx):
+            """Per-column differences ``D`` ((groups or n) x m) divided by ``dx`` (n,)
+            as the (m, n) Jacobian."""
+            if sparsity is None:
+                return (D / dx[:, None]).T
+            Dc = D[jnp.asarray(groups)]  # (n, m): the group's difference for each column
+            return jnp.where(jnp.asarray(mask), (Dc / dx[:, None]).T, 0.0)
+
         if method == "cs":
             xc = x.astype(jnp.result_type(x.dtype, jnp.complex64))
-            F = jax.vmap(lambda dx: jnp.ravel(fun(xc + 1j * dx, *args)))(eye * h[:, None])
-            return (jnp.imag(F) / h[:, None]).T.astype(x.dtype)
+            F = jax.vmap(lambda dx: jnp.ravel(fun(xc + 1j * dx, *args)))(eye * h[None, :])
+            return spread(jnp.imag(F), h).astype(x.dtype)
         f0 = jnp.ravel(fun(x, *args))
         if method == "2-point":
             if bounded:
                 lo = jnp.asarray(lb, x.dtype)
                 hi = jnp.asarray(ub, x.dtype)
                 h = jnp.where((x + h > hi) & (x - h >= lo), -h, h)
-            F = jax.vmap(at)(eye * h[:, None])
-            return ((F - f0[None, :]) / h[:, None]).T
+            F = jax.vmap(at)(eye * h[None, :])
+            return spread(F - f0[None, :], (x + h) - x)
         # 3-point: central, or one-sided (-3 f0 + 4 f1 - f2) / (2 h) next to a bound
         if bounded:
             lo = jnp.asarray(lb, x.dtype)
@@ -120,14 +187,14 @@ def fd_jacobian(fun: Callable, method: str = "2-point", diff_step=None, lb=None,
         hs = jnp.where(central, h, one_sided)
         d1 = jnp.where(central, -hs, hs)   # central: x - h; one-sided: x + h
         d2 = jnp.where(central, hs, 2 * hs)  # central: x + h; one-sided: x + 2h
-        F1 = jax.vmap(at)(eye * d1[:, None])
-        F2 = jax.vmap(at)(eye * d2[:, None])
+        F1 = jax.vmap(at)(eye * d1[None, :])
+        F2 = jax.vmap(at)(eye * d2[None, :])
         # denominators as scipy forms them: (x + h) - (x - h) and (x + 2h) - x
         dx_cen = (x + d2) - (x + d1)
         dx_one = (x + d2) - x
-        cen = (F2 - F1) / dx_cen[:, None]
-        one = (-3 * f0[None, :] + 4 * F1 - F2) / dx_one[:, None]
-        return jnp.where(central[:, None], cen, one).T
+        cen = spread(F2 - F1, dx_cen)
+        one = spread(-3 * f0[None, :] + 4 * F1 - F2, dx_one)
+        return jnp.where(central[None, :], cen, one)
 
     jac.finite_diff = method
     return jac

@@ -353,11 +353,6 @@ def check_unsupported(**options):
             "tr_solver='lsmr' / tr_options are not offered yet: the trust-region step is "
             "solved exactly from a QR (or normal-equations) factorisation; for very many "
             "residuals use linear_solver='normal'.")
-    if options.get("jac_sparsity") is not None:
-        raise OptionNotOffered(
-            "jac_sparsity is not offered: adaptprec differentiates the model (jac='fwd'), "
-            "which costs n forward passes independently of sparsity; for a pointwise "
-            "model with many residuals use linear_solver='normal'.")
 
 
 #: leastsq keyword arguments (curve_fit with method="lm" forwards them in scipy) and

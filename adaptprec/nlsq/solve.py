@@ -42,9 +42,9 @@ from .lm import lm_step, minpack_delta0, minpack_gnorm
 from .result import NLSQResult
 from .trf import active_constraints, cl_scaling, make_strictly_feasible, trf_delta0
 from .trf import trf_step
-from ._finite_diff import fd_jacobian
+from ._finite_diff import as_sparsity, fd_jacobian
 from .dogbox import dogbox_delta0, dogbox_gnorm, dogbox_step, on_bound
-from ._inputs import (FD_METHODS, as_bounds, as_x0, check_jac_option, check_max_nfev,
+from ._inputs import (FD_METHODS, OptionNotOffered, as_bounds, as_x0, check_jac_option, check_max_nfev,
                       check_tolerances, check_unsupported, check_jac_shape,
                       wrap_jac)
 
@@ -300,7 +300,10 @@ def solve_nlsq(
       callback: scipy's ``callback(intermediate_result)`` (or ``callback(x)``), called on
         the host after every accepted step (also under ``jit``); raising
         ``StopIteration`` ends the solve with status -2.
-      tr_solver, tr_options, jac_sparsity, verbose, workers: scipy's options;
+      jac_sparsity: scipy's ``(m, n)`` sparsity pattern (dense or scipy.sparse) for a
+        finite-difference Jacobian: columns that share no row are perturbed together
+        (one evaluation per group). Selects ``"2-point"`` when ``jac`` is unset.
+      tr_solver, tr_options, verbose, workers: scipy's options;
         ``tr_solver=None/"exact"`` and ``verbose=0`` are what adaptprec does, anything else
         raises an error naming the alternative (see ``docs/scipy.md``).
       precision: ``"adaptive"`` (``f32 -> f64``; residual and Jacobian on f32 first while
@@ -341,11 +344,20 @@ def solve_nlsq(
     if method == "lm" and loss != "linear":
         raise ValueError("method='lm' supports only 'linear' loss function; use "
                          "method='trf' for a robust loss.")
-    if jac is None:  # scipy's default is "2-point": a diff_step asks for it
-        jac = "2-point" if diff_step is not None else "fwd"
+    if jac is None:  # scipy's default is "2-point": diff_step / jac_sparsity ask for it
+        jac = "2-point" if (diff_step is not None or jac_sparsity is not None) else "fwd"
     jac = check_jac_option(jac)
-    check_unsupported(tr_solver=tr_solver, tr_options=tr_options, jac_sparsity=jac_sparsity,
-                      verbose=verbose, workers=workers)
+    check_unsupported(tr_solver=tr_solver, tr_options=tr_options, verbose=verbose,
+                      workers=workers)
+    if jac_sparsity is not None:
+        if method == "lm":
+            raise ValueError("method='lm' does not support `jac_sparsity`; use "
+                             "method='trf' or 'dogbox'.")
+        if not (isinstance(jac, str) and jac in FD_METHODS):
+            raise OptionNotOffered(
+                "jac_sparsity applies to finite-difference Jacobians (it groups the "
+                "perturbed evaluations); pass jac='2-point', '3-point' or 'cs' with it, or "
+                "drop it: automatic differentiation (jac='fwd') needs no sparsity.")
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable, got {type(callback).__name__}")
     max_nfev = check_max_nfev(max_nfev)
@@ -444,7 +456,10 @@ def solve_nlsq(
                    tuple(np.ravel(np.asarray(diff_step, float)).tolist()),
                    *(None if b is None else tuple(np.asarray(b).tolist())
                      for b in fd_bounds))
-        jac = fd_jacobian(fun_flat, jac, diff_step, *fd_bounds)
+        sp = None if jac_sparsity is None else as_sparsity(jac_sparsity, m, n)
+        if sp is not None:
+            jac_key = (*jac_key, sp.shape, np.packbits(sp).tobytes())
+        jac = fd_jacobian(fun_flat, jac, diff_step, *fd_bounds, sparsity=sp)
     # ------------------------------------------------------------------ compiled solver
     cfg = LoopConfig(m=m, n=n, rungs=rungs, method=method, loss=loss, jac=jac,
                      jac_scale=isinstance(x_scale, str), has_bounds=has_bounds,
