@@ -194,6 +194,7 @@ def test_none_tolerance(tols):
     assert np.allclose(res.x, [1.0, 1.0])
 
 
+@pytest.mark.filterwarnings("ignore:Setting `.tol` below the machine epsilon")
 def test_all_tolerances_off():
     with pytest.raises(ValueError, match="At least one of the tolerances"):
         ap.solve_nlsq(fun_trivial, 2.0, method="trf", ftol=None, xtol=None, gtol=None)
