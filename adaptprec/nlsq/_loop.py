@@ -254,33 +254,16 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             # MINPACK: on the first step (here: on each rung) the radius is first cut
             # to the step length, so a huge initial radius is not shrunk step by step.
             first = st.rung_entered[st.rung] == st.nit
-            # MINPACK's shrink factor interpolates along the step direction
-            # (0.5 dirder / (dirder + 0.5 actred), relative to ||f||^2): a step that
-            # overshoots a minimum with a vanishing Jacobian is cut to the minimum.
-            tiny_c = jnp.finfo(top_dt).tiny
-            dirder = (g @ (z - st.x)) / jnp.maximum(2.0 * st.cost, tiny_c)
-            actred = actual / jnp.maximum(st.cost, tiny_c)  # 1 - (fnorm1 / fnorm)^2
-            shrink = jnp.where(actred >= 0, 0.5,
-                               0.5 * dirder / jnp.where(dirder + 0.5 * actred == 0, -1.0,
-                                                        dirder + 0.5 * actred))
             Delta_n = minpack_radius(jnp.where(first, jnp.minimum(st.Delta, step.step_norm),
                                                st.Delta),
                                      ratio, step.step_norm, step.alpha,
-                                     cost_z > 100.0 * st.cost, shrink)
+                                     cost_z > 100.0 * st.cost)
         Delta_n = jnp.where(finite_z, Delta_n, 0.25 * step.step_norm)
         accepted = (~pending) & st.ok & finite_z & (actual > 0)
         xnorm = jnp.linalg.norm(st.x * st.scale_inv)
         dxn = jnp.linalg.norm((z - st.x) * st.scale_inv)
         code = check_termination_codes(actual, st.cost, dxn, xnorm, ratio, ftol, xtol)
         code = jnp.where(accepted, code, 0)
-        if cfg.method == "lm":
-            # MINPACK also ends on ftol after a rejected step when both the actual and the
-            # predicted reduction are below ftol (a minimum at the rounding level, e.g. a
-            # vanishing Jacobian with a nonzero residual): no further progress is possible.
-            mp_ftol = ((~pending) & st.ok & finite_z & (~accepted) &
-                       (jnp.abs(actual) <= ftol * st.cost) &
-                       (step.predicted <= ftol * st.cost) & (ratio <= 2.0))
-            code = jnp.where(mp_ftol & (code == 0), Status.FTOL, code)
         # Rejected steps: MINPACK's test on the radius (no further progress possible).
         tiny = (~pending) & (~accepted) & st.ok & (Delta_n <= xtol * (xtol + xnorm))
         radius_xtol = tiny & (code == 0) & finite_z

@@ -110,11 +110,10 @@ def minpack_delta0(x, scale_inv, g=None, lb=None, ub=None, factor=100.0):
     return jnp.where(d > 0, d, factor)
 
 
-def minpack_radius(Delta, ratio, step_norm, alpha, blew_up, shrink=None):
+def minpack_radius(Delta, ratio, step_norm, alpha, blew_up):
     """MINPACK ``lmder``'s trust-radius update (Moré 1978, section 4): ``ratio < 1/4``
     shrinks to ``temp * min(Delta, 10 ||D p||)`` (``temp = 1/2``, or ``1/10`` when the
-    cost ``blew_up`` by more than 100x; with ``shrink`` given, MINPACK's interpolated
-    factor ``0.5 dirder / (dirder + 0.5 actred)`` clipped to ``[0.1, 0.5]``); a very good
+    cost ``blew_up`` by more than 100x; MINPACK interpolates between them); a very good
     step (``ratio >= 3/4``) or a Gauss–Newton step (``alpha == 0``) sets
     ``Delta = 2 ||D p||``; otherwise ``Delta`` is kept.
 
@@ -129,10 +128,6 @@ def minpack_radius(Delta, ratio, step_norm, alpha, blew_up, shrink=None):
         >>> float(minpack_radius(1.0, 0.1, 0.5, 1.0, False))
         0.5
     """
-    if shrink is None:
-        temp = jnp.where(blew_up, 0.1, 0.5)
-    else:
-        temp = jnp.where(blew_up | ~jnp.isfinite(shrink) | (shrink < 0.1), 0.1,
-                         jnp.minimum(shrink, 0.5))
+    temp = jnp.where(blew_up, 0.1, 0.5)
     return jnp.where(ratio < 0.25, temp * jnp.minimum(Delta, 10.0 * step_norm),
                      jnp.where((ratio >= 0.75) | (alpha == 0), 2.0 * step_norm, Delta))
