@@ -481,14 +481,14 @@ class TestCurveFit:
     def test_curvefit_covariance(self):
 
         def funcp(x, a, b):
-            rotn = np.array([[1./jnp.sqrt(2), -1./jnp.sqrt(2), 0],
-                             [1./jnp.sqrt(2), 1./jnp.sqrt(2), 0],
+            rotn = np.array([[1./np.sqrt(2), -1./np.sqrt(2), 0],
+                             [1./np.sqrt(2), 1./np.sqrt(2), 0],
                              [0, 0, 1.0]])
             return jnp.dot(rotn, a * jnp.exp(-b*x))
 
         def jacp(x, a, b):
-            rotn = np.array([[1./jnp.sqrt(2), -1./jnp.sqrt(2), 0],
-                             [1./jnp.sqrt(2), 1./jnp.sqrt(2), 0],
+            rotn = np.array([[1./np.sqrt(2), -1./np.sqrt(2), 0],
+                             [1./np.sqrt(2), 1./np.sqrt(2), 0],
                              [0, 0, 1.0]])
             e = jnp.exp(-b*x)
             return jnp.dot(rotn, jnp.vstack((e, -a * x * e)).T)
