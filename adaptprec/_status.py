@@ -14,6 +14,7 @@ what kind of ending it was: ``> 0`` success, ``0`` budget exhausted, ``< 0`` fai
 code  name                    meaning
 ====  ======================  ==========================================================
   -1  IMPROPER_INPUT          bad input (raised at the boundary; inside jit: returned)
+  -2  CALLBACK_STOP           a user callback raised StopIteration (scipy's -2)
   -3  NONFINITE_RESIDUAL      the residual is NaN/Inf at the current point on the top rung
   -4  NONFINITE_JACOBIAN      the Jacobian is NaN/Inf at the current point on the top rung
   -5  NO_FINITE_STEP          every trial step gave a non-finite residual
@@ -23,7 +24,6 @@ code  name                    meaning
   -9  ILL_CONDITIONED         solved with a small backward error, but cond * u >= 1
  -10  NOT_A_MINIMUM           a convergence test passed but the top-rung gradient test
                               does not: the point is not verified to be a minimum
- -11  CALLBACK_STOP           a user callback asked to stop (StopIteration)
  -12  NOT_POSITIVE_DEFINITE   ``assume_a="pos"``: the working-precision Cholesky failed
    0  MAX_EVALUATIONS         the evaluation/iteration budget is exhausted
    1  GTOL                    ``gtol`` termination condition is satisfied
@@ -65,7 +65,7 @@ class Status(enum.IntEnum):
     NONFINITE_INPUT = -8
     ILL_CONDITIONED = -9
     NOT_A_MINIMUM = -10
-    CALLBACK_STOP = -11
+    CALLBACK_STOP = -2
     NOT_POSITIVE_DEFINITE = -12
     MAX_EVALUATIONS = 0
     GTOL = 1

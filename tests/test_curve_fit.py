@@ -141,7 +141,7 @@ def test_curve_fit_bad_input():
         ap.curve_fit(model, X, Y, p0=P0, sigma=-np.eye(X.size))
     with pytest.raises(ValueError, match="args"):
         ap.curve_fit(model, X, Y, p0=P0, args=(1,))
-    with pytest.raises(ValueError, match="m=2 residuals"):
-        ap.curve_fit(model, X[:2], Y[:2], p0=P0, method="lm")
+    with pytest.raises(TypeError, match="must not exceed the number of data points"):
+        ap.curve_fit(model, X[:2], Y[:2], p0=P0, method="lm")  # scipy's TypeError
     with pytest.raises(ValueError, match="empty"):
         ap.curve_fit(model, X[:0], Y[:0], p0=P0)

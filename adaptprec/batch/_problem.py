@@ -81,6 +81,25 @@ def _dtype_of(a):
     return a.dtype if hasattr(a, "dtype") else jnp.result_type(a)
 
 
+def _check_ydata_length(fun, bpos, spos, bargs, sargs, one_x, m_y: int) -> None:
+    """Raise a ``ValueError`` naming ``ydata`` when the model's output length for one fit
+    differs from ``ydata``'s points per fit (returns quietly when it cannot tell)."""
+    model = Residual(fun, tuple(bpos), tuple(spos), False, False, False, False)
+    one_b = jax.tree.map(lambda a: jax.ShapeDtypeStruct(_shape_of(a)[1:], _dtype_of(a)),
+                         tuple(bargs))
+    one_s = jax.tree.map(lambda a: jax.ShapeDtypeStruct(_shape_of(a), _dtype_of(a)),
+                         tuple(sargs))
+    try:
+        out = jax.eval_shape(model, one_x, one_b, one_s)
+    except Exception:  # noqa: BLE001 - the model itself fails: the caller re-raises
+        return
+    shape = tuple(getattr(out, "shape", ()))
+    if shape and shape[-1] != m_y:
+        raise ValueError(f"ydata has {m_y} points per fit (shape (B, {m_y})), but the model "
+                         f"returns {shape} for one fit; give ydata one column per model "
+                         "output (shape (B, m)), or fix the model's output length.")
+
+
 @functools.lru_cache(maxsize=256)
 def _output_shape(res, one_x, leaves_b, tree_b, leaves_s, tree_s):
     """Shape of one fit's residual (traces the model once per residual and input shapes,
@@ -141,11 +160,20 @@ def build_problem(fun, x0, args, in_axes, ydata, sigma, bounds=None) -> Problem:
     if not callable(fun):
         raise TypeError(f"solve_nlsq_batch needs a callable model or residual, got {fun!r}")
     spec = None
+    if isinstance(x0, (str, bytes)):
+        raise ValueError(f"x0 must be numbers of shape (B, n), got the string {x0!r}")
     if not is_array_like(x0):  # a pytree of (B, ...) leaves: solve on the flat (B, n)
         spec, x0 = BatchedTreeSpec.ravel(x0)
         fun = TreeResidual(fun, spec)
     if not isinstance(x0, jax.Array):
+        if isinstance(x0, (str, bytes)):
+            raise ValueError(f"x0 must be numbers of shape (B, n), got the string {x0!r}")
         x0 = np.asarray(x0)
+    if np.dtype(x0.dtype).kind in "USO":
+        raise ValueError(f"x0 must be numbers of shape (B, n), got dtype {x0.dtype}")
+    if np.dtype(x0.dtype).kind == "c":
+        raise ValueError("x0 must be real; split a complex parameter into its real and "
+                         "imaginary parts (two real parameters).")
     if x0.ndim != 2:
         raise ValueError(
             f"x0 must have shape (B, n): one row of n parameters per fit; got shape "
@@ -223,7 +251,13 @@ def build_problem(fun, x0, args, in_axes, ydata, sigma, bounds=None) -> Problem:
     one_s = jax.tree.map(lambda a: jax.ShapeDtypeStruct(_shape_of(a), _dtype_of(a)), sargs_t)
     one_x = jax.ShapeDtypeStruct((n,), x0.dtype)
     (lb, tb), (ls, ts) = (jax.tree.flatten(t) for t in (one_b, one_s))
-    out = _output_shape(res, one_x, tuple(lb), tb, tuple(ls), ts)
+    try:
+        out = _output_shape(res, one_x, tuple(lb), tb, tuple(ls), ts)
+    except Exception:
+        if ydata is not None:  # name the mismatch instead of JAX's broadcasting error
+            _check_ydata_length(fun, bpos, spos, bargs_t[:len(bpos)], sargs_t, one_x,
+                                ydata.shape[1])
+        raise
     if not hasattr(out, "shape") or len(out.shape) != 1:
         raise ValueError(f"the residual of one fit must be a 1-D array (m,), got "
                          f"{getattr(out, 'shape', type(out))}")

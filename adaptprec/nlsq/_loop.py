@@ -37,6 +37,7 @@ from .common import Status, check_termination_codes, jac_scale, robust_cost
 from .common import lower_rung_budget, scale_for_robust_loss, update_tr_radius
 from ._blocks import PointBlocks
 from .lm import minpack_radius, rounding_level_step, verify_minimum
+from ._callback import call_callback
 
 __all__ = ["LoopConfig", "Proposal", "build_loop"]
 
@@ -62,6 +63,11 @@ class LoopConfig(NamedTuple):
     #: set (see :mod:`._pointwise`) only when the residual is proven pointwise and the
     #: normal equations are accumulated block by block.
     point_axes: tuple | None = None
+    #: scipy's ``max_nfev``: stop (status 0) after this many residual evaluations; 0 = no
+    #: cap beyond ``max_steps``.
+    max_nfev: int = 0
+    #: scipy's ``callback`` (see :mod:`._callback`), or ``None``
+    callback: Any = None
 
 
 class _State(NamedTuple):
@@ -310,7 +316,8 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
                          jnp.where(consec >= NOISE_STEPS, Status.FTOL, 0), code)
         # Rejected steps: MINPACK's test on the radius (no further progress possible).
         tiny = (~pending) & (~accepted) & st.ok & (Delta_n <= xtol * (xtol + xnorm))
-        code = jnp.where(tiny & (code == 0) & finite_z, Status.XTOL, code)
+        radius_xtol = tiny & (code == 0) & finite_z
+        code = jnp.where(radius_xtol, Status.XTOL, code)
         collapsed = tiny & ~finite_z
         conv = (code > 0) | ((~pending) & gtol_hit)
         cond_est = step.s[0] / jnp.maximum(step.s[-1], jnp.finfo(top_dt).tiny)
@@ -377,8 +384,13 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         gtol_n = ok_n & (gnorm_fn(x_n, g_n, R_n, fsn_n, lb, ub) < gtol)
         status = jnp.asarray(Status.RUNNING, jnp.int32)
         status = jnp.where(on_top & (code > 0), code, status)
-        status = jnp.where(on_top & (~want_up) & (top_steps >= 1) & gtol_n & (code == 0),
-                           Status.GTOL, status)
+        # scipy tests the gradient before the step: a point that already satisfies gtol
+        # ends on gtol, not on the radius collapse of a rejected step from it
+        status = jnp.where(on_top & (~want_up) & (top_steps >= 1) & gtol_n &
+                           ((code == 0) | radius_xtol), Status.GTOL, status)
+        # a point just evaluated on the top rung that already satisfies gtol ends the
+        # solve there, as scipy's first test of each iteration does
+        status = jnp.where(on_top & pending & gtol_n, Status.GTOL, status)
         status = jnp.where(on_top & collapsed, Status.NO_FINITE_STEP, status)
         cur_bad = jnp.where(pending, ~ok_z, ~st.ok)
         cur_cost = jnp.where(pending, cost_z, st.cost)
@@ -388,6 +400,14 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         # The budget ends the solve on the top rung only, after at least one step there.
         status = jnp.where((status == Status.RUNNING) & on_top & (top_steps >= 1)
                            & (nit >= cfg.max_steps), Status.MAX_STEPS, status)
+        if cfg.callback is not None:
+            stop = call_callback(cfg.callback, x_n, nit, st.nfev + 1, cost_n,
+                                 accepted & ~want_up)
+            status = jnp.where((status == Status.RUNNING) & stop, Status.CALLBACK_STOP,
+                               status)
+        if cfg.max_nfev:
+            status = jnp.where((status == Status.RUNNING) & (st.nfev + 1 >= cfg.max_nfev),
+                               Status.MAX_EVALUATIONS, status)
         one = jnp.ones((), jnp.int32)
         return _State(
             x=x_n, cost=cost_n, R=R_n, qtf=qtf_n, fsn=fsn_n, ok=ok_n,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import warnings
 from collections.abc import Callable
 
@@ -32,15 +33,52 @@ import numpy as np
 from jax.scipy.linalg import solve_triangular
 
 from .._tracing import is_concrete
+from ._inputs import (as_bounds, as_data, as_x0, check_jac_option, check_jac_shape,
+                      initialize_feasible, leastsq_kwargs)
+from ._minpack import minpack_fields
 from .common import covariance_from_jac
 from ._x64 import float64_entry
-from .solve import solve_nlsq
+from .solve import _broadcast_bounds, solve_nlsq
 
 __all__ = ["curve_fit", "OptimizeWarning"]
 
 
 class OptimizeWarning(UserWarning):
     """Warned when the covariance of the parameters cannot be estimated."""
+
+
+@functools.lru_cache(maxsize=1)
+def _both_warning_classes():
+    import scipy.optimize
+
+    class OptimizeWarningBoth(OptimizeWarning, scipy.optimize.OptimizeWarning):
+        """adaptprec's and scipy's ``OptimizeWarning`` at once."""
+
+    return OptimizeWarningBoth
+
+
+def _warning_class():
+    """:class:`OptimizeWarning`; when scipy.optimize is already imported, a subclass of
+    both it and scipy's, so code that filters scipy's warning keeps working."""
+    if "scipy.optimize" in sys.modules:
+        return _both_warning_classes()
+    return OptimizeWarning
+
+
+def _check_model_jac(f, jac, xdata, p0) -> None:
+    """The user ``jac(xdata, *p)``'s shape against the model's output, at the boundary."""
+    try:
+        y = jax.eval_shape(lambda p: jnp.ravel(_call(f, xdata, p)), p0)
+        J = jax.eval_shape(lambda p: jnp.asarray(_call(jac, xdata, p)), p0)
+    except Exception:  # noqa: BLE001 - solve_nlsq reports model errors with context
+        return
+    check_jac_shape(tuple(J.shape), int(y.shape[0]), int(p0.shape[0]))
+
+
+def _jac2d(J, n):
+    """A 1-D Jacobian (one parameter, or one data point) as 2-D, as scipy accepts."""
+    J = jnp.asarray(J)
+    return J.reshape(-1, n) if J.ndim < 2 else J
 
 
 def _call(f, xdata, p):
@@ -67,13 +105,14 @@ def _residual_for(f: Callable, kind: str) -> Callable:
 def _jac_for(jac: Callable, kind: str) -> Callable:
     if kind == "none":
         def J(p, xdata, ydata):
-            return jnp.asarray(_call(jac, xdata, p))
+            return _jac2d(_call(jac, xdata, p), p.shape[0])
     elif kind == "1d":
         def J(p, xdata, ydata, w):
-            return jnp.asarray(_call(jac, xdata, p)) * w[:, None]
+            return _jac2d(_call(jac, xdata, p), p.shape[0]) * w[:, None]
     else:
         def J(p, xdata, ydata, L):
-            return solve_triangular(L, jnp.asarray(_call(jac, xdata, p)), lower=True)
+            return solve_triangular(L, _jac2d(_call(jac, xdata, p), p.shape[0]),
+                                    lower=True)
     return J
 
 
@@ -135,12 +174,21 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
         ``nan_policy="omit"`` drops points with NaN in ``xdata``/``ydata``.
       bounds, method: as :func:`~adaptprec.solve_nlsq` (``method=None``: ``"lm"`` without
         bounds, ``"trf"`` with).
-      jac: ``None`` (autodiff) or ``jac(xdata, *params)`` returning the ``(m, n)``
-        Jacobian of ``f``.
-      full_output: also return ``infodict`` (``nfev``, ``fvec``, ``result``), ``mesg``
-        and ``ier`` (the status).
+      jac: ``None`` (autodiff), ``"fwd"``/``"rev"``, a callable ``jac(xdata, *params)``
+        returning the ``(m, n)`` Jacobian of ``f``, or scipy's finite differences ``"2-point"``, ``"3-point"``, ``"cs"`` (as
+        :func:`~adaptprec.solve_nlsq`; ``None`` means automatic differentiation, where
+        scipy would use ``"2-point"``). A 1-D return is accepted for one parameter.
+      full_output: also return ``infodict`` (``nfev``, ``fvec``, MINPACK's ``fjac``,
+        ``ipvt`` (0-based), ``qtf`` for every method, and ``result``), ``mesg`` and
+        ``ier`` (the status).
       **kwargs: passed to :func:`~adaptprec.solve_nlsq` (``precision``, ``loss``,
-        ``ftol``, ``max_steps``...).
+        ``ftol``, ``max_nfev``, ``max_steps``...); scipy ``leastsq``'s ``maxfev``,
+        ``epsfcn`` and ``diag`` are translated (``max_nfev``, ``diff_step``,
+        ``x_scale``).
+
+    Without ``p0`` and with bounds the start is scipy's feasible point (midpoints of
+    finite bounds, one inside a one-sided bound). xdata, ydata and sigma may be any
+    array-like (pandas Series, xarray DataArray, lists, memoryviews).
 
     Raises ``RuntimeError`` (concrete inputs only) when the fit does not succeed, like
     scipy; under ``jit`` check ``ier``/the result instead. Eager calls return NumPy
@@ -159,12 +207,18 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
     if "args" in kwargs:
         raise ValueError("'args' is not a supported keyword argument (curve_fit passes "
                          "the parameters to f as f(xdata, *params)).")
+    kwargs = leastsq_kwargs(kwargs)
+    jac = check_jac_option(jac, allow_none=True)
+    xdata = as_data(xdata, "xdata")
+    ydata = as_data(ydata, "ydata")
+    sigma = as_data(sigma, "sigma")
     concrete = is_concrete((xdata, ydata, sigma))
     if check_finite is None:
         check_finite = nan_policy is None
+    if nan_policy == "propagate":
+        raise ValueError("`nan_policy='propagate'` is not supported by this function.")
     if nan_policy not in (None, "raise", "omit"):
-        raise ValueError("nan_policy must be one of {None, 'raise', 'omit'}; "
-                         "'propagate' is not supported by this function.")
+        raise ValueError("nan_policy must be one of {None, 'raise', 'omit'}")
     if concrete:
         ydata = np.asarray(ydata, dtype=np.float64) if not isinstance(ydata, jax.Array) \
             else ydata
@@ -172,8 +226,9 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
             for arr, name in ((xdata, "xdata"), (ydata, "ydata")):
                 a = np.asarray(arr)
                 if np.issubdtype(a.dtype, np.inexact) and not np.all(np.isfinite(a)):
-                    raise ValueError(f"{name} contains NaN or Inf; remove those points or "
-                                     "pass nan_policy='omit'.")
+                    raise ValueError(f"{name} contains NaN or Inf (array must not contain "
+                                     "infs or NaNs); remove those points or pass "
+                                     "nan_policy='omit'.")
         elif nan_policy is not None:
             xa, ya = np.asarray(xdata, np.float64), np.asarray(ydata, np.float64)
             has_nan = np.isnan(xa)
@@ -182,7 +237,7 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
             has_nan = has_nan | np.isnan(ya)
             if np.any(has_nan):
                 if nan_policy == "raise":
-                    raise ValueError("The input contains nan values (nan_policy='raise').")
+                    raise ValueError("The input contains nan values")
                 xdata = jnp.asarray(xa[..., ~has_nan])
                 ydata = jnp.asarray(ya[~has_nan])
                 if sigma is not None:
@@ -204,12 +259,22 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
     m = int(ydata.size)
     if p0 is None:
         n = _n_params(f)
-        p0 = np.ones(n)
+        lb, ub = _broadcast_bounds(as_bounds(bounds, n), n, np.float64)
+        p0 = initialize_feasible(lb, ub)
+    else:
+        p0 = as_x0(p0)
     if is_concrete(p0):
         p0 = np.atleast_1d(np.asarray(p0, dtype=jnp.result_type(float)))
     else:
         p0 = jnp.atleast_1d(jnp.asarray(p0, dtype=jnp.result_type(float)))
     n = int(p0.size)
+    bounds = as_bounds(bounds, n)
+    unbounded = is_concrete(bounds) and all(
+        np.all(np.isinf(np.asarray(b, float))) for b in bounds
+        if not isinstance(b, dict))
+    if (method == "lm" or (method is None and unbounded)) and m != 1 and n > m:
+        raise TypeError(f"The number of func parameters={n} must not exceed the number "
+                        f"of data points={m}")
 
     if sigma is None:
         kind, extra = "none", ()
@@ -232,18 +297,30 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
 
     residual = _residual_for(f, kind)
     if callable(jac):
+        _check_model_jac(f, jac, xdata, p0)
         jac_arg = _jac_for(jac, kind)
-    else:  # None or a scipy-style string: autodiff ("rev" if asked for, else forward)
-        jac_arg = jac if jac in ("fwd", "rev") else "fwd"
-    res = solve_nlsq(residual, p0, args=(xdata, ydata, *extra), bounds=bounds,
-                     method=method, jac=jac_arg, **kwargs)
+    else:  # None: automatic differentiation (forward); a string: as given
+        jac_arg = "fwd" if jac is None else jac
+    try:
+        res = solve_nlsq(residual, p0, args=(xdata, ydata, *extra), bounds=bounds,
+                         method=method, jac=jac_arg, **kwargs)
+    except ValueError as exc:
+        if "x0 is outside the bounds" in str(exc):
+            raise ValueError("Initial guess is outside of provided bounds: "
+                             + str(exc).replace("x0", "p0")) from None
+        raise
     popt = res.x
+    # intentional difference (docs/scipy.md): scipy's lm gives an all-inf pcov for a
+    # rank-deficient Jacobian and trf a pseudo-inverse; here only the rows and columns of
+    # the parameters that are not identifiable are inf, for every method
     if is_concrete(res.jac) and m < _NUMPY_COVARIANCE_MAX_M:
         pcov = covariance_numpy(np.asarray(res.jac))  # no compilation per data length
         xnp_c = np
     else:
         pcov, _ = covariance_from_jac(res.jac)
         xnp_c = jnp
+    # the point count is the residual's size (a scalar ydata broadcasts against f)
+    m = int(res.fun.size)
     dof = m - n
     if absolute_sigma:
         pass
@@ -256,10 +333,11 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
             raise RuntimeError("Optimal parameters not found: " + res.message)
         if np.any(np.isinf(np.asarray(pcov))):
             warnings.warn("Covariance of the parameters could not be estimated (inf "
-                          "where a parameter is not identifiable)", OptimizeWarning,
+                          "where a parameter is not identifiable)", _warning_class(),
                           stacklevel=2)
     if full_output:
-        infodict = {"nfev": res.nfev, "fvec": res.fun, "result": res}
+        infodict = {"nfev": res.nfev, "fvec": res.fun, "result": res,
+                    **minpack_fields(res.jac, res.fun)}
         mesg = res.message if is_concrete(res.status) else ""
         return popt, pcov, infodict, mesg, res.status
     return popt, pcov

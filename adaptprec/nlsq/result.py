@@ -35,7 +35,10 @@ class NLSQResult(Module):
     (``0.5 * sum(rho)``), ``fun`` (residual at ``x``, flat), ``jac`` (the Jacobian at
     ``x``, loss-modified as in scipy), ``grad``, ``optimality`` (inf-norm of the scaled
     gradient; first-order optimality), ``active_mask`` (-1 lower bound, 0 free, +1 upper
-    bound), ``nfev``, ``njev``, ``nit``, ``status`` (see
+    bound), ``nfev`` (residual evaluations the solver made, as scipy counts them: the
+    final re-evaluation at ``x`` on the top rung, which fills ``fun``/``jac``/``grad``, is
+    not counted), ``njev`` (Jacobian evaluations; ``None`` for ``method="lm"`` with a
+    finite-difference Jacobian, as scipy), ``nit``, ``status`` (see
     :class:`adaptprec.nlsq.common.Status`), and the properties ``message`` and
     ``success`` (``status > 0``).
 

@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -44,10 +45,15 @@ from .lm import lm_step, minpack_delta0, minpack_gnorm
 from .result import NLSQResult
 from .trf import active_constraints, cl_scaling, make_strictly_feasible, trf_delta0
 from .trf import trf_step
+from ._finite_diff import as_sparsity, fd_jacobian
+from .dogbox import dogbox_delta0, dogbox_gnorm, dogbox_step, on_bound
+from ._inputs import (FD_METHODS, OptionNotOffered, as_bounds, as_x0, check_jac_option, check_max_nfev,
+                      check_tolerances, check_unsupported, check_jac_shape,
+                      wrap_jac)
 
 __all__ = ["solve_nlsq", "resolve_ladder", "clear_cache", "cache_info"]
 
-METHODS = ("lm", "gn", "trf")
+METHODS = ("lm", "gn", "trf", "dogbox")
 _CACHE_SIZE = 64
 _cache: collections.OrderedDict = collections.OrderedDict()
 _cache_lock = threading.Lock()
@@ -209,8 +215,8 @@ def _residual_size(residual, unravel, x0, x0_flat, args) -> int:
     if not out_leaves:
         raise ValueError("residual returned no arrays; it must return a 1-D array")
     if len(out_leaves) == 1 and jax.tree.structure(out_shape).num_leaves == 1 \
-            and not isinstance(out_shape, (tuple, list, dict)) and out_leaves[0].ndim != 1:
-        raise ValueError(f"residual must return a 1-D array (or a pytree of arrays); it "
+            and not isinstance(out_shape, (tuple, list, dict)) and out_leaves[0].ndim > 1:
+        raise ValueError(f"residual must return at most a 1-D array (or a pytree of arrays); it "
                          f"returned shape {out_leaves[0].shape}. Return jnp.ravel(r) or "
                          "stack the residuals into a vector.")
     for leaf in out_leaves:
@@ -221,6 +227,25 @@ def _residual_size(residual, unravel, x0, x0_flat, args) -> int:
     if len(_m_cache) > 4 * _CACHE_SIZE:
         _m_cache.pop(next(iter(_m_cache)))
     return m
+
+
+@functools.lru_cache(maxsize=256)
+def _with_kwargs(fn, n_args: int):
+    """``fn(x, *args, **kwargs)`` as ``g(x, *args, kwargs)`` (scipy's ``kwargs=``), stable
+    per ``(fn, n_args)`` so the compiled-solver cache hits."""
+    def g(x, *a):
+        return fn(x, *a[:n_args], **a[n_args])
+    return g
+
+
+def _check_jac_shape(jac, x0_flat, args, m: int, n: int) -> None:
+    """A user ``jac``'s output shape, checked once (``jax.eval_shape``) at the boundary."""
+    try:
+        out = jax.eval_shape(lambda x, a: jnp.asarray(jac(x, *a)), x0_flat, args)
+    except Exception as exc:
+        raise TypeError(f"calling jac(x0, *args) failed while checking its shape: {exc}"
+                        ) from exc
+    check_jac_shape(tuple(out.shape), m, n)
 
 
 def _point_axes(residual, fun_flat, x0, x0_flat, args, m):
@@ -242,7 +267,7 @@ def solve_nlsq(
     loss="linear",
     f_scale: float = 1.0,
     x_scale="jac",
-    jac="fwd",
+    jac=None,
     ftol: float = 1e-15,
     xtol: float = 1e-10,
     gtol: float = 1e-10,
@@ -255,6 +280,15 @@ def solve_nlsq(
     cond_tol: float = 1e-2,
     driver: str = "auto",
     starts: int = 1,
+    max_nfev: int | None = None,
+    diff_step=None,
+    kwargs: dict | None = None,
+    tr_solver: str | None = None,
+    tr_options: dict | None = None,
+    jac_sparsity=None,
+    verbose: int = 0,
+    callback=None,
+    workers=None,
 ) -> NLSQResult:
     """Minimise ``0.5 * sum(rho(residual(x, *args) ** 2))`` (scipy ``least_squares``
     semantics, jit/vmap/grad compatible, adaptive precision).
@@ -265,7 +299,8 @@ def solve_nlsq(
       x0: initial guess (array or pytree of arrays); must be finite and inside ``bounds``.
       args: tuple of extra arguments (data); arrays in it are cast to each rung's dtype.
       method: ``"lm"`` (Levenberg–Marquardt trust region, Moré/MINPACK; default),
-        ``"gn"`` (damped Gauss–Newton) or ``"trf"`` (trust-region reflective, bounds).
+        ``"gn"`` (damped Gauss–Newton), ``"trf"`` (trust-region reflective, bounds) or
+        ``"dogbox"`` (dogleg in a rectangular trust region, bounds; scipy's).
         ``"lm"``/``"gn"`` need ``m >= n`` and no bounds.
       bounds: ``(lb, ub)`` scalars or arrays of ``x0``'s size; iterates stay strictly
         feasible (``method="trf"`` is chosen automatically when bounds are given with the
@@ -275,11 +310,29 @@ def solve_nlsq(
       loss, f_scale: robust loss (``"linear"``, ``"soft_l1"``, ``"huber"``, ``"cauchy"``,
         ``"arctan"`` or a callable ``rho(z)``) and its soft margin, as in scipy.
       x_scale: ``"jac"`` (column norms of the Jacobian, non-decreasing) or an array.
-      jac: ``"fwd"`` (``jax.jacfwd``), ``"rev"`` or a callable ``jac(x, *args)`` returning
-        the ``(m, n)`` Jacobian of the flat residual w.r.t. the flat ``x``.
+      jac: ``"fwd"`` (``jax.jacfwd``; the default, or ``"2-point"`` when ``diff_step``
+        is given), ``"rev"``, scipy's finite differences
+        ``"2-point"``, ``"3-point"``, ``"cs"`` (one vectorised evaluation; for models JAX
+        cannot differentiate) or a callable ``jac(x, *args)`` returning the ``(m, n)``
+        Jacobian of the flat residual w.r.t. the flat ``x`` (``(m,)`` is accepted for one
+        parameter).
       ftol, xtol, gtol: scipy's termination tolerances (``gtol`` is MINPACK's scaled
-        cosine for ``lm``/``gn`` and ``||g * v||_inf`` for ``trf``).
+        cosine for ``lm``/``gn`` and ``||g * v||_inf`` for ``trf``); ``None`` disables a
+        test, as in scipy.
       max_steps: iteration cap (trial steps); default ``100 * (n + 1)``.
+      max_nfev: scipy's cap on residual evaluations (``None``: no cap beyond
+        ``max_steps``); ``max_nfev=1`` evaluates at ``x0`` only. Status 0 when reached.
+      diff_step: relative finite-difference step (with ``jac="2-point"/"3-point"/"cs"``).
+      kwargs: keyword arguments for ``residual`` (and a callable ``jac``), as scipy's.
+      callback: scipy's ``callback(intermediate_result)`` (or ``callback(x)``), called on
+        the host after every accepted step (also under ``jit``); raising
+        ``StopIteration`` ends the solve with status -2.
+      jac_sparsity: scipy's ``(m, n)`` sparsity pattern (dense or scipy.sparse) for a
+        finite-difference Jacobian: columns that share no row are perturbed together
+        (one evaluation per group). Selects ``"2-point"`` when ``jac`` is unset.
+      tr_solver, tr_options, verbose, workers: scipy's options;
+        ``tr_solver=None/"exact"`` and ``verbose=0`` are what adaptprec does, anything else
+        raises an error naming the alternative (see ``docs/scipy.md``).
       precision: ``"adaptive"`` (``f32 -> f64``; residual and Jacobian on f32 first while
         the iterate stays float64), a :class:`~adaptprec.Ladder`/``"f32,f64"``, or one
         dtype (fixed precision). With ``jax_enable_x64`` off, an eager call asking for
@@ -336,14 +389,40 @@ def solve_nlsq(
     if method is not None and method not in METHODS:
         raise ValueError(f"method={method!r} is not supported; use one of {METHODS}")
     loss = check_loss(loss)
-    if not (isinstance(jac, str) and jac in ("fwd", "rev")) and not callable(jac):
-        raise ValueError(f"jac must be 'fwd', 'rev' or a callable, got {jac!r}")
+    if method == "lm" and loss != "linear":
+        raise ValueError("method='lm' supports only 'linear' loss function; use "
+                         "method='trf' for a robust loss.")
+    if jac is None:  # scipy's default is "2-point": diff_step / jac_sparsity ask for it
+        jac = "2-point" if (diff_step is not None or jac_sparsity is not None) else "fwd"
+    jac = check_jac_option(jac)
+    check_unsupported(tr_solver=tr_solver, tr_options=tr_options, verbose=verbose,
+                      workers=workers)
+    if jac_sparsity is not None:
+        if method == "lm":
+            raise ValueError("method='lm' does not support `jac_sparsity`; use "
+                             "method='trf' or 'dogbox'.")
+        if not (isinstance(jac, str) and jac in FD_METHODS):
+            raise OptionNotOffered(
+                "jac_sparsity applies to finite-difference Jacobians (it groups the "
+                "perturbed evaluations); pass jac='2-point', '3-point' or 'cs' with it, or "
+                "drop it: automatic differentiation (jac='fwd') needs no sparsity.")
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable, got {type(callback).__name__}")
+    max_nfev = check_max_nfev(max_nfev)
+    if diff_step is not None and not (isinstance(jac, str) and jac in FD_METHODS):
+        raise ValueError("diff_step only applies to finite-difference Jacobians; pass "
+                         "jac='2-point', '3-point' or 'cs' with it.")
+    if kwargs:
+        if not isinstance(kwargs, dict):
+            raise TypeError(f"kwargs must be a dict, got {type(kwargs).__name__}")
+        residual = _with_kwargs(residual, len(args))
+        if callable(jac):
+            jac = _with_kwargs(jac, len(args))
+        args = (*args, dict(kwargs))
+    x0 = as_x0(x0)
     if linear_solver not in ("auto", "qr", "normal"):
         raise ValueError(f"linear_solver must be 'auto', 'qr' or 'normal', got "
                          f"{linear_solver!r}")
-    for name, tol in (("ftol", ftol), ("xtol", xtol), ("gtol", gtol)):
-        if not np.isscalar(tol) or not np.isfinite(tol) or tol < 0:
-            raise ValueError(f"{name} must be a finite non-negative number, got {tol!r}")
     if not (np.isscalar(f_scale) and np.isfinite(f_scale) and f_scale > 0):
         if is_concrete(f_scale):
             raise ValueError(f"f_scale must be a positive finite number, got {f_scale!r}")
@@ -368,7 +447,7 @@ def solve_nlsq(
 
     m = _residual_size(residual, unravel, x0, x0_flat, args)
 
-    lb, ub = _broadcast_bounds(bounds, n, top_dt)
+    lb, ub = _broadcast_bounds(as_bounds(bounds, n), n, top_dt)
     bounds_known = is_concrete((lb, ub))
     # traced bounds (jit/vmap over them): finiteness is unknown at trace time, so the
     # bounded method runs (with infinite bounds trf is an unconstrained trust region)
@@ -379,6 +458,7 @@ def solve_nlsq(
     if has_bounds and method in ("lm", "gn"):
         raise ValueError(f"method={method!r} does not support bounds; use method='trf' "
                          "(or leave method unset)")
+    ftol, xtol, gtol = check_tolerances(ftol, xtol, gtol, method)
     if method in ("lm", "gn") and m < n:
         raise ValueError(f"method={method!r} needs at least as many residuals as "
                          f"parameters; got m={m} residuals for n={n} parameters. Use "
@@ -414,6 +494,20 @@ def solve_nlsq(
     axes = None
     if linear_solver == "normal" and jac == "fwd":
         axes = _point_axes(residual, fun_flat, x0, x0_flat, args, m)
+    jac_key = jac
+    if callable(jac):
+        _check_jac_shape(jac, x0_flat, args, m, n)
+        jac = wrap_jac(jac, m, n)
+    elif jac in FD_METHODS:
+        fd_bounds = (lb, ub) if bounds_known and has_bounds else (None, None)
+        jac_key = (jac, None if diff_step is None else
+                   tuple(np.ravel(np.asarray(diff_step, float)).tolist()),
+                   *(None if b is None else tuple(np.asarray(b).tolist())
+                     for b in fd_bounds))
+        sp = None if jac_sparsity is None else as_sparsity(jac_sparsity, m, n)
+        if sp is not None:
+            jac_key = (*jac_key, sp.shape, np.packbits(sp).tobytes())
+        jac = fd_jacobian(fun_flat, jac, diff_step, *fd_bounds, sparsity=sp)
     # Shape buckets: a pointwise residual's data are padded to a bucket length (masked
     # rows are zero), in both drivers, so a new length in the bucket compiles nothing.
     pad = None
@@ -428,21 +522,26 @@ def solve_nlsq(
                      jac_scale=isinstance(x_scale, str), has_bounds=has_bounds,
                      max_steps=int(max_steps), linear_solver=linear_solver,
                      max_rejections=int(max_rejections), cond_tol=float(cond_tol),
-                     schedule=schedule, point_axes=axes)
-    if driver != "fused":
+                     schedule=schedule, point_axes=axes, max_nfev=max_nfev,
+                     callback=callback)
+    # The host driver has no max_nfev cap or callback yet: those solves use the fused one.
+    if driver != "fused" and max_nfev is None and callback is None:
         trees = (x0_flat, args, lb, ub, f_scale)
         if host_eligible(cfg, bool(throw), *trees):
             x0_shape = np.shape(x0) if isinstance(x0, (jax.Array, np.ndarray)) else None
             return host_solve(residual, fun_flat, unravel, x0_shape, cfg, pad,
                               x0_flat.astype(top_dt), args, lb, ub, scale_inv0, f_scale,
                               ftol, xtol, gtol)
-        if driver == "host":
-            raise ValueError("driver='host' needs an eager call (no tracers in x0, args, "
-                             "bounds), jac='fwd'/'rev', the QR model (linear_solver='qr' "
-                             "or fewer than 4096 residuals), throw=False and a hashable "
-                             "loss and schedule; use driver='auto'")
-    key = (_hashable(residual), _hashable(jac), _hashable(loss), _hashable(schedule),
-           cfg._replace(loss=None, jac=None, schedule=None), bool(throw),
+    if driver == "host" and (max_nfev is not None or callback is not None or
+                             not host_eligible(cfg, bool(throw), x0_flat, args, lb, ub,
+                                               f_scale)):
+        raise ValueError("driver='host' needs an eager call (no tracers in x0, args, "
+                         "bounds), jac='fwd'/'rev', the QR model (linear_solver='qr' "
+                         "or fewer than 4096 residuals), throw=False, no max_nfev or "
+                         "callback and a hashable loss and schedule; use driver='auto'")
+    key = (_hashable(residual), _hashable(jac_key), _hashable(loss), _hashable(schedule),
+           cfg._replace(loss=None, jac=None, schedule=None, callback=None),
+           _hashable(callback), bool(throw),
            _sig(x0), _sig(args), str(x0_flat.dtype), pad)
     with _cache_lock:
         solver = _cache.get(key)
@@ -473,6 +572,8 @@ def method_fns(method: str, m):
             return jnp.max(jnp.abs(g * v))
 
         return step_fn, gnorm_fn, trf_delta0
+    if method == "dogbox":
+        return dogbox_step, dogbox_gnorm, dogbox_delta0
     inner = lm_step if method == "lm" else gn_step
 
     def step_fn(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub):  # noqa: F811
@@ -554,19 +655,25 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder, pad=N
         args_c = jax.lax.stop_gradient(args)
         args_all = tuple(cast_floating(args_c, d) for d in rungs)
         x0c = jax.lax.stop_gradient(x0)
-        if cfg.has_bounds:
+        if cfg.has_bounds and cfg.method == "trf":
             x0c = make_strictly_feasible(x0c, lb, ub)
         st = run(x0c, args_all, lb, ub, scale_inv0, jax.lax.stop_gradient(f_scale),
                  ftol, xtol, gtol)
         x_star = jax.lax.stop_gradient(st.x)
-        active = active_constraints(x_star, lb, ub, xtol) if cfg.has_bounds else \
-            jnp.zeros(x_star.shape, jnp.int32)
+        if cfg.has_bounds and cfg.method == "dogbox":
+            active = on_bound(x_star, lb, ub)
+        elif cfg.has_bounds:
+            active = active_constraints(x_star, lb, ub, xtol)
+        else:
+            active = jnp.zeros(x_star.shape, jnp.int32)
         x = implicit_x(x_star, args_top, f_scale, active == 0)
         # Final evaluation on the top rung: fun, (loss-modified) jac, grad, optimality.
         f, Js, g, cost = final_eval(fun_flat, cfg, x, args_top, f_scale)
         if pad is not None:
             f, Js = f[:cfg.m], Js[:cfg.m]
-        if cfg.has_bounds:
+        if cfg.has_bounds and cfg.method == "dogbox":
+            optimality = dogbox_gnorm(x, g, None, None, lb, ub)
+        elif cfg.has_bounds:
             v, _ = cl_scaling(x, g, lb, ub)
             optimality = jnp.max(jnp.abs(g * v))
         else:
@@ -581,7 +688,9 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder, pad=N
                 [f"solve_nlsq failed (status {c}): {STATUS_MESSAGES[c]}" for c in codes])
         return NLSQResult(
             x=unravel(x), cost=cost, fun=f, jac=Js, grad=g, optimality=optimality,
-            active_mask=active, nfev=st.nfev, njev=st.njev + 1, nit=st.nit,
+            active_mask=active, nfev=st.nfev,
+            njev=None if (cfg.method == "lm" and getattr(cfg.jac, "finite_diff", False))
+            else st.njev, nit=st.nit,
             status=status, rung=st.rung, escalations=st.escalations,
             rung_entered=st.rung_entered, rung_nfev=st.rung_nfev,
             escalation_reason=st.esc_reason, ladder=tuple(np.dtype(d) for d in rungs))

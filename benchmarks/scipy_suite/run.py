@@ -1,0 +1,85 @@
+"""Run scipy's own least_squares / curve_fit tests (models in jax.numpy) against adaptprec
+and report the pass rate over the applicable items (issue 20's measure).
+
+An item is *not applicable* when it exercises an option adaptprec does not offer (listed
+below with the option); every other item counts. Items that mix an offered and a
+not-offered option (the rosenbrock loops over ``tr_solver in ('exact', 'lsmr')``) are
+reported separately, so both readings are visible.
+
+Usage (from the repository root): ``python benchmarks/scipy_suite/run.py [-k EXPR]``.
+Takes several minutes (every test compiles its own solver).
+"""
+
+import os
+import re
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+#: test-name pattern -> the option not offered that the item exercises
+NOT_APPLICABLE = {
+    r"::test_workers$": "workers",
+    r"::test_exact_tr_solver$": "sparse Jacobian",
+    r"::test_equivalence$": "sparse Jacobian",
+    r"::test_tr_options$": "tr_options",
+    r"::test_wrong_parameters$": "tr_solver='lsmr' with tr_options",
+    r"::test_solver_selection$": "sparse Jacobian",
+    r"::test_numerical_jac$": "jac_sparsity",
+    r"Test(TRF|Dogbox)::test_with_bounds$": "jac_sparsity / sparse Jacobian",
+    r"::test_wrong_jac_sparsity$": "jac_sparsity",
+    r"Test(TRF|Dogbox)::test_linear_operator$": "LinearOperator Jacobian",
+    r"Test(TRF|Dogbox)::test_x_scale_jac_scale$": "sparse / LinearOperator Jacobian",
+    r"::test_lsmr_regularization$": "tr_options",
+    r"::test_callback$": "callback",
+    r"::test_callback_with_lm_method$": "callback",
+}
+#: items that loop over an offered and a not-offered option
+MIXED = {
+    r"::test_rosenbrock$": "tr_solver='lsmr' in half of the loop",
+    r"::test_rosenbrock_cropped$": "tr_solver='lsmr' in half of the loop",
+    r"::test_rosenbrock_bounds$": "tr_solver='lsmr' in half of the loop",
+}
+
+
+class Collect:
+    def __init__(self):
+        self.outcomes = {}
+
+    def pytest_runtest_logreport(self, report):
+        if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+            self.outcomes[report.nodeid] = report.outcome
+
+
+def _match(table, nodeid):
+    return next((v for k, v in table.items() if re.search(k, nodeid)), None)
+
+
+def main(argv):
+    col = Collect()
+    args = ["-q", "-p", "no:cacheprovider", "--rootdir", HERE, "-c", os.devnull,
+            "--tb=no", "-W", "ignore", HERE, *argv]
+    pytest.main(args, plugins=[col])
+    na = {k: v for k, v in col.outcomes.items() if _match(NOT_APPLICABLE, k)}
+    mixed = {k: v for k, v in col.outcomes.items() if _match(MIXED, k)}
+    core = {k: v for k, v in col.outcomes.items() if k not in na and k not in mixed}
+    passed = sum(v == "passed" for v in core.values())
+    mixed_passed = sum(v == "passed" for v in mixed.values())
+    print("\n== scipy's tests against adaptprec (models in jax.numpy) ==")
+    print(f"items run: {len(col.outcomes)}; not applicable (option not offered): {len(na)}; "
+          f"mixed offered/not offered: {len(mixed)}")
+    print(f"applicable items passing: {passed}/{len(core)} = "
+          f"{100.0 * passed / max(len(core), 1):.1f}%")
+    tot = len(core) + len(mixed)
+    print(f"counting the mixed items as applicable: {passed + mixed_passed}/{tot} = "
+          f"{100.0 * (passed + mixed_passed) / max(tot, 1):.1f}%")
+    print("failing applicable items:")
+    for k, v in sorted(core.items()):
+        if v != "passed":
+            print(f"  {v}: {k}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,165 @@
+"""Bad input at the boundary (issue 13 item 8, issue 20): one table row per bad input and
+public entry point; each must raise a clear error that names the argument (and, where
+there is one, the fix). Errors are raised before anything is compiled, so the table is
+cheap to run.
+"""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import adaptprec as ap
+
+T = np.linspace(0.0, 1.0, 8)
+YB = np.stack([2.0 * np.exp(-T)] * 4)
+
+
+def model(p, t):
+    return p[0] * jnp.exp(-p[1] * t)
+
+
+def cf_model(x, a, b):
+    return a * jnp.exp(-b * x)
+
+
+def residual(p, t, y):
+    return p[0] * jnp.exp(-p[1] * t) - y
+
+
+# (id, call, exception type, regex the message must match)
+CASES = [
+    # ---- solve_nlsq
+    ("solve_nlsq: string x0", lambda: ap.solve_nlsq(residual, "ab", (T, T)),
+     ValueError, "x0 must be numbers"),
+    ("solve_nlsq: complex x0", lambda: ap.solve_nlsq(residual, [1j, 1.0], (T, T)),
+     ValueError, "x0` must be real"),
+    ("solve_nlsq: NaN x0", lambda: ap.solve_nlsq(residual, [np.nan, 1.0], (T, T)),
+     ValueError, "x0 contains NaN"),
+    ("solve_nlsq: jac wrong shape", lambda: ap.solve_nlsq(
+        residual, [1.0, 1.0], (T, T), jac=lambda p, t, y: jnp.ones((2, 8))),
+     ValueError, r"`jac` has wrong shape: expected \(8, 2\)"),
+    ("solve_nlsq: jac nonsense", lambda: ap.solve_nlsq(residual, [1.0, 1.0], (T, T),
+                                                       jac="nonsense"),
+     ValueError, "`jac` must be"),
+    ("solve_nlsq: jac array", lambda: ap.solve_nlsq(residual, [1.0, 1.0], (T, T),
+                                                    jac=np.ones((8, 2))),
+     ValueError, "not an array"),
+    ("solve_nlsq: bounds size 1", lambda: ap.solve_nlsq(residual, [1.0, 1.0], (T, T),
+                                                        bounds=([0.0], [3.0, 4.0])),
+     ValueError, "Inconsistent shapes between bounds"),
+    ("solve_nlsq: all tolerances off", lambda: ap.solve_nlsq(
+        residual, [1.0, 1.0], (T, T), method="trf", ftol=None, xtol=None, gtol=None),
+     ValueError, "At least one of the tolerances"),
+    ("solve_nlsq: max_nfev 0", lambda: ap.solve_nlsq(residual, [1.0, 1.0], (T, T),
+                                                     max_nfev=0),
+     ValueError, "max_nfev"),
+    ("solve_nlsq: huber with lm", lambda: ap.solve_nlsq(residual, [1.0, 1.0], (T, T),
+                                                        method="lm", loss="huber"),
+     ValueError, "only 'linear' loss"),
+    ("solve_nlsq: unknown method", lambda: ap.solve_nlsq(residual, [1.0, 1.0], (T, T),
+                                                         method="bfgs"),
+     ValueError, "method='bfgs'"),
+    ("solve_nlsq: workers", lambda: ap.solve_nlsq(residual, [1.0, 1.0], (T, T),
+                                                  workers=2),
+     ValueError, "solve_nlsq_batch"),
+    ("solve_nlsq: residual 2-D", lambda: ap.solve_nlsq(lambda p: jnp.outer(p, p),
+                                                       [1.0, 1.0]),
+     ValueError, "at most a 1-D array"),
+    ("solve_nlsq: residual not callable", lambda: ap.solve_nlsq(3, [1.0]),
+     TypeError, "callable"),
+    # ---- curve_fit
+    ("curve_fit: string p0", lambda: ap.curve_fit(cf_model, T, T, p0="ab"),
+     ValueError, "x0 must be numbers"),
+    ("curve_fit: jac nonsense", lambda: ap.curve_fit(cf_model, T, T, jac="nonsense"),
+     ValueError, "`jac` must be"),
+    ("curve_fit: jac array", lambda: ap.curve_fit(cf_model, T, T, jac=np.ones((8, 2))),
+     ValueError, "not an array"),
+    ("curve_fit: jac wrong shape", lambda: ap.curve_fit(
+        cf_model, T, T, jac=lambda x, a, b: jnp.ones((2, 8))),
+     ValueError, r"`jac` has wrong shape: expected \(8, 2\)"),
+    ("curve_fit: string ydata", lambda: ap.curve_fit(cf_model, T, "abc"),
+     ValueError, "ydata must be numbers"),
+    ("curve_fit: sigma shape", lambda: ap.curve_fit(cf_model, T, T, sigma=np.ones(3)),
+     ValueError, "`sigma` has incorrect shape"),
+    ("curve_fit: empty ydata", lambda: ap.curve_fit(cf_model, T[:0], T[:0]),
+     ValueError, "must not be empty"),
+    ("curve_fit: args", lambda: ap.curve_fit(cf_model, T, T, args=(1,)),
+     ValueError, "'args' is not a supported keyword"),
+    ("curve_fit: nan_policy", lambda: ap.curve_fit(cf_model, T, T, nan_policy="hi"),
+     ValueError, "nan_policy must be one of"),
+    ("curve_fit: lm with bounds", lambda: ap.curve_fit(cf_model, T, T, method="lm",
+                                                       bounds=(0, 5)),
+     ValueError, "bounds"),
+    ("curve_fit: col_deriv", lambda: ap.curve_fit(cf_model, T, T, col_deriv=1),
+     ValueError, "col_deriv"),
+    # ---- solve_nlsq_batch
+    ("batch: ydata length", lambda: ap.solve_nlsq_batch(
+        model, np.ones((4, 2)), (T,), in_axes=(None,), ydata=np.ones((4, 5))),
+     ValueError, "ydata has 5 points per fit"),
+    ("batch: ydata rows", lambda: ap.solve_nlsq_batch(
+        model, np.ones((4, 2)), (T,), in_axes=(None,), ydata=np.ones((3, 8))),
+     ValueError, "ydata must have shape"),
+    ("batch: string x0", lambda: ap.solve_nlsq_batch(model, "ab", (T,), in_axes=(None,),
+                                                     ydata=YB),
+     ValueError, "x0 must be numbers"),
+    ("batch: complex x0", lambda: ap.solve_nlsq_batch(model, np.ones((4, 2)) * 1j, (T,),
+                                                      in_axes=(None,), ydata=YB),
+     ValueError, "x0 must be real"),
+    ("batch: 1-D x0", lambda: ap.solve_nlsq_batch(model, np.ones(2), (T,),
+                                                  in_axes=(None,), ydata=YB),
+     ValueError, r"x0 must have shape \(B, n\)"),
+    ("batch: fun not callable", lambda: ap.solve_nlsq_batch(3, np.ones((4, 2)), (T,)),
+     TypeError, "callable"),
+    ("batch: bad loss", lambda: ap.solve_nlsq_batch(model, np.ones((4, 2)), (T,),
+                                                    in_axes=(None,), ydata=YB, loss="l3"),
+     ValueError, "loss='l3'"),
+    # ---- linalg
+    ("linalg.solve: not square", lambda: ap.linalg.solve(np.ones((3, 2)), np.ones(3)),
+     ValueError, "square"),
+    ("linalg.solve: b mismatch", lambda: ap.linalg.solve(np.eye(3), np.ones(4)),
+     ValueError, "does not match A"),
+    ("linalg.solve: string A", lambda: ap.linalg.solve("abc", np.ones(3)),
+     ValueError, "floating dtype is required"),
+    ("linalg.solve: complex A", lambda: ap.linalg.solve(np.eye(3) * 1j, np.ones(3)),
+     ValueError, "floating dtype is required"),
+    ("linalg.solve: NaN A", lambda: ap.linalg.solve(np.eye(3) * np.nan, np.ones(3)),
+     ValueError, "NaN or Inf"),
+    ("linalg.solve: bad factor", lambda: ap.linalg.solve(np.eye(3), np.ones(3),
+                                                         factor="f7"),
+     ValueError, "alias 'f7'"),
+    ("linalg.lstsq: wide", lambda: ap.linalg.lstsq(np.ones((2, 3)), np.ones(2)),
+     ValueError, "tall"),
+    ("linalg.lstsq: b mismatch", lambda: ap.linalg.lstsq(np.ones((4, 3)), np.ones(3)),
+     ValueError, "does not match A"),
+    # ---- runtime
+    ("adaptive: not callable", lambda: ap.adaptive(3), TypeError, "callable"),
+    ("adaptive: bad ladder", lambda: ap.adaptive(lambda x: x, ladder=("bf16", "f99")),
+     ValueError, "alias 'f99'"),
+    ("MixedPrecisionManager: bad ladder", lambda: ap.MixedPrecisionManager(
+        ladder="f32,nope"), ValueError, "alias 'nope'"),
+    ("MixedPrecisionManager: guards", lambda: ap.MixedPrecisionManager(
+        ladder="f32,f64", guards=3), TypeError, "guards must be"),
+    ("MixedPrecisionManager.run: not callable", lambda: ap.MixedPrecisionManager(
+        ladder="f32,f64").run(3, 1.0), TypeError, "fn must be callable"),
+    # ---- policy
+    ("Policy.parse: unknown alias", lambda: ap.Policy.parse("p=f32,c=f99,o=f32"),
+     ValueError, "alias 'f99'"),
+    ("Policy.parse: unknown key", lambda: ap.Policy.parse("q=f32"),
+     ValueError, "unknown key 'q'"),
+    ("Policy.parse: not a string", lambda: ap.Policy.parse(3),
+     ValueError, "a policy is a string"),
+]
+
+
+@pytest.mark.parametrize("call, exc, match", [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_bad_input(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_every_entry_point_is_covered():
+    entries = {c[0].split(":")[0].split(".")[0] for c in CASES}
+    for name in ("solve_nlsq", "curve_fit", "batch", "linalg", "adaptive",
+                 "MixedPrecisionManager", "Policy"):
+        assert name in entries, name
