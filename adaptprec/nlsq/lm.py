@@ -175,8 +175,11 @@ def verify_minimum(status, x, R, qtf, fnorm, tol=NOT_A_MINIMUM_COSINE):
     cosine = minpack_gnorm(x, g, R, fnorm)
     eps = jnp.finfo(R.dtype).eps
     noise = fnorm <= _NOISE_FACTOR * eps * jnp.linalg.norm(R @ x)
+    # A degenerate minimum (J -> 0 with a nonzero residual, e.g. p**2 + 5 at 0) has a
+    # cosine near 1 but a gradient that moves the cost by nothing: exempt it.
+    flat = jnp.max(jnp.abs(g) * jnp.maximum(jnp.abs(x), 1.0)) <= jnp.sqrt(eps) * fnorm ** 2
     converged = (status > 0) & (status < Status.RUNNING)
-    return jnp.where(converged & (cosine > tol) & ~noise, Status.NOT_A_MINIMUM,
+    return jnp.where(converged & (cosine > tol) & ~noise & ~flat, Status.NOT_A_MINIMUM,
                      status).astype(jnp.int32)
 
 

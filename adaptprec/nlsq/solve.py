@@ -525,14 +525,14 @@ def solve_nlsq(
                      schedule=schedule, point_axes=axes, max_nfev=max_nfev,
                      callback=callback)
     # The host driver has no max_nfev cap or callback yet: those solves use the fused one.
-    if driver != "fused" and max_nfev is None and callback is None:
+    if driver != "fused" and not max_nfev and callback is None:
         trees = (x0_flat, args, lb, ub, f_scale)
         if host_eligible(cfg, bool(throw), *trees):
             x0_shape = np.shape(x0) if isinstance(x0, (jax.Array, np.ndarray)) else None
             return host_solve(residual, fun_flat, unravel, x0_shape, cfg, pad,
                               x0_flat.astype(top_dt), args, lb, ub, scale_inv0, f_scale,
                               ftol, xtol, gtol)
-    if driver == "host" and (max_nfev is not None or callback is not None or
+    if driver == "host" and (max_nfev or callback is not None or
                              not host_eligible(cfg, bool(throw), x0_flat, args, lb, ub,
                                                f_scale)):
         raise ValueError("driver='host' needs an eager call (no tracers in x0, args, "
