@@ -4,7 +4,7 @@ A two-layer MLP with LayerNorm and softmax is explained under three policies (op
 and casts per op kind), run under each, and compared with the float64 result.
 
 Run:
-    /work/venv/bin/python examples/autocast_explain.py
+    python examples/autocast_explain.py
 """
 
 import jax

@@ -13,8 +13,9 @@ Example:
     >>> try:
     ...     ap.curve_fit(lambda t, a, k: a * np.exp(-k * t), t, np.exp(-t), p0=[1.0, 1.0])
     ... except TypeError as e:
-    ...     print(str(e)[:60])
-    the model calls a NumPy function on its parameters (e.g. np.
+    ...     message = str(e)
+    >>> message[:60]
+    'the model calls a NumPy function on its parameters (e.g. np.'
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ TRACED_X64_MESSAGE = (
     "jit/vmap/grad with jax_enable_x64 off, so every traced array is float32 and float64 "
     "cannot be recovered inside the trace. Either call it eagerly (outside jit: it then "
     "runs in float64 by itself and returns NumPy float64), turn float64 on for your "
-    "program (`jax.config.update('jax_enable_x64', True)` at the top, or "
-    "JAX_ENABLE_X64=1), or ask for float32 explicitly with precision='f32'.")
+    "program (JAX_ENABLE_X64=1 in the environment, or JAX's jax_enable_x64 option set at "
+    "the top of the program), or ask for float32 explicitly with precision='f32'.")
 
 
 def wants_float64(precision) -> bool:
