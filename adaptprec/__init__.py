@@ -124,7 +124,7 @@ __all__ = [
     "PrecisionPolicy", "Rule", "autocast", "classify", "explain",
     # profiler and plots
     "profile", "Profile", "ProfileRow", "FitTrace", "plot_fit", "plot_batch",
-    "PrecisionPolicy", "Rule", "autocast", "classify", "explain", "KindRow", "ScopeRules",
+    "KindRow", "ScopeRules",
     "ScopeMatch", "ScopeRow",
     # training steps (issue 19)
     "MixedGrads", "StepInfo", "SkipNonFiniteState", "mixed_value_and_grad",
