@@ -393,17 +393,20 @@ def _covariance(J, null_tol):
 _covariance_jit = cpu_jit(_covariance, optimise=False, static_argnums=1)
 
 
-def _covariance_svd(J, null_tol):
-    """scipy's route: SVD of J (through the triangular factor of a QR when tall)."""
+def _covariance_svd(J, null_tol, xnp=jnp):
+    """scipy's route: SVD of J (through the triangular factor of a QR when tall).
+
+    ``xnp`` is ``jax.numpy`` (traceable) or ``numpy`` (an eager curve_fit: no compilation
+    per data length); the two give the same formula."""
     m, n = J.shape
-    eps = jnp.finfo(J.dtype).eps
-    A = J if m >= n else jnp.concatenate([J, jnp.zeros((n - m, n), J.dtype)])
-    R = jnp.linalg.qr(A, mode="r")[:n] if m > 2 * n else A
-    _, s, VT = jnp.linalg.svd(R, full_matrices=False)
+    eps = xnp.finfo(J.dtype).eps
+    A = J if m >= n else xnp.concatenate([J, xnp.zeros((n - m, n), J.dtype)])
+    R = xnp.linalg.qr(A, mode="r")[:n] if m > 2 * n else A
+    _, s, VT = xnp.linalg.svd(R, full_matrices=False)
     keep = s > eps * max(m, n) * s[0]
-    inv_s2 = jnp.where(keep, 1.0 / jnp.where(keep, s, 1.0) ** 2, 0.0)
+    inv_s2 = xnp.where(keep, 1.0 / xnp.where(keep, s, 1.0) ** 2, 0.0)
     cov = (VT.T * inv_s2) @ VT
-    null_weight = jnp.sum(jnp.where(keep[:, None], 0.0, VT ** 2), axis=0)
-    bad = jnp.sqrt(null_weight) > null_tol
-    cov = jnp.where(bad[:, None] | bad[None, :], jnp.inf, cov)
-    return cov, jnp.sum(keep).astype(jnp.int32)
+    null_weight = xnp.sum(xnp.where(keep[:, None], 0.0, VT ** 2), axis=0)
+    bad = xnp.sqrt(null_weight) > null_tol
+    cov = xnp.where(bad[:, None] | bad[None, :], xnp.inf, cov)
+    return cov, xnp.sum(keep).astype(xnp.int32)

@@ -36,7 +36,7 @@ from .._tracing import is_concrete
 from ._inputs import (as_bounds, as_data, as_x0, check_jac_option, check_jac_shape,
                       initialize_feasible, leastsq_kwargs)
 from ._minpack import minpack_fields
-from .common import covariance_from_jac
+from .common import _covariance_svd, covariance_from_jac
 from ._x64 import float64_entry
 from .solve import _broadcast_bounds, solve_nlsq
 
@@ -131,17 +131,7 @@ def covariance_numpy(J):
         >>> covariance_numpy(np.array([[2.0, 0.0], [0.0, 0.0]]))[0, 0]
         np.float64(0.25)
     """
-    m, n = J.shape
-    eps = np.finfo(J.dtype).eps
-    A = J if m >= n else np.concatenate([J, np.zeros((n - m, n), J.dtype)])
-    R = np.linalg.qr(A, mode="r")[:n] if m > 2 * n else A
-    _, s, VT = np.linalg.svd(R, full_matrices=False)
-    keep = s > eps * max(m, n) * s[0]
-    inv_s2 = np.where(keep, 1.0 / np.where(keep, s, 1.0) ** 2, 0.0)
-    cov = (VT.T * inv_s2) @ VT
-    null_weight = np.sum(np.where(keep[:, None], 0.0, VT ** 2), axis=0)
-    bad = np.sqrt(null_weight) > np.sqrt(eps)
-    return np.where(bad[:, None] | bad[None, :], np.inf, cov)
+    return _covariance_svd(J, np.sqrt(np.finfo(J.dtype).eps), xnp=np)[0]
 
 
 def _n_params(f) -> int:
