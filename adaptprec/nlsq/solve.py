@@ -524,21 +524,18 @@ def solve_nlsq(
                      max_rejections=int(max_rejections), cond_tol=float(cond_tol),
                      schedule=schedule, point_axes=axes, max_nfev=max_nfev,
                      callback=callback)
-    # The host driver has no max_nfev cap or callback yet: those solves use the fused one.
-    if driver != "fused" and not max_nfev and callback is None:
-        trees = (x0_flat, args, lb, ub, f_scale)
-        if host_eligible(cfg, bool(throw), *trees):
+    if driver != "fused":
+        if host_eligible(cfg, bool(throw), x0_flat, args, lb, ub, f_scale):
             x0_shape = np.shape(x0) if isinstance(x0, (jax.Array, np.ndarray)) else None
             return host_solve(residual, fun_flat, unravel, x0_shape, cfg, pad,
                               x0_flat.astype(top_dt), args, lb, ub, scale_inv0, f_scale,
                               ftol, xtol, gtol)
-    if driver == "host" and (max_nfev or callback is not None or
-                             not host_eligible(cfg, bool(throw), x0_flat, args, lb, ub,
-                                               f_scale)):
-        raise ValueError("driver='host' needs an eager call (no tracers in x0, args, "
-                         "bounds), jac='fwd'/'rev', the QR model (linear_solver='qr' "
-                         "or fewer than 4096 residuals), throw=False, no max_nfev or "
-                         "callback and a hashable loss and schedule; use driver='auto'")
+        if driver == "host":
+            raise ValueError("driver='host' needs an eager call (no tracers in x0, args, "
+                             "bounds), jac='fwd'/'rev', the QR model (linear_solver='qr' "
+                             "or fewer than 4096 residuals), throw=False, no max_nfev or "
+                             "callback and a hashable loss and schedule; use "
+                             "driver='auto'")
     key = (_hashable(residual), _hashable(jac_key), _hashable(loss), _hashable(schedule),
            cfg._replace(loss=None, jac=None, schedule=None, callback=None),
            _hashable(callback), bool(throw),
