@@ -55,6 +55,9 @@ def test_block_extraction_finds_fenced_python_only():
     assert _BLOCK.findall(text) == ["x = 1\n", "y = 2\n"]
 
 
+# slow: one fresh JAX process per page, ~200 s in all on 2 cores -- a fifth of the default
+# run's budget. CI's slow set runs it on every push.
+@pytest.mark.slow
 @pytest.mark.parametrize("page", [p for p in PAGES if blocks(p)],
                          ids=lambda p: p.name)
 def test_page_code_blocks_run_standalone(page, tmp_path):
