@@ -44,6 +44,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 from collections.abc import Callable, Iterable
 
@@ -60,7 +61,8 @@ from ._loop import LoopConfig, _factor_gram
 from .common import Status, robust_cost, scale_for_robust_loss
 
 __all__ = ["Chunks", "CHUNK", "STREAM_MIN_POINTS", "TRACED_MESSAGE", "solve_stream",
-           "wants_stream", "covariance_from_gram"]
+           "wants_stream", "covariance_from_gram", "curve_fit_stream",
+           "wants_curve_fit_stream"]
 
 #: Default points per chunk (a multiple of the 4096-point block): 2^20 points of
 #: float64 ``x`` and ``y`` are 16 MB on the device.
@@ -432,7 +434,7 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
     """:func:`adaptprec.solve_nlsq` over streamed data (see the module docstring);
     ``args`` is a :class:`Chunks` or a tuple with host arrays. With ``auto=True`` (not
     asked for, only large): ``None`` when the problem cannot be streamed (the caller
-    then solves in memory). ``with_gram``: return ``(result, J^T J)``.
+    then solves in memory). ``with_gram``: return ``(result, J^T J, m)``.
     """
     from .._status import Reason  # noqa: F401 - (vocabulary shared with the loop)
     from ._inputs import OptionNotOffered, as_bounds, as_x0, check_tolerances
@@ -587,10 +589,11 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
     ctx = (None, arr(lb), arr(ub), arr(scale_inv0), arr(f_scale), arr(ftol), arr(xtol),
            arr(gtol), arr(x0))
     st, g, cost, A = _stream_loop(cfg, evaluator, sums, final, arr(x0), ctx, ())
-    return _result(cfg, st, g, cost, A, ctx, with_gram)
+    res = _result(cfg, st, g, cost, A, ctx)
+    return (res, np.asarray(A, np.float64), evaluator.m) if with_gram else res
 
 
-def _result(cfg, st, g, cost, A, ctx, with_gram):
+def _result(cfg, st, g, cost, A, ctx):
     from .result import NLSQResult
 
     top_dt = cfg.rungs[-1]
@@ -609,7 +612,7 @@ def _result(cfg, st, g, cost, A, ctx, with_gram):
         rung=put(rung), escalations=put(esc), rung_entered=put(entered),
         rung_nfev=put(rnfev), escalation_reason=put(reason),
         ladder=tuple(np.dtype(d) for d in cfg.rungs))
-    return (res, np.asarray(A, np.float64)) if with_gram else res
+    return res
 
 
 def _is_default(v, d):
@@ -620,3 +623,104 @@ def _is_default(v, d):
 def _key(obj):
     from .solve import _hashable
     return _hashable(obj)
+
+
+# ----------------------------------------------------------------------------- curve_fit
+@functools.lru_cache(maxsize=256)
+def _sigma_residual(f: Callable) -> Callable:
+    """``(f(x, *p) - y) / sigma``: sigma a scalar or streamed with the points."""
+    from .curve_fit import _call
+
+    def residual(p, xdata, ydata, sigma):
+        return jnp.ravel((_call(f, xdata, p) - ydata) / sigma)
+
+    return residual
+
+
+def wants_curve_fit_stream(xdata, ydata, kwargs) -> bool:
+    """``curve_fit``'s switch: a :class:`Chunks` ``xdata``, ``chunk_size=`` or host
+    NumPy ``ydata`` of at least :data:`STREAM_MIN_POINTS` points."""
+    return (isinstance(xdata, Chunks) or kwargs.get("chunk_size") is not None or
+            (_is_host_array(ydata) and ydata.size >= STREAM_MIN_POINTS))
+
+
+def curve_fit_stream(f, xdata, ydata, p0, sigma, absolute_sigma, check_finite, bounds,
+                     method, jac, full_output, nan_policy, kwargs):
+    """:func:`adaptprec.curve_fit` over streamed data; ``None`` when large host data
+    turn out not streamable (the caller fits in memory). ``pcov`` comes from the summed
+    Gram matrix ``J^T J`` (:func:`covariance_from_gram`)."""
+    import warnings
+
+    from ._inputs import as_bounds, as_x0, initialize_feasible
+    from .curve_fit import _n_params, _residual_for, _warning_class
+    from .solve import _broadcast_bounds
+
+    asked = isinstance(xdata, Chunks) or kwargs.get("chunk_size") is not None
+    if not is_concrete(xdata if not isinstance(xdata, Chunks) else (), ydata, sigma, p0):
+        raise ValueError(TRACED_MESSAGE.format(entry="curve_fit",
+                                               min_points=STREAM_MIN_POINTS))
+    if nan_policy not in (None, "raise"):
+        if not asked:
+            return None
+        raise ValueError("streamed curve_fit does not drop NaN points "
+                         "(nan_policy='omit'); clean the chunks first.")
+    if jac is not None and jac != "fwd":
+        if not asked:
+            return None
+        raise ValueError("streamed curve_fit differentiates the model with JAX (jac=None);"
+                         f" jac={jac!r} cannot be combined with chunk_size/Chunks.")
+    if isinstance(xdata, Chunks):
+        if ydata is not None or sigma is not None:
+            raise ValueError("with a Chunks source, pass ydata=None and sigma=None: each "
+                             "chunk is (xdata, ydata) or (xdata, ydata, sigma)")
+        first = next(iter(xdata), None)
+        if first is None or len(first) not in (2, 3):
+            raise ValueError("curve_fit's Chunks must give (xdata, ydata) or "
+                             "(xdata, ydata, sigma) tuples")
+        residual = _residual_for(f, "none") if len(first) == 2 else _sigma_residual(f)
+        args = xdata
+    else:
+        ydata = np.asarray(ydata)
+        if ydata.ndim != 1:
+            raise ValueError(f"streamed curve_fit needs a 1-D ydata, got shape "
+                             f"{ydata.shape}")
+        xdata = np.asarray(xdata)
+        if sigma is None:
+            residual, args = _residual_for(f, "none"), (xdata, ydata)
+        else:
+            s = np.asarray(sigma)
+            if s.ndim == 2:
+                if not asked:
+                    return None
+                raise ValueError("streamed curve_fit takes sigma as standard deviations "
+                                 "(a scalar or one per point), not an (m, m) covariance")
+            if np.any(s <= 0):
+                raise ValueError("1-D `sigma` must be positive (standard deviations).")
+            residual, args = _sigma_residual(f), (xdata, ydata, s.reshape(()) if s.size
+                                                  == 1 else s)
+    if p0 is None:
+        n = _n_params(f)
+        lb, ub = _broadcast_bounds(as_bounds(bounds, n), n, np.float64)
+        p0 = initialize_feasible(lb, ub)
+    p0 = np.atleast_1d(np.asarray(as_x0(p0), np.float64))
+    out = solve_stream(residual, p0, args, bounds=bounds, method=method, auto=not asked,
+                       entry="curve_fit", with_gram=True,
+                       check_finite=True if check_finite is None else bool(check_finite),
+                       **kwargs)
+    if out is None:
+        return None
+    res, A, m = out
+    n = p0.size
+    pcov = covariance_from_gram(A, m)
+    if not absolute_sigma:
+        pcov = pcov * (2.0 * float(res.cost) / (m - n)) if m > n else \
+            np.full_like(pcov, np.inf)
+    if not bool(res.success):
+        raise RuntimeError("Optimal parameters not found: " + res.message)
+    if np.any(np.isinf(pcov)):
+        warnings.warn("Covariance of the parameters could not be estimated (inf where a "
+                      "parameter is not identifiable)", _warning_class(), stacklevel=3)
+    popt = np.asarray(res.x)
+    if full_output:
+        return popt, pcov, {"nfev": res.nfev, "result": res}, res.message, res.status
+    return popt, pcov

@@ -36,6 +36,7 @@ from .._tracing import is_concrete
 from ._inputs import (as_bounds, as_data, as_x0, check_jac_option, check_jac_shape,
                       initialize_feasible, leastsq_kwargs)
 from ._minpack import minpack_fields
+from . import _stream
 from .common import _covariance_svd, covariance_from_jac
 from ._x64 import float64_entry
 from .solve import _broadcast_bounds, solve_nlsq
@@ -171,6 +172,9 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
       full_output: also return ``infodict`` (``nfev``, ``fvec``, MINPACK's ``fjac``,
         ``ipvt`` (0-based), ``qtf`` for every method, and ``result``), ``mesg`` and
         ``ier`` (the status).
+      xdata may also be an :class:`~adaptprec.Chunks` source (then ``ydata=None``)
+        and ``chunk_size=`` streams host/memory-mapped data (docs/nlsq.md, "Larger than
+        memory"); host NumPy ``ydata`` of at least 2^23 points is streamed by itself.
       **kwargs: passed to :func:`~adaptprec.solve_nlsq` (``precision``, ``loss``,
         ``ftol``, ``max_nfev``, ``max_steps``...); scipy ``leastsq``'s ``maxfev``,
         ``epsfcn`` and ``diag`` are translated (``max_nfev``, ``diff_step``,
@@ -199,6 +203,12 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
                          "the parameters to f as f(xdata, *params)).")
     kwargs = leastsq_kwargs(kwargs)
     jac = check_jac_option(jac, allow_none=True)
+    if _stream.wants_curve_fit_stream(xdata, ydata, kwargs):  # larger than memory
+        out = _stream.curve_fit_stream(f, xdata, ydata, p0, sigma, absolute_sigma,
+                                       check_finite, bounds, method, jac, full_output,
+                                       nan_policy, kwargs)
+        if out is not None:
+            return out
     xdata = as_data(xdata, "xdata")
     ydata = as_data(ydata, "ydata")
     sigma = as_data(sigma, "sigma")
