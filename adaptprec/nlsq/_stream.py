@@ -159,7 +159,7 @@ def _is_host_array(a) -> bool:
     return isinstance(a, np.ndarray) and not isinstance(a, jax.Array)
 
 
-def wants_stream(args, min_points: int = STREAM_MIN_POINTS) -> bool:
+def wants_stream(args, min_points: int | None = None) -> bool:
     """Whether ``args`` should be streamed without being asked: a :class:`Chunks`, or a
     host NumPy array (incl. ``np.memmap``) leaf with at least ``min_points`` elements.
 
@@ -171,6 +171,7 @@ def wants_stream(args, min_points: int = STREAM_MIN_POINTS) -> bool:
     """
     if isinstance(args, Chunks):
         return True
+    min_points = STREAM_MIN_POINTS if min_points is None else min_points
     if not is_concrete(args):
         return False
     return any(_is_host_array(a) and a.size >= min_points for a in jax.tree.leaves(args))
