@@ -58,6 +58,7 @@ from .._tracing import is_concrete
 from ._blocks import PointBlocks, block_size, residual_and_rows
 from ._compile import cpu_jit
 from ._loop import LoopConfig, _factor_gram
+from ._sharded import ShardedEvaluator, plan, point_sharding, sharded_programs
 from .common import Status, robust_cost, scale_for_robust_loss
 
 __all__ = ["Chunks", "CHUNK", "STREAM_MIN_POINTS", "TRACED_MESSAGE", "solve_stream",
@@ -160,8 +161,8 @@ def _is_host_array(a) -> bool:
 
 
 def wants_stream(args, min_points: int | None = None) -> bool:
-    """Whether ``args`` should be streamed without being asked: a :class:`Chunks`, or a
-    host NumPy array (incl. ``np.memmap``) leaf with at least ``min_points`` elements.
+    """Whether ``args`` should be streamed without being asked: a :class:`Chunks`, data
+    sharded over a mesh (:mod:`._sharded`), or a host NumPy array (incl. ``np.memmap``) leaf with at least ``min_points`` elements.
 
     Example:
         >>> import numpy as np
@@ -169,7 +170,7 @@ def wants_stream(args, min_points: int | None = None) -> bool:
         >>> wants_stream((np.zeros(10),)), wants_stream((np.zeros(10),), min_points=10)
         (False, True)
     """
-    if isinstance(args, Chunks):
+    if isinstance(args, Chunks) or point_sharding(args) is not None:
         return True
     min_points = STREAM_MIN_POINTS if min_points is None else min_points
     if not is_concrete(args):
@@ -528,10 +529,11 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
             "data point i alone, proved from its jaxpr), with the points on one axis of "
             "each data array; this residual is not provably pointwise (it reduces over "
             "the points, sorts, gathers or mixes points). Fit in memory instead.")
+    mesh = point_sharding(args) if source is None else None
     if source is None:
         m = k0
-        if auto and not any(_is_host_array(a) and ax is not None
-                            for a, ax in zip(leaves, axes)):
+        if auto and mesh is None and not any(_is_host_array(a) and ax is not None
+                                             for a, ax in zip(leaves, axes)):
             return None
         size = int(chunk_size) if chunk_size is not None else CHUNK
         size = min(size, m)
@@ -581,8 +583,15 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
     key = (_key(residual), rungs, str(loss) if isinstance(loss, str) else _key(loss),
            treedef, tuple((a.shape if ax is None else a.shape[:ax] + a.shape[ax + 1:],
                            str(a.dtype)) for a, ax in zip(avals, axes)), axes, size, n)
-    sums = _chunk_program(fun_flat, cfg, axes, size, key).tuned
-    final = _final_chunk_program(fun_flat, cfg, axes, size, key).tuned
+    if mesh is not None:   # sharded over a mesh: per-device sums and one psum
+        specs, names, local = plan(args, axes, m, mesh)
+        evaluator = ShardedEvaluator(args, m, mesh, specs)
+        skey = ("sharded", mesh, tuple(specs), names, local, m) + key
+        sums, final = _program(skey, lambda: sharded_programs(
+            fun_flat, cfg, axes, treedef, specs, names, mesh, m, local))
+    else:
+        sums = _chunk_program(fun_flat, cfg, axes, size, key).tuned
+        final = _final_chunk_program(fun_flat, cfg, axes, size, key).tuned
 
     def arr(v):
         return np.asarray(v, top_dt)
@@ -642,7 +651,8 @@ def wants_curve_fit_stream(xdata, ydata, kwargs) -> bool:
     """``curve_fit``'s switch: a :class:`Chunks` ``xdata``, ``chunk_size=`` or host
     NumPy ``ydata`` of at least :data:`STREAM_MIN_POINTS` points."""
     return (isinstance(xdata, Chunks) or kwargs.get("chunk_size") is not None or
-            (_is_host_array(ydata) and ydata.size >= STREAM_MIN_POINTS))
+            (_is_host_array(ydata) and ydata.size >= STREAM_MIN_POINTS) or
+            point_sharding((xdata, ydata)) is not None)
 
 
 def curve_fit_stream(f, xdata, ydata, p0, sigma, absolute_sigma, check_finite, bounds,
@@ -680,6 +690,11 @@ def curve_fit_stream(f, xdata, ydata, p0, sigma, absolute_sigma, check_finite, b
                              "(xdata, ydata, sigma) tuples")
         residual = _residual_for(f, "none") if len(first) == 2 else _sigma_residual(f)
         args = xdata
+    elif point_sharding((xdata, ydata)) is not None:   # sharded jax.Arrays: as they are
+        if sigma is None:
+            residual, args = _residual_for(f, "none"), (xdata, ydata)
+        else:
+            residual, args = _sigma_residual(f), (xdata, ydata, sigma)
     else:
         ydata = np.asarray(ydata)
         if ydata.ndim != 1:
