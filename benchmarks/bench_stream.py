@@ -16,12 +16,17 @@ Each case runs in a fresh interpreter (its own peak RSS, ``VmHWM`` of
   adaptprec and scipy imported, before the fit.
 * ``scipy N``: ``scipy.optimize.curve_fit`` on N points loaded into memory (NumPy model
   and analytic-free default: ``lm`` with a finite-difference Jacobian), best of 2.
+* ``host N`` / ``host_stream N`` (``--crossover``): NumPy arrays in memory, fitted
+  in memory (automatic streaming switched off) or streamed; sets the automatic
+  threshold ``STREAM_MIN_POINTS``.
 * ``memory N``: the in-memory path (``ap.curve_fit`` on jax.Arrays, no streaming), for
   the same-run comparison with the issue's 4.3 GB at 5e7 points.
 
 Run:  python benchmarks/bench_stream.py               (1e7 and 1e8 streamed, scipy 1e7,
                                                        5e7 streamed and in memory; ~5 min)
       python benchmarks/bench_stream.py --quick       (1e7 only)
+      python benchmarks/bench_stream.py --crossover   (host NumPy data streamed or not,
+                                                       1e6..1.6e7 points)
 """
 
 from __future__ import annotations
@@ -117,6 +122,15 @@ def case(kind, directory, n):
             x = np.memmap(px, np.float64, "r", shape=(n,))
             y = np.memmap(py, np.float64, "r", shape=(n,))
             kw = {"chunk_size": CHUNK}
+        elif kind in ("host", "host_stream"):   # NumPy arrays in memory
+            x = np.fromfile(px, np.float64)
+            y = np.fromfile(py, np.float64)
+            if kind == "host":      # not streamed: the in-memory solve
+                import adaptprec.nlsq._stream as st
+                st.STREAM_MIN_POINTS = 1 << 62
+                kw = {}
+            else:
+                kw = {"chunk_size": CHUNK}
         else:  # in memory: jax.Arrays (not streamed)
             x = jnp.asarray(np.fromfile(px, np.float64))
             y = jnp.asarray(np.fromfile(py, np.float64))
@@ -159,7 +173,21 @@ def main():
     ap_.add_argument("--no-memory", action="store_true",
                      help="skip the in-memory 5e7 comparison")
     ap_.add_argument("--timeout", type=float, default=900)
+    ap_.add_argument("--crossover", action="store_true",
+                     help="host NumPy data in memory, streamed vs not, at 1e6..1.6e7 "
+                          "points (the automatic streaming threshold)")
     args = ap_.parse_args()
+    if args.crossover:
+        gb = 1 << 30
+        for n in (10**6, 4 * 10**6, 16 * 10**6):
+            make_data(args.dir, n)
+            for kind in ("host", "host_stream"):
+                r = run_case(kind, args.dir, n, args.timeout)
+                print(f"{kind:12s} {n:.1e} points: {r['time']:.3f} s (first call "
+                      f"{r['first']:.2f} s), peak RSS {r['peak'] / gb:.2f} GB, "
+                      f"{(r['peak'] - r['baseline']) / r['data']:.1f}x the data beyond "
+                      f"the interpreter")
+        return
     if args.case:
         print(json.dumps(case(args.case, args.dir, args.n)))
         return

@@ -69,15 +69,18 @@ __all__ = ["Chunks", "CHUNK", "STREAM_MIN_POINTS", "TRACED_MESSAGE", "solve_stre
 #: float64 ``x`` and ``y`` are 16 MB on the device.
 CHUNK = 1 << 20
 #: Host NumPy data (``np.ndarray``/``np.memmap``, not ``jax.Array``) with at least this
-#: many points is streamed without being asked: from here on the in-memory solve's
-#: copies of the data (device copy, float64 conversion, padded blocks, the residual and
-#: ``m x n`` Jacobian of the final evaluation) cost several times the data
-#: (4.3 GB peak for 5e7 points, issue 18) while streaming adds O(chunk).
-STREAM_MIN_POINTS = 1 << 23
+#: many points is streamed without being asked (2^22, about 4.2e6). Measured
+#: (benchmarks/bench_stream.py --crossover, curve_fit of a 3-parameter exponential on
+#: NumPy float64 arrays, a busy 2-core machine): streamed vs in memory 0.17 s vs 0.68 s
+#: at 1e6 points, 1.4 s vs 3.1 s and 0.45 vs 1.03 GB peak RSS at 4e6, 7.6 s vs 16.7 s and
+#: 0.64 vs 2.98 GB at 1.6e7. Streaming won at every size; the switch sits where the
+#: in-memory solve's copies pass ~1 GB, so smaller fits keep ``fun``/``jac`` in the
+#: result.
+STREAM_MIN_POINTS = 1 << 22
 
 TRACED_MESSAGE = (
     "{entry}: streaming (chunk_size=, a Chunks source, or host NumPy data of "
-    ">= {min_points} points) runs an eager host loop over the chunks and cannot run under "
+    ">= {min_points} points, or data sharded over a mesh) runs an eager host loop over the chunks and cannot run under "
     "jit/vmap/grad. Call it outside the transformation, or pass the data as jax.Arrays "
     "without chunk_size to use the in-memory (fused, traceable) solver.")
 
@@ -667,6 +670,8 @@ def curve_fit_stream(f, xdata, ydata, p0, sigma, absolute_sigma, check_finite, b
     from .solve import _broadcast_bounds
 
     asked = isinstance(xdata, Chunks) or kwargs.get("chunk_size") is not None
+    if full_output and not asked:   # infodict's fvec/fjac: as large as the data
+        return None
     if not is_concrete(xdata if not isinstance(xdata, Chunks) else (), ydata, sigma, p0):
         raise ValueError(TRACED_MESSAGE.format(entry="curve_fit",
                                                min_points=STREAM_MIN_POINTS))

@@ -174,7 +174,8 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
         ``ier`` (the status).
       xdata may also be an :class:`~adaptprec.Chunks` source (then ``ydata=None``)
         and ``chunk_size=`` streams host/memory-mapped data (docs/nlsq.md, "Larger than
-        memory"); host NumPy ``ydata`` of at least 2^23 points is streamed by itself.
+        memory"); host NumPy ``ydata`` of at least 2^22 points (without ``full_output``) and
+        ydata sharded over a mesh are streamed by themselves.
       **kwargs: passed to :func:`~adaptprec.solve_nlsq` (``precision``, ``loss``,
         ``ftol``, ``max_nfev``, ``max_steps``...); scipy ``leastsq``'s ``maxfev``,
         ``epsfcn`` and ``diag`` are translated (``max_nfev``, ``diff_step``,
