@@ -205,7 +205,8 @@ def main():
         r = run_case("stream", args.dir, n, args.timeout)
         rows.append(r)
         per = r["time"] / (n / 1e7)
-        print(f"streamed {n:.0e} points: {r['time']:.2f} s (first call {r['first']:.2f} s), "
+        print(f"streamed {n:.0e} points: {r['time']:.2f} s "
+              f"(first call {r['first']:.2f} s), "
               f"{per:.2f} s per 1e7 points = {per / sc['time']:.2f}x scipy's 1e7 time; "
               f"nfev {r['nfev']}, rung {r['rung']}, escalations {r['escalations']}; "
               f"peak RSS {r['peak'] / gb:.2f} GB, data {r['data'] / gb:.2f} GB, "

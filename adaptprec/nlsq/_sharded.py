@@ -80,8 +80,8 @@ def plan(args, axes, m, mesh):
         if names is None:
             names = nm
         elif nm != names:
-            raise ValueError(f"every data argument must split its points over the same mesh "
-                             f"axes; got {names} and {nm}")
+            raise ValueError(f"every data argument must split its points over the same "
+                             f"mesh axes; got {names} and {nm}")
         specs.append(P(*[spec[a] if d == a else None for d in range(np.ndim(leaf))]))
     shards = int(np.prod([mesh.shape[nm] for nm in names])) if names else 1
     if not names or m % shards:

@@ -80,9 +80,9 @@ STREAM_MIN_POINTS = 1 << 22
 
 TRACED_MESSAGE = (
     "{entry}: streaming (chunk_size=, a Chunks source, or host NumPy data of "
-    ">= {min_points} points, or data sharded over a mesh) runs an eager host loop over the chunks and cannot run under "
-    "jit/vmap/grad. Call it outside the transformation, or pass the data as jax.Arrays "
-    "without chunk_size to use the in-memory (fused, traceable) solver.")
+    ">= {min_points} points) runs an eager host loop over the chunks and cannot run "
+    "under jit/vmap/grad. Call it outside the transformation, or pass the data as "
+    "jax.Arrays without chunk_size to use the in-memory (fused, traceable) solver.")
 
 #: solve_nlsq options streaming does not carry, with their default values.
 UNSUPPORTED_DEFAULTS = {"throw": False, "driver": "auto", "starts": 1, "max_nfev": None,
@@ -165,7 +165,8 @@ def _is_host_array(a) -> bool:
 
 def wants_stream(args, min_points: int | None = None) -> bool:
     """Whether ``args`` should be streamed without being asked: a :class:`Chunks`, data
-    sharded over a mesh (:mod:`._sharded`), or a host NumPy array (incl. ``np.memmap``) leaf with at least ``min_points`` elements.
+    sharded over a mesh (:mod:`._sharded`), or a host NumPy array (incl. ``np.memmap``)
+    leaf with at least ``min_points`` elements (default :data:`STREAM_MIN_POINTS`).
 
     Example:
         >>> import numpy as np
@@ -336,7 +337,8 @@ def _model_program(top_dt):
         jok = jnp.all(jnp.isfinite(R)) & jnp.all(jnp.isfinite(qtf))
         return cost, R, qtf, jnp.sqrt(2.0 * cost), jok
 
-    return _program(("model", str(np.dtype(top_dt))), lambda: cpu_jit(model, optimise=False))
+    return _program(("model", str(np.dtype(top_dt))),
+                    lambda: cpu_jit(model, optimise=False))
 
 
 def _finish_program(cfg: LoopConfig):

@@ -158,6 +158,10 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
     Args:
       f: model ``f(xdata, *params)`` written with ``jax.numpy``.
       xdata, ydata: data (``ydata`` 1-D); ``xdata`` may be any array (last axis = points).
+        Larger than memory (docs/nlsq.md): ``chunk_size=N`` streams host or
+        memory-mapped arrays, ``xdata`` may be an :class:`~adaptprec.Chunks` source
+        (``ydata=None``); host NumPy ``ydata`` of at least 2^22 points (without
+        ``full_output``) and data sharded over a mesh are streamed by themselves.
       p0: initial guess (default: ones, sized from ``f``'s signature).
       sigma: ``None``, 1-D standard deviations (or a scalar), or an ``(m, m)`` covariance.
       absolute_sigma: if false, ``pcov`` is scaled by the reduced chi-square.
@@ -172,10 +176,6 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
       full_output: also return ``infodict`` (``nfev``, ``fvec``, MINPACK's ``fjac``,
         ``ipvt`` (0-based), ``qtf`` for every method, and ``result``), ``mesg`` and
         ``ier`` (the status).
-      xdata may also be an :class:`~adaptprec.Chunks` source (then ``ydata=None``)
-        and ``chunk_size=`` streams host/memory-mapped data (docs/nlsq.md, "Larger than
-        memory"); host NumPy ``ydata`` of at least 2^22 points (without ``full_output``) and
-        ydata sharded over a mesh are streamed by themselves.
       **kwargs: passed to :func:`~adaptprec.solve_nlsq` (``precision``, ``loss``,
         ``ftol``, ``max_nfev``, ``max_steps``...); scipy ``leastsq``'s ``maxfev``,
         ``epsfcn`` and ``diag`` are translated (``max_nfev``, ``diff_step``,

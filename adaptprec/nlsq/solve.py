@@ -364,8 +364,9 @@ def solve_nlsq(
       chunk_size: stream the data through the normal equations in chunks of this many
         points (:mod:`adaptprec.nlsq._stream`): ``args`` may then hold host NumPy arrays
         or ``np.memmap`` (never copied whole), or be an :class:`~adaptprec.Chunks`
-        source. Host NumPy data of at least 2^22 points, and jax.Arrays sharded over a mesh along
-        their points (:mod:`adaptprec.nlsq._sharded`), are streamed without asking.
+        source. Host NumPy data of at least 2^22 points, and jax.Arrays sharded over a
+        mesh along their points (:mod:`adaptprec.nlsq._sharded`), are streamed without
+        asking.
         Eager only; ``fun``/``jac`` of the result are ``None``. See docs/nlsq.md.
 
     Returns:
