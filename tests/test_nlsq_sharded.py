@@ -114,3 +114,28 @@ def test_two_processes_equal_single_process():
         np.testing.assert_allclose(x, x_ref, rtol=1e-10)
         np.testing.assert_allclose(float(rest[0]), cost_ref, rtol=1e-12)
         assert int(rest[1]) > 0 and rest[2] == "f64"
+
+
+def test_one_device_mesh_in_process():
+    """Data put on a one-device mesh with a partitioned spec (the default explicit axis
+    types) take the sharded path, and agree with plain arrays."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    import adaptprec as ap
+
+    mesh = jax.make_mesh((1,), ("d",))
+    t = np.linspace(0.0, 5.0, 8192)
+    y = 2.5 * np.exp(-1.3 * t) + 0.5 + 0.01 * np.sin(40 * t)
+    sh = NamedSharding(mesh, P("d"))
+
+    def residual(p, t, y):
+        return p[0] * jnp.exp(-p[1] * t) + p[2] - y
+
+    x0 = np.array([1.0, 1.0, 0.0])
+    res = ap.solve_nlsq(residual, x0, args=(jax.device_put(t, sh), jax.device_put(y, sh)))
+    ref = ap.solve_nlsq(residual, x0, args=(jnp.asarray(t), jnp.asarray(y)))
+    assert res.fun is None and int(res.status) > 0
+    np.testing.assert_allclose(res.x, ref.x, rtol=1e-10)

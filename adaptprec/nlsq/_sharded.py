@@ -39,12 +39,13 @@ def _partitioned(spec) -> bool:
 
 
 def point_sharding(args):
-    """The mesh of the first leaf of ``args`` that is a ``jax.Array`` partitioned over
-    more than one device by a ``NamedSharding``, or ``None``."""
+    """The mesh of the first leaf of ``args`` that is a ``jax.Array`` whose
+    ``NamedSharding`` partitions an axis (also over a one-device mesh: the in-memory
+    blocked ``scan`` rejects data split over an explicit mesh axis), or ``None``."""
     for leaf in jax.tree.leaves(args):
         sh = getattr(leaf, "sharding", None)
         if isinstance(leaf, jax.Array) and isinstance(sh, NamedSharding) and \
-                len(sh.device_set) > 1 and _partitioned(sh.spec):
+                _partitioned(sh.spec):
             return sh.mesh
     return None
 
