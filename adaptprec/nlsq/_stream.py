@@ -512,7 +512,8 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
         sample, source = args, None
         m = None
     leaves = jax.tree.leaves(sample)
-    avals = [jax.ShapeDtypeStruct(np.shape(a), np.result_type(a)) for a in leaves]
+    avals = [jax.ShapeDtypeStruct(np.shape(a), a.dtype if hasattr(a, "dtype") else
+                                  np.result_type(a)) for a in leaves]
     shaped = jax.tree.unflatten(treedef, avals)
 
     def fun_flat(x, *a):
