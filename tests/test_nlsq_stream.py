@@ -61,6 +61,9 @@ def test_streamed_equals_in_memory_blocked(in_memory, streamed):
     assert int(streamed.rung_nfev[0]) > 0 and int(streamed.rung_nfev[1]) > 0
     assert streamed.fun is None and streamed.jac is None
     assert float(streamed.optimality) < 1e-6
+    assert streamed.success and "rung f64" in streamed.message
+    assert "f64" in repr(streamed) or "rung" in repr(streamed)
+    streamed.trace()
 
 
 def test_memmap_float32_converted_per_chunk(tmp_path, data, streamed):
@@ -177,6 +180,9 @@ def test_raises_under_jit_vmap_grad(data):
         arg = jnp.stack([X0, X0]) if transform is jax.vmap else jnp.asarray(X0)
         with pytest.raises(ValueError, match="cannot run under jit/vmap/grad"):
             f(arg)
+    with pytest.raises(ValueError, match="cannot run under jit/vmap/grad"):
+        jax.jit(lambda p0: ap.curve_fit(model, t, y, p0=p0, chunk_size=CHUNK)[0])(
+            jnp.asarray(X0))
 
 
 def test_covariance_from_gram_matches_svd():
