@@ -29,6 +29,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .._policy import cast_floating
+from .._tracing import is_traced
 from ._compile import cpu_jit
 
 __all__ = ["point_sharding", "ShardedEvaluator", "sharded_programs"]
@@ -43,6 +44,8 @@ def point_sharding(args):
     ``NamedSharding`` partitions an axis (also over a one-device mesh: the in-memory
     blocked ``scan`` rejects data split over an explicit mesh axis), or ``None``."""
     for leaf in jax.tree.leaves(args):
+        if is_traced(leaf):
+            continue        # under a trace: the in-memory (fused) solver
         sh = getattr(leaf, "sharding", None)
         if isinstance(leaf, jax.Array) and isinstance(sh, NamedSharding) and \
                 _partitioned(sh.spec):
