@@ -211,3 +211,21 @@ def test_x64_off_returns_float64():
     out = run_python(code, x64=False)
     assert out.returncode == 0, out.stderr
     assert "ok" in out.stdout
+
+
+def test_f32_overflow_escalates_as_in_memory():
+    """A model that overflows float32 leaves the f32 rung for the same reason
+    (NONFINITE) streamed and in memory, and both finish on f64 at the same answer."""
+    t = np.linspace(0.0, 100.0, 9000)
+    y = 1e-40 * np.exp(0.99 * t)            # exp(0.99*100) ~ 1e43: inf in float32
+
+    def res_fn(p, t, y):
+        return p[0] * 1e-40 * jnp.exp(p[1] * t) / y - 1.0
+
+    x0 = np.array([1.5, 0.98])
+    ref = ap.solve_nlsq(res_fn, x0, args=(jnp.asarray(t), jnp.asarray(y)))
+    out = ap.solve_nlsq(res_fn, x0, args=(t, y), chunk_size=4000)
+    assert int(out.status) > 0 and out.rung_name == "f64"
+    assert int(out.escalation_reason[1]) == int(ref.escalation_reason[1]) == \
+        int(ap.Reason.NONFINITE)
+    np.testing.assert_allclose(out.x, ref.x, rtol=1e-9)
