@@ -19,6 +19,8 @@ Each case runs in a fresh interpreter (its own peak RSS, ``VmHWM`` of
 * ``host N`` / ``host_stream N`` (``--crossover``): NumPy arrays in memory, fitted
   in memory (automatic streaming switched off) or streamed; sets the automatic
   threshold ``STREAM_MIN_POINTS``.
+* ``host_auto 1e8``: NumPy float64 arrays in memory without ``chunk_size`` (streamed
+  automatically above ``STREAM_MIN_POINTS``), the issue's "1e8 host NumPy" case.
 * ``memory N``: the in-memory path (``ap.curve_fit`` on jax.Arrays, no streaming), for
   the same-run comparison with the issue's 4.3 GB at 5e7 points.
 
@@ -122,6 +124,10 @@ def case(kind, directory, n):
             x = np.memmap(px, np.float64, "r", shape=(n,))
             y = np.memmap(py, np.float64, "r", shape=(n,))
             kw = {"chunk_size": CHUNK}
+        elif kind == "host_auto":   # NumPy arrays in memory, streamed by themselves
+            x = np.fromfile(px, np.float64)
+            y = np.fromfile(py, np.float64)
+            kw = {}
         elif kind in ("host", "host_stream"):   # NumPy arrays in memory
             x = np.fromfile(px, np.float64)
             y = np.fromfile(py, np.float64)
@@ -135,16 +141,18 @@ def case(kind, directory, n):
             x = jnp.asarray(np.fromfile(px, np.float64))
             y = jnp.asarray(np.fromfile(py, np.float64))
             kw = {}
+        full = kind != "host_auto"   # full_output's fvec would keep a fit in memory
         t0 = time.perf_counter()
-        popt, pcov, info, _, _ = ap.curve_fit(f, x, y, p0=[1.0, 1.0, 0.0],
-                                              full_output=True, **kw)
+        out_ = ap.curve_fit(f, x, y, p0=[1.0, 1.0, 0.0], full_output=full, **kw)
         first = time.perf_counter() - t0
         t0 = time.perf_counter()
-        popt, pcov, info, _, _ = ap.curve_fit(f, x, y, p0=[1.0, 1.0, 0.0],
-                                              full_output=True, **kw)
-        res = info["result"]
-        out.update(time=time.perf_counter() - t0, first=first, popt=list(map(float, popt)),
-                   nfev=int(res.nfev), rung=res.rung_name, escalations=int(res.escalations))
+        out_ = ap.curve_fit(f, x, y, p0=[1.0, 1.0, 0.0], full_output=full, **kw)
+        out.update(time=time.perf_counter() - t0, first=first,
+                   popt=list(map(float, out_[0])), dtype=str(out_[0].dtype))
+        if full:
+            res = out_[2]["result"]
+            out.update(nfev=int(res.nfev), rung=res.rung_name,
+                       escalations=int(res.escalations))
         del jax
     out["peak"] = vmhwm()
     out["data"] = 16 * n
@@ -213,6 +221,13 @@ def main():
               f"extra beyond data {(r['peak'] - r['data']) / gb:.2f} GB "
               f"(interpreter+JAX baseline {r['baseline'] / gb:.2f} GB); "
               f"popt={np.round(r['popt'], 6).tolist()}")
+    if not args.quick and 10**8 in sizes:
+        r = run_case("host_auto", args.dir, 10**8, args.timeout)
+        print(f"1e+08 points as NumPy arrays in memory (no chunk_size: streamed "
+              f"automatically): {r['time']:.2f} s, popt {r['dtype']}, peak RSS "
+              f"{r['peak'] / gb:.2f} GB, extra beyond the data "
+              f"{(r['peak'] - r['data']) / gb:.2f} GB (issue 18: 3 GB beyond, 36 s, "
+              f"float32)")
     if not args.quick and not args.no_memory and 5 * 10**7 in sizes:
         r = run_case("memory", args.dir, 5 * 10**7, args.timeout)
         print(f"in memory (jax.Arrays, not streamed) 5e+07 points: {r['time']:.2f} s, "

@@ -141,6 +141,14 @@ def test_auto_switch_for_large_host_data(data, monkeypatch):
     assert res.fun is None                     # streamed
     res_j = ap.solve_nlsq(residual, X0, args=(jnp.asarray(t), jnp.asarray(y)))
     assert res_j.fun is not None               # jax.Arrays: in memory
+    # curve_fit streams large host data by itself, except with full_output (its fvec is
+    # as large as the data): then the whole fit stays in memory
+    popt, _ = ap.curve_fit(model, t, y, p0=X0)
+    np.testing.assert_allclose(popt, res.x, rtol=1e-10)
+    popt2, _, info, _, _ = ap.curve_fit(model, t, y, p0=X0, full_output=True)
+    assert info["fvec"].shape == (M,) and info["result"].jac is not None
+    np.testing.assert_allclose(popt2, res.x, rtol=1e-10)
+    assert ap.solve_nlsq(residual, X0, args=(t, y), chunk_size=False).fun is not None
     # a residual that is not pointwise is not streamed automatically: it still solves
     res_n = ap.solve_nlsq(lambda p, t, y: (p[0] * t - y) / jnp.sum(t), np.ones(1),
                           args=(t, y))

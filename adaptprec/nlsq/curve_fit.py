@@ -304,7 +304,7 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
         jac_arg = "fwd" if jac is None else jac
     try:
         res = solve_nlsq(residual, p0, args=(xdata, ydata, *extra), bounds=bounds,
-                         method=method, jac=jac_arg, **kwargs)
+                         method=method, jac=jac_arg, **{**kwargs, "chunk_size": False})
     except ValueError as exc:
         if "x0 is outside the bounds" in str(exc):
             raise ValueError("Initial guess is outside of provided bounds: "

@@ -366,8 +366,8 @@ def solve_nlsq(
         or ``np.memmap`` (never copied whole), or be an :class:`~adaptprec.Chunks`
         source. Host NumPy data of at least 2^22 points, and jax.Arrays sharded over a
         mesh along their points (:mod:`adaptprec.nlsq._sharded`), are streamed without
-        asking.
-        Eager only; ``fun``/``jac`` of the result are ``None``. See docs/nlsq.md.
+        asking; ``chunk_size=False`` never streams. Eager only; ``fun``/``jac`` of the
+        result are ``None``. See docs/nlsq.md.
 
     Returns:
       :class:`~adaptprec.NLSQResult`. ``x`` is differentiable with respect to the arrays in
@@ -390,7 +390,8 @@ def solve_nlsq(
             f_scale=f_scale, x_scale=x_scale, jac=jac, ftol=ftol, xtol=xtol, gtol=gtol,
             max_steps=max_steps, precision=precision, schedule=schedule, throw=throw,
             linear_solver=linear_solver, max_rejections=max_rejections, cond_tol=cond_tol)
-    if chunk_size is not None or _stream.wants_stream(args):  # larger than memory
+    if chunk_size is not False and (chunk_size is not None or
+                                    _stream.wants_stream(args)):  # larger than memory
         res = _stream.solve_stream(
             residual, x0, args, chunk_size=chunk_size, auto=chunk_size is None and not
             isinstance(args, _stream.Chunks), method=method, bounds=bounds, loss=loss,
