@@ -237,3 +237,9 @@ def test_f32_overflow_escalates_as_in_memory():
     assert int(out.escalation_reason[1]) == int(ref.escalation_reason[1]) == \
         int(ap.Reason.NONFINITE)
     np.testing.assert_allclose(out.x, ref.x, rtol=1e-9)
+
+
+def test_starts_not_carried(data):
+    t, y = data
+    with pytest.raises(OptionNotOffered, match="starts"):
+        ap.solve_nlsq(residual, X0, args=(t, y), chunk_size=CHUNK, starts=3)

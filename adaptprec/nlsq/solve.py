@@ -383,13 +383,6 @@ def solve_nlsq(
         >>> [round(float(v), 8) for v in res.x], res.escalations >= 1
         ([1.0, 1.0], Array(True, dtype=bool))
     """
-    if starts != 1:
-        from ._multistart import solve_multistart
-        return solve_multistart(
-            residual, x0, args, starts=starts, method=method, bounds=bounds, loss=loss,
-            f_scale=f_scale, x_scale=x_scale, jac=jac, ftol=ftol, xtol=xtol, gtol=gtol,
-            max_steps=max_steps, precision=precision, schedule=schedule, throw=throw,
-            linear_solver=linear_solver, max_rejections=max_rejections, cond_tol=cond_tol)
     if chunk_size is not False and (chunk_size is not None or
                                     _stream.wants_stream(args)):  # larger than memory
         res = _stream.solve_stream(
@@ -402,6 +395,13 @@ def solve_nlsq(
                                   if k in _stream.UNSUPPORTED_DEFAULTS})
         if res is not None:
             return res
+    if starts != 1:
+        from ._multistart import solve_multistart
+        return solve_multistart(
+            residual, x0, args, starts=starts, method=method, bounds=bounds, loss=loss,
+            f_scale=f_scale, x_scale=x_scale, jac=jac, ftol=ftol, xtol=xtol, gtol=gtol,
+            max_steps=max_steps, precision=precision, schedule=schedule, throw=throw,
+            linear_solver=linear_solver, max_rejections=max_rejections, cond_tol=cond_tol)
     # ------------------------------------------------------------------ validation
     if not callable(residual):
         raise TypeError(f"residual must be callable, got {type(residual).__name__}")
