@@ -443,12 +443,10 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
     asked for, only large): ``None`` when the problem cannot be streamed (the caller
     then solves in memory). ``with_gram``: return ``(result, J^T J, m)``.
     """
-    from .._status import Reason  # noqa: F401 - (vocabulary shared with the loop)
     from ._inputs import OptionNotOffered, as_bounds, as_x0, check_tolerances
     from ._pointwise import point_axes
     from ._loop import default_schedule
     from .common import check_loss
-    from .result import NLSQResult
     from .solve import METHODS, _broadcast_bounds, resolve_ladder
     from .trf import make_strictly_feasible
 
