@@ -61,6 +61,13 @@ def test_eight_devices_equal_single_device():
     p, c = ap.curve_fit(model, put(t), put(y), p0=X0)
     np.testing.assert_allclose(p, p_ref, rtol=1e-10)
     np.testing.assert_allclose(c, c_ref, rtol=1e-7)
+    # a NumPy sigma next to sharded data is split like them
+    sig = np.full(M, 0.02)
+    p_ref, c_ref = ap.curve_fit(model, jnp.asarray(t), jnp.asarray(y), p0=X0,
+                                sigma=jnp.asarray(sig))
+    p, c = ap.curve_fit(model, put(t), put(y), p0=X0, sigma=sig)
+    np.testing.assert_allclose(p, p_ref, rtol=1e-10)
+    np.testing.assert_allclose(c, c_ref, rtol=1e-7)
 
     print("ok")
     """

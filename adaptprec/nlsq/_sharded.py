@@ -62,7 +62,8 @@ def _names(entry):
 def plan(args, axes, m, mesh):
     """``(in_specs per leaf, mesh axis names of the point axis, points per shard)``;
     validates that every data leaf is split along its point axis (the same mesh axes
-    for all) and nothing else, and that other leaves are not split."""
+    for all) and nothing else, and that other leaves are not split. Data leaves not on
+    the mesh (NumPy arrays) are split like the others when placed."""
     leaves = jax.tree.leaves(args)
     names, specs = None, []
     for leaf, a in zip(leaves, axes):
@@ -81,12 +82,18 @@ def plan(args, axes, m, mesh):
             raise ValueError(f"a sharded fit splits the data along the point axis only; a "
                              f"data argument with point axis {a} has the sharding {spec}")
         nm = _names(spec[a])
+        if not nm:          # data not on the mesh (a NumPy sigma): split like the rest
+            specs.append(a)
+            continue
         if names is None:
             names = nm
         elif nm != names:
             raise ValueError(f"every data argument must split its points over the same "
                              f"mesh axes; got {names} and {nm}")
         specs.append(P(*[spec[a] if d == a else None for d in range(np.ndim(leaf))]))
+    entry = None if not names else names[0] if len(names) == 1 else names
+    specs = [P(*[entry if d == s else None for d in range(np.ndim(leaf))])
+             if isinstance(s, int) else s for s, leaf in zip(specs, leaves)]
     shards = int(np.prod([mesh.shape[nm] for nm in names])) if names else 1
     if not names or m % shards:
         raise ValueError(f"{m} data points do not split evenly over the {shards} shards of "

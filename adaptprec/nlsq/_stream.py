@@ -700,6 +700,9 @@ def curve_fit_stream(f, xdata, ydata, p0, sigma, absolute_sigma, check_finite, b
         if sigma is None:
             residual, args = _residual_for(f, "none"), (xdata, ydata)
         else:
+            if np.ndim(sigma) > 1:
+                raise ValueError("a sharded curve_fit takes sigma as standard deviations "
+                                 "(a scalar or one per point), not an (m, m) covariance")
             residual, args = _sigma_residual(f), (xdata, ydata, sigma)
     else:
         ydata = np.asarray(ydata)
