@@ -61,6 +61,7 @@ from . import linalg  # noqa: E402  (users call ap.linalg.solve, ap.linalg.lstsq
 # --- nlsq (issue 4): re-exports below this line ---
 from . import nlsq  # noqa: E402
 from .nlsq import NLSQResult, curve_fit, solve_nlsq  # noqa: E402
+from .nlsq import Chunks  # noqa: E402  (issue 18: streamed fits)
 
 # --- batched nlsq (issue 5): re-exports below this line ---
 from .batch import BatchResult, solve_nlsq_batch
@@ -117,7 +118,7 @@ __all__ = [
     "schedule", "PrecisionSchedule", "iterate",
     # linalg, nlsq, batch
     "linalg", "nlsq", "NLSQResult", "curve_fit", "solve_nlsq", "BatchResult",
-    "solve_nlsq_batch",
+    "solve_nlsq_batch", "Chunks",
     # autocast
     "ALWAYS_BF16", "ALWAYS_F16", "ALWAYS_F32", "AUTO_MIXED", "AUTO_MIXED_BF16",
     "AUTO_MIXED_CONSERVATIVE", "PRESETS", "PRIMITIVE_KINDS", "Explanation", "OpKind",

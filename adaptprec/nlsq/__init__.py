@@ -19,6 +19,7 @@ from .result import ESCALATION_REASONS, NLSQResult
 from .solve import cache_info, clear_cache, resolve_ladder, solve_nlsq
 from .curve_fit import OptimizeWarning, curve_fit
 from ._inputs import OptionNotOffered
+from ._stream import Chunks
 
 
 def __getattr__(name):
@@ -29,6 +30,6 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["solve_nlsq", "curve_fit", "MoreLM", "OptimizeWarning", "OptionNotOffered", "NLSQResult", "Status", "STATUS_MESSAGES", "LOSSES",
+__all__ = ["solve_nlsq", "curve_fit", "Chunks", "MoreLM", "OptimizeWarning", "OptionNotOffered", "NLSQResult", "Status", "STATUS_MESSAGES", "LOSSES",
            "ESCALATION_REASONS", "covariance_from_jac", "cache_info", "clear_cache",
            "resolve_ladder"]

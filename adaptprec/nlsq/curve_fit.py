@@ -36,6 +36,7 @@ from .._tracing import is_concrete
 from ._inputs import (as_bounds, as_data, as_x0, check_jac_option, check_jac_shape,
                       initialize_feasible, leastsq_kwargs)
 from ._minpack import minpack_fields
+from . import _stream
 from .common import _covariance_svd, covariance_from_jac
 from ._x64 import float64_entry
 from .solve import _broadcast_bounds, solve_nlsq
@@ -157,6 +158,10 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
     Args:
       f: model ``f(xdata, *params)`` written with ``jax.numpy``.
       xdata, ydata: data (``ydata`` 1-D); ``xdata`` may be any array (last axis = points).
+        Larger than memory (docs/nlsq.md): ``chunk_size=N`` streams host or
+        memory-mapped arrays, ``xdata`` may be an :class:`~adaptprec.Chunks` source
+        (``ydata=None``); host NumPy ``ydata`` of at least 2^22 points (without
+        ``full_output``) and data sharded over a mesh are streamed by themselves.
       p0: initial guess (default: ones, sized from ``f``'s signature).
       sigma: ``None``, 1-D standard deviations (or a scalar), or an ``(m, m)`` covariance.
       absolute_sigma: if false, ``pcov`` is scaled by the reduced chi-square.
@@ -199,6 +204,12 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
                          "the parameters to f as f(xdata, *params)).")
     kwargs = leastsq_kwargs(kwargs)
     jac = check_jac_option(jac, allow_none=True)
+    if _stream.wants_curve_fit_stream(xdata, ydata, kwargs):  # larger than memory
+        out = _stream.curve_fit_stream(f, xdata, ydata, p0, sigma, absolute_sigma,
+                                       check_finite, bounds, method, jac, full_output,
+                                       nan_policy, kwargs)
+        if out is not None:
+            return out
     xdata = as_data(xdata, "xdata")
     ydata = as_data(ydata, "ydata")
     sigma = as_data(sigma, "sigma")
@@ -293,7 +304,7 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
         jac_arg = "fwd" if jac is None else jac
     try:
         res = solve_nlsq(residual, p0, args=(xdata, ydata, *extra), bounds=bounds,
-                         method=method, jac=jac_arg, **kwargs)
+                         method=method, jac=jac_arg, **{**kwargs, "chunk_size": False})
     except ValueError as exc:
         if "x0 is outside the bounds" in str(exc):
             raise ValueError("Initial guess is outside of provided bounds: "

@@ -38,6 +38,7 @@ from ._buckets import bucket
 from ._host import host_eligible, host_solve, masked
 from ._loop import LoopConfig, build_loop, default_schedule
 from ._pointwise import point_axes
+from . import _stream
 from ._x64 import float64_entry
 from .common import STATUS_MESSAGES, check_loss, robust_cost, scale_for_robust_loss
 from .gn import gn_step
@@ -289,6 +290,7 @@ def solve_nlsq(
     verbose: int = 0,
     callback=None,
     workers=None,
+    chunk_size: int | None = None,
 ) -> NLSQResult:
     """Minimise ``0.5 * sum(rho(residual(x, *args) ** 2))`` (scipy ``least_squares``
     semantics, jit/vmap/grad compatible, adaptive precision).
@@ -359,6 +361,13 @@ def solve_nlsq(
       starts: multi-start (:mod:`adaptprec.nlsq._multistart`): ``K > 1`` runs ``x0`` and
         ``K - 1`` Latin-hypercube starts (in the box, or around ``x0`` by its scale) on the
         batched engine and polishes the best; never worse than ``starts=1``.
+      chunk_size: stream the data through the normal equations in chunks of this many
+        points (:mod:`adaptprec.nlsq._stream`): ``args`` may then hold host NumPy arrays
+        or ``np.memmap`` (never copied whole), or be an :class:`~adaptprec.Chunks`
+        source. Host NumPy data of at least 2^22 points, and jax.Arrays sharded over a
+        mesh along their points (:mod:`adaptprec.nlsq._sharded`), are streamed without
+        asking; ``chunk_size=False`` never streams. Eager only; ``fun``/``jac`` of the
+        result are ``None``. See docs/nlsq.md.
 
     Returns:
       :class:`~adaptprec.NLSQResult`. ``x`` is differentiable with respect to the arrays in
@@ -374,6 +383,18 @@ def solve_nlsq(
         >>> [round(float(v), 8) for v in res.x], res.escalations >= 1
         ([1.0, 1.0], Array(True, dtype=bool))
     """
+    if chunk_size is not False and (chunk_size is not None or
+                                    _stream.wants_stream(args)):  # larger than memory
+        res = _stream.solve_stream(
+            residual, x0, args, chunk_size=chunk_size, auto=chunk_size is None and not
+            isinstance(args, _stream.Chunks), method=method, bounds=bounds, loss=loss,
+            f_scale=f_scale, x_scale=x_scale, jac=jac, ftol=ftol, xtol=xtol, gtol=gtol,
+            max_steps=max_steps, precision=precision, schedule=schedule,
+            linear_solver=linear_solver, max_rejections=max_rejections,
+            cond_tol=cond_tol, **{k: v for k, v in locals().items()
+                                  if k in _stream.UNSUPPORTED_DEFAULTS})
+        if res is not None:
+            return res
     if starts != 1:
         from ._multistart import solve_multistart
         return solve_multistart(

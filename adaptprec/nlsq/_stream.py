@@ -1,0 +1,751 @@
+"""Streaming and sharded single fits: the blocked normal equations over data that is
+never in device memory at once.
+
+A pointwise residual (:mod:`._pointwise`) has normal equations that are sums over its
+data points: ``J^T J``, ``J^T f`` and the cost. Here those sums are formed chunk by
+chunk. Per trust-region iteration a host loop walks the data in fixed-size chunks and
+calls ONE compiled per-chunk program (residual and Jacobian rows block by block inside
+the chunk, as :mod:`._blocks`; the last chunk padded with copies of its last point and
+masked, so every chunk has one shape); the partial sums are added on the host in
+float64 and the small ``n x n`` model is factored and stepped on the device by the same
+step programs as the host driver (:mod:`._host`: ``advance``/``propose`` of
+:func:`._loop.build_loop`). Device memory is bounded by the chunk; host memory is the
+data (a ``np.memmap`` stays on disk) plus O(chunk): chunks are views, converted to the
+rung's dtype inside the program (no float64 copy of float32 data).
+
+Sources of data (:func:`solve_stream`):
+
+* host NumPy arrays or ``np.memmap`` in ``args`` (``solve_nlsq(..., chunk_size=N)``, or
+  automatically from :data:`STREAM_MIN_POINTS` points on);
+* a :class:`Chunks` source: ``source()`` returns an iterable of chunks, each a tuple of
+  arrays laid out as the residual's ``args`` (for ``curve_fit``: ``(xdata, ydata)`` or
+  ``(xdata, ydata, sigma)``), with any number of points;
+* ``jax.Array`` s sharded over a mesh along their point axis (:mod:`._sharded`): one
+  "chunk", the per-device sums reduced with one ``psum`` of ``n^2 + n + 1`` numbers per
+  iteration, the model replicated.
+
+Semantics are those of every solve: the adaptive ladder (f32 first, the final answer and
+the final evaluation on the top rung), the same status codes. Streaming is an eager host
+loop: it raises :data:`TRACED_MESSAGE` under ``jit``/``vmap``/``grad``. The result has
+``fun = jac = None`` (they would be as large as the data); ``grad``, ``cost``,
+``optimality`` and the Gram matrix (for ``curve_fit``'s ``pcov``) are exact sums.
+
+Example:
+    >>> import numpy as np, jax.numpy as jnp
+    >>> import adaptprec as ap
+    >>> t = np.linspace(0.0, 1.0, 10_000)
+    >>> y = 3.0 * np.exp(-2.0 * t)
+    >>> res = ap.solve_nlsq(lambda p, t, y: p[0] * jnp.exp(-p[1] * t) - y, np.ones(2),
+    ...                     args=(t, y), chunk_size=4096)
+    >>> [round(float(v), 8) for v in res.x], res.rung_name, res.fun is None
+    ([3.0, 2.0], 'f64', True)
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+from collections.abc import Callable, Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .._policy import cast_floating
+from .._tracing import is_concrete
+from ._blocks import PointBlocks, block_size, residual_and_rows
+from ._compile import cpu_jit
+from ._loop import LoopConfig, _factor_gram
+from ._sharded import ShardedEvaluator, plan, point_sharding, sharded_programs
+from .common import Status, robust_cost, scale_for_robust_loss
+
+__all__ = ["Chunks", "CHUNK", "STREAM_MIN_POINTS", "TRACED_MESSAGE", "solve_stream",
+           "wants_stream", "covariance_from_gram", "curve_fit_stream",
+           "wants_curve_fit_stream"]
+
+#: Default points per chunk (a multiple of the 4096-point block): 2^20 points of
+#: float64 ``x`` and ``y`` are 16 MB on the device.
+CHUNK = 1 << 20
+#: Host NumPy data (``np.ndarray``/``np.memmap``, not ``jax.Array``) with at least this
+#: many points is streamed without being asked (2^22, about 4.2e6). Measured
+#: (benchmarks/bench_stream.py --crossover, curve_fit of a 3-parameter exponential on
+#: NumPy float64 arrays, a busy 2-core machine): streamed vs in memory 0.17 s vs 0.68 s
+#: at 1e6 points, 1.4 s vs 3.1 s and 0.45 vs 1.03 GB peak RSS at 4e6, 7.6 s vs 16.7 s and
+#: 0.64 vs 2.98 GB at 1.6e7. Streaming won at every size; the switch sits where the
+#: in-memory solve's copies pass ~1 GB, so smaller fits keep ``fun``/``jac`` in the
+#: result.
+STREAM_MIN_POINTS = 1 << 22
+
+TRACED_MESSAGE = (
+    "{entry}: streaming (chunk_size=, a Chunks source, or host NumPy data of "
+    ">= {min_points} points) runs an eager host loop over the chunks and cannot run "
+    "under jit/vmap/grad. Call it outside the transformation, or pass the data as "
+    "jax.Arrays without chunk_size to use the in-memory (fused, traceable) solver.")
+
+#: solve_nlsq options streaming does not carry, with their default values.
+UNSUPPORTED_DEFAULTS = {"throw": False, "driver": "auto", "starts": 1, "max_nfev": None,
+                        "diff_step": None, "kwargs": None, "tr_solver": None,
+                        "tr_options": None, "jac_sparsity": None, "verbose": 0,
+                        "callback": None, "workers": None}
+
+
+class Chunks:
+    """A re-iterable source of data chunks for a streamed fit.
+
+    ``source`` is a callable returning a fresh iterable of chunks (it is called once per
+    pass over the data: once per trust-region iteration), or a list/tuple of chunks. A
+    chunk is a tuple of arrays laid out as the residual's ``args`` (``solve_nlsq``), or
+    ``(xdata, ydata)`` / ``(xdata, ydata, sigma)`` (``curve_fit``), each data array
+    holding the chunk's points on its point axis (found from the residual, as for the
+    in-memory blocked solve). Chunks may have different lengths: they are padded (and
+    masked) or split to ``size`` points (default: the first chunk's length), so one
+    compiled program serves them all. NumPy chunks are read as they are; convert nothing
+    yourself.
+
+    Example:
+        >>> import numpy as np, jax.numpy as jnp
+        >>> import adaptprec as ap
+        >>> t = np.linspace(0.0, 4.0, 3000)
+        >>> src = ap.Chunks(lambda: ((t[i:i + 1000], 2.0 * np.exp(-0.5 * t[i:i + 1000]))
+        ...                          for i in range(0, 3000, 1000)))
+        >>> popt, pcov = ap.curve_fit(lambda x, a, b: a * jnp.exp(-b * x), src, None,
+        ...                           p0=[1.0, 1.0])
+        >>> [round(float(v), 8) for v in popt]
+        [2.0, 0.5]
+    """
+
+    def __init__(self, source, size: int | None = None):
+        if not callable(source) and not isinstance(source, (list, tuple)):
+            raise TypeError(
+                "Chunks(source): source must be a callable returning a fresh iterable of "
+                "chunks (it is called once per pass over the data), or a list of chunks; "
+                f"got {type(source).__name__}. A generator object can be iterated only "
+                "once: wrap it, e.g. Chunks(lambda: make_generator()).")
+        if size is not None and (int(size) != size or size < 1):
+            raise ValueError(f"Chunks size must be a positive integer, got {size!r}")
+        self.source = source
+        self.size = None if size is None else int(size)
+
+    def __iter__(self):
+        it = self.source() if callable(self.source) else self.source
+        if not isinstance(it, Iterable):
+            raise TypeError(f"Chunks: source() must return an iterable of chunks, got "
+                            f"{type(it).__name__}")
+        for chunk in it:
+            if not isinstance(chunk, (tuple, list)):
+                chunk = (chunk,)
+            yield tuple(chunk)
+
+    def __repr__(self):
+        return f"Chunks({self.source!r}, size={self.size})"
+
+
+class _ArraySource:
+    """Host arrays in ``args`` sliced into chunks of ``size`` points (views)."""
+
+    def __init__(self, args, axes, m, size):
+        self.args, self.axes, self.m, self.size = args, axes, m, size
+
+    def __iter__(self):
+        leaves, treedef = jax.tree.flatten(self.args)
+        for s in range(0, self.m, self.size):
+            e = min(s + self.size, self.m)
+            out = [leaf if a is None else
+                   leaf[(slice(None),) * a + (slice(s, e),)]
+                   for leaf, a in zip(leaves, self.axes)]
+            yield jax.tree.unflatten(treedef, out)
+
+
+# ----------------------------------------------------------------------------- helpers
+def _is_host_array(a) -> bool:
+    return isinstance(a, np.ndarray) and not isinstance(a, jax.Array)
+
+
+def wants_stream(args, min_points: int | None = None) -> bool:
+    """Whether ``args`` should be streamed without being asked: a :class:`Chunks`, data
+    sharded over a mesh (:mod:`._sharded`), or a host NumPy array (incl. ``np.memmap``)
+    leaf with at least ``min_points`` elements (default :data:`STREAM_MIN_POINTS`).
+
+    Example:
+        >>> import numpy as np
+        >>> from adaptprec.nlsq._stream import wants_stream
+        >>> wants_stream((np.zeros(10),)), wants_stream((np.zeros(10),), min_points=10)
+        (False, True)
+    """
+    if isinstance(args, Chunks) or point_sharding(args) is not None:
+        return True
+    min_points = STREAM_MIN_POINTS if min_points is None else min_points
+    if not is_concrete(args):
+        return False
+    return any(_is_host_array(a) and a.size >= min_points for a in jax.tree.leaves(args))
+
+
+def covariance_from_gram(A, m: int):
+    """``(J^T J)^+`` from the Gram matrix ``A = J^T J`` (NumPy, float64): the
+    eigendecomposition's square roots are ``J``'s singular values; scipy's rank threshold
+    ``eps * max(m, n) * s_max``, raised to the Gram matrix's own resolution
+    ``sqrt(n eps) * s_max`` (its eigenvalues carry absolute error ``~ n eps ||A||``);
+    parameters with a component in the numerical null space get ``inf``, as
+    :func:`~adaptprec.nlsq.common.covariance_from_jac`.
+
+    Example:
+        >>> import numpy as np
+        >>> from adaptprec.nlsq._stream import covariance_from_gram
+        >>> covariance_from_gram(np.array([[4.0, 0.0], [0.0, 1.0]]), 10).tolist()
+        [[0.25, 0.0], [0.0, 1.0]]
+    """
+    A = np.asarray(A, np.float64)
+    n = A.shape[0]
+    eps = np.finfo(np.float64).eps
+    lam, V = np.linalg.eigh((A + A.T) / 2)
+    lam, V = lam[::-1], V[:, ::-1]
+    s = np.sqrt(np.maximum(lam, 0.0))
+    keep = s > max(eps * max(m, n), np.sqrt(n * eps)) * s[0]
+    inv = np.where(keep, 1.0 / np.where(keep, lam, 1.0), 0.0)
+    cov = (V * inv) @ V.T
+    null_weight = np.sum(np.where(keep[None, :], 0.0, V ** 2), axis=1)
+    bad = np.sqrt(null_weight) > np.sqrt(eps)
+    return np.where(bad[:, None] | bad[None, :], np.inf, cov)
+
+
+def _pad_chunk(leaves, axes, k, size):
+    """Leaves of a chunk of ``k <= size`` points padded to ``size`` with copies of the
+    last point (finite residuals; the mask zeroes them)."""
+    if k == size:
+        return leaves
+    out = []
+    for leaf, a in zip(leaves, axes):
+        if a is None:
+            out.append(leaf)
+            continue
+        leaf = np.asarray(leaf)
+        idx = np.minimum(np.arange(size), k - 1)
+        out.append(np.take(leaf, idx, axis=a))
+    return out
+
+
+def _split(leaves, axes, size):
+    """``(leaves, k)`` pieces of at most ``size`` points of one chunk."""
+    k = next(np.shape(leaf)[a] for leaf, a in zip(leaves, axes) if a is not None)
+    for s in range(0, max(k, 1), size):
+        e = min(s + size, k)
+        yield [leaf if a is None else leaf[(slice(None),) * a + (slice(s, e),)]
+               for leaf, a in zip(leaves, axes)], e - s
+
+
+# ----------------------------------------------------------------------------- programs
+_programs: collections.OrderedDict = collections.OrderedDict()
+_lock = threading.Lock()
+
+
+def _program(key, build):
+    with _lock:
+        fn = _programs.get(key)
+        if fn is not None:
+            _programs.move_to_end(key)
+            return fn
+    fn = build()
+    with _lock:
+        _programs[key] = fn
+        if len(_programs) > 64:
+            _programs.popitem(last=False)
+    return fn
+
+
+def clear_cache() -> None:
+    """Drop the compiled per-chunk programs."""
+    with _lock:
+        _programs.clear()
+
+
+def chunk_sums(fun, x, args, axes, size: int, n_valid, loss, f_scale, wt, top_dt,
+               with_gram: bool = True):
+    """``(A, b, cost)``: ``J^T J``, ``J^T f`` (loss-scaled) in ``wt`` and the cost in
+    ``top_dt`` over the first ``n_valid`` of the ``size`` points of ``args`` (point axes
+    ``axes``), block by block (:class:`._blocks.PointBlocks`). Traceable (``n_valid`` may
+    be traced): the per-chunk program, and the per-device sum of a sharded fit."""
+    n = x.shape[0]
+    pb = PointBlocks(size, axes, size=block_size(size))
+    blocked = pb.block(args)
+    data, _ = pb.xs(blocked)
+    valid = jnp.arange(pb.count * pb.size).reshape(pb.count, pb.size) < n_valid
+    fs_w, fs_top = jnp.asarray(f_scale, wt), jnp.asarray(f_scale, top_dt)
+
+    def one(carry, xs):
+        A, b, cost = carry
+        blk, v = xs
+        f, JT = residual_and_rows(fun, x, pb.unblock(blocked, blk))
+        f = jnp.where(v, f.astype(wt), 0.0)
+        JT = jnp.where(v, JT.astype(wt), 0.0)
+        cost = cost + robust_cost(loss, f.astype(top_dt), fs_top)
+        fs, Js = scale_for_robust_loss(loss, f, JT.T, fs_w)
+        JTs = Js.T
+        if with_gram:
+            A = A + JTs @ JTs.T
+        return (A, b + JTs @ fs, cost), None
+
+    init = (jnp.zeros((n, n), wt), jnp.zeros((n,), wt), jnp.zeros((), top_dt))
+    (A, b, cost), _ = lax.scan(one, init, (data, valid))
+    return A, b, cost
+
+
+def _chunk_program(fun, cfg: LoopConfig, axes, size: int, key):
+    """One compiled program: the partial sums of one chunk on rung ``rung`` (a
+    ``lax.switch`` over the ladder; the data cast to the rung inside)."""
+    rungs = cfg.rungs
+    top_dt = rungs[-1]
+
+    def branch(i):
+        dt = rungs[i]
+        wt = jnp.promote_types(dt, jnp.float32)
+
+        def br(z, args, n_valid, f_scale):
+            A, b, cost = chunk_sums(fun, z.astype(dt), cast_floating(args, dt), axes, size,
+                                    n_valid, cfg.loss, f_scale, wt, top_dt)
+            return A.astype(top_dt), b.astype(top_dt), cost
+
+        return br
+
+    branches = [branch(i) for i in range(len(rungs))]
+
+    def sums(rung, z, args, n_valid, f_scale):
+        if len(branches) == 1:
+            return branches[0](z, args, n_valid, f_scale)
+        return lax.switch(rung, branches, z, args, n_valid, f_scale)
+
+    return _program(("chunk",) + key, lambda: cpu_jit(sums))
+
+
+def _final_chunk_program(fun, cfg: LoopConfig, axes, size: int, key):
+    top_dt = cfg.rungs[-1]
+
+    def final(x, args, n_valid, f_scale):
+        return chunk_sums(fun, x, cast_floating(args, top_dt), axes, size, n_valid,
+                          cfg.loss, f_scale, top_dt, top_dt)
+
+    return _program(("final",) + key, lambda: cpu_jit(final))
+
+
+def _model_program(top_dt):
+    """``(cost, R, qtf, ||f||, ok)`` of :func:`._loop.build_loop`'s evaluation from the
+    summed ``A = J^T J``, ``b = J^T f`` and cost."""
+
+    def model(A, b, cost):
+        R, qtf = _factor_gram(A, b)
+        jok = jnp.all(jnp.isfinite(R)) & jnp.all(jnp.isfinite(qtf))
+        return cost, R, qtf, jnp.sqrt(2.0 * cost), jok
+
+    return _program(("model", str(np.dtype(top_dt))),
+                    lambda: cpu_jit(model, optimise=False))
+
+
+def _finish_program(cfg: LoopConfig):
+    from .dogbox import dogbox_gnorm, on_bound
+    from .trf import active_constraints, cl_scaling
+
+    def finish(x, g, lb, ub, xtol):
+        if cfg.has_bounds and cfg.method == "dogbox":
+            return on_bound(x, lb, ub), dogbox_gnorm(x, g, None, None, lb, ub)
+        if cfg.has_bounds:
+            v, _ = cl_scaling(x, g, lb, ub)
+            return active_constraints(x, lb, ub, xtol), jnp.max(jnp.abs(g * v))
+        return jnp.zeros(x.shape, jnp.int32), jnp.max(jnp.abs(g))
+
+    return _program(("finish", cfg.method, cfg.has_bounds, str(np.dtype(cfg.rungs[-1]))),
+                    lambda: cpu_jit(finish, optimise=False))
+
+
+# ----------------------------------------------------------------------------- driver
+class _Evaluator:
+    """Walks the chunks of a source and sums a per-chunk program's outputs in float64,
+    keeping one chunk in flight (the next chunk is read while the device works)."""
+
+    def __init__(self, source, axes, size, treedef, check_finite: bool):
+        self.source, self.axes, self.size = source, axes, size
+        self.treedef = treedef
+        self.check_finite = check_finite
+        self.m = None   # points, counted on the first pass
+
+    def run(self, program, *head, tail=()):
+        total, m = None, 0
+        pending = collections.deque()
+        for chunk in self.source:
+            leaves = jax.tree.leaves(chunk)
+            if len(leaves) != len(self.axes):
+                raise ValueError(f"a chunk has {len(leaves)} arrays, the first had "
+                                 f"{len(self.axes)}; every chunk must have the same layout")
+            for piece, k in _split(leaves, self.axes, self.size):
+                if k == 0:
+                    continue
+                if self.check_finite and self.m is None:
+                    for leaf, a in zip(piece, self.axes):
+                        arr = np.asarray(leaf)
+                        if np.issubdtype(arr.dtype, np.inexact) and \
+                                not np.all(np.isfinite(arr)):
+                            raise ValueError(
+                                "the data contain NaN or Inf (in the chunk starting at "
+                                f"point {m}); clean the data first")
+                padded = _pad_chunk(piece, self.axes, k, self.size)
+                args = jax.tree.unflatten(self.treedef, padded)
+                pending.append(program(*head, args, np.int32(k), *tail))
+                m += k
+                if len(pending) > 1:
+                    total = _add(total, pending.popleft())
+        while pending:
+            total = _add(total, pending.popleft())
+        if m == 0:
+            raise ValueError("the chunk source gave no data points")
+        if self.m is None:
+            self.m = m
+        elif m != self.m:
+            raise ValueError(f"the chunk source gave {m} points on this pass and "
+                             f"{self.m} on the first; it must give the same data each time")
+        return total
+
+
+def _add(total, part):
+    part = [np.asarray(p, np.float64) for p in jax.device_get(part)]
+    if total is None:
+        return part
+    return [t + p for t, p in zip(total, part)]
+
+
+def _stream_loop(cfg: LoopConfig, evaluator: _Evaluator, sums, final, x0, ctx, fixed):
+    """The host driver's iteration with the evaluation replaced by a pass over the data;
+    returns ``(state, g, cost, Gram)`` (the final sums on the top rung)."""
+    from ._host import _step_programs
+
+    top_dt = cfg.rungs[-1]
+    init, step = (p.tuned for p in _step_programs(cfg))
+    model = _model_program(top_dt).tuned
+    fs = ctx[4]
+    st, prop, ctl = init(x0, ctx, np.int32(0))   # m is not used before the first step
+    while True:
+        A, b, cost = evaluator.run(sums, st.rung, prop.z, *fixed, tail=(fs,))
+        ev = model(np.asarray(A, top_dt), np.asarray(b, top_dt), np.asarray(cost, top_dt))
+        st, prop, ctl = step(st, prop, ev, ctx, np.int32(evaluator.m))
+        if int(np.asarray(ctl)[0]) != Status.RUNNING:
+            break
+    A, g, cost = evaluator.run(final, st.x, *fixed, tail=(fs,))
+    return st, g, cost, A
+
+
+def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
+                 bounds=(-np.inf, np.inf), loss="linear", f_scale=1.0, x_scale="jac",
+                 jac=None, ftol=1e-15, xtol=1e-10, gtol=1e-10, max_steps=None,
+                 precision="adaptive", schedule=None, linear_solver="auto",
+                 max_rejections=4, cond_tol=1e-2, check_finite=True, auto=False,
+                 entry="solve_nlsq", with_gram=False, **others):
+    """:func:`adaptprec.solve_nlsq` over streamed data (see the module docstring);
+    ``args`` is a :class:`Chunks` or a tuple with host arrays. With ``auto=True`` (not
+    asked for, only large): ``None`` when the problem cannot be streamed (the caller
+    then solves in memory). ``with_gram``: return ``(result, J^T J, m)``.
+    """
+    from ._inputs import OptionNotOffered, as_bounds, as_x0, check_tolerances
+    from ._pointwise import point_axes
+    from ._loop import default_schedule
+    from .common import check_loss
+    from .solve import METHODS, _broadcast_bounds, resolve_ladder
+    from .trf import make_strictly_feasible
+
+    if not is_concrete(x0, args if not isinstance(args, Chunks) else (), bounds, f_scale):
+        if auto:
+            return None
+        raise ValueError(TRACED_MESSAGE.format(entry=entry, min_points=STREAM_MIN_POINTS))
+    bad = {k: v for k, v in others.items()
+           if k in UNSUPPORTED_DEFAULTS and not _is_default(v, UNSUPPORTED_DEFAULTS[k])}
+    unknown = set(others) - set(UNSUPPORTED_DEFAULTS)
+    if unknown:
+        raise TypeError(f"{entry}: unexpected keyword argument(s) {sorted(unknown)}")
+    if jac not in (None, "fwd") or linear_solver not in ("auto", "normal") or bad:
+        if auto:
+            return None
+        names = sorted(bad) + (["jac"] if jac not in (None, "fwd") else []) + (
+            ["linear_solver"] if linear_solver not in ("auto", "normal") else [])
+        raise OptionNotOffered(
+            f"{entry}: streamed fits (chunk_size=, Chunks, sharded or large host data) use "
+            f"the autodiff Jacobian and the normal equations accumulated chunk by chunk; "
+            f"{', '.join(names)} cannot be combined with them. Drop those options, or "
+            "fit in memory (jax.Arrays, no chunk_size).")
+    if chunk_size is not None and (int(chunk_size) != chunk_size or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    if method is not None and method not in METHODS:
+        raise ValueError(f"method={method!r} is not supported; use one of {METHODS}")
+    loss = check_loss(loss)
+    if method == "lm" and loss != "linear":
+        raise ValueError("method='lm' supports only 'linear' loss function; use "
+                         "method='trf' for a robust loss.")
+    x0 = np.asarray(as_x0(x0))
+    if x0.ndim != 1 or x0.size == 0:
+        raise ValueError(f"streamed fits take a 1-D x0 with at least one parameter; got "
+                         f"shape {x0.shape}")
+    if not np.all(np.isfinite(x0)):
+        raise ValueError("x0 contains NaN or Inf")
+    ladder = resolve_ladder(precision)
+    rungs = ladder.rungs
+    top_dt = np.dtype(rungs[-1])
+    x0 = x0.astype(top_dt)
+    n = x0.size
+
+    # ---- the data source, its chunk size and point axes
+    if isinstance(args, Chunks):
+        it = iter(args)
+        try:
+            first = next(it)
+        except StopIteration:
+            raise ValueError("the Chunks source gave no chunks") from None
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+        treedef = jax.tree.structure(first)
+        sample = first
+        source = args
+        m = None
+    else:
+        if not isinstance(args, tuple):
+            args = (args,)
+        treedef = jax.tree.structure(args)
+        sample, source = args, None
+        m = None
+    leaves = jax.tree.leaves(sample)
+    avals = [jax.ShapeDtypeStruct(np.shape(a), a.dtype if hasattr(a, "dtype") else
+                                  np.result_type(a)) for a in leaves]
+    shaped = jax.tree.unflatten(treedef, avals)
+
+    def fun_flat(x, *a):
+        return jnp.ravel(residual(x, *a))
+
+    try:
+        k0 = int(np.prod(jax.eval_shape(fun_flat, jax.ShapeDtypeStruct((n,), top_dt),
+                                        *shaped).shape))
+    except Exception:
+        if auto:
+            return None
+        raise
+    axes = point_axes(fun_flat, jax.ShapeDtypeStruct((n,), top_dt), shaped, k0)
+    if axes is None:
+        if auto:
+            return None
+        raise ValueError(
+            f"{entry}: streaming needs a pointwise residual (its i-th entry computed from "
+            "data point i alone, proved from its jaxpr), with the points on one axis of "
+            "each data array; this residual is not provably pointwise (it reduces over "
+            "the points, sorts, gathers or mixes points). Fit in memory instead.")
+    mesh = point_sharding(args) if source is None else None
+    if source is None:
+        m = k0
+        if auto and mesh is None and not any(_is_host_array(a) and ax is not None
+                                             for a, ax in zip(leaves, axes)):
+            return None
+        size = int(chunk_size) if chunk_size is not None else CHUNK
+        size = min(size, m)
+        source = _ArraySource(args, axes, m, size)
+    else:
+        size = int(chunk_size or args.size or k0)
+    evaluator = _Evaluator(source, axes, size, treedef, bool(check_finite))
+
+    # ---- options (as solve_nlsq)
+    lb, ub = _broadcast_bounds(as_bounds(bounds, n), n, top_dt)
+    has_bounds = bool(np.any(np.isfinite(lb)) or np.any(np.isfinite(ub)))
+    if method is None:
+        method = "trf" if has_bounds else "lm"
+    if has_bounds and method in ("lm", "gn"):
+        raise ValueError(f"method={method!r} does not support bounds; use method='trf' "
+                         "(or leave method unset)")
+    if np.any(x0 < lb) or np.any(x0 > ub):
+        i = int(np.argmax((x0 < lb) | (x0 > ub)))
+        raise ValueError(f"x0 is outside the bounds: x0[{i}]={x0[i]} not in "
+                         f"[{lb[i]}, {ub[i]}]")
+    ftol, xtol, gtol = check_tolerances(ftol, xtol, gtol, method)
+    if not (np.isscalar(f_scale) and np.isfinite(f_scale) and f_scale > 0):
+        raise ValueError(f"f_scale must be a positive finite number, got {f_scale!r}")
+    if isinstance(x_scale, str):
+        if x_scale != "jac":
+            raise ValueError(f"x_scale must be 'jac' or an array, got {x_scale!r}")
+        scale_inv0 = np.ones(n)
+    else:
+        xs = np.broadcast_to(np.asarray(x_scale, np.float64), (n,))
+        if not np.all(np.isfinite(xs)) or np.any(xs <= 0):
+            raise ValueError("x_scale must be 'jac' or an array of positive finite numbers")
+        scale_inv0 = 1.0 / xs
+    if max_steps is None:
+        max_steps = 100 * (n + 1)
+    if int(max_steps) < 1:
+        raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
+    if schedule is None and len(rungs) > 1:
+        schedule = default_schedule()
+    cfg = LoopConfig(m=0, n=n, rungs=rungs, method=method, loss=loss, jac="fwd",
+                     jac_scale=isinstance(x_scale, str), has_bounds=has_bounds,
+                     max_steps=int(max_steps), linear_solver="normal",
+                     max_rejections=int(max_rejections), cond_tol=float(cond_tol),
+                     schedule=schedule, point_axes=None)
+    if has_bounds and method == "trf":
+        x0 = np.asarray(make_strictly_feasible(x0, lb, ub), top_dt)
+
+    key = (_key(residual), rungs, str(loss) if isinstance(loss, str) else _key(loss),
+           treedef, tuple((a.shape if ax is None else a.shape[:ax] + a.shape[ax + 1:],
+                           str(a.dtype)) for a, ax in zip(avals, axes)), axes, size, n)
+    if mesh is not None:   # sharded over a mesh: per-device sums and one psum
+        specs, names, local = plan(args, axes, m, mesh)
+        evaluator = ShardedEvaluator(args, m, mesh, specs)
+        skey = ("sharded", mesh, tuple(specs), names, local, m) + key
+        sums, final = _program(skey, lambda: sharded_programs(
+            fun_flat, cfg, axes, treedef, specs, names, mesh, m, local))
+    else:
+        sums = _chunk_program(fun_flat, cfg, axes, size, key).tuned
+        final = _final_chunk_program(fun_flat, cfg, axes, size, key).tuned
+
+    def arr(v):
+        return np.asarray(v, top_dt)
+
+    ctx = (None, arr(lb), arr(ub), arr(scale_inv0), arr(f_scale), arr(ftol), arr(xtol),
+           arr(gtol), arr(x0))
+    st, g, cost, A = _stream_loop(cfg, evaluator, sums, final, arr(x0), ctx, ())
+    res = _result(cfg, st, g, cost, A, ctx)
+    return (res, np.asarray(A, np.float64), evaluator.m) if with_gram else res
+
+
+def _result(cfg, st, g, cost, A, ctx):
+    from .result import NLSQResult
+
+    top_dt = cfg.rungs[-1]
+    finish = _finish_program(cfg).tuned
+    g = np.asarray(g, top_dt)
+    x = np.asarray(jax.device_get(st.x), top_dt)
+    active, optimality = finish(x, g, ctx[1], ctx[2], ctx[6])
+    (nfev, njev, nit, status, rung, esc, entered, rnfev, reason) = jax.device_get(
+        (st.nfev, st.njev, st.nit, st.status, st.rung, st.escalations, st.rung_entered,
+         st.rung_nfev, st.esc_reason))
+    put = jax.device_put
+    res = NLSQResult(
+        x=put(x), cost=put(np.asarray(cost, top_dt)), fun=None, jac=None, grad=put(g),
+        optimality=optimality, active_mask=active, nfev=put(nfev),
+        njev=put(njev + np.ones_like(njev)), nit=put(nit), status=put(status),
+        rung=put(rung), escalations=put(esc), rung_entered=put(entered),
+        rung_nfev=put(rnfev), escalation_reason=put(reason),
+        ladder=tuple(np.dtype(d) for d in cfg.rungs))
+    return res
+
+
+def _is_default(v, d):
+    return v is d or (v is None and d is None) or (
+        not isinstance(v, (np.ndarray, jax.Array)) and v == d)
+
+
+def _key(obj):
+    from .solve import _hashable
+    return _hashable(obj)
+
+
+# ----------------------------------------------------------------------------- curve_fit
+@functools.lru_cache(maxsize=256)
+def _sigma_residual(f: Callable) -> Callable:
+    """``(f(x, *p) - y) / sigma``: sigma a scalar or streamed with the points."""
+    from .curve_fit import _call
+
+    def residual(p, xdata, ydata, sigma):
+        return jnp.ravel((_call(f, xdata, p) - ydata) / sigma)
+
+    return residual
+
+
+def wants_curve_fit_stream(xdata, ydata, kwargs) -> bool:
+    """``curve_fit``'s switch: a :class:`Chunks` ``xdata``, ``chunk_size=`` or host
+    NumPy ``ydata`` of at least :data:`STREAM_MIN_POINTS` points."""
+    return (isinstance(xdata, Chunks) or kwargs.get("chunk_size") is not None or
+            (_is_host_array(ydata) and ydata.size >= STREAM_MIN_POINTS) or
+            point_sharding((xdata, ydata)) is not None)
+
+
+def curve_fit_stream(f, xdata, ydata, p0, sigma, absolute_sigma, check_finite, bounds,
+                     method, jac, full_output, nan_policy, kwargs):
+    """:func:`adaptprec.curve_fit` over streamed data; ``None`` when large host data
+    turn out not streamable (the caller fits in memory). ``pcov`` comes from the summed
+    Gram matrix ``J^T J`` (:func:`covariance_from_gram`)."""
+    import warnings
+
+    from ._inputs import as_bounds, as_x0, initialize_feasible
+    from .curve_fit import _n_params, _residual_for, _warning_class
+    from .solve import _broadcast_bounds
+
+    asked = isinstance(xdata, Chunks) or kwargs.get("chunk_size") is not None
+    if full_output and not asked:   # infodict's fvec/fjac: as large as the data
+        return None
+    if not is_concrete(xdata if not isinstance(xdata, Chunks) else (), ydata, sigma, p0):
+        raise ValueError(TRACED_MESSAGE.format(entry="curve_fit",
+                                               min_points=STREAM_MIN_POINTS))
+    if nan_policy not in (None, "raise"):
+        if not asked:
+            return None
+        raise ValueError("streamed curve_fit does not drop NaN points "
+                         "(nan_policy='omit'); clean the chunks first.")
+    if jac is not None and jac != "fwd":
+        if not asked:
+            return None
+        raise ValueError("streamed curve_fit differentiates the model with JAX (jac=None);"
+                         f" jac={jac!r} cannot be combined with chunk_size/Chunks.")
+    if isinstance(xdata, Chunks):
+        if ydata is not None or sigma is not None:
+            raise ValueError("with a Chunks source, pass ydata=None and sigma=None: each "
+                             "chunk is (xdata, ydata) or (xdata, ydata, sigma)")
+        first = next(iter(xdata), None)
+        if first is None or len(first) not in (2, 3):
+            raise ValueError("curve_fit's Chunks must give (xdata, ydata) or "
+                             "(xdata, ydata, sigma) tuples")
+        residual = _residual_for(f, "none") if len(first) == 2 else _sigma_residual(f)
+        args = xdata
+    elif point_sharding((xdata, ydata)) is not None:   # sharded jax.Arrays: as they are
+        if sigma is None:
+            residual, args = _residual_for(f, "none"), (xdata, ydata)
+        else:
+            if np.ndim(sigma) > 1:
+                raise ValueError("a sharded curve_fit takes sigma as standard deviations "
+                                 "(a scalar or one per point), not an (m, m) covariance")
+            residual, args = _sigma_residual(f), (xdata, ydata, sigma)
+    else:
+        ydata = np.asarray(ydata)
+        if ydata.ndim != 1:
+            raise ValueError(f"streamed curve_fit needs a 1-D ydata, got shape "
+                             f"{ydata.shape}")
+        xdata = np.asarray(xdata)
+        if sigma is None:
+            residual, args = _residual_for(f, "none"), (xdata, ydata)
+        else:
+            s = np.asarray(sigma)
+            if s.ndim == 2:
+                if not asked:
+                    return None
+                raise ValueError("streamed curve_fit takes sigma as standard deviations "
+                                 "(a scalar or one per point), not an (m, m) covariance")
+            if np.any(s <= 0):
+                raise ValueError("1-D `sigma` must be positive (standard deviations).")
+            residual, args = _sigma_residual(f), (xdata, ydata, s.reshape(()) if s.size
+                                                  == 1 else s)
+    if p0 is None:
+        n = _n_params(f)
+        lb, ub = _broadcast_bounds(as_bounds(bounds, n), n, np.float64)
+        p0 = initialize_feasible(lb, ub)
+    p0 = np.atleast_1d(np.asarray(as_x0(p0), np.float64))
+    out = solve_stream(residual, p0, args, bounds=bounds, method=method, auto=not asked,
+                       entry="curve_fit", with_gram=True,
+                       check_finite=True if check_finite is None else bool(check_finite),
+                       **kwargs)
+    if out is None:
+        return None
+    res, A, m = out
+    n = p0.size
+    pcov = covariance_from_gram(A, m)
+    if not absolute_sigma:
+        pcov = pcov * (2.0 * float(res.cost) / (m - n)) if m > n else \
+            np.full_like(pcov, np.inf)
+    if not bool(res.success):
+        raise RuntimeError("Optimal parameters not found: " + res.message)
+    if np.any(np.isinf(pcov)):
+        warnings.warn("Covariance of the parameters could not be estimated (inf where a "
+                      "parameter is not identifiable)", _warning_class(), stacklevel=3)
+    popt = np.asarray(res.x)
+    if full_output:
+        return popt, pcov, {"nfev": res.nfev, "result": res}, res.message, res.status
+    return popt, pcov
