@@ -28,9 +28,10 @@ def _problem(name):
 
 
 def _solve(name, start, precision):
-    # One residual function object per problem (robust_sweep.residual_for), not the bound
-    # method ``p.residual`` (a fresh object per access): the compiled solver is cached on
-    # the residual's identity, so both starts and every test of a problem share one compile.
+    # One residual function object per problem (robust_sweep.residual_for, as the sweep
+    # uses), not the bound method ``p.residual`` of a freshly parsed problem. (Measured: the
+    # bound method did not recompile either, the second solve of a fresh load took 0.02 s;
+    # the default NIST tests take the same CPU time, 12.4 s before and 12.7 s after.)
     p = _problem(name)
     res = ap.solve_nlsq(residual_for(name), jnp.asarray(p.starts[start]),
                         args=(jnp.asarray(p.x), jnp.asarray(p.y)), precision=precision)
