@@ -146,6 +146,11 @@ def test_sweep_certified_starts(sweep_rows):
     low = [(r["problem"], r["start"], round(r["ours"], 2)) for r in cert if r["ours"] < 6.0
            and (r["problem"], r["start"]) not in KNOWN_BEHIND]
     assert not low
+    # ... and LRE >= 7 wherever optimistix is (ENSO was at 6.6/6.5: the rounding-level
+    # stop came while Gauss-Newton was still contracting)
+    short = [(r["problem"], r["start"], round(r["ours"], 2)) for r in cert
+             if r["optimistix"] >= 7.0 and r["ours"] < 7.0]
+    assert not short
 
 
 @pytest.mark.slow
@@ -163,3 +168,43 @@ def test_sweep_adaptive_never_below_float64(sweep_rows):
            for r in sweep_rows if r["ours"] < min(r["ours_f64"] - 0.5, 7.0)
            and (r["problem"], r["start"]) not in KNOWN_BEHIND]
     assert not bad
+
+
+# --------------------------------------------------------------------------- degenerate minimum
+def test_degenerate_minimum_reaches_scipy_accuracy():
+    # issue 20 item 5: p**2 + 5 from 2 (zero Jacobian at the minimum, nonzero residual).
+    # It once stopped on xtol at -1.1e-8 after 81 evaluations; scipy's default (trf)
+    # reaches 0 in 2, scipy's lm 3e-10 in 12. Both drivers (fused: under jit; host:
+    # eager) must be at least as accurate as scipy's better method within scipy lm's
+    # evaluations plus a small slack, and say success.
+    import scipy.optimize as so
+
+    def fun(x):
+        return x ** 2 + 5.0
+
+    ref = [so.least_squares(lambda p: p ** 2 + 5.0, np.array([2.0]), method=m)
+           for m in ("trf", "lm")]
+    acc = min(abs(float(r.x[0])) for r in ref)
+    budget = int(ref[1].nfev) + 4
+    for prec in ("f64", "adaptive"):
+        eager = ap.solve_nlsq(fun, 2.0, precision=prec)
+        jitted = jax.jit(lambda x0: ap.solve_nlsq(fun, x0, precision=prec))(jnp.array([2.0]))
+        for res in (eager, jitted):
+            assert abs(float(res.x[0])) <= acc + 1e-12, (prec, res.x)
+            assert int(res.nfev) <= budget and bool(res.success), (prec, int(res.nfev))
+
+
+#: Problem/starts (seed 0, 2 perturbations) where adaptive needs more than 3x the
+#: evaluations of float64 alone, as measured (docs/nlsq.md, "Robustness"): float64 alone
+#: needs 5-11 there, and float32 first spends its share before float64 starts (Bennett5:
+#: float32 cannot resolve the minimum; Misra1a/Lanczos1: float32 converges in 13/24
+#: evaluations where float64 alone needs 5/9 in all). Any new entry fails the test.
+KNOWN_NFEV_OVER_3X = {("Misra1a", "s2"), ("Lanczos1", "s2"), ("Bennett5", "s1"),
+                      ("Bennett5", "p1")}
+
+
+@pytest.mark.slow
+def test_sweep_adaptive_evaluations_within_3x_float64(sweep_rows):
+    over = {(r["problem"], r["start"]) for r in sweep_rows
+            if r["ours_nfev"] > 3 * r["ours_f64_nfev"]}
+    assert over <= KNOWN_NFEV_OVER_3X, sorted(over - KNOWN_NFEV_OVER_3X)
