@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _disk_cache
 from .._policy import cast_floating
 from ._buckets import pad_points, padded_avals
 from ._compile import cpu_jit
@@ -73,7 +74,9 @@ _stats = {"programs_built": 0, "program_hits": 0, "traces": 0}
 
 
 def clear_cache() -> None:
-    """Drop the host driver's programs and traced residuals."""
+    """Drop the host driver's programs and traced residuals, and the compiled programs
+    held in memory by :mod:`adaptprec._disk_cache` (its disk entries stay)."""
+    _disk_cache.clear_memory()
     with _lock:
         _programs.clear()
         _prepared.clear()
@@ -107,6 +110,8 @@ def host_eligible(cfg: LoopConfig, throw: bool, *trees) -> bool:
 
 
 def _program(key, build):
+    """The program built by ``build()`` for ``key`` (built once per process; its
+    compiled executables come from :mod:`adaptprec._disk_cache` by ``key``)."""
     with _lock:
         fn = _programs.get(key)
         if fn is not None:
@@ -114,6 +119,8 @@ def _program(key, build):
             _stats["program_hits"] += 1
             return fn
     fn = build()
+    if not isinstance(fn, StepPrograms):
+        fn.cache_key = key
     with _lock:
         _programs[key] = fn
         _stats["programs_built"] += 1
@@ -194,8 +201,9 @@ def _build_step_programs(cfg: LoopConfig) -> StepPrograms:
         prop = run.propose(st, ctx)
         return carry_packer.pack((st, prop)), prop.z, _ctl(st)
 
-    return StepPrograms(cpu_jit(init, optimise=False), cpu_jit(step, optimise=False),
-                        carry_packer, ctx_packer)
+    init, step = cpu_jit(init, optimise=False), cpu_jit(step, optimise=False)
+    init.cache_key, step.cache_key = ("step", scfg, "init"), ("step", scfg, "step")
+    return StepPrograms(init, step, carry_packer, ctx_packer)
 
 
 # ----------------------------------------------------------------------------- residual
@@ -295,8 +303,18 @@ def _prepare(residual, fun_flat, x0_flat, args, cfg: LoopConfig, pad):
 
 
 # ----------------------------------------------------------------------------- driver
+def _compiled(prog, *args):
+    """``prog``'s executable for these arguments (memory, disk cache, or compiled)."""
+    return _disk_cache.compiled(prog.tuned, prog.cache_key, args, prog.options)
+
+
 def _host_loop(init, step, evaluate, x0, consts, mask, args, ctx, f_scale, m):
-    carry, z, ctl = init(x0, ctx, m)
+    carry, z, ctl = _compiled(init, x0, ctx, m)(x0, ctx, m)
+    # the executables are looked up once per solve and called directly in the loop
+    evaluate = _compiled(evaluate, ctl, z, consts, mask, args, f_scale)
+    ev = evaluate(ctl, z, consts, mask, args, f_scale)
+    step = _compiled(step, carry, ev, ctx, m)
+    carry, z, ctl = step(carry, ev, ctx, m)
     # Iterations are queued QUEUE at a time (JAX dispatches asynchronously) and the
     # status is read back once per batch: a finished solve is a no-op in `step`, so the
     # extra iterations change nothing but cost a little compute, far less than waiting
@@ -362,7 +380,7 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
         args = jax.device_put(args)
     sp = _step_programs(cfg)
     evaluate = _eval_program(cfg, traced, is_padded)
-    final = _final_program(cfg, traced[-1], is_padded).tuned
+    final = _final_program(cfg, traced[-1], is_padded)
 
     def arr(v):
         return np.asarray(v, top)
@@ -380,11 +398,12 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
         carry = fused(x0, consts, mask, args, ctx, fs_d, m_d)
     else:
         # inputs are concrete here: call the option-tuned jit directly (skips the check)
-        carry = _host_loop(sp.init.tuned, sp.step.tuned, evaluate.tuned, x0, consts,
-                           mask, args, ctx, fs_d, m_d)
+        carry = _host_loop(sp.init, sp.step, evaluate, x0, consts, mask, args, ctx, fs_d,
+                           m_d)
     carry = jax.device_get(carry)
     st, _ = sp.carry.unpack_numpy(carry)
-    out = jax.device_get(final(st.x, consts[-1], mask, args, fs_d, lb, ub, xtol))
+    fargs = (st.x, consts[-1], mask, args, fs_d, lb, ub, xtol)
+    out = jax.device_get(_compiled(final, *fargs)(*fargs))
     f, Js, g, cost, optimality, active = out
     if is_padded:
         f, Js = f[:m], Js[:m]
