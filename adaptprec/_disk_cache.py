@@ -57,7 +57,8 @@ import threading
 import jax
 import numpy as np
 
-__all__ = ["cache_dir", "compiled", "stats", "clear_memory", "MAX_BYTES"]
+__all__ = ["cache_dir", "compiled", "load_meta", "store_meta", "stats", "clear_memory",
+           "MAX_BYTES"]
 
 _FORMAT = 1
 #: default size bound of the cache directory (bytes); ``$ADAPTPREC_CACHE_MAX_MB``
@@ -200,18 +201,7 @@ def _store(directory: str, path: str, full_key: str, comp) -> None:
         payload, in_tree, out_tree = serialize(comp)
         data = pickle.dumps({"key": full_key, "payload": payload, "in_tree": in_tree,
                              "out_tree": out_tree}, protocol=pickle.HIGHEST_PROTOCOL)
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.remove(tmp)
-            except OSError:
-                pass
-            raise
+        _write(directory, path, data)
     except Exception:  # not serialisable, read-only or full disk: memory only
         _stats["disk_errors"] += 1
         return
@@ -239,6 +229,66 @@ def _trim(directory: str) -> None:
             break
 
 
+def _entry(key) -> tuple[str | None, str | None, str | None]:
+    """``(directory, path, full key)`` of ``key``'s entry; ``None`` s when the cache is
+    off or the key is not stable across processes."""
+    directory = cache_dir()
+    if directory is None:
+        return None, None, None
+    full_key = repr((_environment(), key))
+    if "0x" in full_key:  # an object's address: not stable across processes
+        return None, None, None
+    name = hashlib.sha256(full_key.encode()).hexdigest()[:40] + ".xla"
+    return directory, os.path.join(directory, name), full_key
+
+
+def load_meta(key):
+    """A small picklable object stored by :func:`store_meta` under ``key`` in an earlier
+    process, or ``None``."""
+    directory, path, full_key = _entry(("meta", key))
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            entry = pickle.load(fh)
+        if entry.get("key") == full_key:
+            return entry["value"]
+    except FileNotFoundError:
+        pass
+    except Exception:
+        _stats["disk_errors"] += 1
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+    return None
+
+
+def store_meta(key, value) -> None:
+    """Store ``value`` (picklable) under ``key`` for later processes (atomic)."""
+    directory, path, full_key = _entry(("meta", key))
+    if path is not None:
+        try:
+            _write(directory, path, pickle.dumps({"key": full_key, "value": value}))
+        except Exception:
+            _stats["disk_errors"] += 1
+
+
+def _write(directory: str, path: str, data: bytes) -> None:
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+
+
 def compiled(jitted, key: tuple, args: tuple, options: dict | None = None):
     """``jitted.lower(*args).compile()``, from memory, from the disk cache or compiled
     (and then stored). ``key`` names the program (with ``jitted``'s compiler
@@ -252,15 +302,7 @@ def compiled(jitted, key: tuple, args: tuple, options: dict | None = None):
             _memory.move_to_end(mem_key)
             _stats["memory_hits"] += 1
             return hit
-    directory = cache_dir()
-    path = full_key = None
-    if directory is not None:
-        full_key = repr((_environment(), key, sig, sorted((options or {}).items())))
-        if "0x" in full_key:  # an object's address: not stable across processes
-            directory = None
-        else:
-            name = hashlib.sha256(full_key.encode()).hexdigest()[:40] + ".xla"
-            path = os.path.join(directory, name)
+    directory, path, full_key = _entry((key, sig, sorted((options or {}).items())))
     comp = _load(path, full_key) if path is not None else None
     if comp is not None:
         _stats["disk_hits"] += 1

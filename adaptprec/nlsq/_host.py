@@ -180,11 +180,15 @@ def _build_step_programs(cfg: LoopConfig) -> StepPrograms:
 
     vec, sca = jax.ShapeDtypeStruct((scfg.n,), top), jax.ShapeDtypeStruct((), top)
     ctx_packer = Packer((vec, vec, vec, sca, sca, sca, sca, vec))
-    ctx_avals = tuple(jax.ShapeDtypeStruct((k,), d)
-                      for k, d in zip(ctx_packer.sizes, ctx_packer.dtypes))
-    carry_packer = Packer(jax.eval_shape(
-        lambda x0, ctxv, m: init_tree(x0, ctx_packer.unpack(ctxv), m), vec, ctx_avals,
-        jax.ShapeDtypeStruct((), jnp.int32)))
+    # the state's layout: from an earlier process (disk cache) or by tracing ``init``
+    carry_packer = _disk_cache.load_meta(("step-layout", scfg))
+    if not isinstance(carry_packer, Packer):
+        ctx_avals = tuple(jax.ShapeDtypeStruct((k,), d)
+                          for k, d in zip(ctx_packer.sizes, ctx_packer.dtypes))
+        carry_packer = Packer(jax.eval_shape(
+            lambda x0, ctxv, m: init_tree(x0, ctx_packer.unpack(ctxv), m), vec, ctx_avals,
+            jax.ShapeDtypeStruct((), jnp.int32)))
+        _disk_cache.store_meta(("step-layout", scfg), carry_packer)
 
     def init(x0, ctxv, m):
         st, prop = init_tree(x0, ctx_packer.unpack(ctxv), m)

@@ -248,6 +248,10 @@ def _check_jac_shape(jac, x0_flat, args, m: int, n: int) -> None:
     check_jac_shape(tuple(out.shape), m, n)
 
 
+def _reshape_to(shape, flat):
+    return jnp.reshape(flat, shape)
+
+
 def _point_axes(residual, fun_flat, x0, x0_flat, args, m):
     """:func:`._pointwise.point_axes` of the flat residual, memoised like ``m``."""
     key = ("point_axes", _hashable(residual), _sig(x0), _sig(args))
@@ -430,7 +434,11 @@ def solve_nlsq(
     rungs = ladder.rungs
     top_dt = np.dtype(rungs[-1])
 
-    x0_flat, unravel = ravel_pytree(x0)
+    if isinstance(x0, np.ndarray):
+        # NumPy: ravel_pytree's eager jnp reshape would compile (per shape, per process)
+        x0_flat, unravel = np.ravel(x0), functools.partial(_reshape_to, np.shape(x0))
+    else:
+        x0_flat, unravel = ravel_pytree(x0)
     if x0_flat.size == 0:
         raise ValueError("x0 has no elements; give at least one parameter")
     if not jnp.issubdtype(x0_flat.dtype, jnp.floating):
