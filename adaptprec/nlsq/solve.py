@@ -34,7 +34,7 @@ from ..precision import Ladder, canonical_dtype, x64_enabled
 from ._blocks import PointBlocks
 from ._compile import cpu_jit
 from ._errors import explain_trace_error
-from ._buckets import bucket
+from ._buckets import PointMemo, bucket
 from ._host import host_eligible, host_solve, masked
 from ._loop import LoopConfig, build_loop, default_schedule
 from ._pointwise import point_axes
@@ -59,6 +59,8 @@ _cache: collections.OrderedDict = collections.OrderedDict()
 _cache_lock = threading.Lock()
 _stats = {"hits": 0, "misses": 0}
 _m_cache: dict = {}
+#: point axes per residual object (a new data length is neither traced nor analysed)
+_points = PointMemo()
 #: ``linear_solver="auto"`` uses the normal equations from this many residuals on: the
 #: QR of a tall ``m x (n+1)`` matrix dominates the step there, while the normal
 #: equations cost one ``O(m n^2)`` product (accumulated in float32 or wider).
@@ -76,6 +78,7 @@ def clear_cache() -> None:
     with _cache_lock:
         _cache.clear()
         _m_cache.clear()
+        _points.clear()
         _stats.update(hits=0, misses=0)
 
 
@@ -453,7 +456,12 @@ def solve_nlsq(
             return jnp.ravel(out)
         return ravel_pytree(out)[0]
 
-    m = _residual_size(residual, unravel, x0, x0_flat, args)
+    # a new data length of a residual seen before: size and point axes from the memo
+    recalled = _points.recall(residual, x0_flat, args) if jac in ("fwd", "rev") else None
+    if recalled is not None:
+        m = recalled[0]
+    else:
+        m = _residual_size(residual, unravel, x0, x0_flat, args)
 
     lb, ub = _broadcast_bounds(as_bounds(bounds, n), n, top_dt)
     bounds_known = is_concrete((lb, ub))
@@ -520,9 +528,12 @@ def solve_nlsq(
     # rows are zero), in both drivers, so a new length in the bucket compiles nothing.
     pad = None
     if linear_solver == "qr" and jac in ("fwd", "rev") and args and bucket(m) != m:
-        q_axes = _point_axes(residual, fun_flat, x0, x0_flat, args, m)
+        q_axes = recalled[1] if recalled is not None else \
+            _point_axes(residual, fun_flat, x0, x0_flat, args, m)
         if q_axes is not None:
             pad = (q_axes, bucket(m))
+            if recalled is None:
+                _points.remember(residual, x0_flat, args, q_axes)
     if driver not in ("auto", "host", "fused"):
         raise ValueError(f"driver must be 'auto', 'host' or 'fused', got {driver!r}")
     # ------------------------------------------------------------------ compiled solver
