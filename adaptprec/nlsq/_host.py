@@ -139,6 +139,18 @@ def _ctl(st):
     return jnp.stack([st.status, st.rung]).astype(jnp.int32)
 
 
+def _ev_avals(n: int, top) -> tuple:
+    """An evaluation's result ``(cost, R, qtf, fsn, jac_ok)``: the contract between a
+    residual's ``evaluate`` program and the step program (checked when tracing)."""
+    sds = jax.ShapeDtypeStruct
+    return (sds((), top), sds((n, n), top), sds((n,), top), sds((), top), sds((), np.bool_))
+
+
+def _ev_packer(n: int, top) -> Packer:
+    """:func:`_ev_avals` packed into one vector of the top dtype."""
+    return Packer(_ev_avals(n, top), bool_as=top)
+
+
 class StepPrograms(NamedTuple):
     """The compiled ``init``/``step`` of one step configuration, on packed state (see
     :mod:`._pack`): ``init(x0, ctx, m) -> (carry, z, ctl)`` and
@@ -194,8 +206,11 @@ def _build_step_programs(cfg: LoopConfig) -> StepPrograms:
         st, prop = init_tree(x0, ctx_packer.unpack(ctxv), m)
         return carry_packer.pack((st, prop)), prop.z, _ctl(st)
 
+    ev_packer = _ev_packer(scfg.n, top)
+
     def step(carry, ev, ctxv, m):
         st, prop = carry_packer.unpack(carry)
+        ev = ev_packer.unpack(ev)
         ctx = (None, *ctx_packer.unpack(ctxv))
         run = loop(m)
         new = run.finish(run.advance(st, prop, ev, ctx))   # finish: as the fused driver
@@ -243,8 +258,15 @@ def _eval_program(cfg: LoopConfig, traced, is_padded: bool):
         run = build_loop(fun, ecfg, None, None, None)
         args_all = tuple(cast_floating(args, d) for d in rungs)
         if len(rungs) == 1:
-            return run.fj_branches[0](z, args_all, f_scale)
-        return jax.lax.switch(rung, run.fj_branches, z, args_all, f_scale)
+            ev = run.fj_branches[0](z, args_all, f_scale)
+        else:
+            ev = jax.lax.switch(rung, run.fj_branches, z, args_all, f_scale)
+        got = [(a.shape, np.dtype(a.dtype)) for a in jax.tree.leaves(ev)]
+        want = [(a.shape, np.dtype(a.dtype)) for a in _ev_avals(cfg.n, rungs[-1])]
+        if got != want:
+            raise AssertionError(f"evaluation result {got} does not match the step "
+                                 f"program's layout {want}")
+        return _ev_packer(cfg.n, rungs[-1]).pack(ev)
 
     key = ("eval", tuple(tr.key for tr in traced), is_padded, cfg.n, cfg.rungs, cfg.loss,
            cfg.jac, cfg.linear_solver)

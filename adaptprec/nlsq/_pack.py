@@ -10,13 +10,16 @@ and the host loop carries the packed vectors from call to call.
 Example:
     >>> import jax, jax.numpy as jnp, numpy as np
     >>> from adaptprec.nlsq._pack import Packer
-    >>> tree = {"a": jnp.ones((2, 2)), "b": jnp.asarray(3, jnp.int32), "c": jnp.zeros(3)}
+    >>> tree = {"a": jnp.ones((2, 2)), "b": jnp.asarray(3, jnp.int32), "c": jnp.zeros(3),
+    ...         "d": jnp.asarray(True)}
     >>> p = Packer(jax.eval_shape(lambda: tree))
     >>> [v.shape for v in p.pack(tree)]
-    [(7,), (1,)]
+    [(7,), (2,)]
     >>> back = p.unpack(p.pack(tree))
-    >>> bool(jnp.all(back["a"] == 1.0)), int(back["b"]), p.unpack_numpy(p.pack(tree))["c"].shape
-    (True, 3, (3,))
+    >>> bool(jnp.all(back["a"] == 1.0)), int(back["b"]), back["d"].dtype
+    (True, 3, dtype('bool'))
+    >>> p.unpack_numpy(p.pack(tree))["c"].shape
+    (3,)
 """
 
 from __future__ import annotations
@@ -31,15 +34,19 @@ __all__ = ["Packer"]
 class Packer:
     """Packs trees with the structure and avals of ``avals`` (a pytree of
     ``ShapeDtypeStruct``) into a tuple of 1-D arrays, one per dtype (in order of first
-    appearance)."""
+    appearance); booleans travel in the ``bool_as`` group (exact: 0/1)."""
 
-    def __init__(self, avals):
+    def __init__(self, avals, bool_as=np.int32):
         leaves, self.treedef = jax.tree.flatten(avals)
         self.dtypes: list = []
         self.slots: list = []          # per leaf: (group, start, size, shape)
+        self.bools: list = []          # per leaf: stored as bool_as, given back as bool
         sizes: dict = {}
         for a in leaves:
             dt = np.dtype(a.dtype)
+            self.bools.append(dt == np.bool_ and bool_as is not None)
+            if self.bools[-1]:
+                dt = np.dtype(bool_as)
             if dt not in sizes:
                 sizes[dt] = 0
                 self.dtypes.append(dt)
@@ -66,6 +73,7 @@ class Packer:
 
     def _unpack(self, vecs, xnp):
         leaves = [xnp.reshape(vecs[g][s:s + k], shape) for g, s, k, shape in self.slots]
+        leaves = [v != 0 if b else v for v, b in zip(leaves, self.bools)]
         return jax.tree.unflatten(self.treedef, leaves)
 
     def unpack(self, vecs):
