@@ -14,7 +14,8 @@ Where: ``$ADAPTPREC_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/adaptprec``, else
 cache off: nothing is read or written. The variable is read at every lookup, so it can be
 changed in a running process.
 
-Keys: the program's key and argument shapes/dtypes, the compiler options, the jax and
+Keys: the program's key and argument shapes/dtypes, the compiler options, whether x64 is
+on, the jax and
 jaxlib versions, a hash of adaptprec's own source files (a changed library never loads an
 old program), the backend, device kind and platform version, and the CPU (machine and
 instruction-set flags). A key whose text holds a memory address (``0x...``: a program
@@ -32,7 +33,7 @@ any pickle, an entry runs code when loaded: the directory must be writable only 
 Example:
     >>> import os, tempfile, jax, jax.numpy as jnp
     >>> from adaptprec import _disk_cache as dc
-    >>> d = tempfile.mkdtemp()
+    >>> saved, d = os.environ.get("ADAPTPREC_CACHE_DIR"), tempfile.mkdtemp()
     >>> os.environ["ADAPTPREC_CACHE_DIR"] = d
     >>> f = jax.jit(lambda x: 2.0 * x)
     >>> c = dc.compiled(f, ("doc", "twice"), (jnp.ones(3),))
@@ -42,6 +43,8 @@ Example:
     2.0
     >>> dc.stats()["disk_hits"] >= 1
     True
+    >>> _ = (os.environ.pop("ADAPTPREC_CACHE_DIR") if saved is None
+    ...      else os.environ.update(ADAPTPREC_CACHE_DIR=saved))
 """
 
 from __future__ import annotations
@@ -235,7 +238,9 @@ def _entry(key) -> tuple[str | None, str | None, str | None]:
     directory = cache_dir()
     if directory is None:
         return None, None, None
-    full_key = repr((_environment(), key))
+    from .precision import x64_enabled
+
+    full_key = repr((_environment(), x64_enabled(), key))
     if "0x" in full_key:  # an object's address: not stable across processes
         return None, None, None
     name = hashlib.sha256(full_key.encode()).hexdigest()[:40] + ".xla"
