@@ -94,10 +94,11 @@ def cache_info() -> dict:
 
 
 def resolve_ladder(precision) -> Ladder:
-    """The ladder for ``precision``: ``"adaptive"`` is ``f32 -> f64`` (``f32`` alone when
-    ``jax_enable_x64`` is off: bf16 is not faster than f32 on CPU and loses too much for a
-    Jacobian), a :class:`~adaptprec.Ladder` or ``"f32,f64"`` string is used as given, and a
-    single dtype means fixed precision.
+    """The ladder for ``precision``: ``"adaptive"`` is ``f32 -> f64`` (bf16 is not faster
+    than f32 on CPU and loses too much for a Jacobian), a :class:`~adaptprec.Ladder` or
+    ``"f32,f64"`` string is used as given, and a single dtype means fixed precision.
+    ``"adaptive"`` with ``jax_enable_x64`` off raises ``ValueError`` (a float32-only answer
+    only when asked for; the entry points run eager calls inside ``jax.enable_x64(True)``).
 
     Example:
         >>> from adaptprec.nlsq.solve import resolve_ladder
@@ -107,7 +108,12 @@ def resolve_ladder(precision) -> Ladder:
     if isinstance(precision, Ladder):
         return precision
     if isinstance(precision, str) and precision.strip().lower() == "adaptive":
-        return Ladder(["f32", "f64"]) if x64_enabled() else Ladder(["f32"])
+        if not x64_enabled():
+            raise ValueError(
+                "precision='adaptive' ends on float64, but jax_enable_x64 is off here: "
+                "call resolve_ladder inside jax.enable_x64(True) (as the eager entry points "
+                "do), or ask for float32 explicitly with precision='f32'.")
+        return Ladder(["f32", "f64"])
     if isinstance(precision, str) and ("," in precision or ">" in precision):
         return Ladder.parse(precision)
     if isinstance(precision, (list, tuple)):
