@@ -3,8 +3,19 @@
 The library itself never flips this flag; tests of the x64-off error run in a subprocess.
 """
 
+import atexit
+import os
+import shutil
+import tempfile
+
 import jax
 
 jax.config.update("jax_enable_x64", True)
+
+# adaptprec's on-disk program cache (adaptprec/_disk_cache.py): a fresh directory for this
+# session (inherited by subprocesses), never the user's
+_CACHE = tempfile.mkdtemp(prefix="adaptprec-test-cache-")
+os.environ["ADAPTPREC_CACHE_DIR"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, True)
 
 collect_ignore_glob = ["adaptprec/__main__.py"]

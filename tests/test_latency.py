@@ -208,6 +208,13 @@ assert len(set(msgs)) == 1 and "jax_enable_x64" in msgs[0], msgs
 popt, _ = ap.curve_fit(lambda t, a, k: a * jnp.exp(-k * t), t, np.exp(-t), p0=[1.0, 1.0],
                        precision="f32")
 print(popt.dtype)
+try:   # "adaptive" never silently means float32 alone
+    ap.nlsq.resolve_ladder("adaptive")
+    raise SystemExit("resolve_ladder('adaptive') with x64 off: no error")
+except ValueError as e:
+    assert "precision='f32'" in str(e), e
+with jax.enable_x64(True):
+    assert len(ap.nlsq.resolve_ladder("adaptive").rungs) == 2
 """
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-__all__ = ["bucket", "pad_points", "padded_avals"]
+__all__ = ["bucket", "pad_points", "padded_avals", "PointMemo"]
 
 MIN_BUCKET = 16
 
@@ -54,3 +54,74 @@ def pad_points(args, axes, m: int, M: int):
     out = [a if ax is None else np.take(np.asarray(a), idx, axis=ax)
            for a, ax in zip(leaves, axes)]
     return jax.tree.unflatten(treedef, out)
+
+
+# ----------------------------------------------------------------------------- memo
+class PointMemo:
+    """Remembers, per residual *object* (weakly: a dropped residual is forgotten), the
+    point axes the pointwise analysis proved for an argument structure, so that a new
+    data length needs neither a trace for its size nor a new analysis: the residual's
+    size is the data leaves' common length along their point axes. (Programs are already
+    traced at the bucket length, not at each length, so this assumes nothing more.)
+
+    Example:
+        >>> import numpy as np
+        >>> from adaptprec.nlsq._buckets import PointMemo
+        >>> memo, f = PointMemo(), (lambda p, t, y: p[0] * t - y)
+        >>> memo.remember(f, np.ones(2), (np.ones(5), np.ones(5)), (0, 0))
+        >>> memo.recall(f, np.ones(2), (np.ones(7), np.ones(7)))
+        (7, (0, 0))
+        >>> memo.recall(f, np.ones(2), (np.ones(7), np.ones(6))) is None
+        True
+    """
+
+    def __init__(self):
+        import weakref
+
+        self._memo = weakref.WeakKeyDictionary()
+
+    @staticmethod
+    def _key(x0, args, axes):
+        leaves, treedef = jax.tree.flatten(args)
+        if len(leaves) != len(axes):
+            return None, None
+        lengths, sig = set(), []
+        for a, ax in zip(leaves, axes):
+            shape = list(np.shape(a))
+            if ax is not None:
+                if ax >= len(shape):
+                    return None, None
+                lengths.add(shape[ax])
+                shape[ax] = -1
+            sig.append((tuple(shape), str(jax.numpy.result_type(a))))
+        if len(lengths) != 1:
+            return None, None
+        x_sig = (np.shape(x0), str(jax.numpy.result_type(x0)))
+        return (x_sig, treedef, tuple(sig)), lengths.pop()
+
+    def recall(self, residual, x0, args):
+        """``(m, axes)`` for these arguments if remembered, else ``None``."""
+        try:
+            entries = self._memo.get(residual)
+        except TypeError:  # not weak-referenceable
+            return None
+        for axes, key in list(entries.items()) if entries else ():
+            k, m = self._key(x0, args, axes)
+            if k is not None and k == key:
+                return m, axes
+        return None
+
+    def clear(self) -> None:
+        self._memo.clear()
+
+    def remember(self, residual, x0, args, axes) -> None:
+        key, _ = self._key(x0, args, axes)
+        if key is None:
+            return
+        try:
+            entries = self._memo.setdefault(residual, {})
+        except TypeError:
+            return
+        entries[axes] = key
+        if len(entries) > 8:
+            entries.pop(next(iter(entries)))

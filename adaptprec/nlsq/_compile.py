@@ -43,6 +43,7 @@ def tuned_jit(fn, options: dict | None, *, plain_fn=None, **jit_kwargs):
     if not options:
         plain.plain = plain.tuned = plain
         plain.plain_fn = plain_fn or fn
+        plain.options = None
         return plain
     tuned = jax.jit(fn, compiler_options=dict(options), **jit_kwargs)
 
@@ -51,6 +52,7 @@ def tuned_jit(fn, options: dict | None, *, plain_fn=None, **jit_kwargs):
 
     call.plain, call.tuned = plain, tuned
     call.__wrapped__, call.plain_fn = fn, plain_fn or fn
+    call.options = dict(options)
     return call
 
 

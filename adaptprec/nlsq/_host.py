@@ -36,16 +36,19 @@ from __future__ import annotations
 
 import collections
 import threading
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _disk_cache
 from .._policy import cast_floating
 from ._buckets import pad_points, padded_avals
 from ._compile import cpu_jit
 from ._identity import jaxpr_function, trace_residual
 from ._loop import LoopConfig, build_loop
+from ._pack import Packer
 from .common import Status
 from .result import NLSQResult
 from .trf import active_constraints, cl_scaling, make_strictly_feasible
@@ -71,7 +74,9 @@ _stats = {"programs_built": 0, "program_hits": 0, "traces": 0}
 
 
 def clear_cache() -> None:
-    """Drop the host driver's programs and traced residuals."""
+    """Drop the host driver's programs and traced residuals, and the compiled programs
+    held in memory by :mod:`adaptprec._disk_cache` (its disk entries stay)."""
+    _disk_cache.clear_memory()
     with _lock:
         _programs.clear()
         _prepared.clear()
@@ -105,6 +110,8 @@ def host_eligible(cfg: LoopConfig, throw: bool, *trees) -> bool:
 
 
 def _program(key, build):
+    """The program built by ``build()`` for ``key`` (built once per process; its
+    compiled executables come from :mod:`adaptprec._disk_cache` by ``key``)."""
     with _lock:
         fn = _programs.get(key)
         if fn is not None:
@@ -112,6 +119,8 @@ def _program(key, build):
             _stats["program_hits"] += 1
             return fn
     fn = build()
+    if not isinstance(fn, StepPrograms):
+        fn.cache_key = key
     with _lock:
         _programs[key] = fn
         _stats["programs_built"] += 1
@@ -130,15 +139,47 @@ def _ctl(st):
     return jnp.stack([st.status, st.rung]).astype(jnp.int32)
 
 
-def _step_programs(cfg: LoopConfig):
+def _ev_avals(n: int, top) -> tuple:
+    """An evaluation's result ``(cost, R, qtf, fsn, jac_ok)``: the contract between a
+    residual's ``evaluate`` program and the step program (checked when tracing)."""
+    sds = jax.ShapeDtypeStruct
+    return (sds((), top), sds((n, n), top), sds((n,), top), sds((), top), sds((), np.bool_))
+
+
+def _ev_packer(n: int, top) -> Packer:
+    """:func:`_ev_avals` packed into one vector of the top dtype."""
+    return Packer(_ev_avals(n, top), bool_as=top)
+
+
+class StepPrograms(NamedTuple):
+    """The compiled ``init``/``step`` of one step configuration, on packed state (see
+    :mod:`._pack`): ``init(x0, ctx, m) -> (carry, z, ctl)`` and
+    ``step(carry, ev, ctx, m) -> (carry, z, ctl)``, where ``carry`` packs the loop state
+    and the proposal, ``ctx`` the per-solve constants (:attr:`ctx_packer`) and ``ctl`` is
+    ``[status, rung]``."""
+
+    init: Any
+    step: Any
+    carry: Packer  #: ``(state, proposal)``
+    ctx: Packer  #: ``(lb, ub, scale_inv0, f_scale, ftol, xtol, gtol, x0)``
+
+
+def _step_programs(cfg: LoopConfig) -> StepPrograms:
+    key = ("step", _step_cfg(cfg))
+    return _program(key, lambda: _build_step_programs(cfg))
+
+
+def _build_step_programs(cfg: LoopConfig) -> StepPrograms:
     from .solve import method_fns
 
     scfg = _step_cfg(cfg)
+    top = np.dtype(scfg.rungs[-1])
 
     def loop(m):
         return build_loop(None, scfg, *method_fns(scfg.method, m))
 
-    def init(x0, ctx, m):
+    def init_tree(x0, ctx, m):
+        ctx = (None, *ctx)
         if scfg.has_bounds:
             x0 = make_strictly_feasible(x0, ctx[1], ctx[2])
         run = loop(m)
@@ -147,19 +188,41 @@ def _step_programs(cfg: LoopConfig):
         # but z = x0 is used, so zeros stand in for the step (no step compiled here).
         shape = jax.eval_shape(run.propose, st, ctx)
         prop = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape)
-        return st, prop._replace(z=st.x), _ctl(st)
+        return st, prop._replace(z=st.x)
 
-    def step(st, prop, ev, ctx, m):
+    vec, sca = jax.ShapeDtypeStruct((scfg.n,), top), jax.ShapeDtypeStruct((), top)
+    ctx_packer = Packer((vec, vec, vec, sca, sca, sca, sca, vec))
+    # the state's layout: from an earlier process (disk cache) or by tracing ``init``
+    carry_packer = _disk_cache.load_meta(("step-layout", scfg))
+    if not isinstance(carry_packer, Packer):
+        ctx_avals = tuple(jax.ShapeDtypeStruct((k,), d)
+                          for k, d in zip(ctx_packer.sizes, ctx_packer.dtypes))
+        carry_packer = Packer(jax.eval_shape(
+            lambda x0, ctxv, m: init_tree(x0, ctx_packer.unpack(ctxv), m), vec, ctx_avals,
+            jax.ShapeDtypeStruct((), jnp.int32)))
+        _disk_cache.store_meta(("step-layout", scfg), carry_packer)
+
+    def init(x0, ctxv, m):
+        st, prop = init_tree(x0, ctx_packer.unpack(ctxv), m)
+        return carry_packer.pack((st, prop)), prop.z, _ctl(st)
+
+    ev_packer = _ev_packer(scfg.n, top)
+
+    def step(carry, ev, ctxv, m):
+        st, prop = carry_packer.unpack(carry)
+        ev = ev_packer.unpack(ev)
+        ctx = (None, *ctx_packer.unpack(ctxv))
         run = loop(m)
         new = run.finish(run.advance(st, prop, ev, ctx))   # finish: as the fused driver
         # a finished solve is left as it is: the host queues a few iterations at a time
         running = st.status == Status.RUNNING
         st = jax.tree.map(lambda a, b: jnp.where(running, a, b), new, st)
-        return st, run.propose(st, ctx), _ctl(st)
+        prop = run.propose(st, ctx)
+        return carry_packer.pack((st, prop)), prop.z, _ctl(st)
 
-    key = ("step", scfg)
-    return (_program(key + ("init",), lambda: cpu_jit(init, optimise=False)),
-            _program(key + ("step",), lambda: cpu_jit(step, optimise=False)))
+    init, step = cpu_jit(init, optimise=False), cpu_jit(step, optimise=False)
+    init.cache_key, step.cache_key = ("step", scfg, "init"), ("step", scfg, "step")
+    return StepPrograms(init, step, carry_packer, ctx_packer)
 
 
 # ----------------------------------------------------------------------------- residual
@@ -186,7 +249,8 @@ def _eval_program(cfg: LoopConfig, traced, is_padded: bool):
     rungs = cfg.rungs
     ecfg = cfg._replace(schedule=None, point_axes=None)
 
-    def evaluate(rung, z, consts, mask, args, f_scale):
+    def evaluate(ctl, z, consts, mask, args, f_scale):
+        rung = ctl[1]
         by_dtype = {np.dtype(d): jaxpr_function(tr.jaxpr, c)
                     for d, tr, c in zip(rungs, traced, consts)}
         fun = masked(lambda x, *a: by_dtype[np.dtype(x.dtype)](x, *a),
@@ -194,8 +258,15 @@ def _eval_program(cfg: LoopConfig, traced, is_padded: bool):
         run = build_loop(fun, ecfg, None, None, None)
         args_all = tuple(cast_floating(args, d) for d in rungs)
         if len(rungs) == 1:
-            return run.fj_branches[0](z, args_all, f_scale)
-        return jax.lax.switch(rung, run.fj_branches, z, args_all, f_scale)
+            ev = run.fj_branches[0](z, args_all, f_scale)
+        else:
+            ev = jax.lax.switch(rung, run.fj_branches, z, args_all, f_scale)
+        got = [(a.shape, np.dtype(a.dtype)) for a in jax.tree.leaves(ev)]
+        want = [(a.shape, np.dtype(a.dtype)) for a in _ev_avals(cfg.n, rungs[-1])]
+        if got != want:
+            raise AssertionError(f"evaluation result {got} does not match the step "
+                                 f"program's layout {want}")
+        return _ev_packer(cfg.n, rungs[-1]).pack(ev)
 
     key = ("eval", tuple(tr.key for tr in traced), is_padded, cfg.n, cfg.rungs, cfg.loss,
            cfg.jac, cfg.linear_solver)
@@ -258,21 +329,31 @@ def _prepare(residual, fun_flat, x0_flat, args, cfg: LoopConfig, pad):
 
 
 # ----------------------------------------------------------------------------- driver
-def _host_loop(init, step, evaluate, x0, consts, mask, args, ctx, m):
-    st, prop, ctl = init(x0, ctx, m)
+def _compiled(prog, *args):
+    """``prog``'s executable for these arguments (memory, disk cache, or compiled)."""
+    return _disk_cache.compiled(prog.tuned, prog.cache_key, args, prog.options)
+
+
+def _host_loop(init, step, evaluate, x0, consts, mask, args, ctx, f_scale, m):
+    carry, z, ctl = _compiled(init, x0, ctx, m)(x0, ctx, m)
+    # the executables are looked up once per solve and called directly in the loop
+    evaluate = _compiled(evaluate, ctl, z, consts, mask, args, f_scale)
+    ev = evaluate(ctl, z, consts, mask, args, f_scale)
+    step = _compiled(step, carry, ev, ctx, m)
+    carry, z, ctl = step(carry, ev, ctx, m)
     # Iterations are queued QUEUE at a time (JAX dispatches asynchronously) and the
     # status is read back once per batch: a finished solve is a no-op in `step`, so the
     # extra iterations change nothing but cost a little compute, far less than waiting
     # for every result on a busy CPU.
     while True:
         for _ in range(QUEUE):
-            ev = evaluate(st.rung, prop.z, consts, mask, args, ctx[4])
-            st, prop, ctl = step(st, prop, ev, ctx, m)
+            ev = evaluate(ctl, z, consts, mask, args, f_scale)
+            carry, z, ctl = step(carry, ev, ctx, m)
         if int(np.asarray(ctl)[0]) != Status.RUNNING:
-            return st
+            return carry
 
 
-def _promoted(progs, traced, is_padded, cfg):
+def _promoted(sp: StepPrograms, evaluate, traced, is_padded, cfg):
     """The same iteration fused into one ``while_loop`` for a residual computation (and
     bucket) solved more than :data:`PROMOTE_AFTER` times in this process: repeated fits
     of one model then run at compiled speed, no host round trips. Its iterates are those
@@ -291,20 +372,16 @@ def _promoted(progs, traced, is_padded, cfg):
             _uses.pop(next(iter(_uses)))
         if _uses[key] <= PROMOTE_AFTER:
             return None
-    init, step, evaluate = (p.plain_fn for p in progs)
+    init, step, evaluate = sp.init.plain_fn, sp.step.plain_fn, evaluate.plain_fn
 
-    def solve(x0, consts, mask, args, ctx, m):
-        st, prop, _ = init(x0, ctx, m)
-
+    def solve(x0, consts, mask, args, ctx, f_scale, m):
         def body(c):
-            st, prop = c
-            ev = evaluate(st.rung, prop.z, consts, mask, args, ctx[4])
-            st, prop, _ = step(st, prop, ev, ctx, m)
-            return st, prop
+            carry, z, ctl = c
+            return step(carry, evaluate(ctl, z, consts, mask, args, f_scale), ctx, m)
 
-        st, _ = jax.lax.while_loop(lambda c: c[0].status == Status.RUNNING, body,
-                                   (st, prop))
-        return st
+        carry, _, _ = jax.lax.while_loop(lambda c: c[2][0] == Status.RUNNING, body,
+                                         init(x0, ctx, m))
+        return carry
 
     return _program(key, lambda: cpu_jit(solve, optimise=PROMOTED_OPTIMISE)).tuned
 
@@ -321,45 +398,47 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
     is_padded = pad is not None
     if is_padded:
         axes, M = pad
-        args = jax.device_put(pad_points(args, axes, m, M))
-        mask = jax.device_put(np.arange(M) < m)
+        args = pad_points(args, axes, m, M)
+        mask = np.arange(M) < m
+        args, mask = jax.device_put((args, mask))
     else:
         mask = None
-    # inputs are concrete here: call the option-tuned jit directly (skips the check)
-    progs = _step_programs(cfg) + (_eval_program(cfg, traced, is_padded),)
-    final = _final_program(cfg, traced[-1], is_padded).tuned
+        args = jax.device_put(args)
+    sp = _step_programs(cfg)
+    evaluate = _eval_program(cfg, traced, is_padded)
+    final = _final_program(cfg, traced[-1], is_padded)
 
     def arr(v):
         return np.asarray(v, top)
 
-    ctx = (None, arr(lb), arr(ub), arr(scale_inv0), arr(f_scale), arr(ftol), arr(xtol),
-           arr(gtol), arr(x0))   # x0: where the top rung restarts after a lower rung's budget
+    lb, ub, fs, xtol = arr(lb), arr(ub), arr(f_scale), arr(xtol)
+    # x0 last: where the top rung restarts after a lower rung's budget
+    ctx_tree = (lb, ub, arr(scale_inv0), fs, arr(ftol), xtol, arr(gtol), arr(x0))
+    x0 = np.asarray(x0, top)
     m_arr = np.asarray(m, np.int32)
-    fs = ctx[4]
     consts = tuple(tr.consts for tr in traced)
-    fused = _promoted(progs, traced, is_padded, cfg)
+    ctx, fs_d, m_d, consts = jax.device_put((sp.ctx.pack_numpy(ctx_tree), fs, m_arr,
+                                             consts))
+    fused = _promoted(sp, evaluate, traced, is_padded, cfg)
     if fused is not None:
-        st = fused(np.asarray(x0, top), consts, mask, args, ctx, m_arr)
+        carry = fused(x0, consts, mask, args, ctx, fs_d, m_d)
     else:
-        st = _host_loop(*(p.tuned for p in progs), np.asarray(x0, top), consts, mask,
-                        args, ctx, m_arr)
-    f, Js, g, cost, optimality, active = final(st.x, consts[-1], mask, args, fs, ctx[1],
-                                               ctx[2], ctx[6])
-    (x, f, Js, g, cost, optimality, active, nfev, njev, nit, st_status, st_rung, esc,
-     entered, rnfev, reason) = jax.device_get(
-        (st.x, f, Js, g, cost, optimality, active, st.nfev, st.njev, st.nit, st.status,
-         st.rung, st.escalations, st.rung_entered, st.rung_nfev, st.esc_reason))
+        # inputs are concrete here: call the option-tuned jit directly (skips the check)
+        carry = _host_loop(sp.init, sp.step, evaluate, x0, consts, mask, args, ctx, fs_d,
+                           m_d)
+    carry = jax.device_get(carry)
+    st, _ = sp.carry.unpack_numpy(carry)
+    fargs = (st.x, consts[-1], mask, args, fs_d, lb, ub, xtol)
+    out = jax.device_get(_compiled(final, *fargs)(*fargs))
+    f, Js, g, cost, optimality, active = out
     if is_padded:
         f, Js = f[:m], Js[:m]
-    if x0_shape is not None:
-        x_out = jax.device_put(x.reshape(x0_shape))
-    else:
-        x_out = unravel(jax.device_put(x))
-    put = jax.device_put
-    return NLSQResult(
-        x=x_out, cost=put(cost), fun=put(f), jac=put(Js), grad=put(g),
-        optimality=put(optimality), active_mask=put(active), nfev=put(nfev),
-        njev=put(njev + np.ones_like(njev)), nit=put(nit), status=put(st_status),
-        rung=put(st_rung), escalations=put(esc), rung_entered=put(entered),
-        rung_nfev=put(rnfev), escalation_reason=put(reason),
-        ladder=tuple(np.dtype(d) for d in rungs))
+    x = st.x.reshape(x0_shape) if x0_shape is not None else st.x
+    fields = jax.device_put(dict(
+        x=x, cost=cost, fun=f, jac=Js, grad=g, optimality=optimality, active_mask=active,
+        nfev=st.nfev, njev=st.njev + np.ones_like(st.njev), nit=st.nit, status=st.status,
+        rung=st.rung, escalations=st.escalations, rung_entered=st.rung_entered,
+        rung_nfev=st.rung_nfev, escalation_reason=st.esc_reason))
+    if x0_shape is None:
+        fields["x"] = unravel(fields["x"])
+    return NLSQResult(**fields, ladder=tuple(np.dtype(d) for d in rungs))

@@ -330,7 +330,8 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
     else:
         pcov = xnp_c.full_like(pcov, np.inf)
     if is_concrete(pcov):
-        if concrete and not bool(res.success):
+        # the status on the host (res.success would compile an eager comparison)
+        if concrete and not int(np.asarray(res.status)) > 0:
             raise RuntimeError("Optimal parameters not found: " + res.message)
         if np.any(np.isinf(np.asarray(pcov))):
             warnings.warn("Covariance of the parameters could not be estimated (inf "

@@ -34,7 +34,7 @@ from ..precision import Ladder, canonical_dtype, x64_enabled
 from ._blocks import PointBlocks
 from ._compile import cpu_jit
 from ._errors import explain_trace_error
-from ._buckets import bucket
+from ._buckets import PointMemo, bucket
 from ._host import host_eligible, host_solve, masked
 from ._loop import LoopConfig, build_loop, default_schedule
 from ._pointwise import point_axes
@@ -60,6 +60,8 @@ _cache: collections.OrderedDict = collections.OrderedDict()
 _cache_lock = threading.Lock()
 _stats = {"hits": 0, "misses": 0}
 _m_cache: dict = {}
+#: point axes per residual object (a new data length is neither traced nor analysed)
+_points = PointMemo()
 #: ``linear_solver="auto"`` uses the normal equations from this many residuals on: the
 #: QR of a tall ``m x (n+1)`` matrix dominates the step there, while the normal
 #: equations cost one ``O(m n^2)`` product (accumulated in float32 or wider).
@@ -77,6 +79,7 @@ def clear_cache() -> None:
     with _cache_lock:
         _cache.clear()
         _m_cache.clear()
+        _points.clear()
         _stats.update(hits=0, misses=0)
 
 
@@ -92,10 +95,11 @@ def cache_info() -> dict:
 
 
 def resolve_ladder(precision) -> Ladder:
-    """The ladder for ``precision``: ``"adaptive"`` is ``f32 -> f64`` (``f32`` alone when
-    ``jax_enable_x64`` is off: bf16 is not faster than f32 on CPU and loses too much for a
-    Jacobian), a :class:`~adaptprec.Ladder` or ``"f32,f64"`` string is used as given, and a
-    single dtype means fixed precision.
+    """The ladder for ``precision``: ``"adaptive"`` is ``f32 -> f64`` (bf16 is not faster
+    than f32 on CPU and loses too much for a Jacobian), a :class:`~adaptprec.Ladder` or
+    ``"f32,f64"`` string is used as given, and a single dtype means fixed precision.
+    ``"adaptive"`` with ``jax_enable_x64`` off raises ``ValueError`` (a float32-only answer
+    only when asked for; the entry points run eager calls inside ``jax.enable_x64(True)``).
 
     Example:
         >>> from adaptprec.nlsq.solve import resolve_ladder
@@ -105,7 +109,12 @@ def resolve_ladder(precision) -> Ladder:
     if isinstance(precision, Ladder):
         return precision
     if isinstance(precision, str) and precision.strip().lower() == "adaptive":
-        return Ladder(["f32", "f64"]) if x64_enabled() else Ladder(["f32"])
+        if not x64_enabled():
+            raise ValueError(
+                "precision='adaptive' ends on float64, but jax_enable_x64 is off here: "
+                "call resolve_ladder inside jax.enable_x64(True) (as the eager entry points "
+                "do), or ask for float32 explicitly with precision='f32'.")
+        return Ladder(["f32", "f64"])
     if isinstance(precision, str) and ("," in precision or ">" in precision):
         return Ladder.parse(precision)
     if isinstance(precision, (list, tuple)):
@@ -247,6 +256,10 @@ def _check_jac_shape(jac, x0_flat, args, m: int, n: int) -> None:
         raise TypeError(f"calling jac(x0, *args) failed while checking its shape: {exc}"
                         ) from exc
     check_jac_shape(tuple(out.shape), m, n)
+
+
+def _reshape_to(shape, flat):
+    return jnp.reshape(flat, shape)
 
 
 def _point_axes(residual, fun_flat, x0, x0_flat, args, m):
@@ -451,7 +464,11 @@ def solve_nlsq(
     rungs = ladder.rungs
     top_dt = np.dtype(rungs[-1])
 
-    x0_flat, unravel = ravel_pytree(x0)
+    if isinstance(x0, np.ndarray):
+        # NumPy: ravel_pytree's eager jnp reshape would compile (per shape, per process)
+        x0_flat, unravel = np.ravel(x0), functools.partial(_reshape_to, np.shape(x0))
+    else:
+        x0_flat, unravel = ravel_pytree(x0)
     if x0_flat.size == 0:
         raise ValueError("x0 has no elements; give at least one parameter")
     if not jnp.issubdtype(x0_flat.dtype, jnp.floating):
@@ -466,7 +483,12 @@ def solve_nlsq(
             return jnp.ravel(out)
         return ravel_pytree(out)[0]
 
-    m = _residual_size(residual, unravel, x0, x0_flat, args)
+    # a new data length of a residual seen before: size and point axes from the memo
+    recalled = _points.recall(residual, x0_flat, args) if jac in ("fwd", "rev") else None
+    if recalled is not None:
+        m = recalled[0]
+    else:
+        m = _residual_size(residual, unravel, x0, x0_flat, args)
 
     lb, ub = _broadcast_bounds(as_bounds(bounds, n), n, top_dt)
     bounds_known = is_concrete((lb, ub))
@@ -533,9 +555,12 @@ def solve_nlsq(
     # rows are zero), in both drivers, so a new length in the bucket compiles nothing.
     pad = None
     if linear_solver == "qr" and jac in ("fwd", "rev") and args and bucket(m) != m:
-        q_axes = _point_axes(residual, fun_flat, x0, x0_flat, args, m)
+        q_axes = recalled[1] if recalled is not None else \
+            _point_axes(residual, fun_flat, x0, x0_flat, args, m)
         if q_axes is not None:
             pad = (q_axes, bucket(m))
+            if recalled is None:
+                _points.remember(residual, x0_flat, args, q_axes)
     if driver not in ("auto", "host", "fused"):
         raise ValueError(f"driver must be 'auto', 'host' or 'fused', got {driver!r}")
     # ------------------------------------------------------------------ compiled solver

@@ -1,0 +1,323 @@
+"""The library's own on-disk cache of compiled programs (for fresh processes).
+
+A new Python process compiles every program again: for a small ``curve_fit`` that is
+most of the first call (the trust-region step alone compiles in 0.2-0.4 s). Programs
+whose key is stable across processes (the host driver's step programs, keyed by their
+options; residual programs, keyed by the residual's closed jaxpr text, see
+:mod:`adaptprec.nlsq._identity`) are stored here with
+``jax.experimental.serialize_executable`` after they compile, and the next process loads
+them (a few ms) instead of compiling. JAX's global ``jax_compilation_cache_dir`` option is
+the user's switch and is never touched.
+
+Where: ``$ADAPTPREC_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/adaptprec``, else
+``~/.cache/adaptprec``. ``ADAPTPREC_CACHE_DIR=off`` (or ``0``/``none``/empty) turns the
+cache off: nothing is read or written. The variable is read at every lookup, so it can be
+changed in a running process.
+
+Keys: the program's key and argument shapes/dtypes, the compiler options, whether x64 is
+on, the jax and
+jaxlib versions, a hash of adaptprec's own source files (a changed library never loads an
+old program), the backend, device kind and platform version, and the CPU (machine and
+instruction-set flags). A key whose text holds a memory address (``0x...``: a program
+built from an object without a stable ``repr``) is kept in memory only.
+
+Safety: writes go to a temporary file then ``os.replace`` (readers never see half a
+file); an entry that fails to load (corrupt, truncated, written by another version, a
+hash collision: the full key is stored and compared) is deleted and the program
+recompiled. Size: at most :data:`MAX_BYTES` (default 256 MB,
+``$ADAPTPREC_CACHE_MAX_MB``); when a write goes over, the least recently used entries
+(by modification time; a load touches its file) are deleted down to 3/4 of it. Like
+any pickle, an entry runs code when loaded: the directory must be writable only by you
+(it is created with mode 0700).
+
+Example:
+    >>> import os, tempfile, jax, jax.numpy as jnp
+    >>> from adaptprec import _disk_cache as dc
+    >>> saved, d = os.environ.get("ADAPTPREC_CACHE_DIR"), tempfile.mkdtemp()
+    >>> os.environ["ADAPTPREC_CACHE_DIR"] = d
+    >>> f = jax.jit(lambda x: 2.0 * x)
+    >>> c = dc.compiled(f, ("doc", "twice"), (jnp.ones(3),))
+    >>> float(c(jnp.ones(3))[0]), len(os.listdir(d)) == 1
+    (2.0, True)
+    >>> dc.clear_memory(); float(dc.compiled(f, ("doc", "twice"), (jnp.ones(3),))(jnp.ones(3))[1])
+    2.0
+    >>> dc.stats()["disk_hits"] >= 1
+    True
+    >>> _ = (os.environ.pop("ADAPTPREC_CACHE_DIR") if saved is None
+    ...      else os.environ.update(ADAPTPREC_CACHE_DIR=saved))
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import os
+import pickle
+import platform
+import tempfile
+import threading
+
+import jax
+import numpy as np
+
+__all__ = ["cache_dir", "compiled", "load_meta", "store_meta", "stats", "clear_memory",
+           "MAX_BYTES"]
+
+_FORMAT = 1
+#: default size bound of the cache directory (bytes); ``$ADAPTPREC_CACHE_MAX_MB``
+MAX_BYTES = 256 * 2 ** 20
+_OFF = ("off", "0", "none", "false", "")
+_MEMORY_SIZE = 512
+
+_lock = threading.Lock()
+_memory: collections.OrderedDict = collections.OrderedDict()
+_stats = {"compiles": 0, "disk_hits": 0, "disk_writes": 0, "disk_errors": 0,
+          "memory_hits": 0}
+_fingerprint: list = []
+
+
+def cache_dir() -> str | None:
+    """The cache directory in use, or ``None`` when the cache is off (see the module
+    docstring)."""
+    env = os.environ.get("ADAPTPREC_CACHE_DIR")
+    if env is not None:
+        return None if env.strip().lower() in _OFF else os.path.expanduser(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                            ".cache")
+    return os.path.join(base, "adaptprec")
+
+
+def stats() -> dict:
+    """Counters: ``compiles``, ``disk_hits``, ``disk_writes``, ``disk_errors``,
+    ``memory_hits``."""
+    return dict(_stats)
+
+
+def clear_memory() -> None:
+    """Forget the programs held in memory (the disk entries stay) and reset
+    :func:`stats`."""
+    with _lock:
+        _memory.clear()
+        for k in _stats:
+            _stats[k] = 0
+
+
+def _source_hash() -> str:
+    root = os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            if name.endswith(".py"):
+                path = os.path.join(dirpath, name)
+                h.update(os.path.relpath(path, root).encode())
+                with open(path, "rb") as fh:
+                    h.update(fh.read())
+    return h.hexdigest()
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith(("flags", "Features")):
+                    return hashlib.sha256(line.encode()).hexdigest()[:16]
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _environment() -> tuple:
+    if not _fingerprint:
+        import jaxlib
+
+        dev = jax.devices()[0]
+        _fingerprint.append((_FORMAT, jax.__version__, jaxlib.__version__, _source_hash(),
+                             dev.platform, dev.device_kind, dev.client.platform_version,
+                             platform.machine(), _cpu_flags()))
+    return _fingerprint[0]
+
+
+def _aval(a):
+    weak = isinstance(a, (bool, int, float, complex))
+    if hasattr(a, "aval"):
+        weak = a.aval.weak_type
+    return (tuple(np.shape(a)), str(jax.numpy.result_type(a)), weak)
+
+
+def _signature(args) -> tuple:
+    leaves, treedef = jax.tree.flatten(args)
+    return str(treedef), tuple(_aval(a) for a in leaves)
+
+
+def _max_bytes() -> int:
+    try:
+        return int(float(os.environ["ADAPTPREC_CACHE_MAX_MB"]) * 2 ** 20)
+    except (KeyError, ValueError):
+        return MAX_BYTES
+
+
+def _init_custom_calls() -> None:
+    """Initialise what lowering would have: jaxlib's LAPACK kernels (the step programs
+    call LAPACK; an executable loaded in a process that never lowered a linear-algebra
+    op otherwise calls through null pointers and crashes, jax 0.10.2)."""
+    if not _lapack_ready:
+        from jax._src.lax.linalg import initialize_lapack
+
+        initialize_lapack()
+        _lapack_ready.append(True)
+
+
+_lapack_ready: list = []
+
+
+def _load(path: str, full_key: str):
+    from jax.experimental.serialize_executable import deserialize_and_load
+
+    try:
+        with open(path, "rb") as fh:
+            entry = pickle.load(fh)
+        if entry.get("key") != full_key:
+            return None  # a hash collision, or another format: recompile, overwrite
+        _init_custom_calls()
+        out = deserialize_and_load(entry["payload"], entry["in_tree"], entry["out_tree"])
+    except FileNotFoundError:
+        return None
+    except Exception:  # corrupt / truncated / incompatible: drop it and recompile
+        _stats["disk_errors"] += 1
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+        return None
+    try:
+        os.utime(path)  # least-recently-used order for the size bound
+    except OSError:
+        pass
+    return out
+
+
+def _store(directory: str, path: str, full_key: str, comp) -> None:
+    from jax.experimental.serialize_executable import serialize
+
+    try:
+        payload, in_tree, out_tree = serialize(comp)
+        data = pickle.dumps({"key": full_key, "payload": payload, "in_tree": in_tree,
+                             "out_tree": out_tree}, protocol=pickle.HIGHEST_PROTOCOL)
+        _write(directory, path, data)
+    except Exception:  # not serialisable, read-only or full disk: memory only
+        _stats["disk_errors"] += 1
+        return
+    _stats["disk_writes"] += 1
+    _trim(directory)
+
+
+def _trim(directory: str) -> None:
+    limit = _max_bytes()
+    try:
+        entries = [e for e in os.scandir(directory) if e.name.endswith(".xla")]
+        sizes = [(e.stat().st_mtime, e.stat().st_size, e.path) for e in entries]
+    except OSError:
+        return
+    total = sum(s for _, s, _ in sizes)
+    if total <= limit:
+        return
+    for _, size, path in sorted(sizes):
+        try:
+            os.remove(path)
+        except OSError:
+            continue
+        total -= size
+        if total <= 0.75 * limit:
+            break
+
+
+def _entry(key) -> tuple[str | None, str | None, str | None]:
+    """``(directory, path, full key)`` of ``key``'s entry; ``None`` s when the cache is
+    off or the key is not stable across processes."""
+    directory = cache_dir()
+    if directory is None:
+        return None, None, None
+    from .precision import x64_enabled
+
+    full_key = repr((_environment(), x64_enabled(), key))
+    if "0x" in full_key:  # an object's address: not stable across processes
+        return None, None, None
+    name = hashlib.sha256(full_key.encode()).hexdigest()[:40] + ".xla"
+    return directory, os.path.join(directory, name), full_key
+
+
+def load_meta(key):
+    """A small picklable object stored by :func:`store_meta` under ``key`` in an earlier
+    process, or ``None``."""
+    directory, path, full_key = _entry(("meta", key))
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            entry = pickle.load(fh)
+        if entry.get("key") == full_key:
+            return entry["value"]
+    except FileNotFoundError:
+        pass
+    except Exception:
+        _stats["disk_errors"] += 1
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+    return None
+
+
+def store_meta(key, value) -> None:
+    """Store ``value`` (picklable) under ``key`` for later processes (atomic)."""
+    directory, path, full_key = _entry(("meta", key))
+    if path is not None:
+        try:
+            _write(directory, path, pickle.dumps({"key": full_key, "value": value}))
+        except Exception:
+            _stats["disk_errors"] += 1
+
+
+def _write(directory: str, path: str, data: bytes) -> None:
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def compiled(jitted, key: tuple, args: tuple, options: dict | None = None):
+    """``jitted.lower(*args).compile()``, from memory, from the disk cache or compiled
+    (and then stored). ``key`` names the program (with ``jitted``'s compiler
+    ``options``, it must determine the program given the argument shapes); the result is
+    a ``jax.stages.Compiled`` to call with arguments of the same shapes and dtypes."""
+    sig = _signature(args)
+    mem_key = (key, sig)
+    with _lock:
+        hit = _memory.get(mem_key)
+        if hit is not None:
+            _memory.move_to_end(mem_key)
+            _stats["memory_hits"] += 1
+            return hit
+    directory, path, full_key = _entry((key, sig, sorted((options or {}).items())))
+    comp = _load(path, full_key) if path is not None else None
+    if comp is not None:
+        _stats["disk_hits"] += 1
+    else:
+        comp = jitted.lower(*args).compile()
+        _stats["compiles"] += 1
+        if path is not None:
+            _store(directory, path, full_key, comp)
+    with _lock:
+        _memory[mem_key] = comp
+        if len(_memory) > _MEMORY_SIZE:
+            _memory.popitem(last=False)
+    return comp

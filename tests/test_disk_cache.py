@@ -1,0 +1,118 @@
+"""adaptprec's on-disk cache of compiled programs (adaptprec/_disk_cache.py), across fresh
+processes: a cold process compiles and writes, a warm one loads (no compilation at all)
+and answers identically, corrupt entries are recompiled, ``off`` writes nothing. Every
+test uses its own temporary cache directory (the session's is set in conftest.py)."""
+
+import json
+import os
+
+import jax.numpy as jnp
+import pytest
+
+from _subprocess import run_python
+
+_FIT = """
+import json, os, sys
+os.environ.update({env!r})
+import numpy as np, jax.numpy as jnp
+from jax._src import monitoring
+from jax._src.dispatch import BACKEND_COMPILE_EVENT
+import adaptprec as ap
+from adaptprec import _disk_cache
+
+compiles = []
+monitoring.register_event_duration_secs_listener(
+    lambda e, d, **k: compiles.append(d) if e == BACKEND_COMPILE_EVENT else None)
+t = np.linspace(0.0, 4.0, 120)
+y = 2.5 * np.exp(-1.3 * t) + 0.5 + 0.01 * np.random.default_rng(0).standard_normal(120)
+popt, pcov = ap.curve_fit(lambda t, a, k, c: a * jnp.exp(-k * t) + c, t, y,
+                          p0=[1.0, 1.0, 0.0])
+print(json.dumps({{"popt": [float(v).hex() for v in popt],
+                  "pcov": [float(v).hex() for v in np.ravel(pcov)],
+                  "compiles": len(compiles), "stats": _disk_cache.stats()}}))
+"""
+
+
+def _fit(env: dict) -> dict:
+    proc = run_python(_FIT.format(env=env), x64=False)   # a scipy user's process
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _entries(d):
+    return sorted(f for f in os.listdir(d) if f.endswith(".xla")) if os.path.isdir(d) \
+        else []
+
+
+@pytest.fixture(scope="module")
+def cold(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("apcache"))
+    return d, _fit({"ADAPTPREC_CACHE_DIR": d})
+
+
+def test_cold_process_writes_and_warm_process_loads_without_compiling(cold):
+    d, first = cold
+    assert first["stats"]["compiles"] >= 4 and first["stats"]["disk_writes"] >= 4
+    written = _entries(d)
+    assert len(written) >= first["stats"]["disk_writes"]
+    second = _fit({"ADAPTPREC_CACHE_DIR": d})
+    assert second["stats"]["compiles"] == 0
+    assert second["stats"]["disk_hits"] == first["stats"]["compiles"]
+    assert second["compiles"] == 0          # no XLA compilation anywhere in the fit
+    assert second["popt"] == first["popt"] and second["pcov"] == first["pcov"]  # bits
+    assert _entries(d) == written
+
+
+def test_corrupt_entries_are_recompiled(cold, tmp_path):
+    d0, first = cold
+    d = str(tmp_path)
+    for name in _entries(d0):
+        with open(os.path.join(d0, name), "rb") as src:
+            data = src.read()
+        with open(os.path.join(d, name), "wb") as dst:   # truncated or garbage
+            dst.write(data[: len(data) // 3] if len(name) % 2 else b"not a program")
+    res = _fit({"ADAPTPREC_CACHE_DIR": d})
+    assert res["stats"]["disk_errors"] >= 1 and res["stats"]["compiles"] >= 1
+    assert res["popt"] == first["popt"]
+    # the bad entries were replaced: a further process loads everything
+    again = _fit({"ADAPTPREC_CACHE_DIR": d})
+    assert again["stats"]["compiles"] == 0 and again["stats"]["disk_errors"] == 0
+    assert again["popt"] == first["popt"]
+
+
+def test_off_writes_nothing(cold, tmp_path):
+    _, first = cold
+    home = str(tmp_path)
+    res = _fit({"ADAPTPREC_CACHE_DIR": "off", "HOME": home, "XDG_CACHE_HOME": home})
+    assert res["stats"]["disk_writes"] == 0 and res["stats"]["disk_hits"] == 0
+    assert res["popt"] == first["popt"]
+    assert not any(files for _, _, files in os.walk(home))
+
+
+def test_default_directory_follows_xdg(monkeypatch, tmp_path):
+    from adaptprec import _disk_cache
+
+    monkeypatch.delenv("ADAPTPREC_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert _disk_cache.cache_dir() == os.path.join(str(tmp_path), "adaptprec")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert _disk_cache.cache_dir() == os.path.join(os.path.expanduser("~"), ".cache",
+                                                   "adaptprec")
+    for off in ("off", "OFF", "0", "none", ""):
+        monkeypatch.setenv("ADAPTPREC_CACHE_DIR", off)
+        assert _disk_cache.cache_dir() is None
+
+
+def test_size_bound_drops_least_recently_used(monkeypatch, tmp_path):
+    import jax
+
+    from adaptprec import _disk_cache
+
+    monkeypatch.setenv("ADAPTPREC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ADAPTPREC_CACHE_MAX_MB", "0.05")   # ~52 kB: a few small programs
+    for k in range(12):
+        _disk_cache.compiled(jax.jit(lambda x, k=k: x * k + jnp.sin(x)), ("size-test", k),
+                             (jnp.ones(5),))
+    total = sum(os.path.getsize(os.path.join(tmp_path, f)) for f in _entries(tmp_path))
+    assert 0 < total <= 0.05 * 2 ** 20
+    assert len(_entries(tmp_path)) < 12
