@@ -333,9 +333,12 @@ def _model_program(top_dt):
     summed ``A = J^T J``, ``b = J^T f`` and cost."""
 
     def model(A, b, cost):
+        from ._host import _ev_packer
+
         R, qtf = _factor_gram(A, b)
         jok = jnp.all(jnp.isfinite(R)) & jnp.all(jnp.isfinite(qtf))
-        return cost, R, qtf, jnp.sqrt(2.0 * cost), jok
+        # packed as the step program takes an evaluation (one vector)
+        return _ev_packer(b.shape[0], top_dt).pack((cost, R, qtf, jnp.sqrt(2.0 * cost), jok))
 
     return _program(("model", str(np.dtype(top_dt))),
                     lambda: cpu_jit(model, optimise=False))
@@ -418,16 +421,20 @@ def _stream_loop(cfg: LoopConfig, evaluator: _Evaluator, sums, final, x0, ctx, f
     from ._host import _step_programs
 
     top_dt = cfg.rungs[-1]
-    init, step = (p.tuned for p in _step_programs(cfg))
+    sp = _step_programs(cfg)
+    init, step = sp.init.tuned, sp.step.tuned
     model = _model_program(top_dt).tuned
     fs = ctx[4]
-    st, prop, ctl = init(x0, ctx, np.int32(0))   # m is not used before the first step
+    ctxv = sp.ctx.pack_numpy(ctx[1:])
+    carry, z, ctl = init(x0, ctxv, np.int32(0))   # m is not used before the first step
     while True:
-        A, b, cost = evaluator.run(sums, st.rung, prop.z, *fixed, tail=(fs,))
-        ev = model(np.asarray(A, top_dt), np.asarray(b, top_dt), np.asarray(cost, top_dt))
-        st, prop, ctl = step(st, prop, ev, ctx, np.int32(evaluator.m))
-        if int(np.asarray(ctl)[0]) != Status.RUNNING:
+        ctl = np.asarray(ctl)
+        if int(ctl[0]) != Status.RUNNING:
             break
+        A, b, cost = evaluator.run(sums, ctl[1], z, *fixed, tail=(fs,))
+        ev = model(np.asarray(A, top_dt), np.asarray(b, top_dt), np.asarray(cost, top_dt))
+        carry, z, ctl = step(carry, ev, ctxv, np.int32(evaluator.m))
+    st, _ = sp.carry.unpack_numpy(jax.device_get(carry))
     A, g, cost = evaluator.run(final, st.x, *fixed, tail=(fs,))
     return st, g, cost, A
 
