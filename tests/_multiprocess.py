@@ -77,7 +77,8 @@ def run_processes(script: str, n_processes: int = 2, devices_per_process: int = 
     any exits non-zero or the run exceeds ``timeout`` seconds (all processes are killed).
 
     ``x64`` sets ``JAX_ENABLE_X64``; ``initialize=False`` skips the preamble that calls
-    ``jax.distributed.initialize``; ``env`` adds environment variables; ``cwd`` defaults
+    ``jax.distributed.initialize``; ``env`` adds environment variables (its
+    ``XLA_FLAGS`` are appended to the device-count flag); ``cwd`` defaults
     to the current directory (so a worktree's ``adaptprec`` is imported, as in the tests).
     """
     if n_processes < 1 or devices_per_process < 1:
@@ -88,8 +89,11 @@ def run_processes(script: str, n_processes: int = 2, devices_per_process: int = 
                 XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}",
                 ADAPTPREC_COORDINATOR=coord, ADAPTPREC_NUM_PROCESSES=str(n_processes),
                 PYTHONPATH=os.pathsep.join(
-                    p for p in (cwd, os.environ.get("PYTHONPATH")) if p),
-                **(env or {}))
+                    p for p in (cwd, os.environ.get("PYTHONPATH")) if p))
+    env = dict(env or {})
+    if "XLA_FLAGS" in env:     # extra XLA flags go after the device count
+        base["XLA_FLAGS"] += " " + env.pop("XLA_FLAGS")
+    base.update(env)
     with tempfile.TemporaryDirectory(prefix="adaptprec_mp_") as tmp:
         script_path = os.path.join(tmp, "script.py")
         with open(script_path, "w") as f:
