@@ -78,7 +78,9 @@ def run_processes(script: str, n_processes: int = 2, devices_per_process: int = 
 
     ``x64`` sets ``JAX_ENABLE_X64``; ``initialize=False`` skips the preamble that calls
     ``jax.distributed.initialize``; ``env`` adds environment variables (its
-    ``XLA_FLAGS`` are appended to the device-count flag); ``cwd`` defaults
+    ``XLA_FLAGS`` are appended to the device-count flag, its ``PYTHONPATH`` follows
+    ``cwd``; the text ``{process_id}`` in a value becomes the process id, e.g. for
+    ``--xla_dump_to=/tmp/dump/{process_id}``); ``cwd`` defaults
     to the current directory (so a worktree's ``adaptprec`` is imported, as in the tests).
     """
     if n_processes < 1 or devices_per_process < 1:
@@ -93,6 +95,9 @@ def run_processes(script: str, n_processes: int = 2, devices_per_process: int = 
     env = dict(env or {})
     if "XLA_FLAGS" in env:     # extra XLA flags go after the device count
         base["XLA_FLAGS"] += " " + env.pop("XLA_FLAGS")
+    if "PYTHONPATH" in env:    # after cwd: the worktree's adaptprec stays first
+        base["PYTHONPATH"] = os.pathsep.join((cwd, env.pop("PYTHONPATH"),
+                                              os.environ.get("PYTHONPATH", "")))
     base.update(env)
     with tempfile.TemporaryDirectory(prefix="adaptprec_mp_") as tmp:
         script_path = os.path.join(tmp, "script.py")
@@ -109,7 +114,8 @@ def run_processes(script: str, n_processes: int = 2, devices_per_process: int = 
                 files.append((out, err))
                 procs.append(subprocess.Popen(
                     [sys.executable, path], cwd=cwd, stdout=out, stderr=err, text=True,
-                    env=dict(base, ADAPTPREC_PROCESS_ID=str(pid))))
+                    env={k: v.replace("{process_id}", str(pid)) for k, v in
+                         dict(base, ADAPTPREC_PROCESS_ID=str(pid)).items()}))
             deadline = time.monotonic() + timeout
             timed_out = False
             while any([p.poll() is None for p in procs]):   # a list: poll every one

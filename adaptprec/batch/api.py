@@ -24,7 +24,7 @@ from .escalation import RungPlan, solve_ladder
 from .implicit import implicit_solution
 from .lm_batched import LMOptions, make_fj
 from .result import BatchResult
-from .sharding import infer_mesh, shard_solve
+from .sharding import infer_mesh, shard_solve, spans_processes
 
 __all__ = ["solve_nlsq_batch"]
 
@@ -154,7 +154,15 @@ def _build(residual: Residual, cfg: _Config) -> Callable:
     return solve
 
 
-@float64_entry("solve_nlsq_batch", ("x0", "args", "ydata", "sigma", "bounds"))
+def _to_host(tree):
+    """NumPy leaves for the x64-scoped eager result, except arrays spanning processes
+    (they stay global jax.Arrays: no process can hold them)."""
+    return jax.tree.map(lambda a: np.asarray(a) if isinstance(a, jax.Array)
+                        and a.is_fully_addressable else a, tree)
+
+
+@float64_entry("solve_nlsq_batch", ("x0", "args", "ydata", "sigma", "bounds"),
+               host=_to_host)
 def solve_nlsq_batch(
     fun: Callable,
     x0,
@@ -315,7 +323,7 @@ def solve_nlsq_batch(
         if traced:
             raise ValueError("nan_policy='raise' needs concrete inputs; under jit use "
                              "nan_policy='propagate' and read the per-fit status")
-        bad = np.flatnonzero(nonfinite_fits(prob))
+        bad = nonfinite_fits(prob)
         if bad.size:
             raise ValueError(f"{bad.size} fit(s) have non-finite starts or data, e.g. fits "
                              f"{bad[:10].tolist()}; clean them or use "
@@ -341,6 +349,14 @@ def solve_nlsq_batch(
         def solve(x, b, s, inner=inner):  # noqa: F811
             return shard_solve(inner, mesh, axis, x, b, s)
 
+    if spans_processes(prob.x0, prob.bargs, prob.sargs):
+        # global arrays: every device already holds its rows and solves them in
+        # block_size blocks; host-side chunking would move fits between processes
+        if progress is not None or (chunk_size is not None and int(chunk_size) < prob.size):
+            raise ValueError("chunk_size= and progress= are not available for inputs that "
+                             "span processes; each device solves its own rows in blocks "
+                             "of block_size fits (lower block_size to bound memory)")
+        chunk_size = prob.size
     if chunk_size is None:
         itemsize = max(p.acc_dtype.itemsize for p in cfg.plans)
         chunk_size = auto_chunk_size(prob.size, prob.m, prob.n, itemsize)

@@ -10,9 +10,17 @@ multiple of the device count by repeating the first fit; the padding is dropped.
 Inputs that are already sharded with a :class:`~jax.sharding.NamedSharding` over their
 leading axis are recognised: their mesh and axis name are used when ``mesh`` is not given.
 
-Multi-host: after ``jax.distributed.initialize()`` build the mesh over ``jax.devices()``
-(all hosts) and pass globally sharded arrays; the same code runs SPMD on every host (see
-``docs/batch.md``; not measured here).
+Across processes (``jax.distributed``): build the mesh over ``jax.devices()`` (every
+process's devices) and pass global arrays, e.g. from
+``jax.make_array_from_process_local_data(NamedSharding(mesh, P("fits")), local_rows)``;
+every process calls ``solve_nlsq_batch`` with the same arguments (SPMD). Each device still
+solves only its own rows, so the compiled solve contains no collective at all (counted in
+the HLO by :func:`collective_counts`; tested with 2 processes x 2 devices), and results come
+back with the inputs' sharding. Whatever needs the whole batch on one host (``nan_policy=
+"raise"``, bounds checks, ``BatchResult.status_counts``...) looks at the process's own rows
+(:func:`local_rows`) or gathers the small per-fit summaries with
+``multihost_utils.process_allgather`` (:func:`host_array`). Global inputs must divide
+evenly over the mesh (no padding across processes).
 """
 
 from __future__ import annotations
@@ -22,12 +30,98 @@ from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from ._compile import tuned_jit
 from .chunking import pad_rows
 
-__all__ = ["infer_mesh", "shard_solve"]
+__all__ = ["infer_mesh", "shard_solve", "spans_processes", "local_rows", "host_array",
+           "collective_counts"]
+
+_COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute",
+                "reduce-scatter", "collective-broadcast")
+
+
+def spans_processes(*trees) -> bool:
+    """True if a leaf is a ``jax.Array`` with shards on other processes' devices.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.batch.sharding import spans_processes
+        >>> spans_processes(jnp.ones(3), (1.0, None))
+        False
+    """
+    return any(isinstance(a, jax.Array) and not a.is_fully_addressable
+               for a in jax.tree.leaves(trees))
+
+
+def local_rows(a, like=None):
+    """``(rows, values)``: the leading-axis rows this process holds and their values (NumPy).
+
+    For an array on this process only (NumPy, or a fully addressable ``jax.Array``), all
+    rows, or with ``like`` (an array spanning processes) the rows ``like`` holds here. For
+    an array spanning processes, its addressable shards' rows, in order, each once.
+
+    Example:
+        >>> import numpy as np
+        >>> from adaptprec.batch.sharding import local_rows
+        >>> rows, vals = local_rows(np.arange(6.0).reshape(3, 2))
+        >>> rows.tolist(), vals.shape
+        ([0, 1, 2], (3, 2))
+    """
+    def ranges(x):
+        out = {}
+        for sh in x.addressable_shards:
+            idx = sh.index[0] if sh.index else slice(None)
+            lo, hi, _ = idx.indices(x.shape[0])
+            out.setdefault((lo, hi), sh)
+        return sorted(out.items())
+
+    if isinstance(a, jax.Array) and not a.is_fully_addressable:
+        parts = ranges(a)
+        rows = np.concatenate([np.arange(lo, hi) for (lo, hi), _ in parts])
+        return rows, np.concatenate([np.asarray(sh.data) for _, sh in parts], axis=0)
+    a = np.asarray(a)
+    if like is not None and isinstance(like, jax.Array) and not like.is_fully_addressable:
+        rows = np.concatenate([np.arange(lo, hi) for (lo, hi), _ in ranges(like)])
+        return rows, a[rows]
+    return np.arange(a.shape[0]), a
+
+
+def host_array(a):
+    """``a`` as one NumPy array on every process (``process_allgather`` when ``a`` spans
+    processes; a collective, so every process must call it). Other leaves pass through.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.batch.sharding import host_array
+        >>> host_array(jnp.arange(3)).tolist()
+        [0, 1, 2]
+    """
+    if isinstance(a, jax.Array) and not a.is_fully_addressable:
+        from jax.experimental import multihost_utils
+        return np.asarray(multihost_utils.process_allgather(a, tiled=True))
+    return np.asarray(a)
+
+
+def collective_counts(hlo_text: str) -> dict[str, int]:
+    """How many cross-device collective ops (all-reduce, all-gather, all-to-all,
+    collective-permute, reduce-scatter, collective-broadcast) an HLO module's text holds.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from adaptprec.batch.sharding import collective_counts
+        >>> text = jax.jit(lambda x: x * 2).lower(jnp.ones(2)).compile().as_text()
+        >>> sum(collective_counts(text).values())
+        0
+    """
+    import re
+    counts = {}
+    for name in _COLLECTIVES:
+        # an instruction "= f32[...] all-reduce(" or its async "all-reduce-start("
+        counts[name] = len(re.findall(rf"\s{re.escape(name)}(?:-start)?\(", hlo_text))
+    return counts
 
 
 def infer_mesh(x0) -> tuple[Optional[Mesh], Optional[str]]:
@@ -58,6 +152,13 @@ def _place(a, mesh: Mesh, spec):
         return jax.reshard(a, sharding)
     if not hasattr(a, "shape"):
         a = jnp.asarray(a)
+    if not sharding.is_fully_addressable and (
+            not isinstance(a, jax.Array) or a.is_fully_addressable):
+        # process-local data (e.g. shared args, built bounds) onto a mesh spanning
+        # processes: every process holds the same values (SPMD), so each puts its own
+        # devices' part from host memory (device_put would all-gather it)
+        a = np.asarray(a)
+        return jax.make_array_from_process_local_data(sharding, a, a.shape)
     return jax.device_put(a, sharding)
 
 
@@ -91,9 +192,18 @@ def shard_solve(solve: Callable, mesh: Mesh, axis: str, x0, bargs, sargs):
     ndev = mesh.shape[axis]
     size = x0.shape[0]
     pad = (-size) % ndev
+    if pad and spans_processes(x0, bargs, sargs):
+        raise ValueError(
+            f"{size} fits do not divide evenly over the {ndev} devices of mesh axis "
+            f"{axis!r}, and the inputs span processes (padding would move fits between "
+            f"them); pad each process's rows to a multiple of its device count (e.g. "
+            f"repeat its last fit) before building the global arrays, and drop those fits "
+            f"from the result")
 
     x0p, bargsp = pad_rows((x0, bargs), pad)
     x0p, bargsp = jax.tree.map(lambda a: _place(a, mesh, P(axis)), (x0p, bargsp))
     sargs = jax.tree.map(lambda a: _place(a, mesh, P()), sargs)
     out = _sharded(solve, mesh, axis)(x0p, bargsp, sargs)
+    if not pad:
+        return out
     return jax.tree.map(lambda a: a[:size], out)
