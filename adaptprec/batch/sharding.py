@@ -52,8 +52,8 @@ def spans_processes(*trees) -> bool:
         >>> spans_processes(jnp.ones(3), (1.0, None))
         False
     """
-    return any(isinstance(a, jax.Array) and not a.is_fully_addressable
-               for a in jax.tree.leaves(trees))
+    return any(isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer)
+               and not a.is_fully_addressable for a in jax.tree.leaves(trees))
 
 
 def local_rows(a, like=None):
