@@ -265,7 +265,11 @@ def solve_nlsq_batch(
             compilation. Off by default.
         mesh, batch_axis: a :class:`jax.sharding.Mesh` and the name of its axis to split
             the fits over (default: its first axis). Inputs already sharded with a
-            ``NamedSharding`` over their leading axis are split the same way.
+            ``NamedSharding`` over their leading axis are split the same way. Global
+            arrays spanning processes (``jax.distributed``; every process makes the same
+            call) are solved where they live: results keep their sharding, the compiled
+            solve communicates nothing, ``chunk_size``/``progress`` are not available
+            (see ``docs/batch.md``, "Across processes").
 
     Returns:
         :class:`~adaptprec.batch.BatchResult` with per-fit ``x``, ``cost``, ``status``,
@@ -350,13 +354,19 @@ def solve_nlsq_batch(
             return shard_solve(inner, mesh, axis, x, b, s)
 
     if spans_processes(prob.x0, prob.bargs, prob.sargs):
+        if mesh is None:
+            raise ValueError("the inputs span processes but x0 is not sharded with a "
+                             "NamedSharding over its leading (fits) axis; build x0 with "
+                             "jax.make_array_from_process_local_data(NamedSharding(mesh, "
+                             "P('fits')), local_x0) or pass mesh= and batch_axis=")
         # global arrays: every device already holds its rows and solves them in
         # block_size blocks; host-side chunking would move fits between processes
-        if progress is not None or (chunk_size is not None and int(chunk_size) < prob.size):
+        if progress not in (None, False) or (chunk_size is not None
+                                             and int(chunk_size) < prob.size):
             raise ValueError("chunk_size= and progress= are not available for inputs that "
                              "span processes; each device solves its own rows in blocks "
                              "of block_size fits (lower block_size to bound memory)")
-        chunk_size = prob.size
+        chunk_size, progress = prob.size, None
     if chunk_size is None:
         itemsize = max(p.acc_dtype.itemsize for p in cfg.plans)
         chunk_size = auto_chunk_size(prob.size, prob.m, prob.n, itemsize)
