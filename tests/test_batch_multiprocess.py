@@ -155,3 +155,30 @@ def test_sharded_solve_compiles_no_collective(multiprocess_run):
     for solves, total, *_ in lines:
         assert int(solves) >= 1        # the solver's program was dumped: the check can fail
         assert int(total) == 0, outs[0].stdout
+
+
+def test_bad_input_on_one_process_stops_every_process():
+    # checked before anything compiles: fit 9 (process 1) is infeasible / has a NaN
+    outs = run_processes(r"""
+        import jax, numpy as np
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        import adaptprec as ap
+        mesh = Mesh(np.array(jax.devices()), ("fits",))
+        sh = NamedSharding(mesh, P("fits"))
+        mine = slice(8 * jax.process_index(), 8 * jax.process_index() + 8)
+        x0 = np.ones((16, 2)); x0[9, 1] = 5.0
+        y = np.ones((16, 3)); y[9, 2] = np.nan
+        g = lambda a: jax.make_array_from_process_local_data(sh, a[mine])
+        model = lambda p, t: p[0] + p[1] * t
+        for kw in (dict(bounds=(0.0, 2.0)), dict(nan_policy="raise")):
+            try:
+                ap.solve_nlsq_batch(model, g(x0), args=(np.arange(3.0),), in_axes=None,
+                                    ydata=g(y), **kw)
+            except ValueError as e:
+                print("RAISED", jax.process_index(), str(e).replace(" ", "_")[:60])
+    """, timeout=300)
+    lines = sorted(_lines(outs, "RAISED"))
+    assert [pid for pid, _ in lines] == ["0", "0", "1", "1"], lines
+    assert "invalid_input_on_process(es)_[1]" in lines[0][1] + lines[1][1]
+    assert any("fit_9" in msg for pid, msg in lines if pid == "1"), lines
+    assert any("1_fit(s)_have_non-finite" in msg for pid, msg in lines if pid == "1"), lines

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -138,24 +138,28 @@ def _check_bounds(x0, lo, hi) -> None:
     """Concrete bounds: lo < hi everywhere and x0 inside the box (scipy's rules)."""
     if is_traced(x0, lo, hi):
         return
-    # on arrays spanning processes, each process checks the fits it holds
-    from .sharding import local_rows
-    rows, x_ = local_rows(x0)
-    lo_, hi_ = (local_rows(b, like=x0)[1] for b in (lo, hi))
+    # on arrays spanning processes, each process checks the fits it holds, and all raise
+    from .sharding import local_rows, raise_together
+    raise_together(_bounds_error(*local_rows(x0), local_rows(lo, like=x0)[1],
+                                 local_rows(hi, like=x0)[1]), x0, lo, hi)
+
+
+def _bounds_error(rows, x_, lo_, hi_) -> Optional[ValueError]:
     if np.isnan(lo_).any() or np.isnan(hi_).any():
-        raise ValueError("bounds contain NaN; use -inf/inf for an unbounded side")
+        return ValueError("bounds contain NaN; use -inf/inf for an unbounded side")
     bad = np.argwhere(~(lo_ < hi_))
     if bad.size:
         j, i = bad[0]
-        raise ValueError(f"bounds: each lower bound must be strictly less than the upper "
-                         f"bound; fit {rows[j]}, parameter {i} has [{lo_[j, i]}, "
-                         f"{hi_[j, i]}] ({len(bad)} such entries)")
+        return ValueError(f"bounds: each lower bound must be strictly less than the upper "
+                          f"bound; fit {rows[j]}, parameter {i} has [{lo_[j, i]}, "
+                          f"{hi_[j, i]}] ({len(bad)} such entries)")
     out = np.argwhere((x_ < lo_) | (x_ > hi_))
     if out.size:
         j, i = out[0]
-        raise ValueError(f"x0 is infeasible: fit {rows[j]}, parameter {i} = {x_[j, i]} lies "
-                         f"outside [{lo_[j, i]}, {hi_[j, i]}] ({len(out)} such entries); "
-                         "clip the starts into the bounds, e.g. np.clip(x0, lb, ub)")
+        return ValueError(f"x0 is infeasible: fit {rows[j]}, parameter {i} = {x_[j, i]} lies "
+                          f"outside [{lo_[j, i]}, {hi_[j, i]}] ({len(out)} such entries); "
+                          "clip the starts into the bounds, e.g. np.clip(x0, lb, ub)")
+    return None
 
 
 def build_problem(fun, x0, args, in_axes, ydata, sigma, bounds=None) -> Problem:

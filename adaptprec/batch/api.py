@@ -24,7 +24,7 @@ from .escalation import RungPlan, solve_ladder
 from .implicit import implicit_solution
 from .lm_batched import LMOptions, make_fj
 from .result import BatchResult
-from .sharding import infer_mesh, shard_solve, spans_processes
+from .sharding import infer_mesh, raise_together, shard_solve, spans_processes
 
 __all__ = ["solve_nlsq_batch"]
 
@@ -327,11 +327,11 @@ def solve_nlsq_batch(
         if traced:
             raise ValueError("nan_policy='raise' needs concrete inputs; under jit use "
                              "nan_policy='propagate' and read the per-fit status")
-        bad = nonfinite_fits(prob)
-        if bad.size:
-            raise ValueError(f"{bad.size} fit(s) have non-finite starts or data, e.g. fits "
-                             f"{bad[:10].tolist()}; clean them or use "
-                             f"nan_policy='propagate' (status -3 for those fits only)")
+        bad = nonfinite_fits(prob)     # on inputs spanning processes: this process's fits
+        raise_together(ValueError(
+            f"{bad.size} fit(s) have non-finite starts or data, e.g. fits "
+            f"{bad[:10].tolist()}; clean them or use nan_policy='propagate' (status -3 "
+            f"for those fits only)") if bad.size else None, prob.x0, prob.bargs)
 
     loss = check_loss(loss)
     if not f_scale > 0:

@@ -37,7 +37,7 @@ from ._compile import tuned_jit
 from .chunking import pad_rows
 
 __all__ = ["infer_mesh", "shard_solve", "spans_processes", "local_rows", "host_array",
-           "collective_counts"]
+           "raise_together", "collective_counts"]
 
 _COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute",
                 "reduce-scatter", "collective-broadcast")
@@ -103,6 +103,31 @@ def host_array(a):
         from jax.experimental import multihost_utils
         return np.asarray(multihost_utils.process_allgather(a, tiled=True))
     return np.asarray(a)
+
+
+def raise_together(error: Optional[Exception], *trees) -> None:
+    """Raise ``error`` if not ``None``; when ``trees`` span processes, every process raises
+    if any process has an error (one small all-gather of flags), so no process is left
+    waiting in the solve for one that stopped.
+
+    Example:
+        >>> import numpy as np
+        >>> from adaptprec.batch.sharding import raise_together
+        >>> raise_together(None, np.ones(2))
+        >>> raise_together(ValueError("bad fit 3"), np.ones(2))
+        Traceback (most recent call last):
+        ...
+        ValueError: bad fit 3
+    """
+    if spans_processes(*trees):
+        from jax.experimental import multihost_utils
+        flags = np.asarray(multihost_utils.process_allgather(
+            np.array([error is not None], np.int32))).ravel()
+        if error is None and flags.any():
+            raise ValueError(f"invalid input on process(es) {np.flatnonzero(flags).tolist()} "
+                             "(their error says which fits); every process stops")
+    if error is not None:
+        raise error
 
 
 def collective_counts(hlo_text: str) -> dict[str, int]:
