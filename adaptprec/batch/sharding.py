@@ -165,7 +165,11 @@ def infer_mesh(x0) -> tuple[Optional[Mesh], Optional[str]]:
             if len(axis) != 1:
                 return None, None
             axis = axis[0]
-        if sh.mesh.shape[axis] > 1:
+        # a one-device axis is solved unsharded, unless it is Explicit (jax.make_mesh's
+        # default): such arrays carry their sharding in their type and need shard_map
+        explicit = dict(zip(sh.mesh.axis_names, getattr(sh.mesh, "axis_types", ()))).get(
+            axis) == jax.sharding.AxisType.Explicit
+        if sh.mesh.shape[axis] > 1 or explicit:
             return sh.mesh, axis
     return None, None
 
