@@ -182,3 +182,28 @@ def test_bad_input_on_one_process_stops_every_process():
     assert "invalid_input_on_process(es)_[1]" in lines[0][1] + lines[1][1]
     assert any("fit_9" in msg for pid, msg in lines if pid == "1"), lines
     assert any("1_fit(s)_have_non-finite" in msg for pid, msg in lines if pid == "1"), lines
+
+
+def test_x64_off_returns_float64_global_arrays():
+    # with jax_enable_x64 off the float64 rung runs in an x64 scope; the result cannot go
+    # to host NumPy (no process holds it all), so it stays a global float64 jax.Array
+    outs = run_processes(r"""
+        import jax, numpy as np
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        from jax.experimental import multihost_utils
+        import adaptprec as ap
+        assert not ap.x64_enabled()
+        mesh = Mesh(np.array(jax.devices()), ("fits",))
+        sh = NamedSharding(mesh, P("fits"))
+        mine = slice(4 * jax.process_index(), 4 * jax.process_index() + 4)
+        t = np.arange(3.0)
+        x0 = np.ones((8, 2)); y = 1.0 + np.arange(8.0)[:, None] * t
+        g = lambda a: jax.make_array_from_process_local_data(sh, a[mine])
+        r = ap.solve_nlsq_batch(lambda p, t: p[0] + p[1] * t, g(x0), args=(t,),
+                                in_axes=None, ydata=g(y), compaction=None)
+        assert r.x.dtype == np.float64 and r.x.sharding.is_equivalent_to(sh, 2)
+        x = np.asarray(multihost_utils.process_allgather(r.x, tiled=True))
+        print("MAXERR", np.abs(x - np.stack([np.ones(8), np.arange(8.0)], 1)).max())
+    """, x64=False, timeout=300)
+    errs = [float(e[0]) for e in _lines(outs, "MAXERR")]
+    assert len(errs) == 2 and max(errs) < 1e-10, errs
