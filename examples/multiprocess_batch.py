@@ -18,7 +18,7 @@ reads the coordinator, process count and id from SLURM's environment):
     srun --nodes=2 --ntasks-per-node=1 python examples/multiprocess_batch.py --worker
 
 Mostly compilation: each process compiles the solver, and process 0 once more for the
-one-process check (4,096 fits: 99 s wall on a shared 2-core machine).
+one-process check (1,024 fits, 2 x 2 devices: 60 s wall on a shared 2-core machine).
 """
 
 import argparse
@@ -41,6 +41,13 @@ def launch(processes: int, devices: int, fits: int) -> int:
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", "--fits", str(fits)],
                               env=dict(env, ADAPTPREC_PROCESS_ID=str(i)))
              for i in range(processes)]
+    while any([p.poll() is None for p in procs]):
+        if any(p.returncode not in (None, 0) for p in procs):   # a worker failed: its
+            for p in procs:                                       # peers would wait forever
+                if p.poll() is None:
+                    p.kill()
+            break
+        time.sleep(0.1)
     codes = [p.wait() for p in procs]
     return max(codes, key=abs)
 
