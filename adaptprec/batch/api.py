@@ -356,7 +356,8 @@ def solve_nlsq_batch(
     if spans_processes(prob.x0, prob.bargs, prob.sargs):
         if mesh is None:
             raise ValueError("the inputs span processes but x0 is not sharded with a "
-                             "NamedSharding over its leading (fits) axis; build x0 with "
+                             "NamedSharding over its leading (fits) axis along one mesh "
+                             "axis; build x0 with "
                              "jax.make_array_from_process_local_data(NamedSharding(mesh, "
                              "P('fits')), local_x0) or pass mesh= and batch_axis=")
         # global arrays: every device already holds its rows and solves them in
