@@ -176,12 +176,24 @@ def test_bad_input_on_one_process_stops_every_process():
                                     ydata=g(y), **kw)
             except ValueError as e:
                 print("RAISED", jax.process_index(), str(e).replace(" ", "_")[:60])
+        # not sharded over the fits axis; host-side chunking: clear errors, no hang
+        rep = jax.make_array_from_process_local_data(NamedSharding(mesh, P()), x0, x0.shape)
+        for x, kw in ((rep, {}), (g(x0), dict(chunk_size=4))):
+            try:
+                ap.solve_nlsq_batch(model, x, args=(np.arange(3.0),), in_axes=None,
+                                    ydata=g(y), **kw)
+            except ValueError as e:
+                print("REFUSED", jax.process_index(), str(e).replace(" ", "_")[:40])
     """, timeout=300)
     lines = sorted(_lines(outs, "RAISED"))
     assert [pid for pid, _ in lines] == ["0", "0", "1", "1"], lines
     assert "invalid_input_on_process(es)_[1]" in lines[0][1] + lines[1][1]
     assert any("fit_9" in msg for pid, msg in lines if pid == "1"), lines
     assert any("1_fit(s)_have_non-finite" in msg for pid, msg in lines if pid == "1"), lines
+    refused = sorted(_lines(outs, "REFUSED"))
+    assert refused == [[pid, m] for pid in "01" for m in (
+        "chunk_size=_and_progress=_are_not_availa",
+        "the_inputs_span_processes_but_x0_is_not_")], refused
 
 
 def test_x64_off_returns_float64_global_arrays():
