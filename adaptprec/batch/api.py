@@ -24,7 +24,8 @@ from .escalation import RungPlan, solve_ladder
 from .implicit import implicit_solution
 from .lm_batched import LMOptions, make_fj
 from .result import BatchResult
-from .sharding import infer_mesh, raise_together, shard_solve, spans_processes
+from .sharding import (infer_mesh, raise_together, run_chunked_local, shard_solve,
+                       spans_processes)
 
 __all__ = ["solve_nlsq_batch"]
 
@@ -268,8 +269,9 @@ def solve_nlsq_batch(
             ``NamedSharding`` over their leading axis are split the same way. Global
             arrays spanning processes (``jax.distributed``; every process makes the same
             call) are solved where they live: results keep their sharding, the compiled
-            solve communicates nothing, ``chunk_size``/``progress`` are not available
-            (see ``docs/batch.md``, "Across processes").
+            solve communicates nothing, and ``chunk_size`` (fits at a time, all devices
+            together) is cut from every device's own rows (see ``docs/batch.md``,
+            "Across processes").
 
     Returns:
         :class:`~adaptprec.batch.BatchResult` with per-fit ``x``, ``cost``, ``status``,
@@ -353,6 +355,8 @@ def solve_nlsq_batch(
         def solve(x, b, s, inner=inner):  # noqa: F811
             return shard_solve(inner, mesh, axis, x, b, s)
 
+    if chunk_size is not None and int(chunk_size) < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
     if spans_processes(prob.x0, prob.bargs, prob.sargs):
         if mesh is None:
             raise ValueError("the inputs span processes but x0 is not sharded with a "
@@ -360,31 +364,32 @@ def solve_nlsq_batch(
                              "axis; build x0 with "
                              "jax.make_array_from_process_local_data(NamedSharding(mesh, "
                              "P('fits')), local_x0) or pass mesh= and batch_axis=")
-        # global arrays: every device already holds its rows and solves them in
-        # block_size blocks; host-side chunking would move fits between processes
-        if progress not in (None, False) or (chunk_size is not None
-                                             and int(chunk_size) < prob.size):
-            raise ValueError("chunk_size= and progress= are not available for inputs that "
-                             "span processes; each device solves its own rows in blocks "
-                             "of block_size fits (lower block_size to bound memory)")
-        chunk_size, progress = prob.size, None
-    if chunk_size is None:
-        itemsize = max(p.acc_dtype.itemsize for p in cfg.plans)
-        chunk_size = auto_chunk_size(prob.size, prob.m, prob.n, itemsize)
-    elif int(chunk_size) < 1:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
-    if chunk_size >= prob.size and progress is None:
-        size = prob.size
-        padded = mesh is None and not traced and batch_bucket(size) != size
-        x0b, bargs = prob.x0, prob.bargs
-        if padded:
-            x0b, bargs = _pad_batch(prob, batch_bucket(size))
-        result = solve(x0b, bargs, prob.sargs)
-        if padded:
-            result = _unpad_batch(result, size)
+        # global arrays: each device solves its own rows, in block_size blocks; chunks
+        # (only if asked for) are cut from every device's rows, so no fit moves
+        ndev = mesh.shape[axis]
+        local = prob.size // ndev
+        per_device = local if chunk_size is None else max(1, int(chunk_size) // ndev)
+        if per_device >= local and progress in (None, False):
+            result = solve(prob.x0, prob.bargs, prob.sargs)
+        else:
+            result = run_chunked_local(inner, mesh, axis, prob.x0, prob.bargs, prob.sargs,
+                                       per_device, progress)
     else:
-        result = run_chunked(solve, prob.x0, prob.bargs, prob.sargs, int(chunk_size),
-                             progress)
+        if chunk_size is None:
+            itemsize = max(p.acc_dtype.itemsize for p in cfg.plans)
+            chunk_size = auto_chunk_size(prob.size, prob.m, prob.n, itemsize)
+        if chunk_size >= prob.size and progress is None:
+            size = prob.size
+            padded = mesh is None and not traced and batch_bucket(size) != size
+            x0b, bargs = prob.x0, prob.bargs
+            if padded:
+                x0b, bargs = _pad_batch(prob, batch_bucket(size))
+            result = solve(x0b, bargs, prob.sargs)
+            if padded:
+                result = _unpad_batch(result, size)
+        else:
+            result = run_chunked(solve, prob.x0, prob.bargs, prob.sargs, int(chunk_size),
+                                 progress)
     if prob.spec is not None:  # x0 was a pytree: give x back in its structure
         result = replace(result, x=prob.spec.unravel_batched(result.x))
     return result

@@ -37,7 +37,7 @@ from ._compile import tuned_jit
 from .chunking import pad_rows
 
 __all__ = ["infer_mesh", "shard_solve", "spans_processes", "local_rows", "host_array",
-           "raise_together", "collective_counts"]
+           "raise_together", "collective_counts", "run_chunked_local"]
 
 _COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute",
                 "reduce-scatter", "collective-broadcast")
@@ -201,6 +201,14 @@ def _sharded(solve: Callable, mesh: Mesh, axis: str):
     return tuned_jit(tuned, plain)
 
 
+def _uneven(size: int, ndev: int, axis: str):
+    raise ValueError(
+        f"{size} fits do not divide evenly over the {ndev} devices of mesh axis {axis!r}, "
+        f"and the inputs span processes (padding would move fits between them); pad each "
+        f"process's rows to a multiple of its device count (e.g. repeat its last fit) "
+        f"before building the global arrays, and drop those fits from the result")
+
+
 def shard_solve(solve: Callable, mesh: Mesh, axis: str, x0, bargs, sargs):
     """Run ``solve(x0, bargs, sargs)`` with the batch axis split over ``mesh[axis]``.
 
@@ -222,12 +230,7 @@ def shard_solve(solve: Callable, mesh: Mesh, axis: str, x0, bargs, sargs):
     size = x0.shape[0]
     pad = (-size) % ndev
     if pad and spans_processes(x0, bargs, sargs):
-        raise ValueError(
-            f"{size} fits do not divide evenly over the {ndev} devices of mesh axis "
-            f"{axis!r}, and the inputs span processes (padding would move fits between "
-            f"them); pad each process's rows to a multiple of its device count (e.g. "
-            f"repeat its last fit) before building the global arrays, and drop those fits "
-            f"from the result")
+        _uneven(size, ndev, axis)
 
     x0p, bargsp = pad_rows((x0, bargs), pad)
     x0p, bargsp = jax.tree.map(lambda a: _place(a, mesh, P(axis)), (x0p, bargsp))
@@ -236,3 +239,74 @@ def shard_solve(solve: Callable, mesh: Mesh, axis: str, x0, bargs, sargs):
     if not pad:
         return out
     return jax.tree.map(lambda a: a[:size], out)
+
+
+@functools.lru_cache(maxsize=32)
+def _slicer(mesh: Mesh, axis: str, rows: int):
+    """Jitted: rows ``[start, start + rows)`` of every device's own block (no transfer)."""
+    def take(start, tree):
+        return jax.tree.map(
+            lambda a: jax.lax.dynamic_slice_in_dim(a, start, rows, axis=0), tree)
+    return jax.jit(jax.shard_map(take, mesh=mesh, in_specs=(P(), P(axis)),
+                                 out_specs=P(axis), check_vma=False))
+
+
+@functools.lru_cache(maxsize=32)
+def _joiner(mesh: Mesh, axis: str, keep: tuple):
+    """Jitted: every device's chunk outputs joined, chunk ``i`` from row ``keep[i]`` on."""
+    def join(*parts):
+        return jnp.concatenate([p[k:] for p, k in zip(parts, keep)], axis=0)
+    return jax.jit(jax.shard_map(join, mesh=mesh, in_specs=P(axis), out_specs=P(axis),
+                                 check_vma=False))
+
+
+def run_chunked_local(solve: Callable, mesh: Mesh, axis: str, x0, bargs, sargs,
+                      chunk: int, progress=None):
+    """``shard_solve`` in chunks of ``chunk`` fits per device, each cut from every
+    device's own rows, so no fit moves between devices or processes (for global arrays
+    spanning processes; ``x0.shape[0]`` must divide over ``mesh[axis]``). The last chunk
+    of a device overlaps the one before (re-solving a few of its fits) instead of
+    padding, so one program serves all chunks; ``progress(done, total)`` as in
+    :func:`~adaptprec.batch.chunking.run_chunked` (``done`` counts all devices' fits).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from jax.sharding import Mesh
+        >>> from adaptprec.batch.sharding import run_chunked_local
+        >>> mesh = Mesh(jax.devices()[:1], ("fits",))
+        >>> seen = []
+        >>> out = run_chunked_local(lambda x, b, s: {"y": x * s}, mesh, "fits",
+        ...                         jnp.arange(5.0)[:, None], (), 2.0, 2,
+        ...                         progress=lambda d, t: seen.append(d))
+        >>> out["y"][:, 0].tolist(), seen
+        ([0.0, 2.0, 4.0, 6.0, 8.0], [0, 2, 4, 5])
+    """
+    from .chunking import _notify_compiling, _resolve_progress
+
+    ndev = mesh.shape[axis]
+    size = x0.shape[0]
+    if size % ndev:
+        _uneven(size, ndev, axis)
+    local = size // ndev
+    chunk = int(max(1, min(chunk, local)))
+    progress = _resolve_progress(progress)
+    los = list(range(0, local, chunk))
+    starts = [min(lo, local - chunk) for lo in los]
+    take = _slicer(mesh, axis, chunk)
+    if progress is not None:
+        progress(0, size)
+        _notify_compiling(progress, True)
+    outs = []
+    for c, (lo, start) in enumerate(zip(los, starts)):
+        part = take(np.int32(start), (x0, bargs))
+        out = shard_solve(solve, mesh, axis, part[0], part[1], sargs)
+        outs.append(out)
+        if progress is not None:
+            jax.block_until_ready(out)
+            if c == 0:
+                _notify_compiling(progress, False)
+            progress(min(lo + chunk, local) * ndev, size)
+    if len(outs) == 1:
+        return outs[0]
+    join = _joiner(mesh, axis, tuple(lo - start for lo, start in zip(los, starts)))
+    return jax.tree.map(lambda *parts: join(*parts), *outs)
