@@ -18,9 +18,11 @@ solves only its own rows, so the compiled solve contains no collective at all (c
 the HLO by :func:`collective_counts`; tested with 2 processes x 2 devices), and results come
 back with the inputs' sharding. Whatever needs the whole batch on one host (``nan_policy=
 "raise"``, bounds checks, ``BatchResult.status_counts``...) looks at the process's own rows
-(:func:`local_rows`) or gathers the small per-fit summaries with
-``multihost_utils.process_allgather`` (:func:`host_array`). Global inputs must divide
-evenly over the mesh (no padding across processes).
+(:func:`local_rows`; a bad fit anywhere makes every process raise, :func:`raise_together`)
+or gathers the small per-fit summaries with ``multihost_utils.process_allgather``
+(:func:`host_array`). Chunks are cut from every device's own rows
+(:func:`run_chunked_local`). Global inputs must divide evenly over the mesh (no padding
+across processes).
 """
 
 from __future__ import annotations
