@@ -66,3 +66,25 @@ def test_sharded_over_8_devices_equals_one_device():
     proc = run_python(SCRIPT, devices=8)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert proc.stdout.strip().endswith("OK")
+
+
+def test_one_device_explicit_mesh_input_is_solved_in_its_sharding():
+    # jax.make_mesh's axes are Explicit: such inputs carry the sharding in their type
+    # (the plain path's gathers reject them), so even one device goes through shard_map
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    import adaptprec as ap
+
+    mesh = jax.make_mesh((1,), ("fits",))
+    sh = NamedSharding(mesh, P("fits"))
+    t = np.linspace(0.0, 1.0, 5)
+    y = np.stack([1.0 + 2.0 * t, 3.0 - t, 0.5 * t])
+    x0 = jax.make_array_from_process_local_data(sh, np.zeros((3, 2)))
+    assert "@fits" in str(jax.typeof(x0))
+    res = ap.solve_nlsq_batch(lambda p, t: p[0] + p[1] * t, x0, args=(t,), in_axes=None,
+                              ydata=jax.make_array_from_process_local_data(sh, y),
+                              compaction=None)   # adaptive: the escalation gathers
+    assert res.x.sharding.is_equivalent_to(sh, 2)
+    np.testing.assert_allclose(np.asarray(res.x), [[1, 2], [3, -1], [0, 0.5]], atol=1e-10)

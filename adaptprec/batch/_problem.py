@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -138,21 +138,28 @@ def _check_bounds(x0, lo, hi) -> None:
     """Concrete bounds: lo < hi everywhere and x0 inside the box (scipy's rules)."""
     if is_traced(x0, lo, hi):
         return
-    lo_, hi_, x_ = np.asarray(lo), np.asarray(hi), np.asarray(x0)
+    # on arrays spanning processes, each process checks the fits it holds, and all raise
+    from .sharding import local_rows, raise_together
+    raise_together(_bounds_error(*local_rows(x0), local_rows(lo, like=x0)[1],
+                                 local_rows(hi, like=x0)[1]), x0, lo, hi)
+
+
+def _bounds_error(rows, x_, lo_, hi_) -> Optional[ValueError]:
     if np.isnan(lo_).any() or np.isnan(hi_).any():
-        raise ValueError("bounds contain NaN; use -inf/inf for an unbounded side")
+        return ValueError("bounds contain NaN; use -inf/inf for an unbounded side")
     bad = np.argwhere(~(lo_ < hi_))
     if bad.size:
-        k, i = bad[0]
-        raise ValueError(f"bounds: each lower bound must be strictly less than the upper "
-                         f"bound; fit {k}, parameter {i} has [{lo_[k, i]}, {hi_[k, i]}] "
-                         f"({len(bad)} such entries)")
+        j, i = bad[0]
+        return ValueError(f"bounds: each lower bound must be strictly less than the upper "
+                          f"bound; fit {rows[j]}, parameter {i} has [{lo_[j, i]}, "
+                          f"{hi_[j, i]}] ({len(bad)} such entries)")
     out = np.argwhere((x_ < lo_) | (x_ > hi_))
     if out.size:
-        k, i = out[0]
-        raise ValueError(f"x0 is infeasible: fit {k}, parameter {i} = {x_[k, i]} lies outside "
-                         f"[{lo_[k, i]}, {hi_[k, i]}] ({len(out)} such entries); clip the "
-                         "starts into the bounds, e.g. np.clip(x0, lb, ub)")
+        j, i = out[0]
+        return ValueError(f"x0 is infeasible: fit {rows[j]}, parameter {i} = {x_[j, i]} lies "
+                          f"outside [{lo_[j, i]}, {hi_[j, i]}] ({len(out)} such entries); "
+                          "clip the starts into the bounds, e.g. np.clip(x0, lb, ub)")
+    return None
 
 
 def build_problem(fun, x0, args, in_axes, ydata, sigma, bounds=None) -> Problem:
@@ -269,11 +276,14 @@ def build_problem(fun, x0, args, in_axes, ydata, sigma, bounds=None) -> Problem:
 
 
 def nonfinite_fits(problem: Problem) -> np.ndarray:
-    """Host-side mask of fits whose start or batched data contain NaN/Inf (concrete only)."""
-    bad = ~np.isfinite(np.asarray(problem.x0)).all(axis=1)
+    """Host-side indices of fits whose start or batched data contain NaN/Inf (concrete
+    only). On arrays spanning processes, of the fits this process holds."""
+    from .sharding import local_rows
+    rows, x = local_rows(problem.x0)
+    bad = ~np.isfinite(x).all(axis=1)
     data = problem.bargs[:-2] if problem.residual.has_bounds else problem.bargs  # bounds may be inf
     for leaf in jax.tree.leaves(data):
-        a = np.asarray(leaf)
+        a = local_rows(leaf, like=problem.x0)[1]
         if np.issubdtype(a.dtype, np.floating):
             bad |= ~np.isfinite(a.reshape(a.shape[0], -1)).all(axis=1)
-    return bad
+    return rows[bad]

@@ -24,7 +24,8 @@ from .escalation import RungPlan, solve_ladder
 from .implicit import implicit_solution
 from .lm_batched import LMOptions, make_fj
 from .result import BatchResult
-from .sharding import infer_mesh, shard_solve
+from .sharding import (infer_mesh, raise_together, run_chunked_local, shard_solve,
+                       spans_processes)
 
 __all__ = ["solve_nlsq_batch"]
 
@@ -154,7 +155,15 @@ def _build(residual: Residual, cfg: _Config) -> Callable:
     return solve
 
 
-@float64_entry("solve_nlsq_batch", ("x0", "args", "ydata", "sigma", "bounds"))
+def _to_host(tree):
+    """NumPy leaves for the x64-scoped eager result, except arrays spanning processes
+    (they stay global jax.Arrays: no process can hold them)."""
+    return jax.tree.map(lambda a: np.asarray(a) if isinstance(a, jax.Array)
+                        and a.is_fully_addressable else a, tree)
+
+
+@float64_entry("solve_nlsq_batch", ("x0", "args", "ydata", "sigma", "bounds"),
+               host=_to_host)
 def solve_nlsq_batch(
     fun: Callable,
     x0,
@@ -257,7 +266,12 @@ def solve_nlsq_batch(
             compilation. Off by default.
         mesh, batch_axis: a :class:`jax.sharding.Mesh` and the name of its axis to split
             the fits over (default: its first axis). Inputs already sharded with a
-            ``NamedSharding`` over their leading axis are split the same way.
+            ``NamedSharding`` over their leading axis are split the same way. Global
+            arrays spanning processes (``jax.distributed``; every process makes the same
+            call) are solved where they live: results keep their sharding, the compiled
+            solve communicates nothing, and ``chunk_size`` (fits at a time, all devices
+            together) is cut from every device's own rows (see ``docs/batch.md``,
+            "Across processes").
 
     Returns:
         :class:`~adaptprec.batch.BatchResult` with per-fit ``x``, ``cost``, ``status``,
@@ -315,11 +329,11 @@ def solve_nlsq_batch(
         if traced:
             raise ValueError("nan_policy='raise' needs concrete inputs; under jit use "
                              "nan_policy='propagate' and read the per-fit status")
-        bad = np.flatnonzero(nonfinite_fits(prob))
-        if bad.size:
-            raise ValueError(f"{bad.size} fit(s) have non-finite starts or data, e.g. fits "
-                             f"{bad[:10].tolist()}; clean them or use "
-                             f"nan_policy='propagate' (status -3 for those fits only)")
+        bad = nonfinite_fits(prob)     # on inputs spanning processes: this process's fits
+        raise_together(ValueError(
+            f"{bad.size} fit(s) have non-finite starts or data, e.g. fits "
+            f"{bad[:10].tolist()}; clean them or use nan_policy='propagate' (status -3 "
+            f"for those fits only)") if bad.size else None, prob.x0, prob.bargs)
 
     loss = check_loss(loss)
     if not f_scale > 0:
@@ -341,23 +355,41 @@ def solve_nlsq_batch(
         def solve(x, b, s, inner=inner):  # noqa: F811
             return shard_solve(inner, mesh, axis, x, b, s)
 
-    if chunk_size is None:
-        itemsize = max(p.acc_dtype.itemsize for p in cfg.plans)
-        chunk_size = auto_chunk_size(prob.size, prob.m, prob.n, itemsize)
-    elif int(chunk_size) < 1:
+    if chunk_size is not None and int(chunk_size) < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
-    if chunk_size >= prob.size and progress is None:
-        size = prob.size
-        padded = mesh is None and not traced and batch_bucket(size) != size
-        x0b, bargs = prob.x0, prob.bargs
-        if padded:
-            x0b, bargs = _pad_batch(prob, batch_bucket(size))
-        result = solve(x0b, bargs, prob.sargs)
-        if padded:
-            result = _unpad_batch(result, size)
+    if spans_processes(prob.x0, prob.bargs, prob.sargs):
+        if mesh is None:
+            raise ValueError("the inputs span processes but x0 is not sharded with a "
+                             "NamedSharding over its leading (fits) axis along one mesh "
+                             "axis; build x0 with "
+                             "jax.make_array_from_process_local_data(NamedSharding(mesh, "
+                             "P('fits')), local_x0) or pass mesh= and batch_axis=")
+        # global arrays: each device solves its own rows, in block_size blocks; chunks
+        # (only if asked for) are cut from every device's rows, so no fit moves
+        ndev = mesh.shape[axis]
+        local = prob.size // ndev
+        per_device = local if chunk_size is None else max(1, int(chunk_size) // ndev)
+        if per_device >= local and progress in (None, False):
+            result = solve(prob.x0, prob.bargs, prob.sargs)
+        else:
+            result = run_chunked_local(inner, mesh, axis, prob.x0, prob.bargs, prob.sargs,
+                                       per_device, progress)
     else:
-        result = run_chunked(solve, prob.x0, prob.bargs, prob.sargs, int(chunk_size),
-                             progress)
+        if chunk_size is None:
+            itemsize = max(p.acc_dtype.itemsize for p in cfg.plans)
+            chunk_size = auto_chunk_size(prob.size, prob.m, prob.n, itemsize)
+        if chunk_size >= prob.size and progress is None:
+            size = prob.size
+            padded = mesh is None and not traced and batch_bucket(size) != size
+            x0b, bargs = prob.x0, prob.bargs
+            if padded:
+                x0b, bargs = _pad_batch(prob, batch_bucket(size))
+            result = solve(x0b, bargs, prob.sargs)
+            if padded:
+                result = _unpad_batch(result, size)
+        else:
+            result = run_chunked(solve, prob.x0, prob.bargs, prob.sargs, int(chunk_size),
+                                 progress)
     if prob.spec is not None:  # x0 was a pytree: give x back in its structure
         result = replace(result, x=prob.spec.unravel_batched(result.x))
     return result

@@ -10,6 +10,7 @@ import numpy as np
 from .._pytree import Module, field
 from .._status import Reason
 from . import _status as st
+from .sharding import host_array
 
 __all__ = ["BatchResult"]
 
@@ -70,15 +71,18 @@ class BatchResult(Module):
     @property
     def num_escalated(self) -> int:
         """How many fits a lower rung's guard sent up (host-side count). Fits that were
-        only finished and verified on the top rung (``Reason.VERIFY``) do not count."""
+        only finished and verified on the top rung (``Reason.VERIFY``) do not count.
+
+        On a result spanning processes, this, :meth:`message` and :meth:`status_counts`
+        gather the per-fit codes from every process (a collective: call them on all)."""
         if self.escalation_reason is None:
-            return int(np.sum(np.asarray(self.rung) > 0))
-        why = np.asarray(self.escalation_reason)
+            return int(np.sum(host_array(self.rung) > 0))
+        why = host_array(self.escalation_reason)
         return int(np.sum((why != Reason.NONE) & (why != Reason.VERIFY)))
 
     def message(self, i: int) -> str:
         """The scipy-style message for fit ``i``."""
-        return st.message(int(np.asarray(self.status)[i]))
+        return st.message(int(host_array(self.status)[i]))
 
     def status_counts(self) -> dict[int, int]:
         """``{status code: number of fits}`` (host-side).
@@ -91,5 +95,5 @@ class BatchResult(Module):
             ...             ("f64",)).status_counts()
             {0: 1, 2: 2}
         """
-        codes, counts = np.unique(np.asarray(self.status), return_counts=True)
+        codes, counts = np.unique(host_array(self.status), return_counts=True)
         return {int(c): int(k) for c, k in zip(codes, counts)}
