@@ -41,13 +41,27 @@ Example:
 from __future__ import annotations
 
 import enum
+import re
 from types import MappingProxyType
 
 __all__ = ["OpKind", "PRIMITIVE_KINDS", "EXACT_REDUCTIONS", "ENTRYWISE", "AXIS_REDUCTIONS",
            "CALLS", "classify"]
 
 
-class OpKind(enum.Enum):
+class NamedEnum(enum.Enum):
+    """An enum of string values that parses from a value's name: ``parse("Data-Movement")``
+    (case-insensitive, ``-`` or ``_``); a ``ValueError`` lists the choices. The base of
+    :class:`OpKind` and :class:`~adaptprec.Rule`."""
+
+    @classmethod
+    def parse(cls, value):
+        """The member whose value is ``value`` (case-insensitive, ``-`` or ``_``), or
+        ``value`` itself if it is a member; ``ValueError`` if none."""
+        what = re.sub(r"(?<!^)(?=[A-Z])", " ", cls.__name__).lower()   # OpKind: "op kind"
+        return _parse_enum(cls, value, what)
+
+
+class OpKind(NamedEnum):
     """Numerical class of a JAX primitive; the key of a precision policy's rules.
 
     Example:
@@ -67,11 +81,6 @@ class OpKind(enum.Enum):
     CONTROL = "control"
     BOUNDARY = "boundary"
     UNKNOWN = "unknown"
-
-    @classmethod
-    def parse(cls, name: str | OpKind) -> OpKind:
-        """The kind named ``name`` (case-insensitive, ``-`` or ``_``); ``ValueError`` if none."""
-        return _parse_enum(cls, name, "op kind")
 
 
 def _parse_enum(cls, value, what: str):
