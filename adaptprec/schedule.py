@@ -30,6 +30,11 @@ Every schedule except ``Fixed`` and ``Callback`` also escalates at once when
 scheduled rung runs; under ``vmap`` with per-element rungs the switch becomes a select, as
 for any batched ``lax.switch``).
 
+Solvers that own their loop consult a schedule instead of running :func:`iterate`:
+``solve_nlsq(schedule=...)`` calls ``init`` once and ``update`` after each accepted step or
+non-finite evaluation, and climbs when the schedule's rung goes up (``Reason.SCHEDULE``);
+docs/architecture.md ("One solve", step 5) gives the exact statistics it reports.
+
 Example:
     >>> import jax.numpy as jnp
     >>> import adaptprec as ap
