@@ -3,9 +3,10 @@
 ``autocast(fn, policy)`` traces ``fn`` to a jaxpr with :func:`jax.make_jaxpr` and evaluates
 the equations again, one by one, casting the floating operands of each to the dtype its
 :class:`~adaptprec.PrecisionPolicy` rule gives (integer, boolean and complex
-values are never touched). Higher-order primitives are recursed into with JAX's public
-APIs, so the result is an ordinary traceable function that composes with ``jit``,
-``grad``, ``vmap`` and ``adaptive()``:
+values are never touched; the walk itself is :func:`adaptprec._jaxpr.eval_jaxpr`, shared
+with the pointwise analysis and the fits-last evaluator). Higher-order primitives are
+recursed into with JAX's public APIs, so the result is an ordinary traceable function that
+composes with ``jit``, ``grad``, ``vmap`` and ``adaptive()``:
 
 * ``jit``/``closed_call``: inlined; ``remat2``: re-wrapped in :func:`jax.checkpoint`;
 * ``scan``/``while``: :func:`jax.lax.scan` / :func:`jax.lax.while_loop` over the transformed
