@@ -329,8 +329,9 @@ def conditioned(kappa, u, tol, code: int = ILL_CONDITIONED) -> GuardResult:
     """``code`` (default ``ILL_CONDITIONED``) when the condition estimate ``kappa`` has
     ``kappa * u > tol``: the relative error the rung's rounding may cause exceeds ``tol``.
     value = ``kappa``. The test of :func:`condition` and :func:`matrix_condition`, and of a
-    solver that estimates ``kappa`` itself (nlsq: the singular values of its factor). A NaN
-    estimate does not fire (those guards map it to ``inf`` first).
+    solver that estimates ``kappa`` itself (nlsq: the singular values of its factor; batch:
+    one estimate per fit, the test applies elementwise). A NaN estimate does not fire
+    (those guards map it to ``inf`` first).
 
     Example:
         >>> from adaptprec import guards
