@@ -252,12 +252,26 @@ class _CountState(ScheduleState):
     count: jax.Array
 
 
+class _Patient(PrecisionSchedule):
+    """A schedule that counts steps against its ``patience`` field (an int >= 1) and
+    watches values that start at ``+inf``."""
+
+    def __check_init__(self):
+        _require_positive("patience", self.patience)
+
+    @staticmethod
+    def _start(state_cls, ladder, *watched: str):
+        inf = jnp.asarray(jnp.inf, jnp.result_type(float))
+        return state_cls.initial(ladder, count=jnp.asarray(0, jnp.int32),
+                                 **dict.fromkeys(watched, inf))
+
+
 class _StallState(ScheduleState):
     count: jax.Array
     best: jax.Array
 
 
-class StallEscalation(PrecisionSchedule):
+class StallEscalation(_Patient):
     """Escalate when progress stalls for ``patience`` consecutive steps.
 
     A step stalls when ``stats.rel_decrease < rate``, when it was rejected
@@ -286,12 +300,8 @@ class StallEscalation(PrecisionSchedule):
     rate: float = 1e-6
     patience: int = field(default=3, static=True)
 
-    def __check_init__(self):
-        _require_positive("patience", self.patience)
-
     def init(self, ladder):
-        best = jnp.asarray(jnp.inf, jnp.result_type(float))
-        return _StallState.initial(ladder, count=jnp.asarray(0, jnp.int32), best=best)
+        return self._start(_StallState, ladder, "best")
 
     def update(self, state, stats):
         value = stats.value.astype(state.best.dtype)
@@ -309,7 +319,7 @@ class _NoiseState(ScheduleState):
     previous: jax.Array
 
 
-class NoiseFloor(PrecisionSchedule):
+class NoiseFloor(_Patient):
     """Escalate when progress reaches the rounding noise of the current rung.
 
     For each *accepted* step, the decrease ``previous - value`` (``previous``: the value
@@ -333,12 +343,8 @@ class NoiseFloor(PrecisionSchedule):
     factor: float = 10.0
     patience: int = field(default=1, static=True)
 
-    def __check_init__(self):
-        _require_positive("patience", self.patience)
-
     def init(self, ladder):
-        prev = jnp.asarray(jnp.inf, jnp.result_type(float))
-        return _NoiseState.initial(ladder, count=jnp.asarray(0, jnp.int32), previous=prev)
+        return self._start(_NoiseState, ladder, "previous")
 
     def update(self, state, stats):
         value = stats.value.astype(state.previous.dtype)
