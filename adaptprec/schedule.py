@@ -265,6 +265,15 @@ class _Patient(PrecisionSchedule):
         return state_cls.initial(ladder, count=jnp.asarray(0, jnp.int32),
                                  **dict.fromkeys(watched, inf))
 
+    def _climb(self, state, stats, count, **changes):
+        """``state`` one rung up when a guard failed or ``count`` reached ``patience`` (the
+        count restarts), else with the new ``count``; a callable in ``changes`` gets
+        ``up``."""
+        up = (stats.guard_failures > 0) | (count >= self.patience)
+        changes = {k: v(up) if callable(v) else v for k, v in changes.items()}
+        return state.move(state.rung + up.astype(jnp.int32),
+                          count=jnp.where(up, 0, count).astype(jnp.int32), **changes)
+
 
 class _StallState(ScheduleState):
     count: jax.Array
@@ -308,10 +317,8 @@ class StallEscalation(_Patient):
         no_new_best = value > state.best - self.rate * jnp.abs(state.best)
         stalled = (~stats.accepted) | (stats.rel_decrease < self.rate) | no_new_best
         count = jnp.where(stalled, state.count + 1, 0)
-        up = (stats.guard_failures > 0) | (count >= self.patience)
-        best = jnp.where(up, jnp.inf, jnp.minimum(state.best, value))
-        return state.move(state.rung + up.astype(jnp.int32),
-                          count=jnp.where(up, 0, count).astype(jnp.int32), best=best)
+        return self._climb(state, stats, count, best=lambda up: jnp.where(
+            up, jnp.inf, jnp.minimum(state.best, value)))
 
 
 class _NoiseState(ScheduleState):
@@ -353,10 +360,8 @@ class NoiseFloor(_Patient):
         at_floor = stats.accepted & (decrease < noise)
         count = jnp.where(at_floor, state.count + 1,
                           jnp.where(stats.accepted, 0, state.count))
-        up = (stats.guard_failures > 0) | (count >= self.patience)
-        previous = jnp.where(stats.accepted, value, state.previous)
-        return state.move(state.rung + up.astype(jnp.int32),
-                     count=jnp.where(up, 0, count).astype(jnp.int32), previous=previous)
+        return self._climb(state, stats, count,
+                           previous=jnp.where(stats.accepted, value, state.previous))
 
 
 class _HysteresisState(ScheduleState):
