@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-__all__ = ["capacity_for", "recompute_rows"]
+__all__ = ["capacity_for", "select", "gather", "scatter", "by_count", "recompute_rows"]
 
 
 def capacity_for(capacity: int | float, size: int) -> int:
@@ -54,11 +54,70 @@ def _bcast(mask, x):
 
 
 def _take(x, idx):
-    return x[idx]
+    return jnp.take(x, idx, axis=0, mode="clip")
 
 
 def _put(full, idx, sub):
     return full.at[idx].set(sub, mode="drop")
+
+
+def select(mask: jax.Array, capacity: int) -> tuple[jax.Array, jax.Array]:
+    """Indices of the first ``capacity`` true entries of ``mask`` (padded with ``len(mask)``).
+
+    Returns ``(idx, valid)`` (``int32``, ``bool``); padded slots have ``valid`` false and the
+    out-of-range index ``len(mask)``, which :func:`scatter` drops.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec._compaction import select
+        >>> idx, valid = select(jnp.array([False, True, False, True]), 3)
+        >>> idx.tolist(), valid.tolist()
+        ([1, 3, 4], [True, True, False])
+    """
+    size = mask.shape[0]
+    (idx,) = jnp.nonzero(mask, size=capacity, fill_value=size)
+    return idx.astype(jnp.int32), idx < size
+
+
+def gather(tree: Any, idx: jax.Array, take: Callable = _take) -> Any:
+    """Rows ``idx`` of every leaf (``take(leaf, idx)``; by default out-of-range rows are
+    clipped, callers mask them).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec._compaction import gather
+        >>> gather({"a": jnp.arange(3.0)}, jnp.array([2, 0]))["a"].tolist()
+        [2.0, 0.0]
+    """
+    return jax.tree_util.tree_map(lambda x: take(x, idx), tree)
+
+
+def scatter(tree: Any, idx: jax.Array, rows: Any, put: Callable = _put) -> Any:
+    """Write ``rows`` back to rows ``idx`` of every leaf (``put(leaf, idx, rows)``; by
+    default out-of-range rows are dropped).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec._compaction import scatter
+        >>> scatter(jnp.zeros(3), jnp.array([1, 3]), jnp.array([5.0, 7.0])).tolist()
+        [0.0, 5.0, 0.0]
+    """
+    return jax.tree_util.tree_map(lambda full, sub: put(full, idx, sub), tree, rows)
+
+
+# the tree functions under names recompute_rows' per-leaf hook arguments do not shadow
+_gather_tree, _scatter_tree = gather, scatter
+
+
+def by_count(need: jax.Array, capacity: int, nothing: Callable, compact: Callable,
+             whole: Callable, operand: Any) -> Any:
+    """``nothing``, ``compact`` or ``whole`` applied to ``operand``, as no row, at most
+    ``capacity`` rows or more rows of ``need`` are set: one ``lax.switch`` on an unbatched
+    count, so only the chosen branch executes (also under ``vmap`` of the caller's caller).
+    """
+    n_need = jnp.sum(need, dtype=jnp.int32)
+    branch = jnp.where(n_need == 0, 0, jnp.where(n_need <= capacity, 1, 2))
+    return lax.switch(branch, [nothing, compact, whole], operand)
 
 
 def recompute_rows(need: jax.Array, fn: Callable[[Any], Any], operands: Any, current: Any,
@@ -74,8 +133,8 @@ def recompute_rows(need: jax.Array, fn: Callable[[Any], Any], operands: Any, cur
         operands: pytree of arrays with leading axis ``size``.
         current: pytree of arrays with leading axis ``size`` (the cheap results).
         capacity: buffer slots (static int, see :func:`capacity_for`).
-        gather, scatter, prepare_mask: hooks for sharded batches (the runtime passes
-            versions that keep the small buffer replicated on an explicit mesh):
+        gather, scatter, prepare_mask: per-leaf hooks for sharded batches (the runtime
+            passes versions that keep the small buffer replicated on an explicit mesh):
             ``gather(x, idx) -> rows``, ``scatter(full, idx, rows) -> full`` (indices equal
             to the batch size must be dropped), ``prepare_mask(need) -> need`` before the
             indices are computed. Defaults: plain indexing.
@@ -93,6 +152,7 @@ def recompute_rows(need: jax.Array, fn: Callable[[Any], Any], operands: Any, cur
         [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, -6.0, -7.0]
     """
     size = need.shape[0]
+    take, put = gather, scatter
 
     def whole(cur):
         new = fn(operands)
@@ -106,14 +166,9 @@ def recompute_rows(need: jax.Array, fn: Callable[[Any], Any], operands: Any, cur
         return lax.cond(jnp.any(need), whole, nothing, current)
 
     def compact(cur):
-        mask = need if prepare_mask is None else prepare_mask(need)
-        idx = jnp.nonzero(mask, size=capacity, fill_value=size)[0]
-        safe = jnp.where(idx < size, idx, 0)
-        sub = jax.tree_util.tree_map(lambda x: gather(x, safe), operands)
-        new = fn(sub)
+        idx, valid = select(need if prepare_mask is None else prepare_mask(need), capacity)
+        safe = jnp.where(valid, idx, 0)
         # unused slots carry index `size`: out of bounds, dropped by the scatter
-        return jax.tree_util.tree_map(lambda full, s: scatter(full, idx, s), cur, new)
+        return _scatter_tree(cur, idx, fn(_gather_tree(operands, safe, take)), put)
 
-    n_need = jnp.sum(need, dtype=jnp.int32)
-    branch = jnp.where(n_need == 0, 0, jnp.where(n_need <= capacity, 1, 2))
-    return lax.switch(branch, [nothing, compact, whole], current)
+    return by_count(need, capacity, nothing, compact, whole, current)

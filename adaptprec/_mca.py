@@ -53,6 +53,7 @@ from jax import lax
 from ._autocast.interpret import _Ctx, _eval_jaxpr, _is_dynamic, _is_float, _raw, _trace
 from ._autocast.opkind import EXACT_REDUCTIONS, OpKind, classify
 from ._autocast.presets import PrecisionPolicy, Rule
+from ._jaxpr import iter_eqns
 
 __all__ = ["wider", "MCAResult", "mca_samples"]
 
@@ -346,15 +347,7 @@ class _Hook:
 
 
 def _has_loops(jaxpr) -> bool:
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name in ("scan", "while"):
-            return True
-        for v in eqn.params.values():
-            for sub in (v if isinstance(v, (tuple, list)) else (v,)):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns") and _has_loops(inner):
-                    return True
-    return False
+    return any(e.primitive.name in ("scan", "while") for e in iter_eqns(jaxpr))
 
 
 class MCAResult(NamedTuple):

@@ -29,6 +29,11 @@ guard                                fires (``ok`` false) when
 A plain function in a guard list is treated as ``predicate(fn)``. Guards compose by
 listing them; the runtime escalates when any fires.
 
+Solvers that already hold their evaluation on a rung (nlsq's residual, trial point and
+factor) run the same tests on it directly: :func:`finite_values` (the test of ``finite()``)
+and :func:`conditioned` (the test of ``condition``/``matrix_condition`` on a ``kappa`` the
+solver estimated), each a :class:`GuardResult` whose code is a :class:`~adaptprec.Reason`.
+
 Example:
     >>> import jax.numpy as jnp
     >>> from adaptprec import guards
@@ -44,6 +49,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -63,6 +69,8 @@ __all__ = [
     "GuardContext",
     "Guard",
     "finite",
+    "finite_values",
+    "conditioned",
     "headroom",
     "condition",
     "matrix_condition",
@@ -251,10 +259,17 @@ class Guard(abc.ABC):
     def check(self, ctx: GuardContext) -> GuardResult | jax.Array:
         """The check itself (jit-safe: no Python branches on traced values)."""
 
+    #: Report label, a ``str.format`` template over the guard's fields (``{self.tol:g}``);
+    #: ``None``: the class name.
+    label: str | None = None
+
     @property
     def name(self) -> str:
         """Short label used in reports."""
-        return type(self).__name__
+        if self.label is None:
+            return type(self).__name__
+        return self.label.format(self=self, fn_name=getattr(
+            getattr(self, "check_fn", getattr(self, "fn", None)), "__name__", "fn"))
 
     def __call__(self, ctx: GuardContext) -> GuardResult:
         return _validate(self.check(ctx), self.name, self.code)
@@ -283,17 +298,51 @@ class Guard(abc.ABC):
 class _Finite(Guard):
     code = NONFINITE
     role = "finite"
-
-    @property
-    def name(self):
-        return "finite"
+    label = "finite"
 
     def check(self, ctx):
-        leaves = _float_leaves(ctx.out)
-        # float32 counts: an int64 sum is ~10x slower than the scan itself on XLA:CPU
-        bad = sum((jnp.sum(~jnp.isfinite(x), dtype=jnp.float32) for x in leaves),
-                  jnp.float32(0))
-        return GuardResult.make(bad == 0, NONFINITE, bad)
+        return finite_values(ctx.out)
+
+
+def finite_values(values: Any) -> GuardResult:
+    """The check of :func:`finite` on values a caller already holds (a solver's residual
+    and trial point): ``NONFINITE`` unless every floating leaf of ``values`` is finite;
+    value = how many entries are not. Jit-safe; the solvers' per-evaluation check.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec import guards
+        >>> r = guards.finite_values((jnp.array([1.0, jnp.nan]), jnp.float32(2.0)))
+        >>> bool(r.ok), int(r.code), float(r.value)
+        (False, 1, 1.0)
+    """
+    leaves = _float_leaves(values)
+    ok = functools.reduce(jnp.logical_and, (jnp.all(jnp.isfinite(x)) for x in leaves),
+                          jnp.asarray(True))
+    # float32 counts: an int64 sum is ~10x slower than the scan itself on XLA:CPU
+    bad = sum((jnp.sum(~jnp.isfinite(x), dtype=jnp.float32) for x in leaves),
+              jnp.float32(0))
+    return GuardResult.make(ok, NONFINITE, bad)
+
+
+def conditioned(kappa, u, tol, code: int = ILL_CONDITIONED) -> GuardResult:
+    """``code`` (default ``ILL_CONDITIONED``) when the condition estimate ``kappa`` has
+    ``kappa * u > tol``: the relative error the rung's rounding may cause exceeds ``tol``.
+    value = ``kappa``. The test of :func:`condition` and :func:`matrix_condition`, and of a
+    solver that estimates ``kappa`` itself (nlsq: the singular values of its factor; batch:
+    one estimate per fit, the test applies elementwise). A NaN estimate does not fire
+    (those guards map it to ``inf`` first).
+
+    Example:
+        >>> from adaptprec import guards
+        >>> r = guards.conditioned(1e4, 2.0 ** -24, 1e-3)
+        >>> bool(r.ok), guards.code_name(int(r.code))
+        (True, 'ok')
+        >>> guards.code_name(int(guards.conditioned(1e6, 2.0 ** -24, 1e-2).code))
+        'ill-conditioned'
+    """
+    kappa = jnp.asarray(kappa)
+    return GuardResult.make(~(kappa * u > tol), code, kappa)
 
 
 def finite() -> Guard:
@@ -316,10 +365,7 @@ class _Headroom(Guard):
     fraction: float
     code = OVERFLOW
     role = "finite"
-
-    @property
-    def name(self):
-        return f"headroom({self.fraction:g})"
+    label = "headroom({self.fraction:g})"
 
     def check(self, ctx):
         big = max_value(ctx.dtype)
@@ -379,10 +425,7 @@ class _Condition(Guard):
     n_dirs: int
     seed: int
     code = ILL_CONDITIONED
-
-    @property
-    def name(self):
-        return f"condition({self.tol:g})"
+    label = "condition({self.tol:g})"
 
     def check(self, ctx):
         leaves, treedef, pos = _split_floating(ctx.args, ctx.kwargs)
@@ -409,7 +452,7 @@ class _Condition(Guard):
         ynorm = jnp.linalg.norm(y.astype(wide))
         kappa = jnp.where(tnorm == 0, 0.0, tnorm / ynorm)
         kappa = jnp.where(jnp.isnan(kappa), jnp.inf, kappa)
-        return GuardResult.make(kappa * ctx.u <= self.tol, ILL_CONDITIONED, kappa)
+        return conditioned(kappa, ctx.u, self.tol)
 
 
 def condition(tol: float = 1e-2, *, n_dirs: int = 2, seed: int = 0) -> Guard:
@@ -462,10 +505,7 @@ class _MatrixCondition(Guard):
     arg: int | str
     max_iter: int
     code = MATRIX_ILL_CONDITIONED
-
-    @property
-    def name(self):
-        return f"matrix_condition({self.tol:g})"
+    label = "matrix_condition({self.tol:g})"
 
     def check(self, ctx):
         a = _get_arg(ctx.args, ctx.kwargs, self.arg, "matrix_condition")
@@ -483,7 +523,7 @@ class _MatrixCondition(Guard):
             n, a.dtype, max_iter=self.max_iter)
         kappa = jnp.max(jnp.sum(jnp.abs(a), axis=0)) * inv_norm
         kappa = jnp.where(jnp.isfinite(kappa), kappa, jnp.inf)
-        return GuardResult.make(kappa * ctx.u <= self.tol, MATRIX_ILL_CONDITIONED, kappa)
+        return conditioned(kappa, ctx.u, self.tol, MATRIX_ILL_CONDITIONED)
 
 
 def matrix_condition(tol: float = 1e-2, *, arg: int | str = 0, max_iter: int = 5) -> Guard:
@@ -519,10 +559,7 @@ class _Residual(Guard):
     check_fn: Callable
     tol: float
     code = RESIDUAL
-
-    @property
-    def name(self):
-        return f"residual({getattr(self.check_fn, '__name__', 'fn')}, {self.tol:g})"
+    label = "residual({fn_name}, {self.tol:g})"
 
     def check(self, ctx):
         args, kwargs = ctx.inputs
@@ -624,10 +661,7 @@ def backward_error(tol: float | None = None, a_arg: int | str = 0,
 class _Predicate(Guard):
     fn: Callable
     code = PREDICATE
-
-    @property
-    def name(self):
-        return f"predicate({getattr(self.fn, '__name__', 'fn')})"
+    label = "predicate({fn_name})"
 
     def check(self, ctx):
         args, kwargs = ctx.inputs
@@ -691,10 +725,7 @@ class _Accuracy(Guard):
     seed: int
     code = INACCURATE
     role = "accuracy"
-
-    @property
-    def name(self):
-        return f"accuracy({self.rtol:g})"
+    label = "accuracy({self.rtol:g})"
 
     def check(self, ctx):
         return self.estimate(ctx, self.seed)
@@ -795,10 +826,7 @@ class _SpotCheck(Guard):
     seed: int
     code = SPOT_CHECK
     role = "spot_check"
-
-    @property
-    def name(self):
-        return f"spot_check({self.rtol:g}, sample={self.sample})"
+    label = "spot_check({self.rtol:g}, sample={self.sample})"
 
     def check(self, ctx):
         if ctx.batched or ctx.next_rung is None:

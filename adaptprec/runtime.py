@@ -28,7 +28,6 @@ How it works
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,6 +38,7 @@ from jax import lax
 from jax.custom_batching import custom_vmap
 from jax.sharding import PartitionSpec
 
+from . import _compaction
 from ._monitor import emit as _emit_report
 from ._monitor import enabled as _monitor_enabled
 from ._rungs import Rung, is_rung_object, normalize_ladder
@@ -184,11 +184,7 @@ class MixedPrecisionManager:
         self.policy = None if policy is None else Policy.parse(policy)
         if batch not in _BATCH_MODES:
             raise ValueError(f"batch must be 'call' or 'element', got {batch!r}")
-        if isinstance(capacity, bool) or not (
-                (isinstance(capacity, (int, np.integer)) and capacity >= 1)
-                or (isinstance(capacity, float) and 0 < capacity <= 1)):
-            raise ValueError(f"capacity must be an int >= 1 or a fraction in (0, 1], got "
-                             f"{capacity!r}")
+        _compaction.capacity_for(capacity, 1)   # validates (ValueError naming capacity)
         if on_failure not in _ON_FAILURE:
             raise ValueError(f"on_failure must be 'return', 'raise' or 'nan', got "
                              f"{on_failure!r}")
@@ -209,9 +205,7 @@ class MixedPrecisionManager:
                 f"on_failure={self.on_failure!r})")
 
     def _capacity(self, m: int) -> int:
-        if isinstance(self.capacity, float):
-            return max(1, math.ceil(self.capacity * m))
-        return int(self.capacity)
+        return _compaction.capacity_for(self.capacity, m)
 
     def run(self, fn: Callable, *args, **kwargs) -> tuple[Any, Report]:
         """Run ``fn(*args, **kwargs)`` adaptively; returns ``(out, Report)``.
@@ -443,18 +437,14 @@ class _Program:
 
         def compact(rec):
             # the buffer is small: build it replicated even when the batch is sharded
-            idx = jnp.nonzero(_replicated(need), size=cap, fill_value=size)[0]
-            valid = idx < size
+            idx, valid = _compaction.select(_replicated(need), cap)
             safe = jnp.where(valid, idx, 0)
             sub_dyn = [_gather_rows(x, safe) if f else x for x, f in zip(dyn, flags)]
-            sub_rec = jax.tree_util.tree_map(lambda x: _gather_rows(x, safe), rec)
+            sub_rec = _compaction.gather(rec, safe, _gather_rows)
             sub_rec = self.climb_batch(k, sub_dyn, flags, sub_rec, valid, cap, False)
-            return jax.tree_util.tree_map(
-                lambda full, sub: _scatter_rows(full, idx, sub), rec, sub_rec)
+            return _compaction.scatter(rec, idx, sub_rec, _scatter_rows)
 
-        n_fail = jnp.sum(need, dtype=jnp.int32)
-        branch = jnp.where(n_fail == 0, 0, jnp.where(n_fail <= cap, 1, 2))
-        return lax.switch(branch, [lambda r: r, compact, whole], rec)
+        return _compaction.by_count(need, cap, lambda r: r, compact, whole, rec)
 
     # ------------------------------------------------------------- grad through rung
 

@@ -30,6 +30,11 @@ Every schedule except ``Fixed`` and ``Callback`` also escalates at once when
 scheduled rung runs; under ``vmap`` with per-element rungs the switch becomes a select, as
 for any batched ``lax.switch``).
 
+Solvers that own their loop consult a schedule instead of running :func:`iterate`:
+``solve_nlsq(schedule=...)`` calls ``init`` once and ``update`` after each accepted step or
+non-finite evaluation, and climbs when the schedule's rung goes up (``Reason.SCHEDULE``);
+docs/architecture.md ("One solve", step 5) gives the exact statistics it reports.
+
 Example:
     >>> import jax.numpy as jnp
     >>> import adaptprec as ap
@@ -247,12 +252,35 @@ class _CountState(ScheduleState):
     count: jax.Array
 
 
+class _Patient(PrecisionSchedule):
+    """A schedule that counts steps against its ``patience`` field (an int >= 1) and
+    watches values that start at ``+inf``."""
+
+    def __check_init__(self):
+        _require_positive("patience", self.patience)
+
+    @staticmethod
+    def _start(state_cls, ladder, *watched: str):
+        inf = jnp.asarray(jnp.inf, jnp.result_type(float))
+        return state_cls.initial(ladder, count=jnp.asarray(0, jnp.int32),
+                                 **dict.fromkeys(watched, inf))
+
+    def _climb(self, state, stats, count, **changes):
+        """``state`` one rung up when a guard failed or ``count`` reached ``patience`` (the
+        count restarts), else with the new ``count``; a callable in ``changes`` gets
+        ``up``."""
+        up = (stats.guard_failures > 0) | (count >= self.patience)
+        changes = {k: v(up) if callable(v) else v for k, v in changes.items()}
+        return state.move(state.rung + up.astype(jnp.int32),
+                          count=jnp.where(up, 0, count).astype(jnp.int32), **changes)
+
+
 class _StallState(ScheduleState):
     count: jax.Array
     best: jax.Array
 
 
-class StallEscalation(PrecisionSchedule):
+class StallEscalation(_Patient):
     """Escalate when progress stalls for ``patience`` consecutive steps.
 
     A step stalls when ``stats.rel_decrease < rate``, when it was rejected
@@ -281,22 +309,16 @@ class StallEscalation(PrecisionSchedule):
     rate: float = 1e-6
     patience: int = field(default=3, static=True)
 
-    def __check_init__(self):
-        _require_positive("patience", self.patience)
-
     def init(self, ladder):
-        best = jnp.asarray(jnp.inf, jnp.result_type(float))
-        return _StallState.initial(ladder, count=jnp.asarray(0, jnp.int32), best=best)
+        return self._start(_StallState, ladder, "best")
 
     def update(self, state, stats):
         value = stats.value.astype(state.best.dtype)
         no_new_best = value > state.best - self.rate * jnp.abs(state.best)
         stalled = (~stats.accepted) | (stats.rel_decrease < self.rate) | no_new_best
         count = jnp.where(stalled, state.count + 1, 0)
-        up = (stats.guard_failures > 0) | (count >= self.patience)
-        best = jnp.where(up, jnp.inf, jnp.minimum(state.best, value))
-        return state.move(state.rung + up.astype(jnp.int32),
-                          count=jnp.where(up, 0, count).astype(jnp.int32), best=best)
+        return self._climb(state, stats, count, best=lambda up: jnp.where(
+            up, jnp.inf, jnp.minimum(state.best, value)))
 
 
 class _NoiseState(ScheduleState):
@@ -304,7 +326,7 @@ class _NoiseState(ScheduleState):
     previous: jax.Array
 
 
-class NoiseFloor(PrecisionSchedule):
+class NoiseFloor(_Patient):
     """Escalate when progress reaches the rounding noise of the current rung.
 
     For each *accepted* step, the decrease ``previous - value`` (``previous``: the value
@@ -328,12 +350,8 @@ class NoiseFloor(PrecisionSchedule):
     factor: float = 10.0
     patience: int = field(default=1, static=True)
 
-    def __check_init__(self):
-        _require_positive("patience", self.patience)
-
     def init(self, ladder):
-        prev = jnp.asarray(jnp.inf, jnp.result_type(float))
-        return _NoiseState.initial(ladder, count=jnp.asarray(0, jnp.int32), previous=prev)
+        return self._start(_NoiseState, ladder, "previous")
 
     def update(self, state, stats):
         value = stats.value.astype(state.previous.dtype)
@@ -342,10 +360,8 @@ class NoiseFloor(PrecisionSchedule):
         at_floor = stats.accepted & (decrease < noise)
         count = jnp.where(at_floor, state.count + 1,
                           jnp.where(stats.accepted, 0, state.count))
-        up = (stats.guard_failures > 0) | (count >= self.patience)
-        previous = jnp.where(stats.accepted, value, state.previous)
-        return state.move(state.rung + up.astype(jnp.int32),
-                     count=jnp.where(up, 0, count).astype(jnp.int32), previous=previous)
+        return self._climb(state, stats, count,
+                           previous=jnp.where(stats.accepted, value, state.previous))
 
 
 class _HysteresisState(ScheduleState):

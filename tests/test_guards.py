@@ -183,3 +183,37 @@ def test_guards_under_jit_and_vmap():
     np.testing.assert_allclose(np.asarray(mc), [np.linalg.cond(np.asarray(H8), 1),
                                                 np.linalg.cond(np.asarray(WELL), 1)],
                                rtol=0.67)
+
+
+# ---- the solvers' per-evaluation tests (issue 13: nlsq's step runs these) ----------------
+
+def test_finite_values_is_the_finite_guard_test():
+    vals = (jnp.array([1.0, jnp.nan, jnp.inf]), jnp.float32(2.0), jnp.arange(3))  # ints ignored
+    r = guards.finite_values(vals)
+    g = guards.finite()(guards.GuardContext(None, (), {}, ((), {}), vals, jnp.float32,
+                                            2.0 ** -24))
+    assert (bool(r.ok), int(r.code), float(r.value)) == (bool(g.ok), int(g.code),
+                                                         float(g.value)) == (False, 1, 2.0)
+    ok = jax.jit(jax.vmap(lambda x: guards.finite_values((x, x.sum())).ok))(
+        jnp.array([[1.0, 2.0], [1.0, jnp.nan]]))
+    assert ok.tolist() == [True, False]
+
+
+def test_conditioned_fires_above_tol_not_on_nan():
+    u = 2.0 ** -53
+    kappa = jnp.array([1.0, 1e12, 1e14, jnp.inf, jnp.nan])
+    r = jax.jit(jax.vmap(lambda k: guards.conditioned(k, u, 1e-3)))(kappa)
+    assert r.ok.tolist() == [True, True, False, False, True]
+    assert r.code.tolist() == [0, 0, guards.ILL_CONDITIONED, guards.ILL_CONDITIONED, 0]
+    m = guards.conditioned(1e14, u, 1e-3, guards.MATRIX_ILL_CONDITIONED)
+    assert int(m.code) == guards.MATRIX_ILL_CONDITIONED
+
+
+def test_guard_names_from_labels():
+    names = [guards.finite().name, guards.headroom(0.25).name, guards.condition(0.1).name,
+             guards.matrix_condition(1e-3).name, guards.residual(jnp.linalg.norm, 1e-6).name,
+             guards.predicate(jnp.all).name, guards.accuracy(1e-3).name,
+             guards.spot_check(1e-2, sample=4).name]
+    assert names == ["finite", "headroom(0.25)", "condition(0.1)", "matrix_condition(0.001)",
+                     "residual(norm, 1e-06)", "predicate(all)", "accuracy(0.001)",
+                     "spot_check(0.01, sample=4)"]

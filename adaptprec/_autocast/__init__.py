@@ -17,42 +17,18 @@ Example:
     'float32'
 """
 
-from .explain import Explanation, KindRow, ScopeRow, explain
-from .interpret import autocast
+# Each submodule's __all__ is re-exported as is (one list per name, kept by its module).
+from .explain import *  # noqa: F403  explain, Explanation, KindRow, ScopeRow
+from .explain import __all__ as _explain_all
+from .interpret import *  # noqa: F403  autocast
+from .interpret import __all__ as _interpret_all
 from .opkind import EXACT_REDUCTIONS, PRIMITIVE_KINDS, OpKind, classify
-from .presets import (
-    ALWAYS_BF16,
-    ALWAYS_F16,
-    ALWAYS_F32,
-    AUTO_MIXED,
-    AUTO_MIXED_BF16,
-    AUTO_MIXED_CONSERVATIVE,
-    PRESETS,
-    PrecisionPolicy,
-    Rule,
-)
+from .presets import *  # noqa: F403  Rule, PrecisionPolicy, the presets and PRESETS
+from .presets import __all__ as _presets_all
 from .scopes import KEEP, ScopeMatch, ScopeRules
 
 __all__ = [
-    "autocast",
-    "explain",
-    "ScopeRules",
-    "ScopeMatch",
-    "ScopeRow",
-    "KEEP",
-    "Explanation",
-    "KindRow",
-    "OpKind",
-    "classify",
-    "PRIMITIVE_KINDS",
-    "EXACT_REDUCTIONS",
-    "PrecisionPolicy",
-    "Rule",
-    "PRESETS",
-    "ALWAYS_F32",
-    "ALWAYS_F16",
-    "ALWAYS_BF16",
-    "AUTO_MIXED_CONSERVATIVE",
-    "AUTO_MIXED",
-    "AUTO_MIXED_BF16",
+    *_interpret_all, *_explain_all, *_presets_all,
+    "ScopeRules", "ScopeMatch", "KEEP",
+    "OpKind", "classify", "PRIMITIVE_KINDS", "EXACT_REDUCTIONS",
 ]

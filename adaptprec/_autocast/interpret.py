@@ -3,9 +3,10 @@
 ``autocast(fn, policy)`` traces ``fn`` to a jaxpr with :func:`jax.make_jaxpr` and evaluates
 the equations again, one by one, casting the floating operands of each to the dtype its
 :class:`~adaptprec.PrecisionPolicy` rule gives (integer, boolean and complex
-values are never touched). Higher-order primitives are recursed into with JAX's public
-APIs, so the result is an ordinary traceable function that composes with ``jit``,
-``grad``, ``vmap`` and ``adaptive()``:
+values are never touched; the walk itself is :func:`adaptprec._jaxpr.eval_jaxpr`, shared
+with the pointwise analysis and the fits-last evaluator). Higher-order primitives are
+recursed into with JAX's public APIs, so the result is an ordinary traceable function that
+composes with ``jit``, ``grad``, ``vmap`` and ``adaptive()``:
 
 * ``jit``/``closed_call``: inlined; ``remat2``: re-wrapped in :func:`jax.checkpoint`;
 * ``scan``/``while``: :func:`jax.lax.scan` / :func:`jax.lax.while_loop` over the transformed
@@ -55,11 +56,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
+from jax.extend.core import ClosedJaxpr, Jaxpr
 
+from .. import _jaxpr as jx
 from . import scopes as _scopes
 from ._stats import _Stats, _Tagged
-from .opkind import EXACT_REDUCTIONS, OpKind, classify
+from .opkind import CALLS, EXACT_REDUCTIONS, PRIMITIVE_KINDS, OpKind, classify
 from .presets import AUTO_MIXED_BF16, PrecisionPolicy, Rule
 
 __all__ = ["autocast"]
@@ -237,49 +239,23 @@ def _compute_params(policy: PrecisionPolicy, rule, target, params: dict) -> dict
     return params
 
 
-def _as_list(out: Any, primitive) -> list:
-    return list(out) if primitive.multiple_results else [out]
-
-
-def _has_subjaxpr(params: dict) -> bool:
-    def is_jaxpr(v):
-        if isinstance(v, (Jaxpr, ClosedJaxpr)):
-            return True
-        return isinstance(v, (tuple, list)) and any(is_jaxpr(x) for x in v)
-
-    return any(is_jaxpr(v) for v in params.values())
-
-
 # --------------------------------------------------------------------------- evaluation
 def _eval_jaxpr(ctx: _Ctx, jaxpr: Jaxpr, consts: Sequence[Any], args: Sequence[Any]):
-    env: dict = {}
-
-    def read(atom):
-        if isinstance(atom, Literal):
-            return _Lit(atom.val, atom.aval.dtype)
-        return env[atom]
-
-    for var, val in zip(jaxpr.constvars, consts):
-        env[var] = val
-    for var, val in zip(jaxpr.invars, args):
-        env[var] = val
-    for eqn in jaxpr.eqns:
-        invals = [read(a) for a in eqn.invars]
+    def step(eqn, invals):
         handler = _HANDLERS.get(eqn.primitive.name)
         names = _scopes.scope_path(eqn.source_info.name_stack)
         sctx = ctx.at(names)  # the scope rule of eqn's name stack
         with _scopes.named(names):
             if sctx.keep:
-                outs = _kept(sctx, eqn, invals, handler)
-            elif handler is not None:
-                outs = handler(sctx, eqn, invals)
-            elif _has_subjaxpr(eqn.params) or eqn.primitive.name in _TRACED_DTYPE:
-                outs = _at_traced_dtype(sctx, eqn, invals)
-            else:
-                outs = _first_order(sctx, eqn, invals)
-        for var, val in zip(eqn.outvars, outs):
-            env[var] = val
-    return [read(a) for a in jaxpr.outvars]
+                return _kept(sctx, eqn, invals, handler)
+            if handler is not None:
+                return handler(sctx, eqn, invals)
+            if jx.has_sub_jaxpr(eqn) or eqn.primitive.name in _TRACED_DTYPE:
+                return _at_traced_dtype(sctx, eqn, invals)
+            return _first_order(sctx, eqn, invals)
+
+    return jx.eval_jaxpr(jaxpr, consts, args, step,
+                         literal=lambda lit: _Lit(lit.val, lit.aval.dtype))
 
 
 def _eval_closed(ctx: _Ctx, closed: ClosedJaxpr, args: Sequence[Any]) -> list:
@@ -302,13 +278,12 @@ def _at_traced_dtype(ctx: _Ctx, eqn, invals) -> list:
             for v, var in zip(invals, eqn.invars)]
     ctx.stats.fallback.add(name)
     ctx.stats.op(kind, name, "as traced")
-    return _as_list(eqn.primitive.bind(*args, **eqn.params), eqn.primitive)
+    return jx.bind(eqn, args)
 
 
-# Handlers that recurse into bodies; inside a ``keep`` region they still run (a nested
-# scope may have its own rule), with operands at their traced dtypes.
-_RECURSIVE = frozenset({"jit", "pjit", "closed_call", "core_call", "remat2", "checkpoint",
-                        "scan", "while", "cond", "custom_jvp_call", "custom_vjp_call"})
+# Handlers that recurse into bodies (the CONTROL kind); inside a ``keep`` region they still
+# run (a nested scope may have its own rule), with operands at their traced dtypes.
+_RECURSIVE = frozenset(n for n, k in PRIMITIVE_KINDS.items() if k is OpKind.CONTROL)
 
 
 def _kept(ctx: _Ctx, eqn, invals, handler) -> list:
@@ -321,7 +296,7 @@ def _kept(ctx: _Ctx, eqn, invals, handler) -> list:
     ctx.stats.op(kind, name, _fmt([v.aval.dtype for v in eqn.outvars
                                    if _is_float(v.aval.dtype)]))
     raw = [_raw(v) for v in args]
-    outs = _as_list(eqn.primitive.bind(*raw, **eqn.params), eqn.primitive)
+    outs = jx.bind(eqn, raw)
     hook = getattr(ctx, "hook", None)  # a per-equation hook, if the context has one
     return outs if hook is None else hook(ctx, eqn, raw, outs)
 
@@ -344,7 +319,7 @@ def _first_order(ctx: _Ctx, eqn, invals) -> list:
     floats = [i for i, v in enumerate(invals) if _is_float(_dtype(v))]
     if not floats or (name in _INDEPENDENT and policy.rule_for(name) is Rule.INPUT):
         ctx.stats.op(kind, name, None)
-        return _as_list(prim.bind(*[_raw(v) for v in invals], **eqn.params), prim)
+        return jx.bind(eqn, [_raw(v) for v in invals])
     rule = policy.rule_for(name)
     arrays = [_dtype(invals[i]) for i in floats if not isinstance(invals[i], _Lit)]
     in_dtype = _widest(arrays or [_dtype(invals[i]) for i in floats])
@@ -360,7 +335,7 @@ def _first_order(ctx: _Ctx, eqn, invals) -> list:
     args = [ctx.cast(v, target, kind) if i in fset else _raw(v)
             for i, v in enumerate(invals)]
     try:
-        outs = _as_list(prim.bind(*args, **params), prim)
+        outs = jx.bind(eqn, args, params)
     except (TypeError, ValueError):
         # The primitive does not accept these dtypes: run it as traced.
         return _at_traced_dtype(ctx, eqn, invals)
@@ -385,7 +360,7 @@ def _convert(ctx: _Ctx, eqn, invals) -> list:
     if not _is_float(new):
         ctx.stats.op(kind, name, None)
         ctx.stats.retained_converts += not isinstance(x, _Lit)
-        return [eqn.primitive.bind(_raw(x), **eqn.params)]
+        return jx.bind(eqn, [_raw(x)])
     src_float = _is_float(_dtype(x))
     rule = ctx.policy.rule_for(name)
     target = np.dtype(_resolve(ctx.policy, rule, _dtype(x) if src_float else new,
@@ -397,16 +372,13 @@ def _convert(ctx: _Ctx, eqn, invals) -> list:
         out = [x]
     else:
         ctx.stats.retained_converts += 1
-        out = [eqn.primitive.bind(x, **dict(eqn.params, new_dtype=target))]
+        out = jx.bind(eqn, [x], dict(eqn.params, new_dtype=target))
     return out if ctx.hook is None else ctx.hook(ctx, eqn, [x], out)
 
 
 def _inline(ctx: _Ctx, eqn, invals) -> list:
-    sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
     ctx.stats.op(OpKind.CONTROL, eqn.primitive.name, None)
-    if isinstance(sub, ClosedJaxpr):
-        return _eval_closed(ctx, sub, invals)
-    return _eval_jaxpr(ctx, sub, (), invals)
+    return _eval_jaxpr(ctx, *jx.call_body(eqn), invals)
 
 
 def _remat(ctx: _Ctx, eqn, invals) -> list:
@@ -684,10 +656,7 @@ _SCATTERS = {"scatter": lax.scatter, "scatter-add": lax.scatter_add,
 
 _HANDLERS: dict[str, Callable] = {
     "convert_element_type": _convert,
-    "jit": _inline,
-    "pjit": _inline,
-    "closed_call": _inline,
-    "core_call": _inline,
+    **{name: _inline for name in CALLS},
     "remat2": _remat,
     "checkpoint": _remat,
     "scan": _scan,

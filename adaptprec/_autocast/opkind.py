@@ -41,12 +41,27 @@ Example:
 from __future__ import annotations
 
 import enum
+import re
 from types import MappingProxyType
 
-__all__ = ["OpKind", "PRIMITIVE_KINDS", "EXACT_REDUCTIONS", "classify"]
+__all__ = ["OpKind", "PRIMITIVE_KINDS", "EXACT_REDUCTIONS", "ENTRYWISE", "AXIS_REDUCTIONS",
+           "CALLS", "classify"]
 
 
-class OpKind(enum.Enum):
+class NamedEnum(enum.Enum):
+    """An enum of string values that parses from a value's name: ``parse("Data-Movement")``
+    (case-insensitive, ``-`` or ``_``); a ``ValueError`` lists the choices. The base of
+    :class:`OpKind` and :class:`~adaptprec.Rule`."""
+
+    @classmethod
+    def parse(cls, value):
+        """The member whose value is ``value`` (case-insensitive, ``-`` or ``_``), or
+        ``value`` itself if it is a member; ``ValueError`` if none."""
+        what = re.sub(r"(?<!^)(?=[A-Z])", " ", cls.__name__).lower()   # OpKind: "op kind"
+        return _parse_enum(cls, value, what)
+
+
+class OpKind(NamedEnum):
     """Numerical class of a JAX primitive; the key of a precision policy's rules.
 
     Example:
@@ -66,11 +81,6 @@ class OpKind(enum.Enum):
     CONTROL = "control"
     BOUNDARY = "boundary"
     UNKNOWN = "unknown"
-
-    @classmethod
-    def parse(cls, name: str | OpKind) -> OpKind:
-        """The kind named ``name`` (case-insensitive, ``-`` or ``_``); ``ValueError`` if none."""
-        return _parse_enum(cls, name, "op kind")
 
 
 def _parse_enum(cls, value, what: str):
@@ -131,6 +141,31 @@ EXACT_REDUCTIONS = frozenset(
     "reduce_max reduce_min argmax argmin cummax cummin reduce_window_max "
     "reduce_window_min reduce_and reduce_or reduce_xor".split()
 )
+
+
+#: Primitives that compute each output entry from the same entry of every operand (rank-0
+#: operands broadcast): the ELEMENTWISE and TRANSCENDENTAL kinds (but ``random_gamma``,
+#: which consumes a key) and the value-preserving casts. Shape analyses treat them alike
+#: whatever their precision class: the pointwise analysis of a residual
+#: (:mod:`adaptprec.nlsq._pointwise`) and the fits-last evaluator
+#: (:mod:`adaptprec.batch._fits_last`).
+ENTRYWISE = frozenset(
+    {n for n, kind in PRIMITIVE_KINDS.items()
+     if kind in (OpKind.ELEMENTWISE, OpKind.TRANSCENDENTAL)} - {"random_gamma"}
+    | {"convert_element_type", "reduce_precision", "copy", "copy_p"}
+)
+
+#: Reductions over a set of axes (parameter ``axes``); the other REDUCTION primitives
+#: (cumulative, windowed) keep their operand's shape.
+AXIS_REDUCTIONS = frozenset(
+    "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor argmax "
+    "argmin".split()
+)
+
+#: Call primitives (CONTROL): apply their body (``params["jaxpr"]``, ``"call_jaxpr"`` for
+#: ``closed_call``/``core_call``) to their operands as is,
+#: so an interpreter may inline them (:func:`adaptprec._jaxpr.call_body`).
+CALLS = frozenset(("jit", "pjit", "closed_call", "core_call"))
 
 
 def classify(primitive_name: str) -> OpKind:

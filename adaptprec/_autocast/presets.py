@@ -68,7 +68,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Callable, Mapping
 from typing import Any, Union
 
@@ -77,7 +76,7 @@ import numpy as np
 from jax import lax
 
 from ..precision import DTypeLike, canonical_dtype, dtype_name, require_x64
-from .opkind import PRIMITIVE_KINDS, OpKind, _parse_enum, classify
+from .opkind import PRIMITIVE_KINDS, NamedEnum, OpKind, classify
 
 __all__ = [
     "Rule",
@@ -92,7 +91,7 @@ __all__ = [
 ]
 
 
-class Rule(enum.Enum):
+class Rule(NamedEnum):
     """How an op kind picks its compute dtype (see the module docstring).
 
     Example:
@@ -105,11 +104,6 @@ class Rule(enum.Enum):
     HIGH = "high"
     ACCUMULATE = "accumulate"
     INPUT = "input"
-
-    @classmethod
-    def parse(cls, value: str | Rule) -> Rule:
-        """The rule named ``value``; ``ValueError`` if none."""
-        return _parse_enum(cls, value, "rule")
 
 
 RuleLike = Union[Rule, str, DTypeLike]

@@ -26,14 +26,11 @@ from typing import Callable
 
 import jax
 from jax import lax
-from jax.extend.core import Literal
 
-from ..nlsq._pointwise import ELEMENTWISE, NESTED_CALLS, REDUCTIONS
+from .._autocast.opkind import AXIS_REDUCTIONS, ENTRYWISE
+from .._jaxpr import bind, call_body, eval_jaxpr
 
 __all__ = ["vmap_last"]
-
-# the nlsq pointwise analysis' tables of entry-by-entry primitives, reductions, nested calls
-_ELEMENTWISE = ELEMENTWISE | {"stop_gradient"}
 
 
 def _spread(x, shape: tuple, batched: bool, size: int):
@@ -52,73 +49,59 @@ def _spread(x, shape: tuple, batched: bool, size: int):
     return lax.broadcast_in_dim(x, target, dims)
 
 
-def _bind(eqn, args):
-    return eqn.primitive.bind(*args, **eqn.primitive.get_bind_params(eqn.params))
-
-
 def _eval(jaxpr, consts, args, flags, size: int):
     """Evaluate ``jaxpr``; ``flags[i]`` says whether ``args[i]`` has a trailing batch axis.
-    Returns ``(outs, out_flags)``."""
-    env: dict = {}
+    Returns ``(outs, out_flags)``. Values are ``(array, batched)`` pairs."""
 
-    def read(v):
-        return (v.val, False) if isinstance(v, Literal) else env[v]
-
-    for v, c in zip(jaxpr.constvars, consts):
-        env[v] = (c, False)
-    for v, a, f in zip(jaxpr.invars, args, flags):
-        env[v] = (a, f)
-
-    for eqn in jaxpr.eqns:
-        vals, bat = zip(*map(read, eqn.invars)) if eqn.invars else ((), ())
-        name = eqn.primitive.name
+    def step(eqn, ins):
+        vals, bat = zip(*ins) if ins else ((), ())
         if not any(bat):
-            out = _bind(eqn, vals)
-            outs = out if eqn.primitive.multiple_results else [out]
-            for v, o in zip(eqn.outvars, outs):
-                env[v] = (o, False)
-            continue
-        p = eqn.params
-        if name in _ELEMENTWISE:
-            shape = eqn.outvars[0].aval.shape
-            ops = [_spread(x, shape, b, size) for x, b in zip(vals, bat)]
-            out = _bind(eqn, ops)
-        elif name == "broadcast_in_dim":
-            shape = tuple(p["shape"]) + (size,)
-            dims = tuple(p["broadcast_dimensions"]) + (len(p["shape"]),)
-            out = lax.broadcast_in_dim(vals[0], shape, dims)
-        elif name == "reshape" and p.get("dimensions") is None and len(vals) == 1:
-            out = lax.reshape(vals[0], tuple(p["new_sizes"]) + (size,))
-        elif name == "squeeze":
-            out = lax.squeeze(vals[0], p["dimensions"])
-        elif name == "slice":
-            strides = p["strides"]
-            out = lax.slice(vals[0], tuple(p["start_indices"]) + (0,),
-                            tuple(p["limit_indices"]) + (size,),
-                            None if strides is None else tuple(strides) + (1,))
-        elif name == "transpose":
-            perm = tuple(p["permutation"])
-            out = lax.transpose(vals[0], perm + (len(perm),))
-        elif name == "concatenate":
-            ops = [x if b else _spread(x, x.shape, False, size) for x, b in zip(vals, bat)]
-            out = lax.concatenate(ops, p["dimension"])
-        elif name in REDUCTIONS and len(vals) == 1:
-            out = _bind(eqn, vals)      # axes index the leading (per-fit) axes: unchanged
-        elif name in NESTED_CALLS and "jaxpr" in p:
-            closed = p["jaxpr"]
-            outs, oflags = _eval(closed.jaxpr, closed.consts, vals, bat, size)
-            for v, o, f in zip(eqn.outvars, outs, oflags):
-                env[v] = (o, f)
-            continue
-        else:   # anything else: jax.vmap of this one primitive, batch axis last
-            axes = [-1 if b else None for b in bat]
-            out = jax.vmap(lambda *a: _bind(eqn, a), in_axes=axes, out_axes=-1,
-                           axis_size=size)(*vals)
-        outs = out if eqn.primitive.multiple_results else [out]
-        for v, o in zip(eqn.outvars, outs):
-            env[v] = (o, True)
-    outs, oflags = zip(*map(read, jaxpr.outvars)) if jaxpr.outvars else ((), ())
+            return [(o, False) for o in bind(eqn, vals)]
+        name = eqn.primitive.name
+        body = call_body(eqn, custom=False, remat=False)
+        if body is not None:       # nested jit: inlined (custom derivatives are kept)
+            outs, oflags = _eval(*body, vals, bat, size)
+            return list(zip(outs, oflags))
+        return [(o, True) for o in _batched(eqn, vals, bat, size)]
+
+    res = eval_jaxpr(jaxpr, [(c, False) for c in consts], list(zip(args, flags)), step,
+                     literal=lambda lit: (lit.val, False))
+    outs, oflags = zip(*res) if res else ((), ())
     return list(outs), list(oflags)
+
+
+def _batched(eqn, vals, bat, size: int) -> list:
+    """Outputs of ``eqn`` (at least one operand batched), batch axis last."""
+    name = eqn.primitive.name
+    p = eqn.params
+    if name in ENTRYWISE:
+        shape = eqn.outvars[0].aval.shape
+        return bind(eqn, [_spread(x, shape, b, size) for x, b in zip(vals, bat)])
+    if name == "broadcast_in_dim":
+        shape = tuple(p["shape"]) + (size,)
+        dims = tuple(p["broadcast_dimensions"]) + (len(p["shape"]),)
+        return [lax.broadcast_in_dim(vals[0], shape, dims)]
+    if name == "reshape" and p.get("dimensions") is None and len(vals) == 1:
+        return [lax.reshape(vals[0], tuple(p["new_sizes"]) + (size,))]
+    if name == "squeeze":
+        return [lax.squeeze(vals[0], p["dimensions"])]
+    if name == "slice":
+        strides = p["strides"]
+        return [lax.slice(vals[0], tuple(p["start_indices"]) + (0,),
+                          tuple(p["limit_indices"]) + (size,),
+                          None if strides is None else tuple(strides) + (1,))]
+    if name == "transpose":
+        perm = tuple(p["permutation"])
+        return [lax.transpose(vals[0], perm + (len(perm),))]
+    if name == "concatenate":
+        ops = [x if b else _spread(x, x.shape, False, size) for x, b in zip(vals, bat)]
+        return [lax.concatenate(ops, p["dimension"])]
+    if name in AXIS_REDUCTIONS and len(vals) == 1:
+        return bind(eqn, vals)      # axes index the leading (per-fit) axes: unchanged
+    # anything else: jax.vmap of this one primitive, batch axis last
+    axes = [-1 if b else None for b in bat]
+    out = jax.vmap(lambda *a: bind(eqn, a), in_axes=axes, out_axes=-1, axis_size=size)(*vals)
+    return list(out)
 
 
 def vmap_last(fn: Callable) -> Callable:

@@ -8,7 +8,8 @@ Stages repeat down a static list of capacities, e.g. ``100000 -> 12500 -> 1562 -
 a stage ends when its active count fits into the next capacity, so nothing overflows.
 
 All shapes are static (``jnp.nonzero(..., size=capacity)``), so everything stays inside one
-compiled program with no host synchronisation. The saving is measured in
+compiled program with no host synchronisation. ``select``/``gather``/``scatter`` are the
+runtime's (:mod:`adaptprec._compaction`), re-exported here. The saving is measured in
 ``benchmarks/bench_batch.py`` (compaction on/off); it helps when a long tail of slow fits
 exists and costs a few gathers/scatters when it does not.
 
@@ -29,6 +30,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+# the runtime's compaction primitives (one implementation: adaptprec._compaction, also
+# behind MixedPrecisionManager(batch="element") and linalg's fallback)
+from .._compaction import gather, scatter, select
 from .lm_batched import LMOptions, LMState, lm_init, lm_run, lm_step
 
 __all__ = ["plan_capacities", "select", "gather", "scatter", "run_compacted", "empty_state",
@@ -52,47 +56,6 @@ def plan_capacities(size: int, factor: int = 8, min_size: int = 256) -> tuple[in
         while caps[-1] // factor >= min_size:
             caps.append(caps[-1] // factor)
     return tuple(caps)
-
-
-def select(mask: jax.Array, capacity: int) -> tuple[jax.Array, jax.Array]:
-    """Indices of the first ``capacity`` true entries of ``mask`` (padded with ``len(mask)``).
-
-    Returns ``(idx, valid)``; padded slots have ``valid`` false and an out-of-range index,
-    which :func:`scatter` drops.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.batch.compaction import select
-        >>> select(jnp.array([True, False, True]), 1)[0].tolist()
-        [0]
-    """
-    size = mask.shape[0]
-    (idx,) = jnp.nonzero(mask, size=capacity, fill_value=size)
-    return idx.astype(jnp.int32), idx < size
-
-
-def gather(tree, idx: jax.Array):
-    """Rows ``idx`` of every leaf (out-of-range rows clipped; callers mask them).
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.batch.compaction import gather
-        >>> gather({"a": jnp.arange(3.0)}, jnp.array([2, 0]))["a"].tolist()
-        [2.0, 0.0]
-    """
-    return jax.tree.map(lambda a: jnp.take(a, idx, axis=0, mode="clip"), tree)
-
-
-def scatter(tree, idx: jax.Array, buf):
-    """Write buffer rows back to rows ``idx`` of every leaf; out-of-range rows dropped.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.batch.compaction import scatter
-        >>> scatter(jnp.zeros(3), jnp.array([1, 3]), jnp.array([5.0, 7.0])).tolist()
-        [0.0, 5.0, 0.0]
-    """
-    return jax.tree.map(lambda a, b: a.at[idx].set(b, mode="drop"), tree, buf)
 
 
 def run_compacted(fj, s: LMState, bargs, sargs, opts: LMOptions,

@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import guards
 from .._status import Reason
 from . import _status as st
 from .cholesky import cholesky_solve
@@ -107,7 +108,7 @@ def escalation_reasons(s: LMState, u: float, gtol: float, cond_tol: float,
     """
     nonfinite = jnp.isin(s.status, jnp.array(
         (st.NONFINITE_RESIDUAL, st.NONFINITE_JACOBIAN, st.NO_FINITE_STEP), s.status.dtype))
-    illcond = scaled_condition(s.jtj) * u > cond_tol
+    illcond = ~guards.conditioned(scaled_condition(s.jtj), u, cond_tol).ok   # per fit
     cos = gradient_cosine(s.cost, s.jtj, s.jtf)
     above = ~(cos <= max(gtol, floor * float(np.sqrt(u))))
     return jnp.select(

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import guards
 from ..precision import Ladder, unit_roundoff
 from .._status import Reason
 from ..schedule import NoiseFloor, ScheduleStats, StallEscalation, any_of
@@ -186,7 +187,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             J = jnp.asarray(J).astype(wt)
             fs, Js = scale_for_robust_loss(loss, f, J, jnp.asarray(f_scale, wt))
             R, qtf = _factor(Js, fs, cfg.linear_solver)
-            jok = jnp.all(jnp.isfinite(R)) & jnp.all(jnp.isfinite(qtf))
+            jok = guards.finite_values((R, qtf)).ok
             # ||f|| for MINPACK's gtol cosine; sqrt(2 cost) with a robust loss (the
             # rescaled residual can be huge where rho'' < 0).
             fnorm = jnp.sqrt(2.0 * robust_cost(loss, f, jnp.asarray(f_scale, wt)))
@@ -221,7 +222,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
                     jnp.zeros((), top_dt))
             (A, b, cost), _ = blocks.scan_rows(fun, xr, args_all[i], block, init)
             R, qtf = _factor_gram(A, b)
-            jok = jnp.all(jnp.isfinite(R)) & jnp.all(jnp.isfinite(qtf))
+            jok = guards.finite_values((R, qtf)).ok
             fnorm = jnp.sqrt(2.0 * cost)
             return (cost, R.astype(top_dt), qtf.astype(top_dt), fnorm, jok)
 
@@ -286,7 +287,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         on_top = st.rung == top
         step, z, gtol_hit = prop
         cost_z, R_z, qtf_z, fsn_z, jok_z = ev
-        finite_z = jnp.isfinite(cost_z) & jnp.all(jnp.isfinite(z))
+        finite_z = guards.finite_values((cost_z, z)).ok   # the trial point's evaluation
         ok_z = finite_z & jok_z
         # ---- trust-region bookkeeping for a real step
         actual = st.cost - cost_z
@@ -347,7 +348,8 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         cond_est = step.s[0] / jnp.maximum(step.s[-1], jnp.finfo(top_dt).tiny)
         if cfg.linear_solver == "normal":  # the Gram matrix squares the condition
             cond_est = cond_est * cond_est
-        cond_bad = (~pending) & (cond_est * jnp.asarray(us)[st.rung] > cfg.cond_tol)
+        cond_bad = (~pending) & ~guards.conditioned(cond_est, jnp.asarray(us)[st.rung],
+                                                    cfg.cond_tol).ok
         # A non-finite trial point first shrinks the radius; escalate when the current
         # point is bad or two trials in a row were non-finite.
         bad = jnp.where(pending, ~ok_z, (~st.ok) | collapsed |

@@ -16,9 +16,10 @@ The analysis is an abstract interpretation over three states per value:
   broadcast of a ``C`` value);
 * ``P(a)``: entry ``k`` along axis ``a`` depends only on data point ``k``.
 
-Elementwise primitives, broadcasts, slices and reductions that leave the point axis
-alone, contractions of a ``P`` value with a ``C`` value over other axes, nested ``jit``,
-``custom_jvp`` and ``scan`` (``jnp.polyval``) propagate these states; anything else that
+Entrywise primitives (``opkind.ENTRYWISE``), broadcasts, slices and reductions that leave
+the point axis alone, contractions of a ``P`` value with a ``C`` value over other axes,
+nested ``jit``/``checkpoint``, the primal of ``custom_jvp``/``custom_vjp`` and ``scan``
+(``jnp.polyval``) propagate these states (the walk is :func:`adaptprec._jaxpr.eval_jaxpr`); anything else that
 touches a ``U``/``P`` value (a reduction over points, ``iota``, ``gather``, a sort, a
 ``cond`` ...) makes the residual "not provably pointwise" and the solver keeps the
 ordinary, unblocked evaluation. Conservative by construction: a ``None`` answer costs
@@ -29,26 +30,13 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-from jax.extend.core import ClosedJaxpr, Literal
+
+from .._autocast.opkind import AXIS_REDUCTIONS, ENTRYWISE
+from .._jaxpr import call_body, eval_jaxpr, open_jaxpr
 
 __all__ = ["point_axes"]
 
 _C = ("c", None)
-
-#: Primitives that act entry by entry (rank-0 operands broadcast); also used by
-#: adaptprec.batch._fits_last.
-ELEMENTWISE = frozenset("""
-    add add_any sub mul div rem pow max min neg abs sign floor ceil round square sqrt rsqrt
-    cbrt exp exp2 log log1p expm1 logistic tanh tan sin cos sinh cosh asin acos atan asinh
-    acosh atanh atan2 erf erfc erf_inv lgamma digamma integer_pow is_finite nextafter
-    select_n clamp eq ne lt le gt ge and or not xor convert_element_type
-    reduce_precision copy copy_p real imag conj complex
-""".split())
-REDUCTIONS = frozenset("reduce_sum reduce_max reduce_min reduce_prod reduce_and "
-                       "reduce_or argmax argmin".split())
-#: Primitives that call a nested jaxpr (``jax.jit`` inside the residual).
-NESTED_CALLS = frozenset(("jit", "pjit", "closed_call", "core_call"))
-
 
 class _NotPointwise(Exception):
     pass
@@ -120,7 +108,7 @@ def _eqn_states(eqn, ins, m):
             _fail(f"{name} creates an axis of length m")
         return [_C] * len(eqn.outvars)
     p = eqn.params
-    if name in ELEMENTWISE:
+    if name in ENTRYWISE:
         return [_join(ins)]
     if name == "broadcast_in_dim":
         return [_broadcast(ins[0], eqn, m)]
@@ -139,7 +127,7 @@ def _eqn_states(eqn, ins, m):
         if p["start_indices"][a] != 0 or p["limit_indices"][a] != m or stride != 1:
             _fail("slice along the point axis")
         return [s]
-    if name in REDUCTIONS:
+    if name in AXIS_REDUCTIONS:
         axes = p["axes"]
         if s[1] in axes:
             _fail(f"{name} over the data points")
@@ -155,10 +143,9 @@ def _eqn_states(eqn, ins, m):
         return [(st[0], st[1] + (1 if p["axis"] <= st[1] else 0))]
     if name == "dot_general":
         return [_dot_general(eqn, ins)]
-    if name in NESTED_CALLS:
-        return _analyse(p["jaxpr"], ins, m)
-    if name == "custom_jvp_call":
-        return _analyse(p["call_jaxpr"], ins, m)
+    body = call_body(eqn)   # jit, remat, the primal of a custom_jvp/vjp: inlined
+    if body is not None:
+        return _analyse(body[0], ins, m)
     if name == "scan":
         return _scan(eqn, ins, m)
     _fail(f"{name} on data")
@@ -205,26 +192,14 @@ def _scan(eqn, ins, m):
     _fail("scan carry does not settle")
 
 
-def _analyse(closed, in_states, m):
-    jaxpr = closed.jaxpr if isinstance(closed, ClosedJaxpr) else closed
-    env = {}
+def _analyse(jaxpr, in_states, m):
+    """Output states of ``jaxpr`` (closed or open) from its inputs' states."""
+    jaxpr, _ = open_jaxpr(jaxpr)
     for v in jaxpr.constvars:
         if _has_m(v.aval, m):
             _fail("a captured constant has an axis of length m")
-        env[v] = _C
-    for v, s in zip(jaxpr.invars, in_states):
-        env[v] = s
-
-    def read(a):
-        if isinstance(a, Literal):
-            return _C
-        return env[a]
-
-    for eqn in jaxpr.eqns:
-        outs = _eqn_states(eqn, [read(a) for a in eqn.invars], m)
-        for v, s in zip(eqn.outvars, outs):
-            env[v] = s
-    return [read(a) for a in jaxpr.outvars]
+    return eval_jaxpr(jaxpr, [_C] * len(jaxpr.constvars), in_states,
+                      lambda eqn, ins: _eqn_states(eqn, ins, m), literal=lambda _: _C)
 
 
 def point_axes(fun, x, args, m: int):
