@@ -30,6 +30,7 @@ from jax.flatten_util import ravel_pytree
 
 from .._tracing import is_concrete
 from .._policy import cast_floating
+from .._pytree import replace
 from ..precision import Ladder, canonical_dtype, x64_enabled
 from ._blocks import PointBlocks
 from ._compile import cpu_jit
@@ -527,9 +528,11 @@ def solve_nlsq(
     if driver != "fused":
         if host_eligible(cfg, bool(throw), x0_flat, args, lb, ub, f_scale):
             x0_shape = np.shape(x0) if isinstance(x0, (jax.Array, np.ndarray)) else None
-            return host_solve(residual, fun_flat, unravel, x0_shape, cfg, pad,
-                              x0_flat.astype(top_dt), args, lb, ub, scale_inv0, f_scale,
-                              ftol, xtol, gtol)
+            res = host_solve(residual, fun_flat, unravel, x0_shape, cfg, pad,
+                             x0_flat.astype(top_dt), args, lb, ub, scale_inv0, f_scale,
+                             ftol, xtol, gtol)
+            # the host driver runs autodiff Jacobians only: for lm, scipy's None
+            return replace(res, njev=None) if _njev_is_none(cfg) else res
         if driver == "host":
             raise ValueError("driver='host' needs an eager call (no tracers in x0, args, "
                              "bounds), jac='fwd'/'rev', the QR model (linear_solver='qr' "
@@ -555,6 +558,15 @@ def solve_nlsq(
                   jnp.asarray(ub, top_dt), jnp.asarray(scale_inv0, top_dt),
                   jnp.asarray(f_scale, top_dt), jnp.asarray(ftol, top_dt),
                   jnp.asarray(xtol, top_dt), jnp.asarray(gtol, top_dt))
+
+
+def _njev_is_none(cfg: LoopConfig) -> bool:
+    """scipy's rule for ``njev``: ``None`` for ``method="lm"`` unless ``jac`` is the
+    user's callable (MINPACK counts only "analytic" Jacobian evaluations). Here an
+    autodiff (``"fwd"``/``"rev"``) or finite-difference Jacobian under ``lm`` gives
+    ``None`` likewise."""
+    return cfg.method == "lm" and (isinstance(cfg.jac, str) or
+                                   getattr(cfg.jac, "finite_diff", False))
 
 
 def method_fns(method: str, m):
@@ -686,8 +698,7 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder, pad=N
         return NLSQResult(
             x=unravel(x), cost=cost, fun=f, jac=Js, grad=g, optimality=optimality,
             active_mask=active, nfev=st.nfev,
-            njev=None if (cfg.method == "lm" and getattr(cfg.jac, "finite_diff", False))
-            else st.njev, nit=st.nit,
+            njev=None if _njev_is_none(cfg) else st.njev, nit=st.nit,
             status=status, rung=st.rung, escalations=st.escalations,
             rung_entered=st.rung_entered, rung_nfev=st.rung_nfev,
             escalation_reason=st.esc_reason, ladder=tuple(np.dtype(d) for d in rungs))

@@ -26,14 +26,10 @@ NOT_APPLICABLE = {
     r"::test_tr_options$": "tr_options",
     r"::test_wrong_parameters$": "tr_solver='lsmr' with tr_options",
     r"::test_solver_selection$": "sparse Jacobian",
-    r"::test_numerical_jac$": "jac_sparsity",
     r"Test(TRF|Dogbox)::test_with_bounds$": "jac_sparsity / sparse Jacobian",
-    r"::test_wrong_jac_sparsity$": "jac_sparsity",
     r"Test(TRF|Dogbox)::test_linear_operator$": "LinearOperator Jacobian",
     r"Test(TRF|Dogbox)::test_x_scale_jac_scale$": "sparse / LinearOperator Jacobian",
     r"::test_lsmr_regularization$": "tr_options",
-    r"::test_callback$": "callback",
-    r"::test_callback_with_lm_method$": "callback",
 }
 #: items that loop over an offered and a not-offered option
 MIXED = {
