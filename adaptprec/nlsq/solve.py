@@ -47,6 +47,7 @@ from .result import NLSQResult
 from .trf import active_constraints, cl_scaling, make_strictly_feasible, trf_delta0
 from .trf import trf_step
 from ._finite_diff import as_sparsity, fd_jacobian
+from ._sparse_jac import as_user_format, host_jac, probe_host_jac
 from .dogbox import dogbox_delta0, dogbox_gnorm, dogbox_step, on_bound
 from ._inputs import (FD_METHODS, OptionNotOffered, as_bounds, as_x0, check_jac_option, check_max_nfev,
                       check_tolerances, check_unsupported, check_jac_shape,
@@ -239,14 +240,27 @@ def _with_kwargs(fn, n_args: int):
     return g
 
 
-def _check_jac_shape(jac, x0_flat, args, m: int, n: int) -> None:
-    """A user ``jac``'s output shape, checked once (``jax.eval_shape``) at the boundary."""
+def _check_jac_shape(jac, x0_flat, args, m: int, n: int) -> str | None:
+    """A user ``jac``'s output shape, checked once (``jax.eval_shape``) at the boundary.
+
+    A ``jac`` JAX cannot trace is called once on the host (eager calls only): if it
+    returns a scipy.sparse matrix or a ``LinearOperator``, its kind (``"sparse"`` /
+    ``"operator"``) is returned and it will be evaluated on the host
+    (:mod:`._sparse_jac`); otherwise the tracing error is raised."""
     try:
         out = jax.eval_shape(lambda x, a: jnp.asarray(jac(x, *a)), x0_flat, args)
     except Exception as exc:
-        raise TypeError(f"calling jac(x0, *args) failed while checking its shape: {exc}"
-                        ) from exc
+        kind, J0 = (probe_host_jac(jac, x0_flat, args) if is_concrete((x0_flat, args))
+                    else (None, None))
+        if kind is None:
+            raise TypeError(f"calling jac(x0, *args) failed while checking its shape: "
+                            f"{exc}") from exc
+        if tuple(J0.shape) != (m, n):
+            raise ValueError(f"The return value of `jac` has wrong shape: expected "
+                             f"{(m, n)}, actual {tuple(J0.shape)}.") from None
+        return kind
     check_jac_shape(tuple(out.shape), m, n)
+    return None
 
 
 def _point_axes(residual, fun_flat, x0, x0_flat, args, m):
@@ -267,7 +281,7 @@ def solve_nlsq(
     bounds=(-np.inf, np.inf),
     loss="linear",
     f_scale: float = 1.0,
-    x_scale="jac",
+    x_scale=None,
     jac=None,
     ftol: float = 1e-15,
     xtol: float = 1e-10,
@@ -310,7 +324,8 @@ def solve_nlsq(
         ``"trf"`` runs even if they turn out infinite.
       loss, f_scale: robust loss (``"linear"``, ``"soft_l1"``, ``"huber"``, ``"cauchy"``,
         ``"arctan"`` or a callable ``rho(z)``) and its soft margin, as in scipy.
-      x_scale: ``"jac"`` (column norms of the Jacobian, non-decreasing) or an array.
+      x_scale: ``"jac"`` (column norms of the Jacobian, non-decreasing; the default,
+        ``None``, means ``"jac"`` for every method) or an array.
       jac: ``"fwd"`` (``jax.jacfwd``; the default, or ``"2-point"`` when ``diff_step``
         is given), ``"rev"``, scipy's finite differences
         ``"2-point"``, ``"3-point"``, ``"cs"`` (one vectorised evaluation; for models JAX
@@ -379,7 +394,7 @@ def solve_nlsq(
         from ._multistart import solve_multistart
         return solve_multistart(
             residual, x0, args, starts=starts, method=method, bounds=bounds, loss=loss,
-            f_scale=f_scale, x_scale=x_scale, jac=jac, ftol=ftol, xtol=xtol, gtol=gtol,
+            f_scale=f_scale, x_scale="jac" if x_scale is None else x_scale, jac=jac, ftol=ftol, xtol=xtol, gtol=gtol,
             max_steps=max_steps, precision=precision, schedule=schedule, throw=throw,
             linear_solver=linear_solver, max_rejections=max_rejections, cond_tol=cond_tol)
     # ------------------------------------------------------------------ validation
@@ -390,6 +405,9 @@ def solve_nlsq(
     if method is not None and method not in METHODS:
         raise ValueError(f"method={method!r} is not supported; use one of {METHODS}")
     loss = check_loss(loss)
+    x_scale_given = x_scale
+    if x_scale is None:  # adaptprec's default for every method (scipy's for lm)
+        x_scale = "jac"
     if method == "lm" and loss != "linear":
         raise ValueError("method='lm' supports only 'linear' loss function; use "
                          "method='trf' for a robust loss.")
@@ -398,10 +416,17 @@ def solve_nlsq(
     jac = check_jac_option(jac)
     check_unsupported(tr_solver=tr_solver, tr_options=tr_options, verbose=verbose,
                       workers=workers)
-    if jac_sparsity is not None:
+    if jac_sparsity is not None and callable(jac):
+        # scipy: jac_sparsity describes finite differences; a callable jac gives the
+        # Jacobian itself, so the pattern is unused (its shape is checked below)
+        pass
+    elif jac_sparsity is not None:
         if method == "lm":
             raise ValueError("method='lm' does not support `jac_sparsity`; use "
                              "method='trf' or 'dogbox'.")
+        if tr_solver == "exact":
+            raise ValueError("tr_solver='exact' is incompatible with `jac_sparsity` (as in "
+                             "scipy); leave tr_solver unset.")
         if not (isinstance(jac, str) and jac in FD_METHODS):
             raise OptionNotOffered(
                 "jac_sparsity applies to finite-difference Jacobians (it groups the "
@@ -447,6 +472,23 @@ def solve_nlsq(
         return ravel_pytree(out)[0]
 
     m = _residual_size(residual, unravel, x0, x0_flat, args)
+    if jac_sparsity is not None and callable(jac):
+        as_sparsity(jac_sparsity, m, n)  # shape check only (scipy's check_jac_sparsity)
+    # a jac returning scipy.sparse / LinearOperator: evaluated on the host (scipy's rules)
+    host_kind = _check_jac_shape(jac, x0_flat, args, m, n) if callable(jac) else None
+    if host_kind is not None:
+        if method == "lm":
+            raise ValueError("method='lm' works only with dense Jacobian matrices; "
+                             "use method='trf' or 'dogbox' for a sparse or "
+                             "LinearOperator `jac`.")
+        if tr_solver == "exact":
+            raise ValueError("tr_solver='exact' works only with dense Jacobian matrices; "
+                             "leave tr_solver unset for a sparse or LinearOperator `jac`.")
+        if host_kind == "operator" and x_scale_given == "jac":
+            raise ValueError("x_scale='jac' can't be used when `jac` returns "
+                             "LinearOperator; give x_scale as an array.")
+        if method is None:  # scipy's least_squares default
+            method = "trf"
 
     lb, ub = _broadcast_bounds(as_bounds(bounds, n), n, top_dt)
     bounds_known = is_concrete((lb, ub))
@@ -475,7 +517,14 @@ def solve_nlsq(
             raise ValueError(f"x_scale must be 'jac' or an array, got {x_scale!r}")
         scale_inv0 = np.ones(n)
     else:
-        xs = np.broadcast_to(np.asarray(x_scale, np.float64), (n,))
+        if np.iscomplexobj(x_scale):
+            raise ValueError("x_scale must be 'jac' or an array of positive finite (real) "
+                             "numbers")
+        try:
+            xs = np.broadcast_to(np.asarray(x_scale, np.float64), (n,))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"x_scale must be 'jac' or an array of positive finite "
+                             f"numbers broadcastable to ({n},): {exc}") from None
         if not np.all(np.isfinite(xs)) or np.any(xs <= 0):
             raise ValueError("x_scale must be 'jac' or an array of positive finite numbers")
         scale_inv0 = 1.0 / xs
@@ -497,8 +546,7 @@ def solve_nlsq(
         axes = _point_axes(residual, fun_flat, x0, x0_flat, args, m)
     jac_key = jac
     if callable(jac):
-        _check_jac_shape(jac, x0_flat, args, m, n)
-        jac = wrap_jac(jac, m, n)
+        jac = wrap_jac(jac, m, n) if host_kind is None else host_jac(jac, m, n)
     elif jac in FD_METHODS:
         fd_bounds = (lb, ub) if bounds_known and has_bounds else (None, None)
         jac_key = (jac, None if diff_step is None else
@@ -554,10 +602,13 @@ def solve_nlsq(
         else:
             _stats["hits"] += 1
             _cache.move_to_end(key)
-    return solver(x0_flat.astype(top_dt), args, jnp.asarray(lb, top_dt),
-                  jnp.asarray(ub, top_dt), jnp.asarray(scale_inv0, top_dt),
-                  jnp.asarray(f_scale, top_dt), jnp.asarray(ftol, top_dt),
-                  jnp.asarray(xtol, top_dt), jnp.asarray(gtol, top_dt))
+    res = solver(x0_flat.astype(top_dt), args, jnp.asarray(lb, top_dt),
+                 jnp.asarray(ub, top_dt), jnp.asarray(scale_inv0, top_dt),
+                 jnp.asarray(f_scale, top_dt), jnp.asarray(ftol, top_dt),
+                 jnp.asarray(xtol, top_dt), jnp.asarray(gtol, top_dt))
+    if host_kind is not None and is_concrete(res.jac):  # scipy: res.jac in jac's format
+        res = replace(res, jac=as_user_format(res.jac, host_kind))
+    return res
 
 
 def _njev_is_none(cfg: LoopConfig) -> bool:
