@@ -45,9 +45,10 @@ from .gn import gn_step
 from .lm import lm_step, minpack_delta0, minpack_gnorm
 from .result import NLSQResult
 from .trf import active_constraints, cl_scaling, make_strictly_feasible, trf_delta0
-from .trf import trf_step
+from .trf import trf_lsmr_step, trf_step
 from ._finite_diff import as_sparsity, fd_jacobian
 from ._sparse_jac import as_user_format, host_jac, probe_host_jac
+from ._lsmr import check_tr_options
 from .dogbox import dogbox_delta0, dogbox_gnorm, dogbox_step, on_bound
 from ._inputs import (FD_METHODS, OptionNotOffered, as_bounds, as_x0, check_jac_option, check_max_nfev,
                       check_tolerances, check_unsupported, check_jac_shape,
@@ -346,9 +347,12 @@ def solve_nlsq(
       jac_sparsity: scipy's ``(m, n)`` sparsity pattern (dense or scipy.sparse) for a
         finite-difference Jacobian: columns that share no row are perturbed together
         (one evaluation per group). Selects ``"2-point"`` when ``jac`` is unset.
-      tr_solver, tr_options, verbose, workers: scipy's options;
-        ``tr_solver=None/"exact"`` and ``verbose=0`` are what adaptprec does, anything else
-        raises an error naming the alternative (see ``docs/scipy.md``).
+      tr_solver, tr_options: scipy's: ``"exact"`` (the default; ``"lsmr"`` when ``jac``
+        returns a sparse matrix or ``LinearOperator``) or ``"lsmr"`` for ``trf``/``dogbox``
+        (scipy's LSMR + 2-D subspace step, :mod:`adaptprec.nlsq._lsmr`; ``tr_options``
+        keys ``regularize``, ``damp``, ``atol``, ``btol``, ``conlim``, ``maxiter``).
+      verbose, workers: ``verbose=0`` and ``workers=None`` are what adaptprec does;
+        anything else raises an error naming the alternative (see ``docs/scipy.md``).
       precision: ``"adaptive"`` (``f32 -> f64``; residual and Jacobian on f32 first while
         the iterate stays float64), a :class:`~adaptprec.Ladder`/``"f32,f64"``, or one
         dtype (fixed precision). With ``jax_enable_x64`` off, an eager call asking for
@@ -502,6 +506,7 @@ def solve_nlsq(
         raise ValueError(f"method={method!r} does not support bounds; use method='trf' "
                          "(or leave method unset)")
     ftol, xtol, gtol = check_tolerances(ftol, xtol, gtol, method)
+    tr = _tr_solver_options(tr_solver, tr_options, method, host_kind)
     if method in ("lm", "gn") and m < n:
         raise ValueError(f"method={method!r} needs at least as many residuals as "
                          f"parameters; got m={m} residuals for n={n} parameters. Use "
@@ -572,9 +577,9 @@ def solve_nlsq(
                      max_steps=int(max_steps), linear_solver=linear_solver,
                      max_rejections=int(max_rejections), cond_tol=float(cond_tol),
                      schedule=schedule, point_axes=axes, max_nfev=max_nfev,
-                     callback=callback)
+                     callback=callback, tr=tr)
     if driver != "fused":
-        if host_eligible(cfg, bool(throw), x0_flat, args, lb, ub, f_scale):
+        if tr is None and host_eligible(cfg, bool(throw), x0_flat, args, lb, ub, f_scale):
             x0_shape = np.shape(x0) if isinstance(x0, (jax.Array, np.ndarray)) else None
             res = host_solve(residual, fun_flat, unravel, x0_shape, cfg, pad,
                              x0_flat.astype(top_dt), args, lb, ub, scale_inv0, f_scale,
@@ -584,8 +589,9 @@ def solve_nlsq(
         if driver == "host":
             raise ValueError("driver='host' needs an eager call (no tracers in x0, args, "
                              "bounds), jac='fwd'/'rev', the QR model (linear_solver='qr' "
-                             "or fewer than 4096 residuals), throw=False, no max_nfev or "
-                             "callback and a hashable loss and schedule; use "
+                             "or fewer than 4096 residuals), throw=False, no max_nfev, "
+                             "callback or tr_solver='lsmr' and a hashable loss and "
+                             "schedule; use "
                              "driver='auto'")
     key = (_hashable(residual), _hashable(jac_key), _hashable(loss), _hashable(schedule),
            cfg._replace(loss=None, jac=None, schedule=None, callback=None),
@@ -620,11 +626,42 @@ def _njev_is_none(cfg: LoopConfig) -> bool:
                                    getattr(cfg.jac, "finite_diff", False))
 
 
-def method_fns(method: str, m):
+def _tr_solver_options(tr_solver, tr_options, method: str, host_kind):
+    """scipy's ``tr_solver``/``tr_options``: ``None`` (exact step) or the lsmr options.
+
+    ``tr_solver=None`` is ``"exact"`` unless ``jac`` returns a sparse matrix or a
+    ``LinearOperator`` (then ``"lsmr"``, as scipy chooses); ``tr_options`` with the exact
+    solver are ignored with a warning (scipy ignores them silently), and ``lm``/``gn``
+    ignore ``tr_solver`` with a warning (scipy's ``lm`` ignores it silently)."""
+    import warnings
+
+    if tr_solver is None:
+        tr_solver = "lsmr" if host_kind is not None else "exact"
+    if method in ("lm", "gn"):
+        if tr_solver == "lsmr" or tr_options:
+            warnings.warn(f"tr_solver / tr_options have no effect with method={method!r} "
+                          "(its step is MINPACK's exact one); use method='trf' or "
+                          "'dogbox' for tr_solver='lsmr'.", UserWarning, stacklevel=4)
+        return None
+    if tr_solver == "exact":
+        if tr_options:
+            warnings.warn("tr_options are ignored with tr_solver='exact' (they are "
+                          "LSMR's options); pass tr_solver='lsmr' to use them.",
+                          UserWarning, stacklevel=4)
+        return None
+    return check_tr_options(tr_options, method)
+
+
+def method_fns(method: str, m, tr=None):
     """``(step_fn, gnorm_fn, delta0_fn)`` of :func:`._loop.build_loop` for ``method``
-    (``m`` may be traced: the host driver's step is compiled once for every ``m``)."""
+    (``m`` may be traced: the host driver's step is compiled once for every ``m``);
+    ``tr`` is ``tr_solver="lsmr"``'s options (:func:`._lsmr.check_tr_options`), ``None``
+    for the exact step."""
     if method == "trf":
         def step_fn(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub):
+            if tr is not None:
+                return trf_lsmr_step(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub, m=m,
+                                     opts=tr)
             return trf_step(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub, m=m)
 
         def gnorm_fn(x, g, R, fsn, lb, ub):
@@ -633,6 +670,9 @@ def method_fns(method: str, m):
 
         return step_fn, gnorm_fn, trf_delta0
     if method == "dogbox":
+        if tr is not None:
+            return (functools.partial(dogbox_step, lsmr_opts=tr), dogbox_gnorm,
+                    dogbox_delta0)
         return dogbox_step, dogbox_gnorm, dogbox_delta0
     inner = lm_step if method == "lm" else gn_step
 
@@ -677,7 +717,7 @@ def final_eval(fun_flat, cfg: LoopConfig, x, args_top, f_scale):
 def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder, pad=None):
     rungs = cfg.rungs
     top_dt = rungs[-1]
-    step_fn, gnorm_fn, delta0_fn = method_fns(cfg.method, cfg.m)
+    step_fn, gnorm_fn, delta0_fn = method_fns(cfg.method, cfg.m, cfg.tr)
     if pad is not None:  # data padded to the bucket inside, padded rows masked
         pad_axes, pad_m = pad
         pad_idx = np.minimum(np.arange(pad_m), cfg.m - 1)
