@@ -398,7 +398,8 @@ def solve_nlsq(
         from ._multistart import solve_multistart
         return solve_multistart(
             residual, x0, args, starts=starts, method=method, bounds=bounds, loss=loss,
-            f_scale=f_scale, x_scale="jac" if x_scale is None else x_scale, jac=jac, ftol=ftol, xtol=xtol, gtol=gtol,
+            f_scale=f_scale, x_scale="jac" if x_scale is None else x_scale, jac=jac,
+            ftol=ftol, xtol=xtol, gtol=gtol,
             max_steps=max_steps, precision=precision, schedule=schedule, throw=throw,
             linear_solver=linear_solver, max_rejections=max_rejections, cond_tol=cond_tol)
     # ------------------------------------------------------------------ validation
