@@ -163,3 +163,15 @@ def test_every_entry_point_is_covered():
     for name in ("solve_nlsq", "curve_fit", "batch", "linalg", "adaptive",
                  "MixedPrecisionManager", "Policy"):
         assert name in entries, name
+
+
+@pytest.mark.parametrize("option", [dict(max_nfev=50), dict(tr_solver="lsmr"),
+                                    dict(callback=lambda intermediate_result: None),
+                                    dict(diff_step=1e-6)], ids=lambda d: next(iter(d)))
+def test_multistart_refuses_options_it_cannot_carry(option):
+    # starts= runs on the batched engine: an option it does not carry is an error, never
+    # silently dropped
+    from adaptprec.nlsq._inputs import OptionNotOffered
+
+    with pytest.raises(OptionNotOffered, match=next(iter(option))):
+        ap.solve_nlsq(lambda x: x - 1.0, np.zeros(2), starts=3, **option)

@@ -73,8 +73,17 @@ def model4(x, a, b, c, d):  # d does not enter the model: not identifiable
 
 
 def test_non_identifiable_parameter_is_inf():
+    # lm (the default without bounds) follows scipy's lm: all of pcov is inf
     with pytest.warns(OptimizeWarning):
-        popt, pcov = ap.curve_fit(model4, X, Y, p0=[1.0, 1.0, 0.0, 0.3])
+        _, pcov_lm = ap.curve_fit(model4, X, Y, p0=[1.0, 1.0, 0.0, 0.3])
+    assert np.all(np.isinf(np.asarray(pcov_lm)))
+    with pytest.warns(so.OptimizeWarning):
+        _, sc_lm = so.curve_fit(lambda x, a, b, c, d: model_np(x, a, b, c), X, Y,
+                                p0=[1.0, 1.0, 0.0, 0.3])
+    assert np.all(np.isinf(sc_lm))
+    # trf: only the non-identifiable parameter's row and column are inf
+    with pytest.warns(OptimizeWarning):
+        popt, pcov = ap.curve_fit(model4, X, Y, p0=[1.0, 1.0, 0.0, 0.3], method="trf")
     pcov = np.asarray(pcov)
     assert np.all(np.isinf(pcov[3, :])) and np.all(np.isinf(pcov[:, 3]))
     # the identifiable block agrees with scipy's fit of the reduced model

@@ -63,6 +63,16 @@ BEHAVIOURS = [
     ("callback sees each accepted step; StopIteration ends with status -2",
      "test_callback"),
     ("jac_sparsity groups finite-difference columns; lm rejects it", "test_jac_sparsity"),
+    ("njev is None for lm unless jac is a callable (autodiff included)", "test_njev_lm_rule"),
+    ("curve_fit lm: pcov all inf when a parameter is not identifiable", "test_pcov_lm_rule"),
+    ("a jac returning scipy.sparse / LinearOperator works (trf, dogbox), res.jac keeps "
+     "its format; lm, tr_solver='exact', x_scale='jac' with an operator raise ValueError",
+     "test_sparse_jac"),
+    ("tr_solver='lsmr' with tr_options (LSMR + 2-D subspace) for trf and dogbox",
+     "test_lsmr_solver"),
+    ("tr_options keys as scipy's lsmr: an unknown key raises TypeError", "test_tr_options"),
+    ("the JAX LSMR matches scipy.sparse.linalg.lsmr", "test_lsmr_matches_scipy"),
+    ("complex x_scale raises ValueError", "test_x_scale_complex"),
 ]
 
 
@@ -363,8 +373,8 @@ def test_nan_policy_messages():
 @pytest.mark.parametrize("kw, alt", [
     ({"workers": 2}, "solve_nlsq_batch"),
     ({"verbose": 1}, "res.message"),
-    ({"tr_solver": "lsmr"}, "linear_solver='normal'"),
-    ({"tr_options": {"btol": 1e-10}}, "linear_solver='normal'"),
+    ({"tr_solver": "lsmr", "tr_options": {"show": True}}, "res.message"),
+    ({"tr_solver": "lsmr", "tr_options": {"x0": np.ones(1)}}, "starts from 0"),
     ({"jac_sparsity": np.eye(1), "jac": "fwd"}, "2-point"),
 ])
 def test_unsupported_options(kw, alt):
@@ -484,3 +494,149 @@ def test_jac_sparsity():
         ap.solve_nlsq(broyden, x0, jac_sparsity=pattern, method="lm")
     with pytest.raises(ValueError, match="`jac_sparsity` has wrong shape"):
         ap.solve_nlsq(broyden, x0, jac_sparsity=np.ones((n - 1, n)), method="trf")
+
+
+def test_njev_lm_rule():
+    # scipy: lm counts only "analytic" (callable) Jacobian evaluations
+    assert ap.solve_nlsq(rosen, [-1.2, 1.0], method="lm").njev is None
+    assert ap.solve_nlsq(rosen, [-1.2, 1.0], method="lm", driver="fused").njev is None
+    res = ap.solve_nlsq(rosen, [-1.2, 1.0], method="lm",
+                        jac=lambda x: jnp.array([[-20 * x[0], 10.0], [-1.0, 0.0]]))
+    assert int(res.njev) >= 1
+    assert int(ap.solve_nlsq(rosen, [-1.2, 1.0], method="trf").njev) >= 1
+
+
+def test_pcov_lm_rule():
+    xd = np.arange(6.0)
+    yd = np.array([1.0, 1, 5, 7, 8, 12])
+
+    def flat(x, a, b):
+        return a * x
+
+    for kw in ({}, {"method": "lm"}):
+        with pytest.warns(Warning, match="Covariance"):
+            _, pcov = ap.curve_fit(flat, xd, yd, p0=[2.0, 0.0], **kw)
+        assert np.all(np.isinf(np.asarray(pcov)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, ref = sp_curve_fit(lambda x, a, b: a * x, xd, yd, p0=[2.0, 0.0])
+    assert np.all(np.isinf(ref))
+    with pytest.warns(Warning, match="Covariance"):
+        _, pcov = ap.curve_fit(flat, xd, yd, p0=[2.0, 0.0], method="trf")
+    pcov = np.asarray(pcov)
+    assert np.isfinite(pcov[0, 0]) and np.all(np.isinf(pcov[1])) and np.all(np.isinf(pcov[:, 1]))
+
+
+class _Broyden:
+    """scipy's BroydenTridiagonal test problem with a scipy.sparse ``jac``."""
+
+    def __init__(self, n=12):
+        rng = np.random.default_rng(123440)
+        self.n = n
+        self.x0 = -np.ones(n) + 0.1 * rng.standard_normal(n)
+
+    def fun(self, x):
+        f = (3 - x) * x + 1
+        f = f.at[1:].add(-x[:-1])
+        return f.at[:-1].add(-2 * x[1:])
+
+    def jac(self, x):  # builds a lil_array: cannot be traced by JAX
+        from scipy.sparse import lil_array
+
+        J = lil_array((self.n, self.n))
+        i = np.arange(self.n)
+        J[i, i] = 3 - 2 * x
+        J[i[1:], i[1:] - 1] = -1
+        J[i[:-1], i[:-1] + 1] = -2
+        return J
+
+    def jac_op(self, x):
+        from scipy.sparse.linalg import aslinearoperator
+
+        return aslinearoperator(self.jac(x))
+
+
+def test_sparse_jac():
+    from scipy.sparse import issparse
+    from scipy.sparse.linalg import LinearOperator
+
+    p = _Broyden()
+    ref = sp_least_squares(lambda x: np.asarray(p.fun(jnp.asarray(x))), p.x0, p.jac)
+    for method in ("trf", "dogbox"):
+        res = ap.solve_nlsq(p.fun, p.x0, jac=p.jac, method=method)
+        assert float(res.cost) < 1e-20 and bool(res.success)
+        assert issparse(res.jac)
+        np.testing.assert_allclose(np.asarray(res.x), ref.x, atol=1e-10)
+        res = ap.solve_nlsq(p.fun, p.x0, jac=p.jac_op, method=method, x_scale=1.0)
+        assert float(res.cost) < 1e-20 and isinstance(res.jac, LinearOperator)
+    # the default method with a sparse jac is scipy's (trf), the default solver lsmr
+    assert float(ap.solve_nlsq(p.fun, p.x0, jac=p.jac).cost) < 1e-20
+    # exact solver with tr_solver="exact" is rejected as in scipy, also with jac_sparsity
+    with pytest.raises(ValueError, match="dense"):
+        ap.solve_nlsq(p.fun, p.x0, jac=p.jac, method="lm")
+    with pytest.raises(ValueError, match="dense"):
+        ap.solve_nlsq(p.fun, p.x0, jac=p.jac, tr_solver="exact")
+    with pytest.raises(ValueError, match="incompatible"):
+        ap.solve_nlsq(p.fun, p.x0, jac_sparsity=np.eye(p.n), tr_solver="exact")
+    with pytest.raises(ValueError, match="LinearOperator"):
+        ap.solve_nlsq(p.fun, p.x0, jac=p.jac_op, x_scale="jac")
+    # a jac JAX cannot trace that returns neither: the tracing error, as a TypeError
+    with pytest.raises(TypeError, match="jac"):
+        ap.solve_nlsq(p.fun, p.x0, jac=lambda x: np.diag(np.asarray(x)) ** 2)
+
+
+def test_lsmr_solver():
+    x0 = [-2.0, 1.0]
+    for method in ("trf", "dogbox"):
+        for x_scale in (1.0, np.array([1.0, 0.2]), "jac"):
+            res = ap.solve_nlsq(rosen, x0, method=method, tr_solver="lsmr", x_scale=x_scale)
+            np.testing.assert_allclose(np.asarray(res.x), [1.0, 1.0], rtol=1e-7)
+    res = ap.solve_nlsq(rosen, x0, method="trf", tr_solver="lsmr",
+                        bounds=([-3.0, -3.0], [0.5, 3.0]))
+    ref = sp_least_squares(lambda x: np.array([10 * (x[1] - x[0] ** 2), 1 - x[0]]), x0,
+                           bounds=([-3.0, -3.0], [0.5, 3.0]), tr_solver="lsmr")
+    np.testing.assert_allclose(np.asarray(res.x), ref.x, rtol=1e-6)
+    # under jit
+    out = jax.jit(lambda a: ap.solve_nlsq(lambda x, a: rosen(x) * a, jnp.array(x0), args=(a,),
+                                          method="trf", tr_solver="lsmr").x)(2.0)
+    np.testing.assert_allclose(np.asarray(out), [1.0, 1.0], rtol=1e-7)
+    # lm ignores tr_solver as scipy does, but says so
+    with pytest.warns(UserWarning, match="no effect"):
+        ap.solve_nlsq(rosen, x0, method="lm", tr_solver="lsmr")
+
+
+def test_tr_options():
+    x0 = [-2.0, 1.0]
+    for opts in ({"regularize": False}, {"btol": 1e-10, "atol": 1e-10}, {"maxiter": 1},
+                 {"damp": 1e-3, "conlim": 1e6}):
+        res = ap.solve_nlsq(rosen, x0, method="trf", tr_solver="lsmr", tr_options=opts)
+        np.testing.assert_allclose(np.asarray(res.x), [1.0, 1.0], rtol=1e-6)
+    with pytest.raises(TypeError, match="tol"):
+        ap.solve_nlsq(rosen, x0, method="trf", tr_solver="lsmr", tr_options={"tol": 1e-10})
+    with pytest.warns(UserWarning, match="regularize"):
+        ap.solve_nlsq(rosen, x0, method="dogbox", tr_solver="lsmr",
+                      tr_options={"regularize": True})
+    with pytest.warns(UserWarning, match="ignored"):
+        ap.solve_nlsq(rosen, x0, method="trf", tr_solver="exact", tr_options={"btol": 1.0})
+
+
+def test_lsmr_matches_scipy():
+    from scipy.sparse.linalg import lsmr as sp_lsmr
+
+    from adaptprec.nlsq._lsmr import lsmr
+
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((30, 8))
+    b = rng.standard_normal(30)
+    for kw in ({}, {"damp": 0.5}, {"atol": 1e-12, "btol": 1e-12}, {"maxiter": 3},
+               {"conlim": 2.0}):
+        x_ref, istop, itn = sp_lsmr(A, b, **kw)[:3]
+        x, istop_j, itn_j = jax.jit(lambda A, b: lsmr(lambda v: A @ v, lambda u: A.T @ u,
+                                                      b, 8, **kw))(A, b)
+        assert (int(istop_j), int(itn_j)) == (istop, itn), kw
+        np.testing.assert_allclose(np.asarray(x), x_ref, rtol=1e-10, atol=1e-12)
+
+
+def test_x_scale_complex():
+    with pytest.raises(ValueError, match="x_scale"):
+        ap.solve_nlsq(fun_trivial, 2.0, x_scale=1.0 + 2.0j)

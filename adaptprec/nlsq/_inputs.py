@@ -328,8 +328,8 @@ def check_unsupported(**options):
     """Raise for scipy options that are set to something adaptprec does not offer.
 
     ``workers`` (any value but ``None``/``map``-like builtins) and ``verbose > 0`` raise
-    ``NotImplementedError`` naming the alternative; ``tr_solver`` accepts ``None`` and
-    ``"exact"``.
+    ``NotImplementedError`` naming the alternative; ``tr_solver`` must be ``None``,
+    ``"exact"`` or ``"lsmr"`` (its options are read by :func:`._lsmr.check_tr_options`).
 
     Example:
         >>> from adaptprec.nlsq._inputs import check_unsupported
@@ -348,11 +348,9 @@ def check_unsupported(**options):
     tr_solver = options.get("tr_solver")
     if tr_solver not in (None, "exact", "lsmr"):
         raise ValueError("`tr_solver` must be None, 'exact' or 'lsmr'.")
-    if tr_solver == "lsmr" or options.get("tr_options"):
-        raise OptionNotOffered(
-            "tr_solver='lsmr' / tr_options are not offered yet: the trust-region step is "
-            "solved exactly from a QR (or normal-equations) factorisation; for very many "
-            "residuals use linear_solver='normal'.")
+    tr_options = options.get("tr_options")
+    if tr_options is not None and not isinstance(tr_options, dict):
+        raise TypeError(f"tr_options must be a dict, got {type(tr_options).__name__}")
 
 
 #: leastsq keyword arguments (curve_fit with method="lm" forwards them in scipy) and

@@ -76,6 +76,8 @@ class LoopConfig(NamedTuple):
     max_nfev: int = 0
     #: scipy's ``callback`` (see :mod:`._callback`), or ``None``
     callback: Any = None
+    #: ``tr_solver="lsmr"``: :func:`._lsmr.check_tr_options`'s tuple (``None``: exact)
+    tr: Any = None
 
 
 class _State(NamedTuple):

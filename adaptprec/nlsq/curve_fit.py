@@ -311,15 +311,18 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
                              + str(exc).replace("x0", "p0")) from None
         raise
     popt = res.x
-    # intentional difference (docs/scipy.md): scipy's lm gives an all-inf pcov for a
-    # rank-deficient Jacobian and trf a pseudo-inverse; here only the rows and columns of
-    # the parameters that are not identifiable are inf, for every method
+    # scipy's rule for lm (MINPACK's cov_x is None for a singular R): an all-inf pcov
+    # when a parameter is not identifiable. trf/dogbox: only the rows and columns of the
+    # parameters that are not identifiable are inf (scipy's pseudo-inverse gives them a
+    # finite, misleading variance; an intentional difference, docs/scipy.md)
     if is_concrete(res.jac) and m < _NUMPY_COVARIANCE_MAX_M:
         pcov = covariance_numpy(np.asarray(res.jac))  # no compilation per data length
         xnp_c = np
     else:
         pcov, _ = covariance_from_jac(res.jac)
         xnp_c = jnp
+    if method == "lm" or (method is None and unbounded):
+        pcov = xnp_c.where(xnp_c.any(xnp_c.isinf(pcov)), xnp_c.inf, pcov)
     # the point count is the residual's size (a scalar ydata broadcasts against f)
     m = int(res.fun.size)
     dof = m - n

@@ -85,14 +85,28 @@ def _step_to_bound(x, s, lb, ub):
     return t, hits
 
 
-def dogbox_step(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub) -> Step:
-    """One dogbox step from the factored model ``(R, qtf)`` (``g = R^T qtf``)."""
+def dogbox_step(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub, *, lsmr_opts=None) -> Step:
+    """One dogbox step from the factored model ``(R, qtf)`` (``g = R^T qtf``).
+
+    ``lsmr_opts`` (:func:`._lsmr.check_tr_options`'s tuple) selects scipy's
+    ``tr_solver="lsmr"``: the Gauss-Newton step over the free variables is LSMR's
+    solution in the variables scaled by ``x_scale`` instead of a dense least-squares
+    solve."""
     n = x.shape[0]
     free = _free(x, g, lb, ub)
     fz = free.astype(R.dtype)
     g_f = g * fz
     R_f = R * fz[None, :]
-    newton = jnp.linalg.lstsq(R_f, -qtf)[0] * fz
+    if lsmr_opts is None:
+        newton = jnp.linalg.lstsq(R_f, -qtf)[0] * fz
+    else:
+        from ._lsmr import lsmr
+
+        o = dict(lsmr_opts)
+        Rs = R_f / scale_inv[None, :]
+        newton = -lsmr(lambda p: Rs @ p, lambda u: Rs.T @ u, qtf, n, damp=o["damp"],
+                       atol=o["atol"], btol=o["btol"], conlim=o["conlim"],
+                       maxiter=o["maxiter"])[0] / scale_inv * fz
     tr = Delta / scale_inv
     lb_c, ub_c = lb - x, ub - x
     lo = jnp.where(free, jnp.maximum(lb_c, -tr), 0.0)

@@ -30,6 +30,7 @@ from jax.flatten_util import ravel_pytree
 
 from .._tracing import is_concrete
 from .._policy import cast_floating
+from .._pytree import replace
 from ..precision import Ladder, canonical_dtype, x64_enabled
 from ._blocks import PointBlocks
 from ._compile import cpu_jit
@@ -45,8 +46,10 @@ from .gn import gn_step
 from .lm import lm_step, minpack_delta0, minpack_gnorm
 from .result import NLSQResult
 from .trf import active_constraints, cl_scaling, make_strictly_feasible, trf_delta0
-from .trf import trf_step
+from .trf import trf_lsmr_step, trf_step
 from ._finite_diff import as_sparsity, fd_jacobian
+from ._sparse_jac import as_user_format, host_jac, probe_host_jac
+from ._lsmr import check_tr_options
 from .dogbox import dogbox_delta0, dogbox_gnorm, dogbox_step, on_bound
 from ._inputs import (FD_METHODS, OptionNotOffered, as_bounds, as_x0, check_jac_option, check_max_nfev,
                       check_tolerances, check_unsupported, check_jac_shape,
@@ -248,14 +251,27 @@ def _with_kwargs(fn, n_args: int):
     return g
 
 
-def _check_jac_shape(jac, x0_flat, args, m: int, n: int) -> None:
-    """A user ``jac``'s output shape, checked once (``jax.eval_shape``) at the boundary."""
+def _check_jac_shape(jac, x0_flat, args, m: int, n: int) -> str | None:
+    """A user ``jac``'s output shape, checked once (``jax.eval_shape``) at the boundary.
+
+    A ``jac`` JAX cannot trace is called once on the host (eager calls only): if it
+    returns a scipy.sparse matrix or a ``LinearOperator``, its kind (``"sparse"`` /
+    ``"operator"``) is returned and it will be evaluated on the host
+    (:mod:`._sparse_jac`); otherwise the tracing error is raised."""
     try:
         out = jax.eval_shape(lambda x, a: jnp.asarray(jac(x, *a)), x0_flat, args)
     except Exception as exc:
-        raise TypeError(f"calling jac(x0, *args) failed while checking its shape: {exc}"
-                        ) from exc
+        kind, J0 = (probe_host_jac(jac, x0_flat, args) if is_concrete((x0_flat, args))
+                    else (None, None))
+        if kind is None:
+            raise TypeError(f"calling jac(x0, *args) failed while checking its shape: "
+                            f"{exc}") from exc
+        if tuple(J0.shape) != (m, n):
+            raise ValueError(f"The return value of `jac` has wrong shape: expected "
+                             f"{(m, n)}, actual {tuple(J0.shape)}.") from None
+        return kind
     check_jac_shape(tuple(out.shape), m, n)
+    return None
 
 
 def _reshape_to(shape, flat):
@@ -280,7 +296,7 @@ def solve_nlsq(
     bounds=(-np.inf, np.inf),
     loss="linear",
     f_scale: float = 1.0,
-    x_scale="jac",
+    x_scale=None,
     jac=None,
     ftol: float = 1e-15,
     xtol: float = 1e-10,
@@ -324,7 +340,8 @@ def solve_nlsq(
         ``"trf"`` runs even if they turn out infinite.
       loss, f_scale: robust loss (``"linear"``, ``"soft_l1"``, ``"huber"``, ``"cauchy"``,
         ``"arctan"`` or a callable ``rho(z)``) and its soft margin, as in scipy.
-      x_scale: ``"jac"`` (column norms of the Jacobian, non-decreasing) or an array.
+      x_scale: ``"jac"`` (column norms of the Jacobian, non-decreasing; the default,
+        ``None``, means ``"jac"`` for every method) or an array.
       jac: ``"fwd"`` (``jax.jacfwd``; the default, or ``"2-point"`` when ``diff_step``
         is given), ``"rev"``, scipy's finite differences
         ``"2-point"``, ``"3-point"``, ``"cs"`` (one vectorised evaluation; for models JAX
@@ -345,9 +362,12 @@ def solve_nlsq(
       jac_sparsity: scipy's ``(m, n)`` sparsity pattern (dense or scipy.sparse) for a
         finite-difference Jacobian: columns that share no row are perturbed together
         (one evaluation per group). Selects ``"2-point"`` when ``jac`` is unset.
-      tr_solver, tr_options, verbose, workers: scipy's options;
-        ``tr_solver=None/"exact"`` and ``verbose=0`` are what adaptprec does, anything else
-        raises an error naming the alternative (see ``docs/scipy.md``).
+      tr_solver, tr_options: scipy's: ``"exact"`` (the default; ``"lsmr"`` when ``jac``
+        returns a sparse matrix or ``LinearOperator``) or ``"lsmr"`` for ``trf``/``dogbox``
+        (scipy's LSMR + 2-D subspace step, :mod:`adaptprec.nlsq._lsmr`; ``tr_options``
+        keys ``regularize``, ``damp``, ``atol``, ``btol``, ``conlim``, ``maxiter``).
+      verbose, workers: ``verbose=0`` and ``workers=None`` are what adaptprec does;
+        anything else raises an error naming the alternative (see ``docs/scipy.md``).
       precision: ``"adaptive"`` (``f32 -> f64``; residual and Jacobian on f32 first while
         the iterate stays float64), a :class:`~adaptprec.Ladder`/``"f32,f64"``, or one
         dtype (fixed precision). With ``jax_enable_x64`` off, an eager call asking for
@@ -401,18 +421,32 @@ def solve_nlsq(
         res = _stream.solve_stream(
             residual, x0, args, chunk_size=chunk_size, auto=chunk_size is None and not
             isinstance(args, _stream.Chunks), method=method, bounds=bounds, loss=loss,
-            f_scale=f_scale, x_scale=x_scale, jac=jac, ftol=ftol, xtol=xtol, gtol=gtol,
-            max_steps=max_steps, precision=precision, schedule=schedule,
+            f_scale=f_scale, x_scale="jac" if x_scale is None else x_scale, jac=jac,
+            ftol=ftol, xtol=xtol, gtol=gtol, max_steps=max_steps, precision=precision,
+            schedule=schedule,
             linear_solver=linear_solver, max_rejections=max_rejections,
             cond_tol=cond_tol, **{k: v for k, v in locals().items()
                                   if k in _stream.UNSUPPORTED_DEFAULTS})
         if res is not None:
             return res
     if starts != 1:
+        from ._inputs import OptionNotOffered
         from ._multistart import solve_multistart
+
+        # the batched engine behind starts= carries none of these: never drop one silently
+        given = [k for k, v in dict(max_nfev=max_nfev, diff_step=diff_step, kwargs=kwargs,
+                                    tr_solver=tr_solver, tr_options=tr_options,
+                                    jac_sparsity=jac_sparsity, callback=callback).items()
+                 if v is not None] + (["verbose"] if verbose else [])
+        if given:
+            raise OptionNotOffered(
+                f"solve_nlsq(starts={starts}) runs the starts on the batched engine, which "
+                f"does not take {', '.join(given)}; drop them, or call solve_nlsq once per "
+                "start (starts=1) with those options.")
         return solve_multistart(
             residual, x0, args, starts=starts, method=method, bounds=bounds, loss=loss,
-            f_scale=f_scale, x_scale=x_scale, jac=jac, ftol=ftol, xtol=xtol, gtol=gtol,
+            f_scale=f_scale, x_scale="jac" if x_scale is None else x_scale, jac=jac,
+            ftol=ftol, xtol=xtol, gtol=gtol,
             max_steps=max_steps, precision=precision, schedule=schedule, throw=throw,
             linear_solver=linear_solver, max_rejections=max_rejections, cond_tol=cond_tol)
     # ------------------------------------------------------------------ validation
@@ -423,6 +457,9 @@ def solve_nlsq(
     if method is not None and method not in METHODS:
         raise ValueError(f"method={method!r} is not supported; use one of {METHODS}")
     loss = check_loss(loss)
+    x_scale_given = x_scale
+    if x_scale is None:  # adaptprec's default for every method (scipy's for lm)
+        x_scale = "jac"
     if method == "lm" and loss != "linear":
         raise ValueError("method='lm' supports only 'linear' loss function; use "
                          "method='trf' for a robust loss.")
@@ -431,10 +468,17 @@ def solve_nlsq(
     jac = check_jac_option(jac)
     check_unsupported(tr_solver=tr_solver, tr_options=tr_options, verbose=verbose,
                       workers=workers)
-    if jac_sparsity is not None:
+    if jac_sparsity is not None and callable(jac):
+        # scipy: jac_sparsity describes finite differences; a callable jac gives the
+        # Jacobian itself, so the pattern is unused (its shape is checked below)
+        pass
+    elif jac_sparsity is not None:
         if method == "lm":
             raise ValueError("method='lm' does not support `jac_sparsity`; use "
                              "method='trf' or 'dogbox'.")
+        if tr_solver == "exact":
+            raise ValueError("tr_solver='exact' is incompatible with `jac_sparsity` (as in "
+                             "scipy); leave tr_solver unset.")
         if not (isinstance(jac, str) and jac in FD_METHODS):
             raise OptionNotOffered(
                 "jac_sparsity applies to finite-difference Jacobians (it groups the "
@@ -489,6 +533,23 @@ def solve_nlsq(
         m = recalled[0]
     else:
         m = _residual_size(residual, unravel, x0, x0_flat, args)
+    if jac_sparsity is not None and callable(jac):
+        as_sparsity(jac_sparsity, m, n)  # shape check only (scipy's check_jac_sparsity)
+    # a jac returning scipy.sparse / LinearOperator: evaluated on the host (scipy's rules)
+    host_kind = _check_jac_shape(jac, x0_flat, args, m, n) if callable(jac) else None
+    if host_kind is not None:
+        if method == "lm":
+            raise ValueError("method='lm' works only with dense Jacobian matrices; "
+                             "use method='trf' or 'dogbox' for a sparse or "
+                             "LinearOperator `jac`.")
+        if tr_solver == "exact":
+            raise ValueError("tr_solver='exact' works only with dense Jacobian matrices; "
+                             "leave tr_solver unset for a sparse or LinearOperator `jac`.")
+        if host_kind == "operator" and x_scale_given == "jac":
+            raise ValueError("x_scale='jac' can't be used when `jac` returns "
+                             "LinearOperator; give x_scale as an array.")
+        if method is None:  # scipy's least_squares default
+            method = "trf"
 
     lb, ub = _broadcast_bounds(as_bounds(bounds, n), n, top_dt)
     bounds_known = is_concrete((lb, ub))
@@ -502,6 +563,7 @@ def solve_nlsq(
         raise ValueError(f"method={method!r} does not support bounds; use method='trf' "
                          "(or leave method unset)")
     ftol, xtol, gtol = check_tolerances(ftol, xtol, gtol, method)
+    tr = _tr_solver_options(tr_solver, tr_options, method, host_kind)
     if method in ("lm", "gn") and m < n:
         raise ValueError(f"method={method!r} needs at least as many residuals as "
                          f"parameters; got m={m} residuals for n={n} parameters. Use "
@@ -517,7 +579,14 @@ def solve_nlsq(
             raise ValueError(f"x_scale must be 'jac' or an array, got {x_scale!r}")
         scale_inv0 = np.ones(n)
     else:
-        xs = np.broadcast_to(np.asarray(x_scale, np.float64), (n,))
+        if np.iscomplexobj(x_scale):
+            raise ValueError("x_scale must be 'jac' or an array of positive finite (real) "
+                             "numbers")
+        try:
+            xs = np.broadcast_to(np.asarray(x_scale, np.float64), (n,))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"x_scale must be 'jac' or an array of positive finite "
+                             f"numbers broadcastable to ({n},): {exc}") from None
         if not np.all(np.isfinite(xs)) or np.any(xs <= 0):
             raise ValueError("x_scale must be 'jac' or an array of positive finite numbers")
         scale_inv0 = 1.0 / xs
@@ -539,8 +608,7 @@ def solve_nlsq(
         axes = _point_axes(residual, fun_flat, x0, x0_flat, args, m)
     jac_key = jac
     if callable(jac):
-        _check_jac_shape(jac, x0_flat, args, m, n)
-        jac = wrap_jac(jac, m, n)
+        jac = wrap_jac(jac, m, n) if host_kind is None else host_jac(jac, m, n)
     elif jac in FD_METHODS:
         fd_bounds = (lb, ub) if bounds_known and has_bounds else (None, None)
         jac_key = (jac, None if diff_step is None else
@@ -569,18 +637,21 @@ def solve_nlsq(
                      max_steps=int(max_steps), linear_solver=linear_solver,
                      max_rejections=int(max_rejections), cond_tol=float(cond_tol),
                      schedule=schedule, point_axes=axes, max_nfev=max_nfev,
-                     callback=callback)
+                     callback=callback, tr=tr)
     if driver != "fused":
-        if host_eligible(cfg, bool(throw), x0_flat, args, lb, ub, f_scale):
+        if tr is None and host_eligible(cfg, bool(throw), x0_flat, args, lb, ub, f_scale):
             x0_shape = np.shape(x0) if isinstance(x0, (jax.Array, np.ndarray)) else None
-            return host_solve(residual, fun_flat, unravel, x0_shape, cfg, pad,
-                              x0_flat.astype(top_dt), args, lb, ub, scale_inv0, f_scale,
-                              ftol, xtol, gtol)
+            res = host_solve(residual, fun_flat, unravel, x0_shape, cfg, pad,
+                             x0_flat.astype(top_dt), args, lb, ub, scale_inv0, f_scale,
+                             ftol, xtol, gtol)
+            # the host driver runs autodiff Jacobians only: for lm, scipy's None
+            return replace(res, njev=None) if _njev_is_none(cfg) else res
         if driver == "host":
             raise ValueError("driver='host' needs an eager call (no tracers in x0, args, "
                              "bounds), jac='fwd'/'rev', the QR model (linear_solver='qr' "
-                             "or fewer than 4096 residuals), throw=False, no max_nfev or "
-                             "callback and a hashable loss and schedule; use "
+                             "or fewer than 4096 residuals), throw=False, no max_nfev, "
+                             "callback or tr_solver='lsmr' and a hashable loss and "
+                             "schedule; use "
                              "driver='auto'")
     key = (_hashable(residual), _hashable(jac_key), _hashable(loss), _hashable(schedule),
            cfg._replace(loss=None, jac=None, schedule=None, callback=None),
@@ -597,17 +668,60 @@ def solve_nlsq(
         else:
             _stats["hits"] += 1
             _cache.move_to_end(key)
-    return solver(x0_flat.astype(top_dt), args, jnp.asarray(lb, top_dt),
-                  jnp.asarray(ub, top_dt), jnp.asarray(scale_inv0, top_dt),
-                  jnp.asarray(f_scale, top_dt), jnp.asarray(ftol, top_dt),
-                  jnp.asarray(xtol, top_dt), jnp.asarray(gtol, top_dt))
+    res = solver(x0_flat.astype(top_dt), args, jnp.asarray(lb, top_dt),
+                 jnp.asarray(ub, top_dt), jnp.asarray(scale_inv0, top_dt),
+                 jnp.asarray(f_scale, top_dt), jnp.asarray(ftol, top_dt),
+                 jnp.asarray(xtol, top_dt), jnp.asarray(gtol, top_dt))
+    if host_kind is not None and is_concrete(res.jac):  # scipy: res.jac in jac's format
+        res = replace(res, jac=as_user_format(res.jac, host_kind))
+    return res
 
 
-def method_fns(method: str, m):
+def _njev_is_none(cfg: LoopConfig) -> bool:
+    """scipy's rule for ``njev``: ``None`` for ``method="lm"`` unless ``jac`` is the
+    user's callable (MINPACK counts only "analytic" Jacobian evaluations). Here an
+    autodiff (``"fwd"``/``"rev"``) or finite-difference Jacobian under ``lm`` gives
+    ``None`` likewise."""
+    return cfg.method == "lm" and (isinstance(cfg.jac, str) or
+                                   getattr(cfg.jac, "finite_diff", False))
+
+
+def _tr_solver_options(tr_solver, tr_options, method: str, host_kind):
+    """scipy's ``tr_solver``/``tr_options``: ``None`` (exact step) or the lsmr options.
+
+    ``tr_solver=None`` is ``"exact"`` unless ``jac`` returns a sparse matrix or a
+    ``LinearOperator`` (then ``"lsmr"``, as scipy chooses); ``tr_options`` with the exact
+    solver are ignored with a warning (scipy ignores them silently), and ``lm``/``gn``
+    ignore ``tr_solver`` with a warning (scipy's ``lm`` ignores it silently)."""
+    import warnings
+
+    if tr_solver is None:
+        tr_solver = "lsmr" if host_kind is not None else "exact"
+    if method in ("lm", "gn"):
+        if tr_solver == "lsmr" or tr_options:
+            warnings.warn(f"tr_solver / tr_options have no effect with method={method!r} "
+                          "(its step is MINPACK's exact one); use method='trf' or "
+                          "'dogbox' for tr_solver='lsmr'.", UserWarning, stacklevel=4)
+        return None
+    if tr_solver == "exact":
+        if tr_options:
+            warnings.warn("tr_options are ignored with tr_solver='exact' (they are "
+                          "LSMR's options); pass tr_solver='lsmr' to use them.",
+                          UserWarning, stacklevel=4)
+        return None
+    return check_tr_options(tr_options, method)
+
+
+def method_fns(method: str, m, tr=None):
     """``(step_fn, gnorm_fn, delta0_fn)`` of :func:`._loop.build_loop` for ``method``
-    (``m`` may be traced: the host driver's step is compiled once for every ``m``)."""
+    (``m`` may be traced: the host driver's step is compiled once for every ``m``);
+    ``tr`` is ``tr_solver="lsmr"``'s options (:func:`._lsmr.check_tr_options`), ``None``
+    for the exact step."""
     if method == "trf":
         def step_fn(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub):
+            if tr is not None:
+                return trf_lsmr_step(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub, m=m,
+                                     opts=tr)
             return trf_step(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub, m=m)
 
         def gnorm_fn(x, g, R, fsn, lb, ub):
@@ -616,6 +730,9 @@ def method_fns(method: str, m):
 
         return step_fn, gnorm_fn, trf_delta0
     if method == "dogbox":
+        if tr is not None:
+            return (functools.partial(dogbox_step, lsmr_opts=tr), dogbox_gnorm,
+                    dogbox_delta0)
         return dogbox_step, dogbox_gnorm, dogbox_delta0
     inner = lm_step if method == "lm" else gn_step
 
@@ -660,7 +777,7 @@ def final_eval(fun_flat, cfg: LoopConfig, x, args_top, f_scale):
 def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder, pad=None):
     rungs = cfg.rungs
     top_dt = rungs[-1]
-    step_fn, gnorm_fn, delta0_fn = method_fns(cfg.method, cfg.m)
+    step_fn, gnorm_fn, delta0_fn = method_fns(cfg.method, cfg.m, cfg.tr)
     if pad is not None:  # data padded to the bucket inside, padded rows masked
         pad_axes, pad_m = pad
         pad_idx = np.minimum(np.arange(pad_m), cfg.m - 1)
@@ -732,8 +849,7 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder, pad=N
         return NLSQResult(
             x=unravel(x), cost=cost, fun=f, jac=Js, grad=g, optimality=optimality,
             active_mask=active, nfev=st.nfev,
-            njev=None if (cfg.method == "lm" and getattr(cfg.jac, "finite_diff", False))
-            else st.njev, nit=st.nit,
+            njev=None if _njev_is_none(cfg) else st.njev, nit=st.nit,
             status=status, rung=st.rung, escalations=st.escalations,
             rung_entered=st.rung_entered, rung_nfev=st.rung_nfev,
             escalation_reason=st.esc_reason, ladder=tuple(np.dtype(d) for d in rungs))

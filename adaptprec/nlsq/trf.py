@@ -26,7 +26,7 @@ from .common import solve_lsq_trust_region
 from .lm import Step
 
 __all__ = ["cl_scaling", "make_strictly_feasible", "active_constraints", "trf_delta0",
-           "trf_step", "select_step", "step_size_to_bound"]
+           "trf_step", "trf_lsmr_step", "select_step", "step_size_to_bound"]
 
 
 def cl_scaling(x, g, lb, ub):
@@ -256,3 +256,75 @@ def trf_step(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub, *, m: int) -> Step:
     hn = jnp.linalg.norm(step_h)
     s_model = jnp.linalg.svd(Rh, compute_uv=False)
     return Step(x_new, pred, hn, hn > 0.95 * Delta, alpha_new, s_model)
+
+
+def _tr_1d(b, g, Delta):
+    """``min 0.5 b p^2 + g p`` for ``|p| <= Delta`` (the 2-D subproblem when ``n = 1``)."""
+    newton_ok = (b > 0) & (jnp.abs(g) <= b * Delta)
+    p_newton = -g / jnp.where(b > 0, b, 1.0)
+    p_edge = jnp.where(g > 0, -Delta, Delta)
+    return jnp.where(newton_ok, p_newton, p_edge)
+
+
+def trf_lsmr_step(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub, *, m: int,
+                  opts: tuple) -> Step:
+    """One trust-region-reflective step with ``tr_solver="lsmr"`` (scipy's): LSMR on the
+    regularised least-squares problem ``[J_h; diag(diag_h + reg)^(1/2)]`` (``reg`` from
+    the Cauchy point's model value when ``regularize``), then the quadratic model is
+    minimised over the 2-D subspace of the scaled gradient and the LSMR direction, and
+    :func:`select_step` handles the bounds as for the exact step. ``opts`` is
+    :func:`._lsmr.check_tr_options`'s tuple. The operator is the factored model
+    ``R`` (see :mod:`._lsmr`).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.nlsq._lsmr import check_tr_options
+        >>> from adaptprec.nlsq.trf import trf_lsmr_step
+        >>> inf = jnp.full(2, jnp.inf)
+        >>> st = trf_lsmr_step(jnp.zeros(2), jnp.eye(2), jnp.array([-1.0, -2.0]),
+        ...                    jnp.array([-1.0, -2.0]), jnp.ones(2), 10.0, 0.0, -inf, inf,
+        ...                    m=2, opts=check_tr_options({}, "trf"))
+        >>> [round(float(v), 6) for v in st.x_new]
+        [1.0, 2.0]
+    """
+    from ._lsmr import lsmr, solve_trust_region_2d
+
+    o = dict(opts)
+    scale = 1.0 / scale_inv
+    v, dv = cl_scaling(x, g, lb, ub)
+    gnorm = jnp.max(jnp.abs(g * v))
+    v = jnp.where(dv != 0, v * scale_inv, v)
+    d = jnp.sqrt(v) * scale
+    diag_h = g * dv * scale
+    g_h = d * g
+    Rh = R * d[None, :]
+    n = x.shape[0]
+    if o.get("regularize", True):
+        a, b, _ = _quad(Rh, g_h, -g_h, diag_h)
+        ghn = jnp.linalg.norm(g_h)
+        to_tr = Delta / jnp.where(ghn > 0, ghn, 1.0)
+        _, ag_value = _min_quad_1d(a, b, jnp.zeros_like(to_tr), to_tr)
+        reg = -ag_value / Delta ** 2
+    else:
+        reg = 0.0
+    sq = jnp.sqrt(jnp.maximum(diag_h + reg, 0.0))
+    gn_h, _, _ = lsmr(lambda p: jnp.concatenate([Rh @ p, sq * p]),
+                      lambda u: Rh.T @ u[:n] + sq * u[n:],
+                      jnp.concatenate([qtf, jnp.zeros((n,), qtf.dtype)]), n,
+                      damp=o["damp"], atol=o["atol"], btol=o["btol"],
+                      conlim=o["conlim"], maxiter=o["maxiter"])
+    if n == 1:
+        B = jnp.sum(Rh[:, 0] ** 2) + diag_h[0]
+        p_h = jnp.reshape(_tr_1d(B, g_h[0], Delta), (1,))
+    else:
+        S, _ = jnp.linalg.qr(jnp.stack([g_h, gn_h], axis=1))
+        JS = Rh @ S
+        B_S = JS.T @ JS + (S.T * diag_h) @ S
+        p_h = S @ solve_trust_region_2d(B_S, S.T @ g_h, Delta)
+    p = d * p_h
+    theta = jnp.maximum(0.995, 1.0 - gnorm)
+    step, step_h, pred = select_step(x, Rh, diag_h, g_h, p, p_h, d, Delta, lb, ub, theta)
+    x_new = make_strictly_feasible(x + step, lb, ub, rstep=0)
+    hn = jnp.linalg.norm(step_h)
+    s_model = jnp.linalg.svd(Rh, compute_uv=False)
+    return Step(x_new, pred, hn, hn > 0.95 * Delta, jnp.asarray(alpha, x.dtype), s_model)

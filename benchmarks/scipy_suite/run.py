@@ -21,26 +21,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 #: test-name pattern -> the option not offered that the item exercises
 NOT_APPLICABLE = {
     r"::test_workers$": "workers",
-    r"::test_exact_tr_solver$": "sparse Jacobian",
-    r"::test_equivalence$": "sparse Jacobian",
-    r"::test_tr_options$": "tr_options",
-    r"::test_wrong_parameters$": "tr_solver='lsmr' with tr_options",
-    r"::test_solver_selection$": "sparse Jacobian",
-    r"::test_numerical_jac$": "jac_sparsity",
-    r"Test(TRF|Dogbox)::test_with_bounds$": "jac_sparsity / sparse Jacobian",
-    r"::test_wrong_jac_sparsity$": "jac_sparsity",
-    r"Test(TRF|Dogbox)::test_linear_operator$": "LinearOperator Jacobian",
-    r"Test(TRF|Dogbox)::test_x_scale_jac_scale$": "sparse / LinearOperator Jacobian",
-    r"::test_lsmr_regularization$": "tr_options",
-    r"::test_callback$": "callback",
-    r"::test_callback_with_lm_method$": "callback",
 }
 #: items that loop over an offered and a not-offered option
-MIXED = {
-    r"::test_rosenbrock$": "tr_solver='lsmr' in half of the loop",
-    r"::test_rosenbrock_cropped$": "tr_solver='lsmr' in half of the loop",
-    r"::test_rosenbrock_bounds$": "tr_solver='lsmr' in half of the loop",
-}
+MIXED: dict = {}  # none since tr_solver="lsmr" is offered (the rosenbrock loops)
 
 
 class Collect:

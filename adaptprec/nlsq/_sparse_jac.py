@@ -1,0 +1,105 @@
+"""A ``jac`` callable that returns a ``scipy.sparse`` matrix or a ``LinearOperator``.
+
+scipy's ``least_squares`` accepts a ``jac`` that builds a sparse matrix (``lil_array``,
+``csr_matrix``...) or a ``scipy.sparse.linalg.LinearOperator``. Such a function cannot be
+traced by JAX (it assigns into a NumPy-backed sparse structure), so it is evaluated on
+the host, through ``jax.pure_callback``, at NumPy values of ``x`` and ``args``, and its
+result is densified to the ``(m, n)`` array the trust-region step factors (a sparse
+matrix with ``toarray()``, a ``LinearOperator`` with ``matmat(I)``). The solve then runs
+as with a dense callable ``jac``, under ``jit`` and ``vmap`` too (sequentially per
+batch element); the Jacobian is not differentiated, so ``grad`` of the solution (implicit
+differentiation through the residual) is unaffected.
+
+What this means next to scipy: the memory is that of a dense Jacobian (the step needs
+an ``(m, n)`` array), so it is for problems whose dense Jacobian fits; ``x_scale="jac"``
+with a ``LinearOperator``, ``method="lm"`` and ``tr_solver="exact"`` are rejected as in
+scipy. An eager solve returns ``res.jac`` in the user's format (a ``csr_array`` or a
+``LinearOperator``), as scipy does.
+
+Example:
+    >>> import numpy as np
+    >>> import scipy.sparse as sp
+    >>> from adaptprec.nlsq._sparse_jac import probe_host_jac
+    >>> kind, J0 = probe_host_jac(lambda x: sp.diags(2 * x).tocsr(), np.ones(3), ())
+    >>> kind, J0.shape
+    ('sparse', (3, 3))
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+
+__all__ = ["probe_host_jac", "host_jac", "densify", "as_user_format"]
+
+
+def _kind(J) -> str | None:
+    """``"sparse"``, ``"operator"`` or ``None`` (anything JAX can read as an array)."""
+    try:
+        import scipy.sparse as sp
+        from scipy.sparse.linalg import LinearOperator
+    except ImportError:  # pragma: no cover - scipy is a dependency of these paths
+        return None
+    if sp.issparse(J):
+        return "sparse"
+    if isinstance(J, LinearOperator):
+        return "operator"
+    return None
+
+
+def probe_host_jac(jac, x0, args):
+    """Call ``jac`` once on the host at NumPy ``x0`` and ``args``: ``(kind, J0)`` with
+    ``kind`` ``"sparse"``/``"operator"`` for a scipy.sparse matrix or ``LinearOperator``,
+    ``None`` otherwise (the caller then reports the original tracing error)."""
+    a = jax.tree.map(lambda v: np.asarray(v) if isinstance(v, jax.Array) else v, args)
+    try:
+        J0 = jac(np.asarray(x0), *a)
+    except Exception:  # noqa: BLE001 - the caller raises the tracing error instead
+        return None, None
+    return _kind(J0), J0
+
+
+def densify(J, n: int) -> np.ndarray:
+    """A scipy.sparse matrix or ``LinearOperator`` as a dense NumPy array."""
+    kind = _kind(J)
+    if kind == "sparse":
+        return np.asarray(J.toarray())
+    if kind == "operator":
+        return np.asarray(J.matmat(np.eye(n)))
+    return np.asarray(J)
+
+
+@functools.lru_cache(maxsize=256)
+def host_jac(jac, m: int, n: int):
+    """``jac`` as a JAX function of ``(x, *args)``: evaluated on the host with
+    ``jax.pure_callback`` and densified to ``(m, n)`` in ``x``'s dtype (stable per
+    ``(jac, m, n)`` so the compiled-solver cache hits)."""
+    def J(x, *args):
+        out = jax.ShapeDtypeStruct((m, n), x.dtype)
+
+        def host(xv, *av):
+            d = densify(jac(np.asarray(xv), *av), n)
+            if d.shape != (m, n):
+                raise ValueError(f"The return value of `jac` has wrong shape: expected "
+                                 f"{(m, n)}, actual {d.shape}.")
+            return d.astype(out.dtype)
+
+        return jax.pure_callback(host, out, x, *args, vmap_method="sequential")
+
+    J.host = True
+    return J
+
+
+def as_user_format(J, kind: str):
+    """The final Jacobian in the format the user's ``jac`` returned (scipy's ``res.jac``):
+    a ``csr_array`` for a sparse ``jac``, a ``LinearOperator`` for an operator one."""
+    if kind == "sparse":
+        import scipy.sparse as sp
+        return sp.csr_array(np.asarray(J))
+    if kind == "operator":
+        from scipy.sparse.linalg import aslinearoperator
+        return aslinearoperator(np.asarray(J))
+    return J
+
