@@ -184,11 +184,7 @@ def _load(path: str, full_key: str):
     except FileNotFoundError:
         return None
     except Exception:  # corrupt / truncated / incompatible: drop it and recompile
-        _stats["disk_errors"] += 1
-        try:
-            os.remove(path)
-        except OSError:
-            pass
+        _drop(path)
         return None
     try:
         os.utime(path)  # least-recently-used order for the size bound
@@ -247,6 +243,15 @@ def _entry(key) -> tuple[str | None, str | None, str | None]:
     return directory, os.path.join(directory, name), full_key
 
 
+def _drop(path: str) -> None:
+    """Forget an entry that could not be read (corrupt, truncated, incompatible)."""
+    _stats["disk_errors"] += 1
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
 def load_meta(key):
     """A small picklable object stored by :func:`store_meta` under ``key`` in an earlier
     process, or ``None``."""
@@ -261,11 +266,7 @@ def load_meta(key):
     except FileNotFoundError:
         pass
     except Exception:
-        _stats["disk_errors"] += 1
-        try:
-            os.remove(path)
-        except OSError:
-            pass
+        _drop(path)
     return None
 
 

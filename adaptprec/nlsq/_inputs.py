@@ -196,6 +196,37 @@ def check_max_nfev(max_nfev):
     return int(max_nfev)
 
 
+def as_scale_inv(x_scale, n: int):
+    """``1 / x_scale`` as a float64 vector of length ``n`` (ones for ``"jac"``, whose
+    scaling is taken from the Jacobian as it goes); scipy's errors for anything else."""
+    if isinstance(x_scale, str):
+        if x_scale != "jac":
+            raise ValueError(f"x_scale must be 'jac' or an array, got {x_scale!r}")
+        return np.ones(n)
+    if np.iscomplexobj(x_scale):
+        raise ValueError("x_scale must be 'jac' or an array of positive finite (real) "
+                         "numbers")
+    try:
+        xs = np.broadcast_to(np.asarray(x_scale, np.float64), (n,))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"x_scale must be 'jac' or an array of positive finite "
+                         f"numbers broadcastable to ({n},): {exc}") from None
+    if not np.all(np.isfinite(xs)) or np.any(xs <= 0):
+        raise ValueError("x_scale must be 'jac' or an array of positive finite numbers")
+    return 1.0 / xs
+
+
+def as_max_steps(max_steps, n: int) -> int:
+    """The iteration cap: ``100 (n + 1)`` by default (:func:`.common.default_max_steps`)."""
+    from .common import default_max_steps
+
+    if max_steps is None:
+        return default_max_steps(n)
+    if int(max_steps) < 1:
+        raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
+    return int(max_steps)
+
+
 def initialize_feasible(lb, ub):
     """scipy's feasible start for ``curve_fit`` without ``p0``: the midpoint of finite
     bounds, ``lb + 1`` / ``ub - 1`` for one-sided bounds, 1 otherwise.

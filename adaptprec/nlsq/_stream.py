@@ -450,7 +450,8 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
     asked for, only large): ``None`` when the problem cannot be streamed (the caller
     then solves in memory). ``with_gram``: return ``(result, J^T J, m)``.
     """
-    from ._inputs import OptionNotOffered, as_bounds, as_x0, check_tolerances
+    from ._inputs import (OptionNotOffered, as_bounds, as_max_steps, as_scale_inv, as_x0,
+                          check_tolerances)
     from ._pointwise import point_axes
     from ._loop import default_schedule
     from .common import check_loss
@@ -568,19 +569,8 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
     ftol, xtol, gtol = check_tolerances(ftol, xtol, gtol, method)
     if not (np.isscalar(f_scale) and np.isfinite(f_scale) and f_scale > 0):
         raise ValueError(f"f_scale must be a positive finite number, got {f_scale!r}")
-    if isinstance(x_scale, str):
-        if x_scale != "jac":
-            raise ValueError(f"x_scale must be 'jac' or an array, got {x_scale!r}")
-        scale_inv0 = np.ones(n)
-    else:
-        xs = np.broadcast_to(np.asarray(x_scale, np.float64), (n,))
-        if not np.all(np.isfinite(xs)) or np.any(xs <= 0):
-            raise ValueError("x_scale must be 'jac' or an array of positive finite numbers")
-        scale_inv0 = 1.0 / xs
-    if max_steps is None:
-        max_steps = 100 * (n + 1)
-    if int(max_steps) < 1:
-        raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
+    scale_inv0 = as_scale_inv(x_scale, n)
+    max_steps = as_max_steps(max_steps, n)
     if schedule is None and len(rungs) > 1:
         schedule = default_schedule()
     cfg = LoopConfig(m=0, n=n, rungs=rungs, method=method, loss=loss, jac="fwd",

@@ -51,9 +51,9 @@ from ._finite_diff import as_sparsity, fd_jacobian
 from ._sparse_jac import as_user_format, host_jac, probe_host_jac
 from ._lsmr import check_tr_options
 from .dogbox import dogbox_delta0, dogbox_gnorm, dogbox_step, on_bound
-from ._inputs import (FD_METHODS, OptionNotOffered, as_bounds, as_x0, check_jac_option, check_max_nfev,
-                      check_tolerances, check_unsupported, check_jac_shape,
-                      wrap_jac)
+from ._inputs import (FD_METHODS, OptionNotOffered, as_bounds, as_max_steps, as_scale_inv,
+                      as_x0, check_jac_option, check_max_nfev, check_tolerances,
+                      check_unsupported, check_jac_shape, wrap_jac)
 
 __all__ = ["solve_nlsq", "resolve_ladder", "clear_cache", "cache_info"]
 
@@ -430,7 +430,6 @@ def solve_nlsq(
         if res is not None:
             return res
     if starts != 1:
-        from ._inputs import OptionNotOffered
         from ._multistart import solve_multistart
 
         # the batched engine behind starts= carries none of these: never drop one silently
@@ -574,26 +573,8 @@ def solve_nlsq(
             i = int(np.argmax((xv < lb) | (xv > ub)))
             raise ValueError(f"x0 is outside the bounds: x0[{i}]={xv[i]} not in "
                              f"[{lb[i]}, {ub[i]}]")
-    if isinstance(x_scale, str):
-        if x_scale != "jac":
-            raise ValueError(f"x_scale must be 'jac' or an array, got {x_scale!r}")
-        scale_inv0 = np.ones(n)
-    else:
-        if np.iscomplexobj(x_scale):
-            raise ValueError("x_scale must be 'jac' or an array of positive finite (real) "
-                             "numbers")
-        try:
-            xs = np.broadcast_to(np.asarray(x_scale, np.float64), (n,))
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"x_scale must be 'jac' or an array of positive finite "
-                             f"numbers broadcastable to ({n},): {exc}") from None
-        if not np.all(np.isfinite(xs)) or np.any(xs <= 0):
-            raise ValueError("x_scale must be 'jac' or an array of positive finite numbers")
-        scale_inv0 = 1.0 / xs
-    if max_steps is None:
-        max_steps = 100 * (n + 1)
-    if int(max_steps) < 1:
-        raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
+    scale_inv0 = as_scale_inv(x_scale, n)
+    max_steps = as_max_steps(max_steps, n)
 
     if schedule is None and len(rungs) > 1:
         schedule = default_schedule()

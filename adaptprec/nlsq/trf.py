@@ -222,6 +222,17 @@ def select_step(x, Rh, diag_h, g_h, p, p_h, d, Delta, lb, ub, theta):
             jnp.where(inside, -p_value_full, -value))
 
 
+def _scaled_model(x, R, g, scale_inv, lb, ub):
+    """The model in Coleman-Li's scaled variables ``x = d * x_h`` (both step solvers):
+    ``(gnorm, d, diag_h, g_h, R_h)`` with the bound curvature ``diag_h = g dv scale``."""
+    scale = 1.0 / scale_inv
+    v, dv = cl_scaling(x, g, lb, ub)
+    gnorm = jnp.max(jnp.abs(g * v))
+    v = jnp.where(dv != 0, v * scale_inv, v)
+    d = jnp.sqrt(v) * scale
+    return gnorm, d, g * dv * scale, d * g, R * d[None, :]
+
+
 def trf_step(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub, *, m: int) -> Step:
     """One trust-region-reflective step from the factored model ``(R, qtf)``.
 
@@ -235,14 +246,7 @@ def trf_step(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub, *, m: int) -> Step:
         >>> round(float(st.x_new[0]), 12)
         0.75
     """
-    scale = 1.0 / scale_inv
-    v, dv = cl_scaling(x, g, lb, ub)
-    gnorm = jnp.max(jnp.abs(g * v))
-    v = jnp.where(dv != 0, v * scale_inv, v)
-    d = jnp.sqrt(v) * scale
-    diag_h = g * dv * scale
-    g_h = d * g
-    Rh = R * d[None, :]
+    gnorm, d, diag_h, g_h, Rh = _scaled_model(x, R, g, scale_inv, lb, ub)
     n = x.shape[0]
     A = jnp.concatenate([Rh, jnp.diag(jnp.sqrt(jnp.maximum(diag_h, 0.0)))])
     f_aug = jnp.concatenate([qtf, jnp.zeros((n,), qtf.dtype)])
@@ -290,14 +294,7 @@ def trf_lsmr_step(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub, *, m: int,
     from ._lsmr import lsmr, solve_trust_region_2d
 
     o = dict(opts)
-    scale = 1.0 / scale_inv
-    v, dv = cl_scaling(x, g, lb, ub)
-    gnorm = jnp.max(jnp.abs(g * v))
-    v = jnp.where(dv != 0, v * scale_inv, v)
-    d = jnp.sqrt(v) * scale
-    diag_h = g * dv * scale
-    g_h = d * g
-    Rh = R * d[None, :]
+    gnorm, d, diag_h, g_h, Rh = _scaled_model(x, R, g, scale_inv, lb, ub)
     n = x.shape[0]
     if o.get("regularize", True):
         a, b, _ = _quad(Rh, g_h, -g_h, diag_h)
