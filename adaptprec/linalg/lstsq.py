@@ -175,7 +175,7 @@ def _lstsq_batched(A, B, *, storage, compute, max_iters, tol):
     # honest: a non-finite x has no meaningful optimality measure
     e = jnp.where(jnp.all(jnp.isfinite(x), axis=1), e, jnp.inf)
     info = SolveInfo(iterations=its, backward_error=jnp.max(e, axis=1),
-                     fell_back=need, cond_estimate=jnp.where(need, kappa_f, kappa_low),
+                     fell_back=need, cond_value=jnp.where(need, kappa_f, kappa_low),
                      status=status, reason=reason)
     return x, info
 
