@@ -55,6 +55,7 @@ from ._common import (
 )
 from ._getrf import lu_factor_transposed
 from ._gmres import fgmres
+from ._trsv import BLOCK, Panels, make_panels, panel_solve
 from .cond import inverse_norm1
 
 __all__ = ["solve", "SolveInfo", "STATUS_MESSAGES"]
@@ -253,6 +254,9 @@ def _low_one(lu, perm, scale, r, w, trans_m):
     """
     s = jnp.max(jnp.abs(r), axis=0, keepdims=True)
     s = jnp.where(s > 0, s, jnp.ones_like(s))
+    if isinstance(lu, Panels):          # blocked GEMV solves (CPU, large n; see _trsv)
+        y = panel_solve(lu, perm, (r / s).astype(lu.diag[0].dtype), transpose=trans_m)
+        return y.astype(w) * (s * scale)
     y = (r / s).astype(lu.dtype)
 
     def one(y):
@@ -353,6 +357,13 @@ def _deferred_kappa(f, perm, scale, anorm):
                      ).reshape(batch)
 
 
+def _use_panels(fac: _Factors, refine: str) -> bool:
+    """Blocked GEMV triangular solves (:mod:`._trsv`) instead of LAPACK xTRSM: LU factors
+    on CPU with n >= 2 blocks, LU-IR (GMRES-IR keeps its per-vector preconditioner)."""
+    return (fac.perm is not None and refine == "lu" and fac.lu.shape[-1] >= 2 * BLOCK
+            and jax.default_backend() == "cpu")
+
+
 def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol, estimate_cond,
             kind, capacity):
     """Refine all systems of the batch; fall back where needed. A (m,n,n), B (m,n,k)."""
@@ -363,7 +374,11 @@ def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol, estimate_
     tm = not transpose   # the factors are of A^T: solves with op(A) flip the transpose
     mv = jax.vmap(partial(apply, transpose=transpose))
 
-    low_t = _low_solver(fac.lu, fac.perm, fac.scale, w)
+    if _use_panels(fac, refine):
+        solver = make_panels(jnp.swapaxes(fac.lu, -1, -2))     # one copy of the factor
+    else:
+        solver = None
+    low_t = _low_solver(fac.lu if solver is None else solver, fac.perm, fac.scale, w)
 
     def low(R, trans=tm):
         return low_t(R, trans)
@@ -372,7 +387,8 @@ def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol, estimate_
     # captured by the loop body *and* returned in the info would be copied by XLA
     if refine == "lu":
         def correct(r, lu):
-            return _low_solver(lu, fac.perm, fac.scale, w)(r, tm)
+            return _low_solver(lu if solver is None else solver, fac.perm, fac.scale,
+                               w)(r, tm)
     else:
         def correct_one(a, lu, perm, sc, r):
             def matvec(v):
