@@ -79,7 +79,9 @@ def _lu_shapes(jaxpr, inside_switch=False, out=None):
     """(f64 LU operand shape, inside a 3-branch switch?) for every LU in the program."""
     out = [] if out is None else out
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "lu" and eqn.invars[0].aval.dtype == np.float64:
+        getrf = eqn.primitive.name == "lu" or (
+            eqn.primitive.name == "ffi_call" and "getrf" in str(eqn.params.get("target_name")))
+        if getrf and eqn.invars[0].aval.dtype == np.float64:
             out.append((tuple(eqn.invars[0].aval.shape), inside_switch))
         for p in eqn.params.values():
             subs = p if isinstance(p, (tuple, list)) else [p]
