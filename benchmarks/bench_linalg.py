@@ -193,6 +193,45 @@ def half_table(n, repeats):
           f"{tb * 1e3:.1f} ms ({tb / t32:.2f}x the f32 LU time)")
 
 
+def trsv_table(sizes, repeats):
+    """LAPACK single-column strsm vs the blocked panel solves of linalg/_trsv.py: k solve
+    pairs M^T x = b chained in one program (k = 1, 4), per-pair cost and one-time cost."""
+    from jax import lax
+
+    from adaptprec.linalg._common import lu_solve
+    from adaptprec.linalg._trsv import make_panels, panel_solve
+    print("\n== triangular solve pairs from float32 LU factors: LAPACK strsm vs panels ==")
+    for n in sizes:
+        rng = np.random.default_rng(n)
+        lu, _, perm = lax.linalg.lu(jnp.asarray(rng.standard_normal((n, n)), jnp.float32))
+        F = jnp.asarray(np.asarray(lu).T.copy())
+        y = jnp.asarray(rng.standard_normal((n, 1)), jnp.float32)
+
+        def prog(kind, k):
+            def f(F, perm, y):
+                if kind == "panels":
+                    p = make_panels(F)
+
+                    def solve(v):
+                        return panel_solve(p, perm, v, transpose=True)
+                else:
+                    def solve(v):
+                        return lu_solve(F.T, perm, v, transpose=True)
+                for _ in range(k):
+                    y = solve(y)
+                    y = y / jnp.max(jnp.abs(y))
+                return y
+            return jax.jit(f)
+
+        progs = [prog(kd, k) for kd in ("lapack", "panels") for k in (1, 4)]
+        wall, cpu = best_times(progs, (F, perm, y), repeats)
+        for i, kd in ((0, "lapack"), (2, "panels")):
+            pair_w, pair_c = (wall[i + 1] - wall[i]) / 3, (cpu[i + 1] - cpu[i]) / 3
+            print(f"n = {n:>5} {kd:>6}: per pair {pair_w * 1e3:6.2f} ms wall "
+                  f"{pair_c * 1e3:6.2f} ms cpu; one-time {max(wall[i] - pair_w, 0) * 1e3:6.2f}"
+                  f" ms wall {max(cpu[i] - pair_c, 0) * 1e3:6.2f} ms cpu", flush=True)
+
+
 def kappa_sweep(n, repeats):
     print(f"\n== condition sweep at n = {n} (prescribed singular values 1 .. 1/kappa; "
           "default call, full info) ==")
@@ -231,12 +270,16 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--no-extras", action="store_true", help="skip the SPD and half tables")
     p.add_argument("--extras-n", type=int, default=2048)
+    p.add_argument("--trsv", action="store_true",
+                   help="also time LAPACK strsm vs the blocked panel solves at --sizes")
     args = p.parse_args(argv)
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, "
           f"{jax.local_device_count()} device(s), {os.cpu_count()} cpus; load average at "
           f"start {os.getloadavg()[0]:.1f} (timings are only meaningful on an idle machine)")
     t0 = time.perf_counter()
     rows = size_table(args.sizes, args.repeats)
+    if args.trsv:
+        trsv_table(args.sizes, max(args.repeats, 9))
     if not args.no_extras:
         spd_table(args.extras_n, args.repeats)
         half_table(args.extras_n, args.repeats)
