@@ -147,3 +147,19 @@ def test_large_n_uses_panel_solves_and_reaches_f64_accuracy():
     assert int(info.status) == ap.Status.CONVERGED and not bool(info.fell_back)
     true = np.linalg.cond(A, np.inf)
     assert true / 3 <= float(info.cond_estimate) <= true * 1.01
+
+
+def test_panel_solves_only_for_factors_up_to_32_mb():
+    """Cutting panels writes a second copy of the factor: a net loss at n = 4096 (64 MB)
+    measured in bench_linalg.py, so LAPACK strsm is kept there."""
+    import importlib
+    from types import SimpleNamespace
+    solve_mod = importlib.import_module("adaptprec.linalg.solve")
+
+    def uses(m, n, refine="lu", perm=True):
+        lu = np.empty((m, n, n), np.float32)            # never touched: no real memory
+        fac = SimpleNamespace(lu=lu, perm=np.empty((m, n), np.int32) if perm else None)
+        return solve_mod._use_panels(fac, refine)
+    assert uses(1, 2048) and uses(1, 512) and uses(2, 2048)
+    assert not uses(1, 4096) and not uses(5, 2048) and not uses(1, 511)
+    assert not uses(1, 2048, refine="gmres") and not uses(1, 2048, perm=False)  # Cholesky

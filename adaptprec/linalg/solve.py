@@ -357,10 +357,19 @@ def _deferred_kappa(f, perm, scale, anorm):
                      ).reshape(batch)
 
 
+#: largest factor (bytes, whole batch) for which the panel solves are used: cutting the
+#: panels writes a second copy of the factor, and above ~32 MB that buffer comes fresh
+#: from the OS on every call (glibc's mmap threshold), page faults included. Measured
+#: (bench_linalg.py): a net gain at n = 2048 (16 MB), a net loss at n = 4096 (64 MB).
+_PANEL_MAX_BYTES = 32 * 2 ** 20
+
+
 def _use_panels(fac: _Factors, refine: str) -> bool:
     """Blocked GEMV triangular solves (:mod:`._trsv`) instead of LAPACK xTRSM: LU factors
-    on CPU with n >= 2 blocks, LU-IR (GMRES-IR keeps its per-vector preconditioner)."""
+    on CPU with n >= 2 blocks and at most ``_PANEL_MAX_BYTES``, LU-IR (GMRES-IR keeps its
+    per-vector preconditioner)."""
     return (fac.perm is not None and refine == "lu" and fac.lu.shape[-1] >= 2 * BLOCK
+            and fac.lu.size * fac.lu.dtype.itemsize <= _PANEL_MAX_BYTES
             and jax.default_backend() == "cpu")
 
 
