@@ -420,17 +420,16 @@ def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol, estimate_
     fac_good = fac.cast_ok & fac.factor_ok
     x0 = low(B)
     cond_factors = None
+    # "lazy": kappa_inf(A) is deferred; the info keeps the factors (also for the transposed
+    # solve of a gradient, whose aux info must have the forward structure), filled in
+    # after the loop. F = lu^T is the row-major view of the LAPACK factor: no copy.
+    keep_factors = estimate_cond == "lazy"
     if estimate_cond == "eager":
         kappa_low = _hh_kappa(low, anrm, tm, n)
         kappa_low = jnp.where(fac_good & jnp.isfinite(kappa_low), kappa_low,
                               jnp.asarray(jnp.inf, w))
     else:
         kappa_low = jnp.full((m,), jnp.nan, w)
-        if estimate_cond == "lazy":
-            # kappa_inf(A) (also for the transposed solve of a gradient, whose aux info must
-            # have the forward structure); filled after the loop. F = lu^T is the
-            # row-major view of the column-major LAPACK factor: no copy.
-            cond_factors = True
 
     thresh = (anrm * jnp.asarray(tol, w))[:, None]       # (m, 1)
     r0 = B - mv(A, x0)
@@ -464,7 +463,7 @@ def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol, estimate_
 
     init = (jnp.asarray(0, jnp.int32), its0, x0, r0, rn0, conv0, bad0, fac.lu)
     _, its, x, r, _, conv, _, lu_out = lax.while_loop(cond, body, init)
-    if cond_factors is not None:
+    if keep_factors:
         cond_factors = _CondFactors(jnp.swapaxes(lu_out, -1, -2), fac.perm, fac.scale,
                                     fac.norminf)
 
