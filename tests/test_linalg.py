@@ -420,4 +420,9 @@ def test_pad_to_multiple_preserves_product():
 def test_solveinfo_is_a_pytree():
     x, info = _solve_lu(np.eye(N), np.ones(N))
     leaves = jax.tree_util.tree_leaves(info)
-    assert isinstance(info, SolveInfo) and len(leaves) == 6
+    # 6 fields + the factors kept for the deferred condition estimate (f, perm, scale, norm)
+    assert isinstance(info, SolveInfo) and len(leaves) == 10
+    assert info.cond_factors.f.shape == (N, N) and info.cond_factors.f.dtype == np.float32
+    _, info = jax.jit(lambda A, b: ap.linalg.solve(A, b, estimate_cond=False))(
+        np.eye(N), np.ones(N))
+    assert info.cond_factors is None and len(jax.tree_util.tree_leaves(info)) == 6

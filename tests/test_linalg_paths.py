@@ -79,7 +79,9 @@ def _lu_shapes(jaxpr, inside_switch=False, out=None):
     """(f64 LU operand shape, inside a 3-branch switch?) for every LU in the program."""
     out = [] if out is None else out
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "lu" and eqn.invars[0].aval.dtype == np.float64:
+        getrf = eqn.primitive.name == "lu" or (
+            eqn.primitive.name == "ffi_call" and "getrf" in str(eqn.params.get("target_name")))
+        if getrf and eqn.invars[0].aval.dtype == np.float64:
             out.append((tuple(eqn.invars[0].aval.shape), inside_switch))
         for p in eqn.params.values():
             subs = p if isinstance(p, (tuple, list)) else [p]
@@ -283,3 +285,49 @@ def test_accelerator_auto_path_half_factors_gmres_ir(monkeypatch, backend, low):
     assert int(info.status) == CONVERGED and not bool(info.fell_back)
     assert eta(A, x, b) <= math.sqrt(64) * U64
     assert int(info.iterations) >= 1
+
+
+# ---- lstsq: per-element fallback under vmap ------------------------------------------
+
+def _tall(kappa, m=24, n=8, seed=0):
+    rng = np.random.default_rng(seed)
+    u, _ = np.linalg.qr(rng.standard_normal((m, n)))
+    v, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    return (u * np.logspace(0, -np.log10(kappa), n)) @ v.T
+
+
+def _qr_shapes(jaxpr, inside_switch=False, out=None):
+    """(f64 QR operand shape, inside a 3-branch switch?) for every QR in the program."""
+    out = [] if out is None else out
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "qr" and eqn.invars[0].aval.dtype == np.float64:
+            out.append((tuple(eqn.invars[0].aval.shape), inside_switch))
+        for p in eqn.params.values():
+            for sub in (p if isinstance(p, (tuple, list)) else [p]):
+                j = getattr(sub, "jaxpr", sub)
+                if hasattr(j, "eqns"):
+                    _qr_shapes(j, inside_switch or (eqn.primitive.name == "cond"
+                                                    and len(eqn.params["branches"]) == 3),
+                               out)
+    return out
+
+
+def test_lstsq_vmap_one_of_64_falls_back_alone_and_compacted():
+    A = np.stack([_tall(1e2, seed=s) for s in range(64)])
+    A[37] = _tall(1e12, seed=999)                 # f32 QR refinement cannot converge
+    b = np.random.default_rng(2).standard_normal((64, 24))
+    f = jax.vmap(lambda A, b: ap.linalg.lstsq(A, b))
+    x, info = jax.jit(f)(A, b)
+    assert info.fell_back.tolist() == [i == 37 for i in range(64)]
+    assert int(info.reason[37]) == ap.Reason.STAGNATION and int(info.reason[0]) == 0
+    for i in (0, 37, 63):
+        ref = np.linalg.lstsq(A[i], b[i], rcond=None)[0]
+        np.testing.assert_allclose(x[i], ref, rtol=1e-6 if i == 37 else 1e-12,
+                                   atol=1e-6 if i == 37 else 1e-12)
+    xb, ib = ap.linalg.lstsq(A, b)                # leading batch dimension: the same
+    np.testing.assert_allclose(x, xb, rtol=1e-13, atol=1e-14)
+    # the float64 QR runs on the 8-slot buffer (or the whole batch when > 8 fail), only
+    # inside the none / buffer / whole switch, never as a select over all 64
+    shapes = _qr_shapes(jax.make_jaxpr(f)(A, b).jaxpr)
+    assert ((8, 24, 8), True) in shapes and ((64, 24, 8), True) in shapes
+    assert all(inside for _, inside in shapes)

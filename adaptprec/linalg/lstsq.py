@@ -16,7 +16,9 @@ For tall ``A`` (``m >= n``, full column rank) ``x = argmin ||b - A x||_2``:
              + \|b\|_\infty)} \le \mathrm{tol} = \sqrt{n}\,u_{working};
 
 5. otherwise (cast overflow, rank-deficient low-precision ``R``, stagnation,
-   ``max_iters``) fall back to a working-precision QR, via ``lax.cond``.
+   ``max_iters``) fall back to a working-precision QR, for the failing systems only
+   (gathered into a buffer, :func:`adaptprec._compaction.recompute_rows`; under ``vmap``
+   a ``custom_vmap`` rule folds the mapped axis into the batch so this still holds).
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.custom_batching import custom_vmap
 
+from .._compaction import capacity_for, recompute_rows
 from .._normest import norm1_estimate
 from .._status import Reason, Status
 from ..precision import max_value, unit_roundoff
@@ -66,19 +70,57 @@ def _cond_r(R, dtype):
     return jnp.where(_rdiag_bad(R) | ~jnp.isfinite(est), jnp.asarray(jnp.inf, dtype), est)
 
 
-@partial(jax.jit, static_argnames=("storage", "compute", "max_iters", "tol"))
-def _lstsq_batched(A, B, *, storage, compute, max_iters, tol):
-    w = A.dtype
+def _norms(A):
     absA = jnp.abs(A)
-    ninf = jnp.max(jnp.sum(absA, axis=-1), axis=-1)              # (p,)
-    n1 = jnp.max(jnp.sum(absA, axis=-2), axis=-1)
+    return jnp.max(jnp.sum(absA, axis=-1), axis=-1), jnp.max(jnp.sum(absA, axis=-2), axis=-1)
+
+
+def _measures(A, B, x, r, ninf, n1):
+    """eta = ||A^T r|| / (||A||_1 (||A||_inf ||x|| + ||b||)) and the consistency
+    ||b - r - A x|| / (||A||_inf ||x|| + ||b||) of the carried residual."""
+    f = B - r - jnp.matmul(A, x)
+    g = -jnp.matmul(jnp.swapaxes(A, -1, -2), r)
+    scale = ninf[:, None] * jnp.max(jnp.abs(x), axis=1) + jnp.max(jnp.abs(B), axis=1)
+    safe = jnp.where(scale > 0, scale, 1)
+    eta = jnp.max(jnp.abs(g), axis=1) / (n1[:, None] * safe)
+    fit = jnp.max(jnp.abs(f), axis=1) / safe
+    return f, g, eta, fit
+
+
+def _fallback(ops):
+    """Working-precision QR solve of the given rows (any number of them)."""
+    A, B, cast_ok, factor_ok = ops
+    w = A.dtype
+    u_w = unit_roundoff(w)
+    Q64, R64 = lax.linalg.qr(A, full_matrices=False)
+    xf = jax.vmap(_r_solve)(R64, jnp.matmul(jnp.swapaxes(Q64, -1, -2), B))
+    ninf, n1 = _norms(A)
+    ef = _measures(A, B, xf, B - jnp.matmul(A, xf), ninf, n1)[2]
+    zero = _rdiag_bad(R64)
+    finite_in = (jnp.all(jnp.isfinite(A), axis=(1, 2))
+                 & jnp.all(jnp.isfinite(B), axis=(1, 2)))
+    kappa = jax.vmap(partial(_cond_r, dtype=w))(R64)
+    xf = jnp.where((zero | ~finite_in)[:, None, None], jnp.asarray(jnp.nan, w), xf)
+    status = jnp.select(
+        [~finite_in, zero, kappa * u_w >= 1],
+        [int(Status.NONFINITE_INPUT), int(Status.SINGULAR), int(Status.ILL_CONDITIONED)],
+        default=int(Status.CONVERGED)).astype(jnp.int32)
+    reason = jnp.select(
+        [~finite_in, ~cast_ok, ~factor_ok],
+        [int(Reason.NONFINITE), int(Reason.OVERFLOW), int(Reason.SINGULAR_FACTOR)],
+        default=int(Reason.STAGNATION)).astype(jnp.int32)
+    return xf, ef, status, reason, kappa
+
+
+def _lstsq_core(A, B, *, storage, compute, max_iters, tol, capacity):
+    w = A.dtype
+    ninf, n1 = _norms(A)                                         # (p,)
     cast_ok = (ninf <= max_value(storage)) & (n1 <= max_value(storage))
     a_low = A.astype(storage)
     if np.dtype(compute) != np.dtype(storage):
         a_low = a_low.astype(compute)
     Q, R = lax.linalg.qr(a_low, full_matrices=False)
     factor_ok = ~_rdiag_bad(R)
-    bn = jnp.max(jnp.abs(B), axis=1)                             # (p, k)
 
     def low_aug(f, g):
         """Correction of the augmented system [[I, A], [A^T, 0]] [dr; dx] = [f; g] from the
@@ -93,15 +135,7 @@ def _lstsq_batched(A, B, *, storage, compute, max_iters, tol):
         return dx, dr
 
     def measures(x, r):
-        """eta = ||A^T r|| / (||A||_1 (||A||_inf ||x|| + ||b||)) and the consistency
-        ||b - r - A x|| / (||A||_inf ||x|| + ||b||) of the carried residual."""
-        f = B - r - jnp.matmul(A, x)
-        g = -jnp.matmul(jnp.swapaxes(A, -1, -2), r)
-        scale = ninf[:, None] * jnp.max(jnp.abs(x), axis=1) + bn
-        safe = jnp.where(scale > 0, scale, 1)
-        eta = jnp.max(jnp.abs(g), axis=1) / (n1[:, None] * safe)
-        fit = jnp.max(jnp.abs(f), axis=1) / safe
-        return f, g, eta, fit
+        return _measures(A, B, x, r, ninf, n1)
 
     # x0 = R^{-1} Q^T b: the augmented correction from x = 0, r = 0 (f = b, g = 0).
     x0, _ = low_aug(B, jnp.zeros(A.shape[:1] + (A.shape[2], B.shape[2]), w))
@@ -139,48 +173,48 @@ def _lstsq_batched(A, B, *, storage, compute, max_iters, tol):
 
     e = eta_of(x)
     need = ~(cast_ok & factor_ok & jnp.all(conv, axis=1))
-    u_w = unit_roundoff(w)
-
-    def fallback(ops):
-        x, e = ops
-        Q64, R64 = lax.linalg.qr(A, full_matrices=False)
-        xf = jax.vmap(_r_solve)(R64, jnp.matmul(jnp.swapaxes(Q64, -1, -2), B))
-        ef = eta_of(xf)
-        zero = _rdiag_bad(R64)
-        finite_in = (jnp.all(jnp.isfinite(A), axis=(1, 2))
-                     & jnp.all(jnp.isfinite(B), axis=(1, 2)))
-        kappa = jax.vmap(partial(_cond_r, dtype=w))(R64)
-        sel = need[:, None, None]
-        x = jnp.where(sel, xf, x)
-        x = jnp.where((need & (zero | ~finite_in))[:, None, None], jnp.asarray(jnp.nan, w), x)
-        e = jnp.where(need[:, None], ef, e)
-        status = jnp.select(
-            [~finite_in, zero, kappa * u_w >= 1],
-            [int(Status.NONFINITE_INPUT), int(Status.SINGULAR), int(Status.ILL_CONDITIONED)],
-            default=int(Status.CONVERGED)).astype(jnp.int32)
-        reason = jnp.select(
-            [~finite_in, ~cast_ok, ~factor_ok],
-            [int(Reason.NONFINITE), int(Reason.OVERFLOW), int(Reason.SINGULAR_FACTOR)],
-            default=int(Reason.STAGNATION)).astype(jnp.int32)
-        return (x, e, jnp.where(need, status, int(Status.CONVERGED)),
-                jnp.where(need, reason, int(Reason.NONE)), kappa)
-
-    def keep(ops):
-        x, e = ops
-        return (x, e, jnp.full(need.shape, int(Status.CONVERGED), jnp.int32),
-                jnp.full(need.shape, int(Reason.NONE), jnp.int32), jnp.zeros(need.shape, w))
-
-    x, e, status, reason, kappa_f = lax.cond(jnp.any(need), fallback, keep, (x, e))
+    p = need.shape[0]
+    current = (x, e, jnp.full((p,), int(Status.CONVERGED), jnp.int32),
+               jnp.full((p,), int(Reason.NONE), jnp.int32), jnp.zeros((p,), w))
+    # only the rows that need it are refactored in the working precision (compaction)
+    x, e, status, reason, kappa_f = recompute_rows(
+        need, _fallback, (A, B, cast_ok, factor_ok), current,
+        capacity=capacity_for(capacity, p))
     kappa_low = jax.vmap(partial(_cond_r, dtype=w))(R)
     # honest: a non-finite x has no meaningful optimality measure
     e = jnp.where(jnp.all(jnp.isfinite(x), axis=1), e, jnp.inf)
     info = SolveInfo(iterations=its, backward_error=jnp.max(e, axis=1),
-                     fell_back=need, cond_estimate=jnp.where(need, kappa_f, kappa_low),
+                     fell_back=need, cond_value=jnp.where(need, kappa_f, kappa_low),
                      status=status, reason=reason)
     return x, info
 
 
-def lstsq(A, b, *, factor="f32", working="f64", max_iters=30, tol=None):
+@partial(jax.jit, static_argnames=("storage", "compute", "max_iters", "tol", "capacity"))
+def _lstsq_batched(A, B, **kw):
+    """:func:`_lstsq_core` with a ``custom_vmap`` rule that folds a ``vmap`` axis into the
+    batch, so the fallback stays a compacted ``switch`` instead of a ``select``."""
+
+    @custom_vmap
+    def run(A, B):
+        return _lstsq_core(A, B, **kw)
+
+    @run.def_vmap
+    def rule(axis_size, in_batched, A, B):
+        folded = []
+        for x, batched in zip((A, B), in_batched):
+            if not batched:
+                x = jnp.broadcast_to(x[None], (axis_size,) + x.shape)
+            folded.append(x.reshape((axis_size * x.shape[1],) + x.shape[2:]))
+        out = _lstsq_batched(*folded, **kw)
+        out = jax.tree_util.tree_map(lambda y: y.reshape((axis_size, -1) + y.shape[1:]),
+                                     out)
+        return out, jax.tree_util.tree_map(lambda _: True, out)
+
+    return run(A, B)
+
+
+def lstsq(A, b, *, factor="f32", working="f64", max_iters=30, tol=None,
+          fallback_capacity=0.125):
     r"""Least-squares solution of a tall system by low-precision QR plus refinement.
 
     Minimises ``||b - A x||_2`` for ``A`` of shape ``(..., m, n)`` with ``m >= n`` and full
@@ -198,7 +232,9 @@ def lstsq(A, b, *, factor="f32", working="f64", max_iters=30, tol=None):
     Args:
         A: ``(..., m, n)`` floating array, ``m >= n``.
         b: ``(m,)``, ``(..., m)`` or ``(..., m, k)``.
-        factor, working, max_iters, tol: as in :func:`solve`.
+        factor, working, max_iters, tol, fallback_capacity: as in :func:`solve` (only
+            the systems that need the working-precision QR compute it, up to
+            ``fallback_capacity`` of a batch or of a ``vmap``; beyond that the whole batch).
 
     Example:
         >>> import numpy as np, jax.numpy as jnp
@@ -223,6 +259,8 @@ def lstsq(A, b, *, factor="f32", working="f64", max_iters=30, tol=None):
     n = A.shape[-1]
     A3, B3, out_shape, batch = prepare_system(A, b, w, what)
     tol_ = float(math.sqrt(n) * unit_roundoff(w)) if tol is None else float(tol)
+    capacity_for(fallback_capacity, 1)          # validates
     x, info = _lstsq_batched(A3, B3, storage=storage, compute=compute,
-                             max_iters=int(max_iters), tol=tol_)
+                             max_iters=int(max_iters), tol=tol_,
+                             capacity=fallback_capacity)
     return x.reshape(out_shape), jax.tree_util.tree_map(lambda f: f.reshape(batch), info)
