@@ -134,6 +134,7 @@ def test_vmap_many_failures_take_the_whole_batch_branch():
         assert eta(A[i], x[i], b[i]) <= math.sqrt(N) * U64
 
 
+@pytest.mark.slow  # ~25 s of compilation (nested vmaps of the whole solve)
 def test_nested_vmap_and_vmap_over_b_only():
     A, b = _batch_one_bad(size=8, bad=3)
     x, info = jax.jit(jax.vmap(jax.vmap(lambda A, b: ap.linalg.solve(A, b))))(

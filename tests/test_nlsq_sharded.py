@@ -32,6 +32,7 @@ COMMON = """
 """
 
 
+@pytest.mark.slow  # ~20 s: a fresh 8-device process compiling four fits
 def test_eight_devices_equal_single_device():
     code = COMMON + """
     assert jax.device_count() == 8
