@@ -62,6 +62,7 @@ SCRIPT = textwrap.dedent(r"""
 
 
 @pytest.mark.multidevice
+@pytest.mark.slow  # ~17 s: a fresh 8-device process (the 2-process tests cover sharding too)
 def test_sharded_over_8_devices_equals_one_device():
     proc = run_python(SCRIPT, devices=8)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

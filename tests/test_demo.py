@@ -4,11 +4,15 @@ rejects unknown sections."""
 
 import time
 
+import pytest
+
 from _subprocess import run_python
 
 DEMO = "from adaptprec.cli import main; raise SystemExit(main({argv!r}))"
 
 
+# slow: ~20 s; CI also runs the demo from an installed wheel on every push
+@pytest.mark.slow
 def test_demo_runs_under_a_minute_without_x64_in_the_environment():
     t0 = time.perf_counter()
     proc = run_python(DEMO.format(argv=["demo"]), x64=False, timeout=120)

@@ -102,6 +102,7 @@ def test_multistart_fixes_a_far_start():
     assert multi["cost"] < single["cost"] and multi["rung"] == "f64"
 
 
+@pytest.mark.slow  # ~10 s compiling the batched engine for a pytree x0 with bounds
 def test_multistart_pytree_and_bounds():
     t = jnp.arange(1.0, 11.0)
     y = 2.0 * (1.0 - jnp.exp(-0.5 * t))
