@@ -52,31 +52,6 @@ def launch(processes: int, devices: int, fits: int) -> int:
     return max(codes, key=abs)
 
 
-def gauss2d(p, xy):
-    """Gpufit's GAUSS_2D: amplitude * exp(-r^2 / (2 width^2)) + offset."""
-    import jax.numpy as jnp
-    a, x0, y0, w, b = p
-    return a * jnp.exp(-((xy[0] - x0) ** 2 + (xy[1] - y0) ** 2) / (2 * w * w)) + b
-
-
-def spots(num: int, seed: int = 0):
-    """``(xy (2, 25), data (num, 25), x0 (num, 5))``; the first fit of the second half
-    has photon counts of 1e20 (float32 overflows: that fit escalates to float64)."""
-    import numpy as np
-    rng = np.random.default_rng(seed)
-    gx, gy = np.meshgrid(np.arange(5.0), np.arange(5.0))
-    xy = np.stack([gx.ravel(), gy.ravel()])
-    truth = np.tile([500.0, 2.0, 2.0, 1.0, 10.0], (num, 1))
-    truth[:, 1:3] += rng.uniform(-0.5, 0.5, (num, 2))
-    r2 = (xy[0] - truth[:, 1:2]) ** 2 + (xy[1] - truth[:, 2:3]) ** 2
-    data = rng.poisson(truth[:, :1] * np.exp(-r2 / (2 * truth[:, 3:4] ** 2))
-                       + truth[:, 4:5]).astype(np.float64)
-    x0 = truth * (1.0 + rng.uniform(-0.1, 0.1, truth.shape))
-    data[num // 2] *= 1e20
-    x0[num // 2, [0, 4]] *= 1e20
-    return xy, data, x0
-
-
 def worker(fits: int) -> None:
     import jax
 
@@ -93,13 +68,18 @@ def worker(fits: int) -> None:
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     import adaptprec as ap
+    from _spots import gauss2d, spots   # the problem, shared with batched_fits.py
 
     mesh = jax.make_mesh((jax.device_count(),), ("fits",))
     sharding = NamedSharding(mesh, P("fits"))
     if fits % jax.device_count():
         raise SystemExit(f"--fits {fits} must be a multiple of the {jax.device_count()} "
                          "devices (or pad each process's rows)")
-    xy, data, x0 = spots(fits)              # every process makes the same data here ...
+    xy, data, _, x0 = spots(fits)           # every process makes the same data here ...
+    # the first fit of the second half has photon counts of 1e20: float32 overflows, so
+    # that fit escalates to float64 (on one process, not the other)
+    data[fits // 2] *= 1e20
+    x0[fits // 2, [0, 4]] *= 1e20
     per = fits // jax.process_count()
     mine = slice(jax.process_index() * per, (jax.process_index() + 1) * per)
     x0_g = jax.make_array_from_process_local_data(sharding, x0[mine])   # ... keeps its rows
