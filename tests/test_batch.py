@@ -319,3 +319,15 @@ def test_robust_loss_matches_scipy_trf(loss):
     plain = ap.solve_nlsq_batch(decay, x0, args=(T,), in_axes=None, ydata=y, precision="f64",
                                 **TOL)   # the outliers pull the linear fit away
     assert np.abs(np.asarray(r.x[:, 1]) - k).max() < np.abs(np.asarray(plain.x[:, 1]) - k).max()
+
+
+def test_escalated_counts_guards_not_the_top_rung_finish():
+    # every adaptive fit ends on the top rung; only fits a guard sent up are escalated
+    from adaptprec.batch import BatchResult
+
+    z = jnp.zeros(3)
+    r = BatchResult(z[:, None], z, jnp.array([2, 2, -3]), z == 0, jnp.ones(3, int), z, z, z,
+                    z, None, ("f32", "f64"),
+                    escalation_reason=jnp.array([ap.Reason.VERIFY, ap.Reason.OVERFLOW,
+                                                 ap.Reason.NONFINITE]))
+    assert r.escalated.tolist() == [False, True, True] and r.num_escalated == 2

@@ -69,16 +69,23 @@ class BatchResult(Module):
         return int(self.status.shape[0])
 
     @property
-    def num_escalated(self) -> int:
-        """How many fits a lower rung's guard sent up (host-side count). Fits that were
-        only finished and verified on the top rung (``Reason.VERIFY``) do not count.
-
-        On a result spanning processes, this, :meth:`message` and :meth:`status_counts`
-        gather the per-fit codes from every process (a collective: call them on all)."""
+    def escalated(self) -> np.ndarray:
+        """``(B,)`` host bool mask: the fits a lower rung's guard sent up. Fits that were
+        only finished and verified on the top rung (``Reason.VERIFY``, as every adaptive
+        fit is) are not escalated, although their ``rung`` is the top one."""
         if self.escalation_reason is None:
-            return int(np.sum(host_array(self.rung) > 0))
+            return host_array(self.rung) > 0
         why = host_array(self.escalation_reason)
-        return int(np.sum((why != Reason.NONE) & (why != Reason.VERIFY)))
+        return (why != Reason.NONE) & (why != Reason.VERIFY)
+
+    @property
+    def num_escalated(self) -> int:
+        """How many fits a lower rung's guard sent up (host-side count of
+        :attr:`escalated`).
+
+        On a result spanning processes, these, :meth:`message` and :meth:`status_counts`
+        gather the per-fit codes from every process (a collective: call them on all)."""
+        return int(np.sum(self.escalated))
 
     def message(self, i: int) -> str:
         """The scipy-style message for fit ``i``."""
