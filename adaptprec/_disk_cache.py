@@ -60,7 +60,7 @@ import threading
 import jax
 import numpy as np
 
-__all__ = ["cache_dir", "compiled", "load_meta", "store_meta", "stats", "clear_memory",
+__all__ = ["cache_dir", "compiled", "on_disk", "load_meta", "store_meta", "stats", "clear_memory",
            "MAX_BYTES"]
 
 _FORMAT = 1
@@ -322,3 +322,14 @@ def compiled(jitted, key: tuple, args: tuple, options: dict | None = None):
         if len(_memory) > _MEMORY_SIZE:
             _memory.popitem(last=False)
     return comp
+
+
+def on_disk(key: tuple, args: tuple, options: dict | None = None) -> bool:
+    """Whether :func:`compiled` would find ``key``'s program (for these argument shapes
+    and compiler ``options``) in memory or on disk, without loading or compiling it."""
+    sig = _signature(args)
+    with _lock:
+        if (key, sig) in _memory:
+            return True
+    _, path, _ = _entry((key, sig, sorted((options or {}).items())))
+    return path is not None and os.path.exists(path)
