@@ -60,8 +60,8 @@ import threading
 import jax
 import numpy as np
 
-__all__ = ["cache_dir", "compiled", "on_disk", "load_meta", "store_meta", "stats", "clear_memory",
-           "MAX_BYTES"]
+__all__ = ["cache_dir", "compiled", "on_disk", "load_meta", "store_meta", "stats",
+           "clear_memory", "MAX_BYTES"]
 
 _FORMAT = 1
 #: default size bound of the cache directory (bytes); ``$ADAPTPREC_CACHE_MAX_MB``
