@@ -18,4 +18,9 @@ _CACHE = tempfile.mkdtemp(prefix="adaptprec-test-cache-")
 os.environ["ADAPTPREC_CACHE_DIR"] = _CACHE
 atexit.register(shutil.rmtree, _CACHE, True)
 
+# promotion of repeated eager solves to one program (adaptprec/nlsq/_promote.py) compiles
+# in a background thread by default; the suite runs without it (deterministic timing and
+# no background compiles), and tests/test_promote.py turns it on
+os.environ.setdefault("ADAPTPREC_PROMOTE", "off")
+
 collect_ignore_glob = ["adaptprec/__main__.py"]

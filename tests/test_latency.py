@@ -222,21 +222,3 @@ def test_float64_without_setup_in_a_fresh_process():
     proc = run_python(X64_OFF, x64=False, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["numpy", "float64", "numpy", "float64", "float32"]
-
-
-def test_repeated_fits_are_promoted_to_one_program_with_the_same_result(monkeypatch):
-    import adaptprec.nlsq._host as host
-
-    monkeypatch.setattr(host, "PROMOTE_AFTER", 2)  # opt-in
-    t, y = _data(70, seed=9)
-    xs, nfev = [], []
-    before = host.cache_info()["programs_built"]
-    for _ in range(host.PROMOTE_AFTER + 2):
-        res = ap.solve_nlsq(lambda p, t, y: _expo(t, *p) - y, np.ones(3), args=(t, y))
-        xs.append(np.asarray(res.x))
-        nfev.append(int(res.nfev))
-    fused = [k for k in host._programs if k[0] == "fused"]
-    assert fused and host.cache_info()["programs_built"] > before
-    for x in xs[1:]:
-        np.testing.assert_array_equal(x, xs[0])  # host loop and promoted program: same bits
-    assert len(set(nfev)) == 1

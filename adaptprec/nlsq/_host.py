@@ -17,10 +17,10 @@ before reading back the status (``step`` leaves a finished solve unchanged). Bot
 drivers run the same operations in the same order, so they agree with the same ``nfev``
 (bit for bit on the NIST suite, tests/test_latency.py).
 
-Opt-in (:data:`PROMOTE_AFTER`, off by default): a residual computation (and bucket)
-solved more than ``PROMOTE_AFTER`` times in a process is *promoted*: the same ``init``/``evaluate``/``step`` functions are compiled
-once into one ``while_loop`` (at the same optimisation level, so the bits do not
-change), and later fits of that model skip the host round trips.
+Promotion (:mod:`._promote`): a residual computation (and bucket) solved
+``_promote.PROMOTE_AFTER`` times in a process gets the same ``init``/``evaluate``/``step``/
+``final`` functions compiled into one program (in a background thread, at the same
+options, so the bits do not change); later fits of that model are one executable call.
 
 Example:
     >>> import jax.numpy as jnp, numpy as np
@@ -44,11 +44,13 @@ import numpy as np
 
 from .. import _disk_cache
 from .._policy import cast_floating
+from . import _promote
 from ._buckets import pad_points, padded_avals
 from ._compile import cpu_jit
 from ._identity import jaxpr_function, trace_residual
 from ._loop import LoopConfig, build_loop
 from ._pack import Packer
+from ._x64 import numpy_results
 from .common import Status
 from .result import NLSQResult
 from .trf import active_constraints, cl_scaling, make_strictly_feasible
@@ -58,15 +60,6 @@ __all__ = ["host_solve", "host_eligible", "cache_info", "clear_cache"]
 _SIZE = 128
 #: iterations queued between status checks (see host_solve)
 QUEUE = 4
-#: a residual computation (and bucket) solved more often than this gets the fused
-#: program (one compile, then no host round trips); ``None`` (default): never. Off by
-#: default: on this 2-core CPU it ran repeats at best ~2x faster (min over repeats,
-#: noisy) for a 1-2 s compilation on the (PROMOTE_AFTER + 1)-th call.
-PROMOTE_AFTER = None
-_uses: dict = {}
-#: LLVM optimisation for the promoted program (off: the same code generation as the
-#: host programs, so a fit gives the same bits on its first and its hundredth call)
-PROMOTED_OPTIMISE = False
 _programs: collections.OrderedDict = collections.OrderedDict()
 _prepared: collections.OrderedDict = collections.OrderedDict()
 _lock = threading.Lock()
@@ -74,13 +67,14 @@ _stats = {"programs_built": 0, "program_hits": 0, "traces": 0}
 
 
 def clear_cache() -> None:
-    """Drop the host driver's programs and traced residuals, and the compiled programs
-    held in memory by :mod:`adaptprec._disk_cache` (its disk entries stay)."""
+    """Drop the host driver's programs and traced residuals, the promoted programs
+    (:mod:`._promote`) and the compiled programs held in memory by
+    :mod:`adaptprec._disk_cache` (its disk entries stay)."""
+    _promote.clear()
     _disk_cache.clear_memory()
     with _lock:
         _programs.clear()
         _prepared.clear()
-        _uses.clear()
         _stats.update(programs_built=0, program_hits=0, traces=0)
 
 
@@ -353,37 +347,41 @@ def _host_loop(init, step, evaluate, x0, consts, mask, args, ctx, f_scale, m):
             return carry
 
 
-def _promoted(sp: StepPrograms, evaluate, traced, is_padded, cfg):
-    """The same iteration fused into one ``while_loop`` for a residual computation (and
-    bucket) solved more than :data:`PROMOTE_AFTER` times in this process: repeated fits
-    of one model then run at compiled speed, no host round trips. Its iterates are those
-    of the host loop (same operations). ``None`` until then."""
-    if PROMOTE_AFTER is None:
-        return None
-    key = ("fused", tuple(tr.key for tr in traced), is_padded, _step_cfg(cfg), cfg.n,
-           cfg.rungs, cfg.loss, cfg.jac, cfg.linear_solver)
-    with _lock:
-        hit = _programs.get(key)
-        if hit is not None:
-            _programs.move_to_end(key)
-            return hit.tuned
-        _uses[key] = _uses.get(key, 0) + 1
-        if len(_uses) > 4 * _SIZE:
-            _uses.pop(next(iter(_uses)))
-        if _uses[key] <= PROMOTE_AFTER:
-            return None
-    init, step, evaluate = sp.init.plain_fn, sp.step.plain_fn, evaluate.plain_fn
+def _promotion_key(traced, is_padded, cfg: LoopConfig) -> tuple:
+    """The whole-solve program's identity (:mod:`._promote`): the residual computation
+    at each rung (its jaxpr holds the bucket's shapes) and every option of the step,
+    evaluation and final programs."""
+    return ("whole", tuple(tr.key for tr in traced), is_padded, _step_cfg(cfg), cfg.n,
+            cfg.rungs, cfg.loss, cfg.jac, cfg.linear_solver, cfg.has_bounds)
 
-    def solve(x0, consts, mask, args, ctx, f_scale, m):
+
+def _whole_fn(sp: StepPrograms, evaluate, final, M: int, is_padded: bool):
+    """The host loop's solve as one traceable function ``(ctx, consts, args, m) ->
+    result fields``: ``init``, a ``while_loop`` over ``evaluate`` and ``step``, then
+    ``final``, the same functions the host loop calls (so the same bits)."""
+    init, step = sp.init.plain_fn, sp.step.plain_fn
+    evaluate, final = evaluate.plain_fn, final.plain_fn
+
+    def whole(ctxv, consts, args, m):
+        mask = jnp.arange(M) < m if is_padded else None
+        lb, ub, _, fs, _, xtol, _, x0 = sp.ctx.unpack(ctxv)
+
         def body(c):
             carry, z, ctl = c
-            return step(carry, evaluate(ctl, z, consts, mask, args, f_scale), ctx, m)
+            return step(carry, evaluate(ctl, z, consts, mask, args, fs), ctxv, m)
 
         carry, _, _ = jax.lax.while_loop(lambda c: c[2][0] == Status.RUNNING, body,
-                                         init(x0, ctx, m))
-        return carry
+                                         init(x0, ctxv, m))
+        st, _ = sp.carry.unpack(carry)
+        f, Js, g, cost, optimality, active = final(st.x, consts[-1], mask, args, fs, lb,
+                                                   ub, xtol)
+        return dict(x=st.x, cost=cost, fun=f, jac=Js, grad=g, optimality=optimality,
+                    active_mask=active, nfev=st.nfev, njev=st.njev + 1, nit=st.nit,
+                    status=st.status, rung=st.rung, escalations=st.escalations,
+                    rung_entered=st.rung_entered, rung_nfev=st.rung_nfev,
+                    escalation_reason=st.esc_reason)
 
-    return _program(key, lambda: cpu_jit(solve, optimise=PROMOTED_OPTIMISE)).tuned
+    return whole
 
 
 def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, args,
@@ -399,11 +397,8 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
     if is_padded:
         axes, M = pad
         args = pad_points(args, axes, m, M)
-        mask = np.arange(M) < m
-        args, mask = jax.device_put((args, mask))
     else:
-        mask = None
-        args = jax.device_put(args)
+        M = m
     sp = _step_programs(cfg)
     evaluate = _eval_program(cfg, traced, is_padded)
     final = _final_program(cfg, traced[-1], is_padded)
@@ -414,31 +409,81 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
     lb, ub, fs, xtol = arr(lb), arr(ub), arr(f_scale), arr(xtol)
     # x0 last: where the top rung restarts after a lower rung's budget
     ctx_tree = (lb, ub, arr(scale_inv0), fs, arr(ftol), xtol, arr(gtol), arr(x0))
-    x0 = np.asarray(x0, top)
+    ctx = sp.ctx.pack_numpy(ctx_tree)
     m_arr = np.asarray(m, np.int32)
     consts = tuple(tr.consts for tr in traced)
-    ctx, fs_d, m_d, consts = jax.device_put((sp.ctx.pack_numpy(ctx_tree), fs, m_arr,
-                                             consts))
-    fused = _promoted(sp, evaluate, traced, is_padded, cfg)
-    if fused is not None:
-        carry = fused(x0, consts, mask, args, ctx, fs_d, m_d)
+    pkey = _promotion_key(traced, is_padded, cfg)
+
+    def make_build():
+        return _promote.Build(_whole_fn(sp, evaluate, final, M, is_padded),
+                              (ctx, consts, args, m_arr), pkey)
+
+    whole = _promote.lookup(pkey) or _promote.lookup_disk(pkey, make_build)
+    if whole is not None:
+        # one executable call (NumPy straight in: jit's C++ path transfers it)
+        fields = _promote.as_numpy(whole.out, whole.exe(ctx, consts, args, m_arr))
+        if x0_shape is not None:
+            _promote.offer(FastSolve(whole, ctx, consts, pad, m, x0_shape))
     else:
-        # inputs are concrete here: call the option-tuned jit directly (skips the check)
-        carry = _host_loop(sp.init, sp.step, evaluate, x0, consts, mask, args, ctx, fs_d,
-                           m_d)
+        fields = _solve_host_loop(sp, evaluate, final, arr(x0), ctx, consts, args, m_arr,
+                                  M, is_padded, fs, lb, ub, xtol)
+        _promote.record(pkey, make_build)
+    if is_padded:
+        fields["fun"], fields["jac"] = fields["fun"][:m], fields["jac"][:m]
+    if x0_shape is not None:
+        fields["x"] = fields["x"].reshape(x0_shape)
+    if not numpy_results():
+        fields = jax.device_put(fields)
+    if x0_shape is None:
+        fields["x"] = unravel(fields["x"])
+    return NLSQResult(**fields, ladder=tuple(np.dtype(d) for d in rungs))
+
+
+class FastSolve:
+    """A promoted solve with everything but ``x0`` and the data fixed:
+    ``fast(x0, args) -> result fields`` (NumPy; ``fun``/``jac`` unpadded, ``x`` in
+    ``x0``'s shape). For entry points that validated one call and see the same shapes
+    and options again (:func:`adaptprec.curve_fit`'s repeat path): no tracing, no
+    lookups, one executable call."""
+
+    def __init__(self, whole, ctx, consts, pad, m: int, x0_shape):
+        self.whole, self.consts, self.pad, self.m = whole, consts, pad, m
+        self.m_arr = np.asarray(m, np.int32)
+        self.x0_shape = x0_shape
+        (vec,) = ctx  # the per-solve constants, x0 last (one top-dtype vector)
+        self.n = int(np.prod(x0_shape)) if x0_shape is not None else None
+        self.prefix, self.top = vec[:vec.size - self.n], vec.dtype
+
+    def __call__(self, x0, args) -> dict:
+        ctx = (np.concatenate((self.prefix, np.ravel(np.asarray(x0, self.top)))),)
+        if self.pad is not None:
+            args = pad_points(args, self.pad[0], self.m, self.pad[1])
+        fields = _promote.as_numpy(self.whole.out,
+                                   self.whole.exe(ctx, self.consts, args, self.m_arr))
+        if self.pad is not None:
+            fields["fun"], fields["jac"] = fields["fun"][:self.m], fields["jac"][:self.m]
+        fields["x"] = fields["x"].reshape(self.x0_shape)
+        return fields
+
+
+def _solve_host_loop(sp, evaluate, final, x0, ctx, consts, args, m_arr, M, is_padded, fs,
+                     lb, ub, xtol) -> dict:
+    """The host loop (:func:`_host_loop`) and the final evaluation: the result fields
+    (NumPy), as :func:`_whole_fn` gives them."""
+    if is_padded:
+        args, mask = jax.device_put((args, np.arange(M) < m_arr))
+    else:
+        mask = None
+        args = jax.device_put(args)
+    ctx, fs_d, m_d, consts = jax.device_put((ctx, fs, m_arr, consts))
+    carry = _host_loop(sp.init, sp.step, evaluate, x0, consts, mask, args, ctx, fs_d, m_d)
     carry = jax.device_get(carry)
     st, _ = sp.carry.unpack_numpy(carry)
     fargs = (st.x, consts[-1], mask, args, fs_d, lb, ub, xtol)
     out = jax.device_get(_compiled(final, *fargs)(*fargs))
     f, Js, g, cost, optimality, active = out
-    if is_padded:
-        f, Js = f[:m], Js[:m]
-    x = st.x.reshape(x0_shape) if x0_shape is not None else st.x
-    fields = jax.device_put(dict(
-        x=x, cost=cost, fun=f, jac=Js, grad=g, optimality=optimality, active_mask=active,
-        nfev=st.nfev, njev=st.njev + np.ones_like(st.njev), nit=st.nit, status=st.status,
-        rung=st.rung, escalations=st.escalations, rung_entered=st.rung_entered,
-        rung_nfev=st.rung_nfev, escalation_reason=st.esc_reason))
-    if x0_shape is None:
-        fields["x"] = unravel(fields["x"])
-    return NLSQResult(**fields, ladder=tuple(np.dtype(d) for d in rungs))
+    return dict(x=st.x, cost=cost, fun=f, jac=Js, grad=g, optimality=optimality,
+                active_mask=active, nfev=st.nfev, njev=st.njev + np.ones_like(st.njev),
+                nit=st.nit, status=st.status, rung=st.rung, escalations=st.escalations,
+                rung_entered=st.rung_entered, rung_nfev=st.rung_nfev,
+                escalation_reason=st.esc_reason)

@@ -18,8 +18,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
+import threading
 from collections.abc import Callable
 
 import jax
@@ -28,7 +30,25 @@ import numpy as np
 from .._tracing import is_traced
 from ..precision import Ladder, canonical_dtype, x64_enabled
 
-__all__ = ["TRACED_X64_MESSAGE", "wants_float64", "float64_entry", "to_host"]
+__all__ = ["TRACED_X64_MESSAGE", "wants_float64", "float64_entry", "to_host",
+           "numpy_results"]
+
+_tls = threading.local()
+
+
+def numpy_results() -> bool:
+    """Whether the running entry point hands its result back as NumPy (the host driver
+    then builds it from NumPy directly instead of making JAX arrays of it first)."""
+    return getattr(_tls, "numpy", 0) > 0
+
+
+@contextlib.contextmanager
+def _numpy_out():
+    _tls.numpy = getattr(_tls, "numpy", 0) + 1
+    try:
+        yield
+    finally:
+        _tls.numpy -= 1
 
 #: The one error for float64 under a user's trace with x64 off (every entry point).
 TRACED_X64_MESSAGE = (
@@ -103,20 +123,23 @@ def float64_entry(entry: str, traced_args: tuple[str, ...], host: Callable = to_
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             if x64_enabled():
-                out = fn(*args, **kwargs)
-                if always_host and not is_traced(out):
-                    out = host(out)
-                return out
+                if always_host:
+                    with _numpy_out():
+                        out = fn(*args, **kwargs)
+                    return out if is_traced(out) else host(out)
+                return fn(*args, **kwargs)
             bound = sig.bind(*args, **kwargs)
             precision = precision_of(bound)
             traced = is_traced(*(bound.arguments.get(a) for a in traced_args))
             if not wants_float64(precision):
-                out = fn(*args, **kwargs)
-                return host(out) if always_host and not traced else out
+                if always_host and not traced:
+                    with _numpy_out():
+                        return host(fn(*args, **kwargs))
+                return fn(*args, **kwargs)
             if traced:
                 raise ValueError(TRACED_X64_MESSAGE.format(entry=entry,
                                                            precision=precision))
-            with jax.enable_x64(True):
+            with jax.enable_x64(True), _numpy_out():
                 return host(fn(*args, **kwargs))
 
         return wrapper

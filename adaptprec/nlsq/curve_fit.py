@@ -36,9 +36,10 @@ from .._tracing import is_concrete
 from ._inputs import (as_bounds, as_data, as_x0, check_jac_option, check_jac_shape,
                       initialize_feasible, leastsq_kwargs)
 from ._minpack import minpack_fields
-from . import _stream
+from . import _promote, _stream
 from .common import _covariance_svd, covariance_from_jac
 from ._x64 import float64_entry
+from ..precision import x64_enabled
 from .solve import _broadcast_bounds, solve_nlsq
 
 __all__ = ["curve_fit", "OptimizeWarning"]
@@ -132,7 +133,118 @@ def covariance_numpy(J):
         >>> covariance_numpy(np.array([[2.0, 0.0], [0.0, 0.0]]))[0, 0]
         np.float64(0.25)
     """
+    m, n = J.shape
+    if m > 2 * n and J.dtype == np.float64 and n > 0:
+        # the common case without the general path's masking (same bits: every singular
+        # value kept, so nothing is masked and no parameter is flagged)
+        _, s, VT = np.linalg.svd(np.linalg.qr(J, mode="r")[:n], full_matrices=False)
+        if s[-1] > _EPS64 * m * s[0]:
+            return (VT.T * (1.0 / s ** 2)) @ VT
     return _covariance_svd(J, np.sqrt(np.finfo(J.dtype).eps), xnp=np)[0]
+
+
+_EPS64 = float(np.finfo(np.float64).eps)
+
+
+def _pcov_numpy(J, cost, n: int, lm_rule: bool, absolute_sigma: bool):
+    """pcov from the Jacobian at the solution, in NumPy (scipy's rules: lm's all-inf
+    pcov, the reduced chi-square scaling unless ``absolute_sigma``)."""
+    pcov = covariance_numpy(J)
+    if lm_rule and np.any(np.isinf(pcov)):
+        pcov = np.full_like(pcov, np.inf)
+    dof = J.shape[0] - n
+    if absolute_sigma:
+        return pcov
+    if dof > 0:
+        return pcov * (2.0 * np.asarray(cost) / dof)
+    return np.full_like(pcov, np.inf)
+
+
+def _plan_key(f, xdata, ydata, p0, sigma, absolute_sigma, check_finite, bounds, method,
+              jac, full_output, nan_policy, kwargs):
+    """A hashable key of everything but the data values and ``p0``'s values, for the
+    repeat path (:class:`_Plan`); ``None`` when the call is not of the common kind (NumPy
+    data, 1-D ``ydata``, no or 1-D/scalar ``sigma``, numeric ``p0``, hashable options)."""
+    if full_output or nan_policy is not None or not (jac is None or isinstance(jac, str)):
+        return None
+    if type(xdata) is not np.ndarray or type(ydata) is not np.ndarray or ydata.ndim != 1 \
+            or xdata.dtype.kind not in "fiu" or ydata.dtype.kind not in "fiu":
+        return None
+    if sigma is None:
+        sk = None
+    elif type(sigma) is np.ndarray and sigma.shape == ydata.shape and \
+            sigma.dtype.kind in "fiu":
+        sk = ("1d", sigma.dtype.str)
+    elif type(sigma) in (float, int):
+        sk = "scalar"
+    else:
+        return None
+    if p0 is None:
+        pk = None
+    elif type(p0) in (list, tuple) and all(type(v) in (float, int) for v in p0):
+        pk = len(p0)
+    elif type(p0) is np.ndarray and p0.ndim == 1 and p0.dtype.kind in "fiu":
+        pk = p0.shape
+    else:
+        return None
+    if not (isinstance(bounds, tuple) and len(bounds) == 2 and
+            all(type(b) in (float, int) for b in bounds)):
+        return None
+    try:
+        key = (f, xdata.shape, xdata.dtype.str, ydata.shape, ydata.dtype.str, sk, pk,
+               bounds, method, jac, bool(absolute_sigma), check_finite,
+               tuple(sorted(kwargs.items())), x64_enabled())
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+class _Plan:
+    """The repeat path of :func:`curve_fit`: a call with the same model, shapes and
+    options as one whose solve ran promoted (:mod:`._promote`) skips validation of the
+    shapes, tracing and lookups: it checks the values (finite data, positive ``sigma``,
+    ``p0`` finite and inside the bounds), runs the promoted program once
+    (:class:`._host.FastSolve`) and computes ``pcov`` as :func:`curve_fit` does. Any
+    value it would reject, and any failed or unidentifiable fit, go the full way instead
+    (which raises or warns as usual): the fast path never answers differently."""
+
+    def __init__(self, fast, n, m, kind, lm_rule, absolute_sigma, bounds, p0, scope):
+        self.fast, self.n, self.m, self.kind = fast, n, m, kind
+        self.lm_rule, self.absolute_sigma, self.scope = lm_rule, absolute_sigma, scope
+        self.lb, self.ub = bounds
+        self.p0 = np.array(p0, np.float64)
+
+    def __call__(self, xdata, ydata, p0, sigma):
+        if self.scope:
+            with jax.enable_x64(True):
+                return self._run(xdata, ydata, p0, sigma)
+        return self._run(xdata, ydata, p0, sigma)
+
+    def _run(self, xdata, ydata, p0, sigma):
+        x = xdata if xdata.dtype.kind == "f" else xdata.astype(float)
+        y = ydata if ydata.dtype == np.float64 else ydata.astype(np.float64)
+        if not (np.isfinite(x).all() and np.isfinite(y).all()):
+            return None
+        if self.kind == "1d":
+            s = np.asarray(sigma, np.float64)
+            if not (s > 0).all():
+                return None
+            args = (x, y, np.broadcast_to(1.0 / s.reshape(-1), (self.m,)))
+        else:
+            args = (x, y)
+        x0 = self.p0 if p0 is None else np.asarray(p0, np.float64)
+        if x0.shape != (self.n,) or not np.isfinite(x0).all() or \
+                (x0 < self.lb).any() or (x0 > self.ub).any():
+            return None
+        fields = self.fast(x0, args)
+        if not int(fields["status"]) > 0:
+            return None
+        pcov = _pcov_numpy(fields["jac"], fields["cost"], self.n, self.lm_rule,
+                           self.absolute_sigma)
+        if np.isinf(pcov).any():
+            return None
+        return np.array(fields["x"]), pcov
 
 
 def _n_params(f) -> int:
@@ -148,8 +260,6 @@ def _n_params(f) -> int:
     return len(ps) - 1
 
 
-@float64_entry("curve_fit", ("xdata", "ydata", "p0", "sigma", "bounds", "kwargs"),
-               always_host=True)
 def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bool = False,
               check_finite=None, bounds=(-np.inf, np.inf), method=None, jac=None, *,
               full_output: bool = False, nan_policy=None, **kwargs):
@@ -199,6 +309,25 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
         >>> [round(float(v), 8) for v in popt], round(float(pcov[1, 1]), 6)
         ([2.0, 1.0], 0.006)
     """
+    key = _plan_key(f, xdata, ydata, p0, sigma, absolute_sigma, check_finite, bounds,
+                    method, jac, full_output, nan_policy, kwargs)
+    if key is not None:
+        plan = _promote.plans.get(key)
+        if plan is not None and _promote.mode() != "off":
+            out = plan(xdata, ydata, p0, sigma)
+            if out is not None:
+                return out
+    return _curve_fit(f, xdata, ydata, p0, sigma, absolute_sigma, check_finite, bounds,
+                      method, jac, full_output=full_output, nan_policy=nan_policy,
+                      _plan_key=key, **kwargs)
+
+
+@float64_entry("curve_fit", ("xdata", "ydata", "p0", "sigma", "bounds", "kwargs"),
+               always_host=True)
+def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
+               check_finite=None, bounds=(-np.inf, np.inf), method=None, jac=None, *,
+               full_output=False, nan_policy=None, _plan_key=None, **kwargs):
+    """:func:`curve_fit` after its fast path (a repeat with a plan) missed."""
     if "args" in kwargs:
         raise ValueError("'args' is not a supported keyword argument (curve_fit passes "
                          "the parameters to f as f(xdata, *params)).")
@@ -303,8 +432,9 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
     else:  # None: automatic differentiation (forward); a string: as given
         jac_arg = "fwd" if jac is None else jac
     try:
-        res = solve_nlsq(residual, p0, args=(xdata, ydata, *extra), bounds=bounds,
-                         method=method, jac=jac_arg, **{**kwargs, "chunk_size": False})
+        with _promote.capture() as box:  # a promoted solve hands back its fast path
+            res = solve_nlsq(residual, p0, args=(xdata, ydata, *extra), bounds=bounds,
+                             method=method, jac=jac_arg, **{**kwargs, "chunk_size": False})
     except ValueError as exc:
         if "x0 is outside the bounds" in str(exc):
             raise ValueError("Initial guess is outside of provided bounds: "
@@ -315,23 +445,28 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
     # when a parameter is not identifiable. trf/dogbox: only the rows and columns of the
     # parameters that are not identifiable are inf (scipy's pseudo-inverse gives them a
     # finite, misleading variance; an intentional difference, docs/scipy.md)
-    if is_concrete(res.jac) and m < _NUMPY_COVARIANCE_MAX_M:
-        pcov = covariance_numpy(np.asarray(res.jac))  # no compilation per data length
-        xnp_c = np
-    else:
-        pcov, _ = covariance_from_jac(res.jac)
-        xnp_c = jnp
-    if method == "lm" or (method is None and unbounded):
-        pcov = xnp_c.where(xnp_c.any(xnp_c.isinf(pcov)), xnp_c.inf, pcov)
+    lm_rule = method == "lm" or (method is None and unbounded)
     # the point count is the residual's size (a scalar ydata broadcasts against f)
     m = int(res.fun.size)
-    dof = m - n
-    if absolute_sigma:
-        pass
-    elif dof > 0:
-        pcov = pcov * (2.0 * xnp_c.asarray(res.cost) / dof)
+    if is_concrete(res.jac) and m < _NUMPY_COVARIANCE_MAX_M:
+        # NumPy: no compilation per data length
+        pcov = _pcov_numpy(np.asarray(res.jac), res.cost, n, lm_rule, absolute_sigma)
     else:
-        pcov = xnp_c.full_like(pcov, np.inf)
+        pcov, _ = covariance_from_jac(res.jac)
+        if lm_rule:
+            pcov = jnp.where(jnp.any(jnp.isinf(pcov)), jnp.inf, pcov)
+        dof = m - n
+        if absolute_sigma:
+            pass
+        elif dof > 0:
+            pcov = pcov * (2.0 * jnp.asarray(res.cost) / dof)
+        else:
+            pcov = jnp.full_like(pcov, np.inf)
+    if _plan_key is not None and "fast" in box and not full_output:
+        _promote.remember_plan(_plan_key, _Plan(
+            box["fast"], n, m, kind, lm_rule, bool(absolute_sigma),
+            _broadcast_bounds(bounds, n, np.float64), p0,
+            x64_enabled() and not _plan_key[-1]))  # in the x64 scope, as this call
     if is_concrete(pcov):
         # the status on the host (res.success would compile an eager comparison)
         if concrete and not int(np.asarray(res.status)) > 0:

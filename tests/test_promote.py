@@ -1,0 +1,167 @@
+"""Promotion of repeated eager solves to one program (adaptprec/nlsq/_promote.py) and
+curve_fit's repeat path: the same bits as the host loop, in sync and background mode,
+no compilation on a repeat, the same errors, and a fresh process finds the promoted
+program in the disk cache. Timings are in benchmarks/bench_latency.py."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import adaptprec as ap
+from _subprocess import run_python
+from adaptprec.nlsq import _host, _promote
+from nist_problems import load
+from test_latency import count_compiles
+
+
+@pytest.fixture
+def promote(monkeypatch):
+    """Promotion on, synchronous (deterministic), after ``PROMOTE_AFTER`` solves."""
+    monkeypatch.setenv("ADAPTPREC_PROMOTE", "sync")
+    yield _promote
+    monkeypatch.setenv("ADAPTPREC_PROMOTE", "off")
+
+
+def _leaves_equal(a, b):
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    return len(la) == len(lb) and all(np.array_equal(np.asarray(u), np.asarray(v))
+                                      for u, v in zip(la, lb))
+
+
+@pytest.mark.parametrize("name", ["Misra1a", pytest.param("Kirby2", marks=pytest.mark.slow)])
+# Kirby2: padded 151 -> 192 (curve_fit's tests below pad 60 -> 64)
+def test_promoted_solve_has_the_host_loops_bits(promote, monkeypatch, name):
+    monkeypatch.setattr(promote, "PROMOTE_AFTER", 0)
+    p = load(name)
+    args = (jnp.asarray(p.x), jnp.asarray(p.y))
+    before = promote.stats()["promoted"]
+    host = ap.solve_nlsq(p.residual, jnp.asarray(p.starts[0]), args=args)  # then promotes
+    assert promote.stats()["promoted"] == before + 1
+    whole = ap.solve_nlsq(p.residual, jnp.asarray(p.starts[0]), args=args)
+    assert _leaves_equal(host, whole)        # every field, nfev and the trace included
+    # the other start, first on the promoted program: as the host loop gives it
+    other = ap.solve_nlsq(p.residual, jnp.asarray(p.starts[1]), args=args)
+    monkeypatch.setenv("ADAPTPREC_PROMOTE", "off")
+    ref = ap.solve_nlsq(p.residual, jnp.asarray(p.starts[1]), args=args)
+    assert _leaves_equal(other, ref)
+    assert isinstance(whole.x, jax.Array)    # solve_nlsq with x64 on: JAX arrays, as before
+
+
+def _expo(t, a, k, c):
+    return a * jnp.exp(-k * t) + c
+
+
+def _data(m, seed=0):
+    rng = np.random.default_rng(seed)
+    t = np.linspace(0.0, 4.0, m)
+    return t, 2.5 * np.exp(-1.3 * t) + 0.5 + 0.01 * rng.standard_normal(m)
+
+
+@pytest.fixture(scope="module")
+def expo_promoted():
+    """``_expo`` promoted once for 60 points (bucket 64) with 1-D sigma (module scope:
+    one compilation for the tests below)."""
+    import os
+
+    saved = os.environ.get("ADAPTPREC_PROMOTE")
+    os.environ["ADAPTPREC_PROMOTE"] = "sync"
+    t, y = _data(60, seed=1)
+    sig = np.full(60, 0.01)
+    first = [ap.curve_fit(_expo, t, y, p0=[1.0, 1.0, 0.0], sigma=sig)
+             for _ in range(_promote.PROMOTE_AFTER + 2)]  # host loops, then promoted
+    yield t, y, sig, first
+    os.environ["ADAPTPREC_PROMOTE"] = saved or "off"
+
+
+def test_curve_fit_repeat_path_same_bits_no_compiles(expo_promoted, monkeypatch):
+    t, y, sig, first = expo_promoted
+    monkeypatch.setenv("ADAPTPREC_PROMOTE", "sync")
+    calls = []
+    orig = _host.FastSolve.__call__
+    monkeypatch.setattr(_host.FastSolve, "__call__",
+                        lambda self, *a: calls.append(1) or orig(self, *a))
+    with count_compiles() as seen:
+        popt, pcov = ap.curve_fit(_expo, t, y, p0=[1.0, 1.0, 0.0], sigma=sig)
+        popt2, pcov2 = ap.curve_fit(_expo, t, y + 0.01, p0=[1.0, 1.0, 0.0], sigma=sig)
+    assert len(seen) == 0 and len(calls) == 2
+    for p_, c_ in first:                   # host loop (first calls) == repeat path
+        np.testing.assert_array_equal(p_, popt)
+        np.testing.assert_array_equal(c_, pcov)
+    assert isinstance(popt, np.ndarray) and popt.dtype == np.float64 and popt.flags.writeable
+    np.testing.assert_allclose(popt2[2], popt[2] + 0.01, rtol=1e-6)
+    # the full path on the same inputs agrees bit for bit (promotion off)
+    monkeypatch.setenv("ADAPTPREC_PROMOTE", "off")
+    ref2, rcov2 = ap.curve_fit(_expo, t, y + 0.01, p0=[1.0, 1.0, 0.0], sigma=sig)
+    np.testing.assert_array_equal(ref2, popt2)
+    np.testing.assert_array_equal(rcov2, pcov2)
+
+
+def test_curve_fit_repeat_path_keeps_the_errors(expo_promoted):
+    t, y, sig, _ = expo_promoted
+    bad = y.copy()
+    bad[3] = np.nan
+    with pytest.raises(ValueError, match="ydata contains NaN"):
+        ap.curve_fit(_expo, t, bad, p0=[1.0, 1.0, 0.0], sigma=sig)
+    with pytest.raises(ValueError, match="sigma"):
+        ap.curve_fit(_expo, t, y, p0=[1.0, 1.0, 0.0], sigma=-sig)
+    with pytest.raises(ValueError, match="x0 contains NaN|p0|non-finite"):
+        ap.curve_fit(_expo, t, y, p0=[np.nan, 1.0, 0.0], sigma=sig)
+    # an unidentifiable parameter: the full path's warning, not a silent repeat
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        ap.curve_fit(lambda t, a, k, c: a * jnp.exp(-k * t) + 0.0 * c, t, y,
+                     p0=[1.0, 1.0, 0.0], sigma=sig)
+    assert any("could not be estimated" in str(x.message) for x in w)
+
+
+def test_background_promotion_switches_when_ready(monkeypatch):
+    monkeypatch.setenv("ADAPTPREC_PROMOTE", "background")
+    monkeypatch.setattr(_promote, "PROMOTE_AFTER", 0)
+    t, y = _data(40, seed=7)
+
+    def resid(p, t, y):
+        return p[0] * jnp.exp(-p[1] * t) - y
+
+    before = _promote.stats()["promoted"]
+    a = ap.solve_nlsq(resid, np.ones(2), args=(t, y))    # host loop; queues the compile
+    _promote.wait()
+    assert _promote.stats()["promoted"] == before + 1
+    b = ap.solve_nlsq(resid, np.ones(2), args=(t, y))    # the promoted program
+    assert _leaves_equal(a, b)
+    monkeypatch.setenv("ADAPTPREC_PROMOTE", "off")
+
+
+FRESH = r"""
+import os, sys, numpy as np, jax, jax.numpy as jnp
+import adaptprec as ap
+from adaptprec.nlsq import _promote
+_promote.PROMOTE_AFTER = 0
+t = np.linspace(0.0, 4.0, 50)
+y = 2.5 * np.exp(-1.3 * t) + 0.5 + 0.01 * np.sin(9 * t)
+model = lambda t, a, k, c: a * jnp.exp(-k * t) + c
+out = [ap.curve_fit(model, t, y, p0=[1.0, 1.0, 0.0]) for _ in range(3)]
+assert not jax.config.read("jax_enable_x64")
+for p, c in out:
+    assert p.dtype == np.float64 and c.dtype == np.float64
+    np.testing.assert_array_equal(p, out[0][0]); np.testing.assert_array_equal(c, out[0][1])
+st = _promote.stats()
+print(st["promoted"], st["disk_loads"], repr(out[0][0].tolist()))
+"""
+
+
+@pytest.mark.slow
+def test_fresh_process_starts_on_the_promoted_program(tmp_path, monkeypatch):
+    monkeypatch.setenv("ADAPTPREC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ADAPTPREC_PROMOTE", "sync")
+    one = run_python(FRESH, x64=False, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = run_python(FRESH, x64=False, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    promoted, loads, x1 = one.stdout.split(maxsplit=2)
+    promoted2, loads2, x2 = two.stdout.split(maxsplit=2)
+    assert (promoted, loads) == ("1", "0")      # compiled (and stored) in the first
+    assert (promoted2, loads2) == ("0", "1")    # found on disk in the second, first fit
+    assert x1 == x2
