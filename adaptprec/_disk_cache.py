@@ -60,8 +60,8 @@ import threading
 import jax
 import numpy as np
 
-__all__ = ["cache_dir", "compiled", "on_disk", "load_meta", "store_meta", "stats",
-           "clear_memory", "MAX_BYTES"]
+__all__ = ["cache_dir", "compiled", "compiled_lowered", "on_disk", "load_meta",
+           "store_meta", "stats", "clear_memory", "MAX_BYTES"]
 
 _FORMAT = 1
 #: default size bound of the cache directory (bytes); ``$ADAPTPREC_CACHE_MAX_MB``
@@ -333,3 +333,15 @@ def on_disk(key: tuple, args: tuple, options: dict | None = None) -> bool:
             return True
     _, path, _ = _entry((key, sig, sorted((options or {}).items())))
     return path is not None and os.path.exists(path)
+
+
+def compiled_lowered(lowered, key: tuple, args: tuple, options: dict | None = None):
+    """:func:`compiled` for a program already lowered (``jax.stages.Lowered``): on a miss
+    it is compiled (``lowered.compile()``) and stored. The lowering (Python, holds the
+    GIL) can then happen in one thread and the compilation (releases it) in another."""
+
+    class _Lowered:
+        def lower(self, *_):
+            return lowered
+
+    return compiled(_Lowered(), key, args, options)
