@@ -11,9 +11,13 @@ over ``evaluate`` and ``step``, and the ``final`` evaluation, with every result 
 into one vector per dtype (:mod:`._pack`). Later solves of that computation are one
 executable call and one read-back.
 
-* **Background.** The whole-solve program compiles in a background thread (one at a
-  time), so no solve waits for it; solves keep running the host loop until it is ready.
-  The thread runs with the caller's x64 state (``jax.enable_x64`` is thread-local).
+* **Background.** The solve that promotes traces and lowers the whole-solve program
+  (Python, ~0.1-0.2 s, once); XLA compiles it in a background thread (one at a time;
+  the compilation releases the GIL), so no solve waits for the compilation: solves run
+  the host loop until it is ready. (Tracing in the background thread was measured
+  worse: holding the GIL, it slowed every host-loop solve meanwhile ~3x.) The thread
+  runs with the caller's x64 state (``jax.enable_x64`` is thread-local); at exit a
+  running compilation is waited for.
 * **Disk.** It is stored in adaptprec's program cache (:mod:`adaptprec._disk_cache`),
   keyed on the residual's identity, so a fresh process of the same script finds it and
   runs the whole-solve program from its first fit.
@@ -135,24 +139,46 @@ def _layout_key(key):
     return ("whole-layout", key)
 
 
-def _compile(build: Build) -> Whole:
-    """Trace, compile (or load from disk) and store one whole-solve program."""
+def _lower(build: Build):
+    """Trace and lower one whole-solve program (one trace; Python, so in the calling
+    thread): ``(lowered, layout of the packed results)``."""
+    box = {}
+
+    def packed(*a):
+        tree = build.fn(*a)
+        box["out"] = out = Packer(tree, bool_as=np.int32)  # from the tracers' avals
+        return out.pack(tree)
+
+    lowered = _jit(packed).tuned.lower(*build.args)
+    _disk_cache.store_meta(_layout_key(build.key), box["out"])
+    return lowered, box["out"]
+
+
+def _compile(build: Build, lowered=None, out=None) -> Whole:
+    """Compile ``lowered`` (or load the program from the disk cache, where ``out`` is
+    ``None``: its layout is stored there too) and time it."""
     import time
 
     t0 = time.perf_counter()
-    out = _disk_cache.load_meta(_layout_key(build.key))
-    if not isinstance(out, Packer):
-        out = Packer(jax.eval_shape(build.fn, *build.args), bool_as=np.int32)
-        _disk_cache.store_meta(_layout_key(build.key), out)
-
-    def packed(*a):
-        return out.pack(build.fn(*a))
-
-    jitted = _jit(packed)
-    exe = _disk_cache.compiled(jitted.tuned, build.key, build.args, jitted.options)
+    if out is None:
+        out = _disk_cache.load_meta(_layout_key(build.key))
+    if lowered is None and isinstance(out, Packer) and \
+            _disk_cache.on_disk(build.key, build.args, _options()):
+        exe = _disk_cache.compiled(_NeverLower(), build.key, build.args, _options())
+    else:
+        if lowered is None:
+            lowered, out = _lower(build)
+        exe = _disk_cache.compiled_lowered(lowered, build.key, build.args, _options())
     with _lock:
         _stats["compile_seconds"] += time.perf_counter() - t0
     return Whole(exe, out)
+
+
+class _NeverLower:
+    """For a program found on disk: :func:`adaptprec._disk_cache.compiled` loads it."""
+
+    def lower(self, *_):
+        raise RuntimeError("the promoted program vanished from the disk cache")
 
 
 def _install(key, whole: Whole) -> None:
@@ -169,11 +195,11 @@ def _run_worker() -> None:
         if item is None:
             _queue.task_done()
             return
-        build, x64 = item
+        build, lowered, out, x64 = item
         try:
             if not _stop.is_set():
                 with jax.enable_x64(x64):
-                    whole = _compile(build)
+                    whole = _compile(build, lowered, out)
                 _install(build.key, whole)
                 _stats["promoted"] += 1
         except Exception:  # noqa: BLE001 - the host loop keeps serving this model
@@ -194,7 +220,7 @@ def _shutdown() -> None:
         _worker[0].join(timeout=60)
 
 
-def _submit(build: Build) -> None:
+def _submit(build: Build, lowered, out) -> None:
     from ..precision import x64_enabled
 
     if not _worker:
@@ -202,7 +228,7 @@ def _submit(build: Build) -> None:
         t.start()
         _worker.append(t)
         atexit.register(_shutdown)
-    _queue.put((build, x64_enabled()))
+    _queue.put((build, lowered, out, x64_enabled()))
 
 
 def wait(timeout: float | None = None) -> None:
@@ -239,7 +265,7 @@ def lookup_disk(key, make_build) -> Whole | None:
     if not _disk_cache.on_disk(build.key, build.args, _options()):
         return None
     try:
-        whole = _compile(build)
+        whole = _compile(build)  # loads it
     except Exception:  # noqa: BLE001 - unreadable: the host loop runs
         with _lock:
             _failed.add(key)
@@ -266,18 +292,24 @@ def record(key, make_build) -> None:
             return
         _pending.add(key)
     build = make_build()
-    if m == "sync":
-        try:
-            _install(key, _compile(build))
+    try:
+        lowered = out = None
+        if not _disk_cache.on_disk(build.key, build.args, _options()):
+            # tracing and lowering hold the GIL: here, once (~0.1-0.2 s), rather than in
+            # the background thread, where they would slow every solve meanwhile
+            lowered, out = _lower(build)
+        if m == "sync":
+            _install(key, _compile(build, lowered, out))
             _stats["promoted"] += 1
-        except Exception:
-            with _lock:
-                _failed.add(key)
-                _pending.discard(key)
-                _stats["failures"] += 1
+        else:  # XLA's compilation releases the GIL: the host loop runs on meanwhile
+            _submit(build, lowered, out)
+    except Exception:
+        with _lock:
+            _failed.add(key)
+            _pending.discard(key)
+            _stats["failures"] += 1
+        if m == "sync":
             raise
-    else:
-        _submit(build)
 
 
 @contextlib.contextmanager
