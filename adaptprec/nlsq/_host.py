@@ -441,29 +441,32 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
 
 class FastSolve:
     """A promoted solve with everything but ``x0`` and the data fixed:
-    ``fast(x0, args) -> result fields`` (NumPy; ``fun``/``jac`` unpadded, ``x`` in
+    ``fast(x0, args) -> (x, cost, jac, status)`` (NumPy; ``jac`` unpadded, ``x`` in
     ``x0``'s shape). For entry points that validated one call and see the same shapes
     and options again (:func:`adaptprec.curve_fit`'s repeat path): no tracing, no
-    lookups, one executable call."""
+    lookups, one executable call, and only the fields it needs read out."""
 
     def __init__(self, whole, ctx, consts, pad, m: int, x0_shape):
         self.whole, self.consts, self.pad, self.m = whole, consts, pad, m
         self.m_arr = np.asarray(m, np.int32)
         self.x0_shape = x0_shape
         (vec,) = ctx  # the per-solve constants, x0 last (one top-dtype vector)
-        self.n = int(np.prod(x0_shape)) if x0_shape is not None else None
-        self.prefix, self.top = vec[:vec.size - self.n], vec.dtype
+        n = int(np.prod(x0_shape))
+        self.prefix, self.top = vec[:vec.size - n], vec.dtype
+        if pad is not None:
+            self.idx = np.minimum(np.arange(pad[1]), m - 1)
+        self.read = _promote.reader(whole.out, ("x", "cost", "jac", "status"))
 
-    def __call__(self, x0, args) -> dict:
+    def __call__(self, x0, args):
         ctx = (np.concatenate((self.prefix, np.ravel(np.asarray(x0, self.top)))),)
         if self.pad is not None:
-            args = pad_points(args, self.pad[0], self.m, self.pad[1])
-        fields = _promote.as_numpy(self.whole.out,
-                                   self.whole.exe(ctx, self.consts, args, self.m_arr))
-        if self.pad is not None:
-            fields["fun"], fields["jac"] = fields["fun"][:self.m], fields["jac"][:self.m]
-        fields["x"] = fields["x"].reshape(self.x0_shape)
-        return fields
+            leaves, treedef = jax.tree.flatten(args)
+            args = jax.tree.unflatten(treedef, [
+                a if ax is None else np.take(np.asarray(a), self.idx, axis=ax)
+                for a, ax in zip(leaves, self.pad[0])])
+        x, cost, jac, status = self.read(self.whole.exe(ctx, self.consts, args,
+                                                        self.m_arr))
+        return x.reshape(self.x0_shape), cost, jac[:self.m], status
 
 
 def _solve_host_loop(sp, evaluate, final, x0, ctx, consts, args, m_arr, M, is_padded, fs,

@@ -93,8 +93,9 @@ def mode() -> str:
 
 def stats() -> dict:
     """``promoted`` (programs compiled), ``disk_loads``, ``failures``,
-    ``compile_seconds`` (summed over promoted programs), ``ready`` (in memory)."""
-    return {**_stats, "ready": len(_ready)}
+    ``compile_seconds`` (summed over promoted programs), ``ready`` (in memory),
+    ``pending`` (being compiled)."""
+    return {**_stats, "ready": len(_ready), "pending": len(_pending)}
 
 
 def clear() -> None:
@@ -338,6 +339,20 @@ def remember_plan(key, plan) -> None:
         plans[key] = plan
         if len(plans) > _SIZE:
             plans.popitem(last=False)
+
+
+def reader(out: Packer, names):
+    """``read(packed) -> tuple`` of the result fields ``names`` as NumPy (one read-back
+    per vector; views, no other field unpacked)."""
+    index = jax.tree.unflatten(out.treedef, list(range(len(out.slots))))
+    slots = [(out.slots[index[k]], out.bools[index[k]]) for k in names]
+
+    def read(packed):
+        vecs = [np.asarray(v) for v in packed]
+        return tuple((vecs[g][s:s + k].reshape(shape) != 0) if b else
+                     vecs[g][s:s + k].reshape(shape) for (g, s, k, shape), b in slots)
+
+    return read
 
 
 def as_numpy(out: Packer, packed) -> dict:

@@ -237,14 +237,13 @@ class _Plan:
         if x0.shape != (self.n,) or not np.isfinite(x0).all() or \
                 (x0 < self.lb).any() or (x0 > self.ub).any():
             return None
-        fields = self.fast(x0, args)
-        if not int(fields["status"]) > 0:
+        x, cost, J, status = self.fast(x0, args)
+        if not int(status) > 0:
             return None
-        pcov = _pcov_numpy(fields["jac"], fields["cost"], self.n, self.lm_rule,
-                           self.absolute_sigma)
+        pcov = _pcov_numpy(J, cost, self.n, self.lm_rule, self.absolute_sigma)
         if np.isinf(pcov).any():
             return None
-        return np.array(fields["x"]), pcov
+        return np.array(x), pcov
 
 
 def _n_params(f) -> int:
