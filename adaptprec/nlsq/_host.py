@@ -355,6 +355,14 @@ def _promotion_key(traced, is_padded, cfg: LoopConfig) -> tuple:
             cfg.rungs, cfg.loss, cfg.jac, cfg.linear_solver, cfg.has_bounds)
 
 
+def _arg_sig(args) -> tuple:
+    """The data's structure, shapes and dtypes (Python scalars by type: weakly typed)."""
+    leaves, treedef = jax.tree.flatten(args)
+    return treedef, tuple((a.shape, a.dtype) if isinstance(a, (np.ndarray, jax.Array,
+                                                                 np.generic))
+                          else type(a) for a in leaves)
+
+
 def _whole_fn(sp: StepPrograms, evaluate, final, M: int, is_padded: bool):
     """The host loop's solve as one traceable function ``(ctx, consts, args, m) ->
     result fields``: ``init``, a ``while_loop`` over ``evaluate`` and ``step``, then
@@ -412,19 +420,25 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
     ctx = sp.ctx.pack_numpy(ctx_tree)
     m_arr = np.asarray(m, np.int32)
     consts = tuple(tr.consts for tr in traced)
-    pkey = _promotion_key(traced, is_padded, cfg)
+    # the data's own dtypes too: the residual is traced with its data cast to each rung,
+    # but the whole-solve program takes the data as given (a float32 scalar and a float64
+    # one trace alike and compile apart)
+    pkey = (_promotion_key(traced, is_padded, cfg), _arg_sig(args))
 
     def make_build():
         return _promote.Build(_whole_fn(sp, evaluate, final, M, is_padded),
                               (ctx, consts, args, m_arr), pkey)
 
     whole = _promote.lookup(pkey) or _promote.lookup_disk(pkey, make_build)
+    fields = None
     if whole is not None:
-        # one executable call (NumPy straight in: jit's C++ path transfers it)
-        fields = _promote.as_numpy(whole.out, whole.exe(ctx, consts, args, m_arr))
-        if x0_shape is not None:
+        try:  # one executable call (NumPy straight in: jit's C++ path transfers it)
+            fields = _promote.as_numpy(whole.out, whole.exe(ctx, consts, args, m_arr))
+        except TypeError:  # arguments it was not compiled for: the host loop serves
+            _promote.discard(pkey)
+        if fields is not None and x0_shape is not None:
             _promote.offer(FastSolve(whole, ctx, consts, pad, m, x0_shape))
-    else:
+    if fields is None:
         fields = _solve_host_loop(sp, evaluate, final, arr(x0), ctx, consts, args, m_arr,
                                   M, is_padded, fs, lb, ub, xtol)
         _promote.record(pkey, make_build)

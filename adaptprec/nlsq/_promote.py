@@ -74,6 +74,7 @@ _ready: collections.OrderedDict = collections.OrderedDict()   # key -> Whole
 _uses: dict = {}
 _pending: set = set()   # keys queued or compiling
 _failed: set = set()
+_checked: set = set()   # keys already looked for on disk
 _stats = {"promoted": 0, "disk_loads": 0, "failures": 0, "compile_seconds": 0.0}
 _queue: queue.Queue = queue.Queue()
 _tls = threading.local()
@@ -105,6 +106,7 @@ def clear() -> None:
     with _lock:
         _ready.clear()
         plans.clear()
+        _checked.clear()
         _uses.clear()
         _failed.clear()
         _stats.update(promoted=0, disk_loads=0, failures=0, compile_seconds=0.0)
@@ -255,11 +257,25 @@ def lookup(key) -> Whole | None:
     return hit
 
 
+def discard(key) -> None:
+    """Stop using ``key``'s promoted program (it rejected its arguments)."""
+    with _lock:
+        _ready.pop(key, None)
+        _failed.add(key)
+        _stats["failures"] += 1
+
+
 def lookup_disk(key, make_build) -> Whole | None:
     """On the first solve of ``key`` in this process: the whole-solve program from the
-    disk cache, if an earlier process stored it (its layout entry is there)."""
-    if mode() == "off" or key in _ready or key in _failed or key in _pending:
+    disk cache, if an earlier process stored it (its layout entry is there). Checked once
+    per key and process."""
+    if mode() == "off" or key in _ready or key in _failed or key in _pending or \
+            key in _checked:
         return _ready.get(key)
+    with _lock:
+        _checked.add(key)
+        if len(_checked) > 4 * _SIZE:
+            _checked.pop()
     if _disk_cache.load_meta(_layout_key(key)) is None:
         return None
     build = make_build()
