@@ -148,6 +148,11 @@ for p, c in out:
     assert p.dtype == np.float64 and c.dtype == np.float64
     np.testing.assert_array_equal(p, out[0][0]); np.testing.assert_array_equal(c, out[0][1])
 st = _promote.stats()
+# float32 asked for (no x64 scope): host loop, promoted, repeat path agree bit for bit
+f32 = [ap.curve_fit(model, t, y, p0=[1.0, 1.0, 0.0], precision="f32") for _ in range(4)]
+for p, c in f32:
+    assert p.dtype == np.float32
+    np.testing.assert_array_equal(p, f32[0][0]); np.testing.assert_array_equal(c, f32[0][1])
 print(st["promoted"], st["disk_loads"], repr(out[0][0].tolist()))
 """
 
