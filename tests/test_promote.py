@@ -21,6 +21,7 @@ from test_latency import count_compiles
 def promote(monkeypatch):
     """Promotion on, synchronous (deterministic), after ``PROMOTE_AFTER`` solves."""
     monkeypatch.setenv("ADAPTPREC_PROMOTE", "sync")
+    monkeypatch.setattr(_promote, "PROMOTE_SECONDS", 0.0)
     yield _promote
     monkeypatch.setenv("ADAPTPREC_PROMOTE", "off")
 
@@ -66,12 +67,14 @@ def expo_promoted():
     one compilation for the tests below)."""
     import os
 
-    saved = os.environ.get("ADAPTPREC_PROMOTE")
+    saved, seconds = os.environ.get("ADAPTPREC_PROMOTE"), _promote.PROMOTE_SECONDS
     os.environ["ADAPTPREC_PROMOTE"] = "sync"
+    _promote.PROMOTE_SECONDS = 0.0
     t, y = _data(60, seed=1)
     sig = np.full(60, 0.01)
     first = [ap.curve_fit(_expo, t, y, p0=[1.0, 1.0, 0.0], sigma=sig)
              for _ in range(_promote.PROMOTE_AFTER + 2)]  # host loops, then promoted
+    _promote.PROMOTE_SECONDS = seconds
     yield t, y, sig, first
     os.environ["ADAPTPREC_PROMOTE"] = saved or "off"
 
@@ -117,9 +120,19 @@ def test_curve_fit_repeat_path_keeps_the_errors(expo_promoted):
     assert any("could not be estimated" in str(x.message) for x in w)
 
 
+def test_promotion_waits_for_the_host_loop_to_cost_its_lowering(promote, monkeypatch):
+    monkeypatch.setattr(promote, "PROMOTE_SECONDS", 1e9)   # never pays off
+    t, y = _data(30, seed=8)
+    before = promote.stats()["promoted"]
+    for _ in range(promote.PROMOTE_AFTER + 3):
+        ap.solve_nlsq(lambda p, t, y: p[0] * t - y, np.ones(1), args=(t, y))
+    assert promote.stats()["promoted"] == before and not promote.stats()["pending"]
+
+
 def test_background_promotion_switches_when_ready(monkeypatch):
     monkeypatch.setenv("ADAPTPREC_PROMOTE", "background")
     monkeypatch.setattr(_promote, "PROMOTE_AFTER", 0)
+    monkeypatch.setattr(_promote, "PROMOTE_SECONDS", 0.0)
     t, y = _data(40, seed=7)
 
     def resid(p, t, y):
@@ -138,7 +151,7 @@ FRESH = r"""
 import os, sys, numpy as np, jax, jax.numpy as jnp
 import adaptprec as ap
 from adaptprec.nlsq import _promote
-_promote.PROMOTE_AFTER = 0
+_promote.PROMOTE_AFTER, _promote.PROMOTE_SECONDS = 0, 0.0
 t = np.linspace(0.0, 4.0, 50)
 y = 2.5 * np.exp(-1.3 * t) + 0.5 + 0.01 * np.sin(9 * t)
 model = lambda t, a, k, c: a * jnp.exp(-k * t) + c

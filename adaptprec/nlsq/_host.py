@@ -18,7 +18,8 @@ drivers run the same operations in the same order, so they agree with the same `
 (bit for bit on the NIST suite, tests/test_latency.py).
 
 Promotion (:mod:`._promote`): a residual computation (and bucket) solved
-``_promote.PROMOTE_AFTER`` times in a process gets the same ``init``/``evaluate``/``step``/
+more than ``_promote.PROMOTE_AFTER`` times (for ``_promote.PROMOTE_SECONDS`` of
+host-loop time) in a process gets the same ``init``/``evaluate``/``step``/
 ``final`` functions compiled into one program (in a background thread, at the same
 options, so the bits do not change); later fits of that model are one executable call.
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from typing import Any, NamedTuple
 
 import jax
@@ -439,9 +441,10 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
         if fields is not None and x0_shape is not None:
             _promote.offer(FastSolve(whole, ctx, consts, pad, m, x0_shape))
     if fields is None:
+        t0 = time.perf_counter()
         fields = _solve_host_loop(sp, evaluate, final, arr(x0), ctx, consts, args, m_arr,
                                   M, is_padded, fs, lb, ub, xtol)
-        _promote.record(pkey, make_build)
+        _promote.record(pkey, make_build, time.perf_counter() - t0)
     if is_padded:
         fields["fun"], fields["jac"] = fields["fun"][:m], fields["jac"][:m]
     if x0_shape is not None:

@@ -5,7 +5,8 @@ programs (``init``, then ``evaluate``/``step`` per iteration, then ``final``): a
 compiled calls for a 3-parameter fit, each with its argument handling, so a repeat costs
 milliseconds. Once a residual computation (:mod:`._identity`, with its data bucket,
 ladder and options) has been solved more than :data:`PROMOTE_AFTER` times in a process
-(by default: on the third solve), the same
+and its host-loop solves have taken :data:`PROMOTE_SECONDS` (0.1 s: ~30 repeats of a
+3-parameter fit), the same
 functions are compiled into one program, the *whole solve*: ``init``, a ``while_loop``
 over ``evaluate`` and ``step``, and the ``final`` evaluation, with every result packed
 into one vector per dtype (:mod:`._pack`). Later solves of that computation are one
@@ -53,13 +54,18 @@ from .. import _disk_cache
 from ._compile import cpu_jit
 from ._pack import Packer
 
-__all__ = ["PROMOTE_AFTER", "mode", "Whole", "lookup", "record", "wait", "clear",
+__all__ = ["PROMOTE_AFTER", "PROMOTE_SECONDS", "mode", "Whole", "lookup", "record", "wait", "clear",
            "stats"]
 
 #: host-loop solves of one residual computation (and bucket, ladder, options) before its
-#: whole-solve program is built: the (PROMOTE_AFTER + 1)-th starts it. 2: the NIST
-#: suite's two starts per problem never pay a promotion they cannot use.
+#: whole-solve program may be built (the (PROMOTE_AFTER + 1)-th at the earliest) ...
 PROMOTE_AFTER = 2
+#: ... and the time its host-loop solves must have taken first (seconds; its first solve,
+#: which compiles, not counted). Promoting costs the promoting call ~0.1-0.2 s of tracing
+#: and lowering; waiting until the host loop has cost as much (ski rental) bounds a
+#: model's total at twice the best choice made in hindsight, and a model solved a few
+#: times (the NIST suite's Lanczos1-3, one model on the same 24 points) is not promoted.
+PROMOTE_SECONDS = 0.1
 #: LLVM optimisation of the whole-solve program. Off (default): the host programs'
 #: options, so the bits are the host loop's (all 54 NIST solves identical, nfev
 #: included). On, it runs ~1.7x faster but rounds differently: on 31 of the 54 NIST
@@ -292,20 +298,23 @@ def lookup_disk(key, make_build) -> Whole | None:
     return whole
 
 
-def record(key, make_build) -> None:
-    """Count one host-loop solve of ``key``; after more than :data:`PROMOTE_AFTER`, build
-    its whole-solve program (``make_build() -> Build``) in the background (or now, in
-    ``sync`` mode)."""
+def record(key, make_build, seconds: float = 0.0) -> None:
+    """Count one host-loop solve of ``key`` that took ``seconds``; once it has been solved
+    more than :data:`PROMOTE_AFTER` times and its host-loop solves (the first, which
+    compiles, not counted) took :data:`PROMOTE_SECONDS` in all, build its whole-solve
+    program (``make_build() -> Build``) in the background (or now, in ``sync`` mode)."""
     m = mode()
     if m == "off":
         return
     with _lock:
         if key in _ready or key in _pending or key in _failed:
             return
-        n = _uses[key] = _uses.get(key, 0) + 1
+        count, spent = _uses.get(key, (0, 0.0))
+        count, spent = count + 1, spent + (seconds if count else 0.0)
+        _uses[key] = (count, spent)
         if len(_uses) > 4 * _SIZE:
             _uses.pop(next(iter(_uses)))
-        if n <= PROMOTE_AFTER:
+        if count <= PROMOTE_AFTER or spent < PROMOTE_SECONDS:
             return
         _pending.add(key)
     build = make_build()
