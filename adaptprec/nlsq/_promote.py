@@ -5,7 +5,7 @@ programs (``init``, then ``evaluate``/``step`` per iteration, then ``final``): a
 compiled calls for a 3-parameter fit, each with its argument handling, so a repeat costs
 milliseconds. Once a residual computation (:mod:`._identity`, with its data bucket,
 ladder and options) has been solved more than :data:`PROMOTE_AFTER` times in a process
-and its host-loop solves have taken :data:`PROMOTE_SECONDS` (0.1 s: ~30 repeats of a
+and its host-loop solves have taken :data:`PROMOTE_SECONDS` (0.2 s: ~60 repeats of a
 3-parameter fit), the same
 functions are compiled into one program, the *whole solve*: ``init``, a ``while_loop``
 over ``evaluate`` and ``step``, and the ``final`` evaluation, with every result packed
@@ -54,8 +54,8 @@ from .. import _disk_cache
 from ._compile import cpu_jit
 from ._pack import Packer
 
-__all__ = ["PROMOTE_AFTER", "PROMOTE_SECONDS", "mode", "Whole", "lookup", "record", "wait", "clear",
-           "stats"]
+__all__ = ["PROMOTE_AFTER", "PROMOTE_SECONDS", "mode", "Whole", "lookup", "record",
+           "wait", "clear", "stats"]
 
 #: host-loop solves of one residual computation (and bucket, ladder, options) before its
 #: whole-solve program may be built (the (PROMOTE_AFTER + 1)-th at the earliest) ...
@@ -64,8 +64,9 @@ PROMOTE_AFTER = 2
 #: which compiles, not counted). Promoting costs the promoting call ~0.1-0.2 s of tracing
 #: and lowering; waiting until the host loop has cost as much (ski rental) bounds a
 #: model's total at twice the best choice made in hindsight, and a model solved a few
-#: times (the NIST suite's Lanczos1-3, one model on the same 24 points) is not promoted.
-PROMOTE_SECONDS = 0.1
+#: times is not promoted (the NIST suite's Lanczos1-3, one model on the same 24 points:
+#: six solves, 0.02-0.09 s of host loop after the first under load).
+PROMOTE_SECONDS = 0.2
 #: LLVM optimisation of the whole-solve program. Off (default): the host programs'
 #: options, so the bits are the host loop's (all 54 NIST solves identical, nfev
 #: included). On, it runs ~1.7x faster but rounds differently: on 31 of the 54 NIST
