@@ -7,8 +7,9 @@ the same run, on the same machine, one after another:
     (jax alone, then the library), first fit (120 points), a new length in the same
     bucket (125), new lengths in new buckets (157, 301), repeats (120 points again), a
     fresh lambda per call (median of 5). adaptprec's repeats have two phases: the early
-    ones run the host loop ("repeat_host"); the third solve of the model promotes it
-    ("promote_call": that call, which traces and lowers the whole-solve program;
+    ones run the host loop ("repeat_host") until the model is promoted (_promote.py:
+    after 0.2 s of host-loop solves; "promote_call": that call, which traces and lowers
+    the whole-solve program;
     "promotion_wall": until the background compilation is ready); then "repeat" (median
     of 30) and "repeat_min" are the steady state on the promoted program. adaptprec
     against scipy.optimize.curve_fit (NumPy model) and optimistix LevenbergMarquardt (jax
@@ -111,7 +112,7 @@ def _curve_child(lib: str, reps: int) -> dict:
     for m in (125, 157, 301):
         out[f"new_length_{m}"], _ = timed(fit, *data(m))
     t, y = data(120)
-    # adaptprec: the first repeats run the host loop; the third solve of a model (and
+    # adaptprec: the first repeats run the host loop; a later solve of the model (and
     # bucket) promotes it (_promote.py: traced and lowered in that call, compiled in a
     # background thread); repeats switch to the one-program path when it is ready.
     # "repeat_host": early repeats (host loop); "promote_call": the promoting call;
