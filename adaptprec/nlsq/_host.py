@@ -431,6 +431,9 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
         return _promote.Build(_whole_fn(sp, evaluate, final, M, is_padded),
                               (ctx, consts, args, m_arr), pkey)
 
+    # (a warm process that starts on the promoted program loads the step programs only
+    # when a new bucket needs them: loading them in the background meanwhile was
+    # measured worse, 0.6 s instead of 0.3 s for a new bucket fitted right after)
     whole = _promote.lookup(pkey) or _promote.lookup_disk(pkey, make_build)
     fields = None
     if whole is not None:

@@ -205,18 +205,13 @@ def _run_worker() -> None:
         if item is None:
             _queue.task_done()
             return
-        build, lowered, out, x64 = item
+        task, x64 = item
         try:
             if not _stop.is_set():
                 with jax.enable_x64(x64):
-                    whole = _compile(build, lowered, out)
-                _install(build.key, whole)
-                _stats["promoted"] += 1
-        except Exception:  # noqa: BLE001 - the host loop keeps serving this model
-            with _lock:
-                _failed.add(build.key)
-                _pending.discard(build.key)
-                _stats["failures"] += 1
+                    task()
+        except Exception:  # noqa: BLE001 - background work only ever saves time
+            pass
         finally:
             _queue.task_done()
 
@@ -230,15 +225,36 @@ def _shutdown() -> None:
         _worker[0].join(timeout=60)
 
 
-def _submit(build: Build, lowered, out) -> None:
+def _promote_task(build: Build, lowered, out):
+    def task():
+        try:
+            whole = _compile(build, lowered, out)
+        except Exception:  # noqa: BLE001 - the host loop keeps serving this model
+            with _lock:
+                _failed.add(build.key)
+                _pending.discard(build.key)
+                _stats["failures"] += 1
+            return
+        _install(build.key, whole)
+        _stats["promoted"] += 1
+
+    return task
+
+
+def background(task) -> None:
+    """Run ``task()`` in the background thread (one task at a time, in order, with the
+    caller's x64 state); in ``sync`` mode run it now."""
     from ..precision import x64_enabled
 
+    if mode() == "sync":
+        task()
+        return
     if not _worker:
         t = threading.Thread(target=_run_worker, name="adaptprec-promote", daemon=True)
         t.start()
         _worker.append(t)
         atexit.register(_shutdown)
-    _queue.put((build, lowered, out, x64_enabled()))
+    _queue.put((task, x64_enabled()))
 
 
 def wait(timeout: float | None = None) -> None:
@@ -329,7 +345,7 @@ def record(key, make_build, seconds: float = 0.0) -> None:
             _install(key, _compile(build, lowered, out))
             _stats["promoted"] += 1
         else:  # XLA's compilation releases the GIL: the host loop runs on meanwhile
-            _submit(build, lowered, out)
+            background(_promote_task(build, lowered, out))
     except Exception:
         with _lock:
             _failed.add(key)
