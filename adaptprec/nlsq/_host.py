@@ -158,6 +158,10 @@ class StepPrograms(NamedTuple):
     step: Any
     carry: Packer  #: ``(state, proposal)``
     ctx: Packer  #: ``(lb, ub, scale_inv0, f_scale, ftol, xtol, gtol, x0)``
+    #: the unpacked functions behind them (for the promoted program):
+    #: ``init_tree(x0, ctx, m) -> (state, proposal)``, ``loop(m)`` (:func:`build_loop`)
+    init_tree: Any = None
+    loop: Any = None
 
 
 def _step_programs(cfg: LoopConfig) -> StepPrograms:
@@ -218,7 +222,7 @@ def _build_step_programs(cfg: LoopConfig) -> StepPrograms:
 
     init, step = cpu_jit(init, optimise=False), cpu_jit(step, optimise=False)
     init.cache_key, step.cache_key = ("step", scfg, "init"), ("step", scfg, "step")
-    return StepPrograms(init, step, carry_packer, ctx_packer)
+    return StepPrograms(init, step, carry_packer, ctx_packer, init_tree, loop)
 
 
 # ----------------------------------------------------------------------------- residual
@@ -367,22 +371,29 @@ def _arg_sig(args) -> tuple:
 
 def _whole_fn(sp: StepPrograms, evaluate, final, M: int, is_padded: bool):
     """The host loop's solve as one traceable function ``(ctx, consts, args, m) ->
-    result fields``: ``init``, a ``while_loop`` over ``evaluate`` and ``step``, then
-    ``final``, the same functions the host loop calls (so the same bits)."""
-    init, step = sp.init.plain_fn, sp.step.plain_fn
+    result fields``: ``init``, a ``while_loop`` over ``evaluate`` and the step, then
+    ``final``: the operations the host loop runs, in its order (so the same bits,
+    tests/test_promote.py), without what only the host needs between calls (packing the
+    state, and keeping a finished state: the loop stops there)."""
     evaluate, final = evaluate.plain_fn, final.plain_fn
+    top = np.dtype(sp.ctx.dtypes[0])
 
     def whole(ctxv, consts, args, m):
         mask = jnp.arange(M) < m if is_padded else None
-        lb, ub, _, fs, _, xtol, _, x0 = sp.ctx.unpack(ctxv)
+        ctx_t = sp.ctx.unpack(ctxv)
+        lb, ub, _, fs, _, xtol, _, x0 = ctx_t
+        ctx = (None, *ctx_t)
+        run = sp.loop(m)
+        ev_packer = _ev_packer(x0.shape[0], top)
 
         def body(c):
-            carry, z, ctl = c
-            return step(carry, evaluate(ctl, z, consts, mask, args, fs), ctxv, m)
+            st, prop = c
+            ev = ev_packer.unpack(evaluate(_ctl(st), prop.z, consts, mask, args, fs))
+            st = run.finish(run.advance(st, prop, ev, ctx))
+            return st, run.propose(st, ctx)
 
-        carry, _, _ = jax.lax.while_loop(lambda c: c[2][0] == Status.RUNNING, body,
-                                         init(x0, ctxv, m))
-        st, _ = sp.carry.unpack(carry)
+        st, _ = jax.lax.while_loop(lambda c: c[0].status == Status.RUNNING, body,
+                                   sp.init_tree(x0, ctx_t, m))
         f, Js, g, cost, optimality, active = final(st.x, consts[-1], mask, args, fs, lb,
                                                    ub, xtol)
         return dict(x=st.x, cost=cost, fun=f, jac=Js, grad=g, optimality=optimality,
