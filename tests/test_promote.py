@@ -125,7 +125,8 @@ def test_promotion_waits_for_the_host_loop_to_cost_its_lowering(promote, monkeyp
     t, y = _data(30, seed=8)
     before = promote.stats()["promoted"]
     for _ in range(promote.PROMOTE_AFTER + 3):
-        ap.solve_nlsq(lambda p, t, y: p[0] * t - y, np.ones(1), args=(t, y))
+        ap.solve_nlsq(lambda p, t, y: p[0] * jnp.exp(-p[1] * t) - y, np.ones(2),
+                      args=(t, y))  # (n = 2: the step programs of Misra1a's test)
     assert promote.stats()["promoted"] == before and not promote.stats()["pending"]
 
 
