@@ -6,11 +6,10 @@ compiled calls for a 3-parameter fit, each with its argument handling, so a repe
 milliseconds. Once a residual computation (:mod:`._identity`, with its data bucket,
 ladder and options) has been solved more than :data:`PROMOTE_AFTER` times in a process
 and its host-loop solves have taken :data:`PROMOTE_SECONDS` (0.2 s: ~60 repeats of a
-3-parameter fit), the same
-functions are compiled into one program, the *whole solve*: ``init``, a ``while_loop``
-over ``evaluate`` and ``step``, and the ``final`` evaluation, with every result packed
-into one vector per dtype (:mod:`._pack`). Later solves of that computation are one
-executable call and one read-back.
+3-parameter fit), the same functions are compiled into one program, the *whole solve*:
+``init``, a ``while_loop`` over ``evaluate`` and the step, and the ``final``
+evaluation, with every result packed into one vector per dtype (:mod:`._pack`). Later
+solves of that computation are one executable call and one read-back.
 
 * **Background.** The solve that promotes traces and lowers the whole-solve program
   (Python, ~0.1-0.2 s, once); XLA compiles it in a background thread (one at a time;
@@ -47,7 +46,6 @@ import threading
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .. import _disk_cache
@@ -401,5 +399,3 @@ def as_numpy(out: Packer, packed) -> dict:
     """The whole-solve program's result fields, as NumPy (one read-back per vector)."""
     return out.unpack_numpy(tuple(np.asarray(v) for v in packed))
 
-
-_ = jnp  # traced inside the builds (._host)
