@@ -93,6 +93,7 @@ def test_curve_fit_repeat_path_same_bits_no_compiles(expo_promoted, monkeypatch)
     for p_, c_ in first:                   # host loop (first calls) == repeat path
         np.testing.assert_array_equal(p_, popt)
         np.testing.assert_array_equal(c_, pcov)
+        assert p_.flags.writeable            # as scipy's
     assert isinstance(popt, np.ndarray) and popt.dtype == np.float64 and popt.flags.writeable
     np.testing.assert_allclose(popt2[2], popt[2] + 0.01, rtol=1e-6)
     # the full path on the same inputs agrees bit for bit (promotion off)

@@ -440,6 +440,8 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
                              + str(exc).replace("x0", "p0")) from None
         raise
     popt = res.x
+    if isinstance(popt, np.ndarray):  # writable, as scipy's (a view of a result buffer)
+        popt = np.array(popt)
     # scipy's rule for lm (MINPACK's cov_x is None for a singular R): an all-inf pcov
     # when a parameter is not identifiable. trf/dogbox: only the rows and columns of the
     # parameters that are not identifiable are inf (scipy's pseudo-inverse gives them a
