@@ -60,6 +60,8 @@ import threading
 import jax
 import numpy as np
 
+from ._lapack_init import ensure_lapack
+
 __all__ = ["cache_dir", "compiled", "load_meta", "store_meta", "stats", "clear_memory",
            "MAX_BYTES"]
 
@@ -160,15 +162,9 @@ def _max_bytes() -> int:
 def _init_custom_calls() -> None:
     """Initialise what lowering would have: jaxlib's LAPACK kernels (the step programs
     call LAPACK; an executable loaded in a process that never lowered a linear-algebra
-    op otherwise calls through null pointers and crashes, jax 0.10.2)."""
-    if not _lapack_ready:
-        from jax._src.lax.linalg import initialize_lapack
-
-        initialize_lapack()
-        _lapack_ready.append(True)
-
-
-_lapack_ready: list = []
+    op otherwise calls through null pointers and crashes, jax 0.10.2). Without
+    importing all of ``scipy.linalg`` (:mod:`adaptprec._lapack_init`)."""
+    ensure_lapack()
 
 
 def _load(path: str, full_key: str):
@@ -313,6 +309,7 @@ def compiled(jitted, key: tuple, args: tuple, options: dict | None = None):
     if comp is not None:
         _stats["disk_hits"] += 1
     else:
+        ensure_lapack()  # before lowering: jaxlib's own start-up imports scipy.linalg
         comp = jitted.lower(*args).compile()
         _stats["compiles"] += 1
         if path is not None:
