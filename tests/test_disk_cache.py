@@ -27,9 +27,23 @@ t = np.linspace(0.0, 4.0, 120)
 y = 2.5 * np.exp(-1.3 * t) + 0.5 + 0.01 * np.random.default_rng(0).standard_normal(120)
 popt, pcov = ap.curve_fit(lambda t, a, k, c: a * jnp.exp(-k * t) + c, t, y,
                           p0=[1.0, 1.0, 0.0])
-print(json.dumps({{"popt": [float(v).hex() for v in popt],
-                  "pcov": [float(v).hex() for v in np.ravel(pcov)],
-                  "compiles": len(compiles), "stats": _disk_cache.stats()}}))
+from adaptprec import _lapack_init
+out = {{"popt": [float(v).hex() for v in popt],
+       "pcov": [float(v).hex() for v in np.ravel(pcov)],
+       "compiles": len(compiles), "stats": _disk_cache.stats(),
+       "lapack": list(_lapack_init._state), "scipy_linalg": "scipy.linalg" in sys.modules}}
+# the fast LAPACK start-up leaves scipy.linalg whole for a later import
+import scipy.linalg, scipy.optimize
+from scipy.linalg import cython_lapack
+a = np.array([[4.0, 1.0], [1.0, 3.0]])
+out["later_scipy"] = (scipy.linalg.cython_blas is sys.modules["scipy.linalg.cython_blas"]
+                      and scipy.linalg.cython_lapack is cython_lapack
+                      and "dgesv" in cython_lapack.__pyx_capi__
+                      and np.allclose(scipy.linalg.solve(a, [1.0, 2.0]), [1/11, 7/11])
+                      and np.allclose(np.asarray(jnp.linalg.svd(a)[1]), np.linalg.svd(a)[1])
+                      and np.allclose(scipy.optimize.curve_fit(
+                          lambda t, k: k * t, t, 2 * t)[0], 2.0))
+print(json.dumps(out))
 """
 
 
@@ -53,6 +67,10 @@ def cold(tmp_path_factory):
 def test_cold_process_writes_and_warm_process_loads_without_compiling(cold):
     d, first = cold
     assert first["stats"]["compiles"] >= 4 and first["stats"]["disk_writes"] >= 4
+    # LAPACK started without importing scipy.linalg (adaptprec/_lapack_init.py), and a
+    # later `import scipy.linalg` (and scipy's curve_fit) works as usual
+    assert first["lapack"] == ["fast"] and not first["scipy_linalg"]
+    assert first["later_scipy"]
     written = _entries(d)
     assert len(written) >= first["stats"]["disk_writes"]
     second = _fit({"ADAPTPREC_CACHE_DIR": d})
@@ -60,6 +78,8 @@ def test_cold_process_writes_and_warm_process_loads_without_compiling(cold):
     assert second["stats"]["disk_hits"] == first["stats"]["compiles"]
     assert second["compiles"] == 0          # no XLA compilation anywhere in the fit
     assert second["popt"] == first["popt"] and second["pcov"] == first["pcov"]  # bits
+    assert second["lapack"] == ["fast"] and not second["scipy_linalg"]
+    assert second["later_scipy"]
     assert _entries(d) == written
 
 
@@ -83,9 +103,12 @@ def test_corrupt_entries_are_recompiled(cold, tmp_path):
 def test_off_writes_nothing(cold, tmp_path):
     _, first = cold
     home = str(tmp_path)
-    res = _fit({"ADAPTPREC_CACHE_DIR": "off", "HOME": home, "XDG_CACHE_HOME": home})
+    # also jaxlib's own LAPACK start-up (fast path off): the same bits
+    res = _fit({"ADAPTPREC_CACHE_DIR": "off", "HOME": home, "XDG_CACHE_HOME": home,
+                "ADAPTPREC_FAST_LAPACK": "0"})
     assert res["stats"]["disk_writes"] == 0 and res["stats"]["disk_hits"] == 0
-    assert res["popt"] == first["popt"]
+    assert res["lapack"] == ["normal"] and res["scipy_linalg"] and res["later_scipy"]
+    assert res["popt"] == first["popt"] and res["pcov"] == first["pcov"]
     assert not any(files for _, _, files in os.walk(home))
 
 
