@@ -65,12 +65,15 @@ _LAZY = {
     "linalg": ".linalg",
     # batched nlsq (issue 5)
     "BatchResult": ".batch", "solve_nlsq_batch": ".batch",
-    # autocast (issue 6)
-    **dict.fromkeys(("PRESETS", "PRIMITIVE_KINDS", "Explanation", "KindRow", "Rule",
-                     "ScopeMatch", "ScopeRow", "ScopeRules", "classify", "ALWAYS_BF16",
-                     "ALWAYS_F16", "ALWAYS_F32", "AUTO_MIXED", "AUTO_MIXED_BF16",
-                     "AUTO_MIXED_CONSERVATIVE", "OpKind", "PrecisionPolicy", "autocast",
-                     "explain"), "._autocast"),
+    # autocast (issue 6): from the defining modules (``_autocast.explain`` is both a
+    # module and a function of the package)
+    **dict.fromkeys(("explain", "Explanation", "KindRow", "ScopeRow"), "._autocast.explain"),
+    "autocast": "._autocast.interpret",
+    **dict.fromkeys(("PRESETS", "Rule", "ALWAYS_BF16", "ALWAYS_F16", "ALWAYS_F32",
+                     "AUTO_MIXED", "AUTO_MIXED_BF16", "AUTO_MIXED_CONSERVATIVE",
+                     "PrecisionPolicy"), "._autocast.presets"),
+    **dict.fromkeys(("ScopeMatch", "ScopeRules"), "._autocast.scopes"),
+    **dict.fromkeys(("PRIMITIVE_KINDS", "OpKind", "classify"), "._autocast.opkind"),
     # profiler and plots (issue 17)
     "Profile": "._profile", "ProfileRow": "._profile", "profile": "._profile",
     "FitTrace": "._plot", "plot_batch": "._plot", "plot_fit": "._plot",
@@ -99,7 +102,10 @@ def __dir__():
 
 if TYPE_CHECKING:  # pragma: no cover  (the lazy names, for type checkers and griffe)
     from . import guards, linalg, schedule
-    from ._autocast import (
+    from ._autocast.explain import Explanation, KindRow, ScopeRow, explain
+    from ._autocast.interpret import autocast
+    from ._autocast.opkind import PRIMITIVE_KINDS, OpKind, classify
+    from ._autocast.presets import (
         ALWAYS_BF16,
         ALWAYS_F16,
         ALWAYS_F32,
@@ -107,19 +113,10 @@ if TYPE_CHECKING:  # pragma: no cover  (the lazy names, for type checkers and gr
         AUTO_MIXED_BF16,
         AUTO_MIXED_CONSERVATIVE,
         PRESETS,
-        PRIMITIVE_KINDS,
-        Explanation,
-        KindRow,
-        OpKind,
         PrecisionPolicy,
         Rule,
-        ScopeMatch,
-        ScopeRow,
-        ScopeRules,
-        autocast,
-        classify,
-        explain,
     )
+    from ._autocast.scopes import ScopeMatch, ScopeRules
     from ._monitor import monitor
     from ._plot import FitTrace, plot_batch, plot_fit
     from ._profile import Profile, ProfileRow, profile
