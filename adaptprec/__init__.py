@@ -102,7 +102,8 @@ def __dir__():
 
 if TYPE_CHECKING:  # pragma: no cover  (the lazy names, for type checkers and griffe)
     from . import guards, linalg, schedule
-    from ._autocast.explain import Explanation, KindRow, ScopeRow, explain
+    # (griffe resolves these through the package: its ``explain`` shadows the module)
+    from ._autocast import Explanation, KindRow, ScopeRow, explain
     from ._autocast.interpret import autocast
     from ._autocast.opkind import PRIMITIVE_KINDS, OpKind, classify
     from ._autocast.presets import (
