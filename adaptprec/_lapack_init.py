@@ -72,9 +72,11 @@ def _fast(initialize) -> None:
     finally:
         # A later `import scipy.linalg` imports them again as submodules of the package
         # (and gets these module objects back); left here, the package would lack them
-        # as attributes.
-        for full in added:
-            sys.modules.pop(full, None)
+        # as attributes. (If something imported scipy.linalg meanwhile, they are its
+        # submodules already: leave them.)
+        if "scipy.linalg" not in sys.modules:
+            for full in added:
+                sys.modules.pop(full, None)
 
 
 def ensure_lapack() -> str:
