@@ -18,6 +18,11 @@ import numpy as np, jax.numpy as jnp
 from jax._src import monitoring
 from jax._src.dispatch import BACKEND_COMPILE_EVENT
 import adaptprec as ap
+# what `import adaptprec` must not import (issue 14: import time; see adaptprec/__init__)
+eager = sorted(m for m in ("scipy", "jax.extend", "adaptprec.batch", "adaptprec.linalg",
+                           "adaptprec._profile", "adaptprec._plot", "adaptprec._training",
+                           "adaptprec._autocast.interpret", "adaptprec.runtime")
+               if m in sys.modules)
 from adaptprec import _disk_cache
 
 compiles = []
@@ -31,7 +36,8 @@ from adaptprec import _lapack_init
 out = {{"popt": [float(v).hex() for v in popt],
        "pcov": [float(v).hex() for v in np.ravel(pcov)],
        "compiles": len(compiles), "stats": _disk_cache.stats(),
-       "lapack": list(_lapack_init._state), "scipy_linalg": "scipy.linalg" in sys.modules}}
+       "lapack": list(_lapack_init._state), "scipy_linalg": "scipy.linalg" in sys.modules,
+       "eager": eager}}
 # the fast LAPACK start-up leaves scipy.linalg whole for a later import
 import scipy.linalg, scipy.optimize
 from scipy.linalg import cython_lapack
@@ -70,6 +76,7 @@ def test_cold_process_writes_and_warm_process_loads_without_compiling(cold):
     # LAPACK started without importing scipy.linalg (adaptprec/_lapack_init.py), and a
     # later `import scipy.linalg` (and scipy's curve_fit) works as usual
     assert first["lapack"] == ["fast"] and not first["scipy_linalg"]
+    assert first["eager"] == []   # lazily imported (module __getattr__)
     assert first["later_scipy"]
     written = _entries(d)
     assert len(written) >= first["stats"]["disk_writes"]
