@@ -174,19 +174,32 @@ def _disk_cached(solve: Callable, residual: Residual, cfg: _Config) -> Callable:
     if getattr(solve, "tuned", None) is None:
         return solve
 
+    def key_of(args):
+        try:
+            return _disk_key(residual, cfg, *args)
+        except Exception:  # a residual the key cannot be formed for: as before
+            return None
+
+    def aot(x0, bargs, sargs):
+        """The executable for concrete arguments (the disk cache's, or compiled)."""
+        args = (x0, bargs, sargs)
+        key = key_of(args)
+        ensure_lapack()
+        if key is None:
+            return solve.tuned.lower(*args).compile()
+        return _disk_cache.compiled(solve.tuned, key, args, solve.options)
+
     def call(x0, bargs, sargs):
         args = (x0, bargs, sargs)
         if not is_concrete(args):
             return solve(*args)
-        try:
-            key = _disk_key(residual, cfg, x0, bargs, sargs)
-        except Exception:  # a residual the key cannot be formed for: as before
-            key = None
+        key = key_of(args)
         if key is None:
-            return solve(*args)
+            return solve(*args)   # jit's own cache
         ensure_lapack()
         return _disk_cache.compiled(solve.tuned, key, args, solve.options)(*args)
 
+    call.aot = aot   # for run_chunked's ahead-of-time compilation (chunking.py)
     return call
 
 
