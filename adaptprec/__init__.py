@@ -67,7 +67,8 @@ _LAZY = {
     "BatchResult": ".batch", "solve_nlsq_batch": ".batch",
     # autocast (issue 6): from the defining modules (``_autocast.explain`` is both a
     # module and a function of the package)
-    **dict.fromkeys(("explain", "Explanation", "KindRow", "ScopeRow"), "._autocast.explain"),
+    **dict.fromkeys(("explain", "Explanation", "KindRow", "ScopeRow"),
+                    "._autocast.explain"),
     "autocast": "._autocast.interpret",
     **dict.fromkeys(("PRESETS", "Rule", "ALWAYS_BF16", "ALWAYS_F16", "ALWAYS_F32",
                      "AUTO_MIXED", "AUTO_MIXED_BF16", "AUTO_MIXED_CONSERVATIVE",

@@ -215,7 +215,8 @@ def _bytecode_env(source_import: bool) -> None:
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, **_PYC)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     subprocess.run([sys.executable, "-c", "import adaptprec, adaptprec.batch, optimistix, "
-                    "scipy.optimize; from adaptprec import *"], env=env, check=True, cwd=ROOT, timeout=600)
+                    "scipy.optimize; from adaptprec import *"], env=env, check=True,
+                   cwd=ROOT, timeout=600)
 
 
 def _run(kind: str, lib: str, reps: int, env_extra: dict | None = None) -> dict:

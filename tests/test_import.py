@@ -18,7 +18,8 @@ def test_every_public_name_resolves_and_is_listed_by_dir():
 
 
 @pytest.mark.parametrize("name, module", [
-    ("explain", "adaptprec._autocast.explain"), ("autocast", "adaptprec._autocast.interpret"),
+    ("explain", "adaptprec._autocast.explain"),
+    ("autocast", "adaptprec._autocast.interpret"),
     ("solve_nlsq_batch", "adaptprec.batch"), ("profile", "adaptprec._profile"),
     ("train_step", "adaptprec._training"), ("adaptive", "adaptprec.runtime"),
     ("AUTO_MIXED_BF16", "adaptprec._autocast.presets"), ("monitor", "adaptprec._monitor"),
