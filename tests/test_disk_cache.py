@@ -178,3 +178,5 @@ def test_batch_solver_loads_from_disk_and_a_fresh_lambda_reuses_it(monkeypatch, 
     np.testing.assert_array_equal(np.asarray(again.x), np.asarray(first.x))
     np.testing.assert_array_equal(np.asarray(again.cost), np.asarray(first.cost))
     np.testing.assert_allclose(np.asarray(first.x)[:, 1], k, rtol=1e-6)
+    fit()   # a third new lambda: from memory
+    assert _disk_cache.stats()["compiles"] == 0 and _disk_cache.stats()["memory_hits"] >= 1
