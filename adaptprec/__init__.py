@@ -11,6 +11,8 @@ Example:
     'p=f32,c=bf16,o=bf16'
 """
 
+from typing import TYPE_CHECKING
+
 from .precision import (
     ALIASES,
     FLOATING_DTYPES,
@@ -46,62 +48,94 @@ __version__ = "0.1.0"
 # --- one result vocabulary (issue 13) ---
 from ._status import Reason, Status, reason_name, status_message
 
-# --- guards, runtime, schedule (issue 3): re-exports below this line ---
-from . import guards
-from .guards import GuardResult
-from .report import Report
-from ._monitor import monitor
-from .runtime import MixedPrecisionManager, adaptive
-from . import schedule
-from .schedule import PrecisionSchedule, iterate
-
-# --- linalg (issue 7): re-exports below this line ---
-from . import linalg  # noqa: E402  (users call ap.linalg.solve, ap.linalg.lstsq, ...)
-
-# --- nlsq (issue 4): re-exports below this line ---
+# --- nlsq (issue 4): imported eagerly (curve_fit is the scipy drop-in) ---
 from . import nlsq  # noqa: E402
 from .nlsq import NLSQResult, curve_fit, solve_nlsq  # noqa: E402
 from .nlsq import Chunks  # noqa: E402  (issue 18: streamed fits)
 
-# --- batched nlsq (issue 5): re-exports below this line ---
-from .batch import BatchResult, solve_nlsq_batch
+# --- everything else is imported on first use (issue 14: `import adaptprec` should cost
+# little more than `import jax`): ``ap.X`` resolves through ``__getattr__`` below. The
+# imports under TYPE_CHECKING are for type checkers and the docs (griffe reads them).
+_LAZY = {
+    # guards, runtime, schedule (issue 3)
+    "guards": ".guards", "GuardResult": ".guards", "Report": ".report",
+    "monitor": "._monitor", "MixedPrecisionManager": ".runtime", "adaptive": ".runtime",
+    "schedule": ".schedule", "PrecisionSchedule": ".schedule", "iterate": ".schedule",
+    # linalg (issue 7)
+    "linalg": ".linalg",
+    # batched nlsq (issue 5)
+    "BatchResult": ".batch", "solve_nlsq_batch": ".batch",
+    # autocast (issue 6): from the defining modules (``_autocast.explain`` is both a
+    # module and a function of the package)
+    **dict.fromkeys(("explain", "Explanation", "KindRow", "ScopeRow"),
+                    "._autocast.explain"),
+    "autocast": "._autocast.interpret",
+    **dict.fromkeys(("PRESETS", "Rule", "ALWAYS_BF16", "ALWAYS_F16", "ALWAYS_F32",
+                     "AUTO_MIXED", "AUTO_MIXED_BF16", "AUTO_MIXED_CONSERVATIVE",
+                     "PrecisionPolicy"), "._autocast.presets"),
+    **dict.fromkeys(("ScopeMatch", "ScopeRules"), "._autocast.scopes"),
+    **dict.fromkeys(("PRIMITIVE_KINDS", "OpKind", "classify"), "._autocast.opkind"),
+    # profiler and plots (issue 17)
+    "Profile": "._profile", "ProfileRow": "._profile", "profile": "._profile",
+    "FitTrace": "._plot", "plot_batch": "._plot", "plot_fit": "._plot",
+    # layered precision and training steps (issue 19)
+    **dict.fromkeys(("MixedGrads", "SkipNonFiniteState", "StepInfo", "loss_scale_of",
+                     "mixed_value_and_grad", "skip_nonfinite", "train_step"), "._training"),
+}
+_SUBMODULES = ("guards", "schedule", "linalg")
 
-# --- autocast (issue 6): re-exports below this line ---
-from ._autocast import (  # noqa: E402
-    PRESETS,
-    PRIMITIVE_KINDS,
-    Explanation,
-    KindRow,
-    Rule,
-    ScopeMatch,
-    ScopeRow,
-    ScopeRules,
-    classify,
-    ALWAYS_BF16,
-    ALWAYS_F16,
-    ALWAYS_F32,
-    AUTO_MIXED,
-    AUTO_MIXED_BF16,
-    AUTO_MIXED_CONSERVATIVE,
-    OpKind,
-    PrecisionPolicy,
-    autocast,
-    explain,
-)
 
-# --- profiler and plots (issue 17): re-exports below this line ---
-from ._profile import Profile, ProfileRow, profile  # noqa: E402
-from ._plot import FitTrace, plot_batch, plot_fit  # noqa: E402  (matplotlib imported lazily)
-# --- layered precision and training steps (issue 19): re-exports below this line ---
-from ._training import (  # noqa: E402
-    MixedGrads,
-    SkipNonFiniteState,
-    StepInfo,
-    loss_scale_of,
-    mixed_value_and_grad,
-    skip_nonfinite,
-    train_step,
-)
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'adaptprec' has no attribute {name!r}")
+    import importlib
+
+    mod = importlib.import_module(module, __name__)
+    value = mod if name in _SUBMODULES else getattr(mod, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+if TYPE_CHECKING:  # pragma: no cover  (the lazy names, for type checkers and griffe)
+    from . import guards, linalg, schedule
+    # (griffe resolves these through the package: its ``explain`` shadows the module)
+    from ._autocast import Explanation, KindRow, ScopeRow, explain
+    from ._autocast.interpret import autocast
+    from ._autocast.opkind import PRIMITIVE_KINDS, OpKind, classify
+    from ._autocast.presets import (
+        ALWAYS_BF16,
+        ALWAYS_F16,
+        ALWAYS_F32,
+        AUTO_MIXED,
+        AUTO_MIXED_BF16,
+        AUTO_MIXED_CONSERVATIVE,
+        PRESETS,
+        PrecisionPolicy,
+        Rule,
+    )
+    from ._autocast.scopes import ScopeMatch, ScopeRules
+    from ._monitor import monitor
+    from ._plot import FitTrace, plot_batch, plot_fit
+    from ._profile import Profile, ProfileRow, profile
+    from ._training import (
+        MixedGrads,
+        SkipNonFiniteState,
+        StepInfo,
+        loss_scale_of,
+        mixed_value_and_grad,
+        skip_nonfinite,
+        train_step,
+    )
+    from .batch import BatchResult, solve_nlsq_batch
+    from .guards import GuardResult
+    from .report import Report
+    from .runtime import MixedPrecisionManager, adaptive
+    from .schedule import PrecisionSchedule, iterate
 
 __all__ = [
     # precision

@@ -60,8 +60,10 @@ import threading
 import jax
 import numpy as np
 
-__all__ = ["cache_dir", "compiled", "compiled_lowered", "on_disk", "load_meta",
-           "store_meta", "stats", "clear_memory", "MAX_BYTES"]
+from ._lapack_init import ensure_lapack
+
+__all__ = ["cache_dir", "compiled", "compiled_lowered", "on_disk", "prefetch",
+           "load_meta", "store_meta", "stats", "clear_memory", "MAX_BYTES"]
 
 _FORMAT = 1
 #: default size bound of the cache directory (bytes); ``$ADAPTPREC_CACHE_MAX_MB``
@@ -72,8 +74,9 @@ _MEMORY_SIZE = 512
 _lock = threading.Lock()
 _memory: collections.OrderedDict = collections.OrderedDict()
 _stats = {"compiles": 0, "disk_hits": 0, "disk_writes": 0, "disk_errors": 0,
-          "memory_hits": 0}
+          "memory_hits": 0, "prefetched": 0}
 _fingerprint: list = []
+_pending: dict = {}   # memory key -> _Pending (a background load, see prefetch)
 
 
 def cache_dir() -> str | None:
@@ -89,7 +92,8 @@ def cache_dir() -> str | None:
 
 def stats() -> dict:
     """Counters: ``compiles``, ``disk_hits``, ``disk_writes``, ``disk_errors``,
-    ``memory_hits``."""
+    ``memory_hits`` and ``prefetched`` (disk hits loaded in the background by
+    :func:`prefetch`)."""
     return dict(_stats)
 
 
@@ -98,6 +102,7 @@ def clear_memory() -> None:
     :func:`stats`."""
     with _lock:
         _memory.clear()
+        _pending.clear()
         for k in _stats:
             _stats[k] = 0
 
@@ -160,15 +165,9 @@ def _max_bytes() -> int:
 def _init_custom_calls() -> None:
     """Initialise what lowering would have: jaxlib's LAPACK kernels (the step programs
     call LAPACK; an executable loaded in a process that never lowered a linear-algebra
-    op otherwise calls through null pointers and crashes, jax 0.10.2)."""
-    if not _lapack_ready:
-        from jax._src.lax.linalg import initialize_lapack
-
-        initialize_lapack()
-        _lapack_ready.append(True)
-
-
-_lapack_ready: list = []
+    op otherwise calls through null pointers and crashes, jax 0.10.2). Without
+    importing all of ``scipy.linalg`` (:mod:`adaptprec._lapack_init`)."""
+    ensure_lapack()
 
 
 def _load(path: str, full_key: str):
@@ -308,11 +307,20 @@ def compiled(jitted, key: tuple, args: tuple, options: dict | None = None):
             _memory.move_to_end(mem_key)
             _stats["memory_hits"] += 1
             return hit
+    with _lock:
+        pending = _pending.pop(mem_key, None)
+    comp = None
+    if pending is not None:   # started by prefetch(): wait for it
+        pending.done.wait()
+        comp = pending.value
+        _stats["prefetched"] += comp is not None
     directory, path, full_key = _entry((key, sig, sorted((options or {}).items())))
-    comp = _load(path, full_key) if path is not None else None
+    if comp is None and path is not None:
+        comp = _load(path, full_key)
     if comp is not None:
         _stats["disk_hits"] += 1
     else:
+        ensure_lapack()  # before lowering: jaxlib's own start-up imports scipy.linalg
         comp = jitted.lower(*args).compile()
         _stats["compiles"] += 1
         if path is not None:
@@ -345,3 +353,68 @@ def compiled_lowered(lowered, key: tuple, args: tuple, options: dict | None = No
             return lowered
 
     return compiled(_Lowered(), key, args, options)
+
+
+class _Pending:
+    __slots__ = ("done", "value")
+
+    def __init__(self):
+        self.done, self.value = threading.Event(), None
+
+
+def prefetch(key: tuple, args: tuple, options: dict | None = None) -> bool:
+    """Start loading the program :func:`compiled` would return for ``(key, args,
+    options)`` from disk in a background thread, and return at once (``True`` if a load
+    was started). ``args`` may be ``jax.ShapeDtypeStruct`` s of the arguments.
+
+    XLA's deserialisation of an executable (rebuilding its HLO module: ~0.15 s for the
+    host driver's step program) releases the GIL, so it overlaps with tracing the
+    residual and with loading the other programs. A later :func:`compiled` with the same
+    key and argument shapes waits for the load (or compiles, if it failed). Nothing
+    happens when the program is in memory, already pending, the cache is off or the
+    entry is not on disk.
+
+    Example:
+        >>> import os, tempfile, jax, jax.numpy as jnp
+        >>> from adaptprec import _disk_cache as dc
+        >>> saved, d = os.environ.get("ADAPTPREC_CACHE_DIR"), tempfile.mkdtemp()
+        >>> os.environ["ADAPTPREC_CACHE_DIR"] = d
+        >>> f, x = jax.jit(lambda x: x + 1.0), jnp.ones(2)
+        >>> _ = dc.compiled(f, ("doc", "plus-one"), (x,))   # compiled, stored
+        >>> dc.clear_memory()
+        >>> dc.prefetch(("doc", "plus-one"), (jax.ShapeDtypeStruct(x.shape, x.dtype),))
+        True
+        >>> float(dc.compiled(f, ("doc", "plus-one"), (x,))(x)[0])
+        2.0
+        >>> dc.stats()["disk_hits"], dc.stats()["prefetched"], dc.stats()["compiles"]
+        (1, 1, 0)
+        >>> _ = (os.environ.pop("ADAPTPREC_CACHE_DIR") if saved is None
+        ...      else os.environ.update(ADAPTPREC_CACHE_DIR=saved))
+    """
+    sig = _signature(args)
+    mem_key = (key, sig)
+    with _lock:
+        if mem_key in _memory or mem_key in _pending:
+            return False
+    directory, path, full_key = _entry((key, sig, sorted((options or {}).items())))
+    if path is None or not os.path.exists(path):
+        return False
+    ensure_lapack()   # here, not in the thread (it may import)
+    pending = _Pending()
+    with _lock:
+        if mem_key in _memory or mem_key in _pending:
+            return False
+        _pending[mem_key] = pending
+        if len(_pending) > _MEMORY_SIZE:   # never consumed (the solve failed): forget
+            _pending.pop(next(iter(_pending)))
+
+    def run():
+        try:
+            pending.value = _load(path, full_key)
+        except BaseException:  # _load handles its own errors; never leave it waiting
+            pending.value = None
+        finally:
+            pending.done.set()
+
+    threading.Thread(target=run, name="adaptprec-prefetch", daemon=True).start()
+    return True

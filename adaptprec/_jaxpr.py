@@ -33,7 +33,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
+try:  # jax.extend.core's classes, without importing all of jax.extend (its pallas
+    # module alone costs ~15 ms of `import adaptprec`)
+    from jax._src.core import ClosedJaxpr, Jaxpr, Literal
+except ImportError:  # pragma: no cover
+    from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
 from ._autocast.opkind import CALLS
 

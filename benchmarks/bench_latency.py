@@ -15,7 +15,8 @@ the same run, on the same machine, one after another:
     against scipy.optimize.curve_fit (NumPy model) and optimistix LevenbergMarquardt (jax
     model; float32 with x64 off).
 (b) solve_nlsq_batch: 1000 fits, then 1001 and 1017 (same bucket), then 1600 (new
-    bucket); scipy's curve_fit in a loop over 1000 fits for scale.
+    bucket); scipy's curve_fit in a loop over 1000 fits for scale. With adaptprec's cache
+    off (compiling), then filling a temporary cache, then loading from it.
 (c) NIST StRD (every problem with a model in tests/nist_problems.py, both starts, x64 on),
     total wall time INCLUDING compilation: adaptprec (default "adaptive") against
     optimistix LevenbergMarquardt (rtol=atol=1e-10), each in its own fresh process.
@@ -23,10 +24,18 @@ the same run, on the same machine, one after another:
     in a temporary directory: "cache off" is (a) (``ADAPTPREC_CACHE_DIR=off``: the first
     fit ever on a machine), "filling" a first process with an empty cache, "warm" the
     minimum over two later fresh processes (the "first curve_fit <= 0.3 s" target is
-    about this one). Also JAX's own persistent compilation cache
+    about this one), and warm again with jaxlib's own LAPACK start-up
+    (``ADAPTPREC_FAST_LAPACK=0``). Also JAX's own persistent compilation cache
     (``JAX_COMPILATION_CACHE_DIR``, library cache off), without --quick.
 
 (a) and (c) run with adaptprec's cache off, so they include compilation.
+
+Bytecode: the children import every library from compiled bytecode (``.pyc``), as from an
+installed wheel (pip compiles on install). With ``PYTHONDONTWRITEBYTECODE`` set and no
+``__pycache__`` (a source checkout on some machines) every ``import adaptprec`` compiles
+its ~100 source files again, 40-90 ms of the import row; so the children get a bytecode
+cache in a temporary directory (``PYTHONPYCACHEPREFIX``), filled by one warm-up import
+before anything is timed. ``--source-import`` measures the old way (no bytecode cache).
 
 Run:  python benchmarks/bench_latency.py [--quick]
 """
@@ -34,8 +43,10 @@ Run:  python benchmarks/bench_latency.py [--quick]
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -227,8 +238,26 @@ def _nist_child(lib: str) -> dict:
 
 
 # ----------------------------------------------------------------------------- parent
+_PYC: dict = {}   # env for the children: a bytecode cache (see the module docstring)
+
+
+def _bytecode_env(source_import: bool) -> None:
+    if source_import:
+        return
+    d = tempfile.mkdtemp(prefix="bench-pyc-")
+    atexit.register(shutil.rmtree, d, True)
+    _PYC.update(PYTHONPYCACHEPREFIX=d)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, **_PYC)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    subprocess.run([sys.executable, "-c", "import adaptprec, adaptprec.batch, optimistix, "
+                    "scipy.optimize; from adaptprec import *"], env=env, check=True,
+                   cwd=ROOT, timeout=600)
+
+
 def _run(kind: str, lib: str, reps: int, env_extra: dict | None = None) -> dict:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, **_PYC)
+    if _PYC:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)   # (even empty, it would count as set)
     env["JAX_ENABLE_X64"] = "1" if kind == "nist" else "0"
     env["ADAPTPREC_CACHE_DIR"] = "off"   # compile as the first fit ever; (d) turns it on
     env.update(env_extra or {})
@@ -249,6 +278,8 @@ def main(argv=None):
     ap_.add_argument("--quick", action="store_true", help="skip NIST and the cache runs")
     ap_.add_argument("--reps", type=int, default=30)
     ap_.add_argument("--child", nargs=2)
+    ap_.add_argument("--source-import", action="store_true",
+                     help="no bytecode cache for the children (imports compile sources)")
     args = ap_.parse_args(argv)
     if args.child:
         kind, lib = args.child
@@ -258,6 +289,9 @@ def main(argv=None):
         print(json.dumps(res))
         return
 
+    _bytecode_env(args.source_import)
+    print("imports from " + ("sources (no bytecode cache)" if args.source_import else
+                             "a bytecode cache (as an installed wheel)"))
     libs = ("adaptprec", "scipy", "optimistix")
     curve = {lib: _run("curve", lib, args.reps) for lib in libs}
     rows = ["import_jax", "import_lib", "first_fit", "new_length_125", "new_length_157",
@@ -275,9 +309,15 @@ def main(argv=None):
           "loop before the promoted program was ready")
 
     b = _run("batch", "adaptprec", args.reps)
-    print("\n(b) solve_nlsq_batch, one fresh process, x64 off; times in ms")
+    # the same with adaptprec's program cache (the batched solver is keyed on the
+    # residual's computation): a process filling it, then a fresh process loading
+    with tempfile.TemporaryDirectory() as d:
+        b_fill = _run("batch", "adaptprec", args.reps, {"ADAPTPREC_CACHE_DIR": d})
+        b_warm = _run("batch", "adaptprec", args.reps, {"ADAPTPREC_CACHE_DIR": d})
+    print("\n(b) solve_nlsq_batch, fresh processes, x64 off; times in ms")
+    print(f"{'':16s}{'cache off':>12s}{'filling':>12s}{'cache warm':>12s}")
     for k, v in b.items():
-        print(f"{k:16s}{_ms(v)}")
+        print(f"{k:16s}{_ms(v):>12s}{_ms(b_fill[k]):>12s}{_ms(b_warm[k]):>12s}")
 
     rows = ("import_lib", "first_fit", "new_length_125", "new_length_157", "new_length_301",
             "repeat_min")
@@ -286,12 +326,20 @@ def main(argv=None):
         env = {"ADAPTPREC_CACHE_DIR": d}
         fill = _run("curve", "adaptprec", 5, env)
         warm = [_run("curve", "adaptprec", 5, env) for _ in range(2)]
+        # the same warm cache with jaxlib's own LAPACK start-up (it imports all of
+        # scipy.linalg; adaptprec/_lapack_init.py loads two extension modules instead)
+        slow_lapack = _run("curve", "adaptprec", 5, dict(env, ADAPTPREC_FAST_LAPACK="0"))
     print(f"{'':16s}{'cache off':>12s}{'filling':>12s}{'warm (min)':>12s}{'scipy':>12s}"
-          f"{'warm/scipy':>12s}")
+          f"{'warm/scipy':>12s}{'warm,slowLAPACK':>16s}")
     for r in rows:
         w = min(x[r] for x in warm)
         print(f"{r:16s}{_ms(curve['adaptprec'][r]):>12s}{_ms(fill[r]):>12s}{_ms(w):>12s}"
-              f"{_ms(curve['scipy'][r]):>12s}{w / curve['scipy'][r]:12.2f}")
+              f"{_ms(curve['scipy'][r]):>12s}{w / curve['scipy'][r]:12.2f}"
+              f"{_ms(slow_lapack[r]):>16s}")
+    over = [x["import_lib"] for x in (curve["adaptprec"], fill, *warm, slow_lapack)]
+    print(f"import adaptprec over import jax, {len(over)} fresh processes: "
+          f"{1e3 * min(over):.0f}-{1e3 * max(over):.0f} ms (import jax "
+          f"{1e3 * curve['adaptprec']['import_jax']:.0f} ms in (a))")
 
     if args.quick:
         return

@@ -18,6 +18,11 @@ import numpy as np, jax.numpy as jnp
 from jax._src import monitoring
 from jax._src.dispatch import BACKEND_COMPILE_EVENT
 import adaptprec as ap
+# what `import adaptprec` must not import (issue 14: import time; see adaptprec/__init__)
+eager = sorted(m for m in ("scipy", "jax.extend", "adaptprec.batch", "adaptprec.linalg",
+                           "adaptprec._profile", "adaptprec._plot", "adaptprec._training",
+                           "adaptprec._autocast.interpret", "adaptprec.runtime")
+               if m in sys.modules)
 from adaptprec import _disk_cache
 
 compiles = []
@@ -27,9 +32,24 @@ t = np.linspace(0.0, 4.0, 120)
 y = 2.5 * np.exp(-1.3 * t) + 0.5 + 0.01 * np.random.default_rng(0).standard_normal(120)
 popt, pcov = ap.curve_fit(lambda t, a, k, c: a * jnp.exp(-k * t) + c, t, y,
                           p0=[1.0, 1.0, 0.0])
-print(json.dumps({{"popt": [float(v).hex() for v in popt],
-                  "pcov": [float(v).hex() for v in np.ravel(pcov)],
-                  "compiles": len(compiles), "stats": _disk_cache.stats()}}))
+from adaptprec import _lapack_init
+out = {{"popt": [float(v).hex() for v in popt],
+       "pcov": [float(v).hex() for v in np.ravel(pcov)],
+       "compiles": len(compiles), "stats": _disk_cache.stats(),
+       "lapack": list(_lapack_init._state), "scipy_linalg": "scipy.linalg" in sys.modules,
+       "eager": eager}}
+# the fast LAPACK start-up leaves scipy.linalg whole for a later import
+import scipy.linalg, scipy.optimize
+from scipy.linalg import cython_lapack
+a = np.array([[4.0, 1.0], [1.0, 3.0]])
+out["later_scipy"] = (scipy.linalg.cython_blas is sys.modules["scipy.linalg.cython_blas"]
+                      and scipy.linalg.cython_lapack is cython_lapack
+                      and "dgesv" in cython_lapack.__pyx_capi__
+                      and np.allclose(scipy.linalg.solve(a, [1.0, 2.0]), [1/11, 7/11])
+                      and np.allclose(np.asarray(jnp.linalg.svd(a)[1]), np.linalg.svd(a)[1])
+                      and np.allclose(scipy.optimize.curve_fit(
+                          lambda t, k: k * t, t, 2 * t)[0], 2.0))
+print(json.dumps(out))
 """
 
 
@@ -53,13 +73,23 @@ def cold(tmp_path_factory):
 def test_cold_process_writes_and_warm_process_loads_without_compiling(cold):
     d, first = cold
     assert first["stats"]["compiles"] >= 4 and first["stats"]["disk_writes"] >= 4
+    # LAPACK started without importing scipy.linalg (adaptprec/_lapack_init.py), and a
+    # later `import scipy.linalg` (and scipy's curve_fit) works as usual
+    assert first["lapack"] == ["fast"] and not first["scipy_linalg"]
+    assert first["eager"] == []   # lazily imported (module __getattr__)
+    assert first["later_scipy"]
     written = _entries(d)
     assert len(written) >= first["stats"]["disk_writes"]
     second = _fit({"ADAPTPREC_CACHE_DIR": d})
     assert second["stats"]["compiles"] == 0
     assert second["stats"]["disk_hits"] == first["stats"]["compiles"]
+    # the step programs (init, step) were loaded in the background while the residual
+    # was traced (_disk_cache.prefetch): their keys and shapes match the loop's calls
+    assert first["stats"]["prefetched"] == 0 and second["stats"]["prefetched"] == 2
     assert second["compiles"] == 0          # no XLA compilation anywhere in the fit
     assert second["popt"] == first["popt"] and second["pcov"] == first["pcov"]  # bits
+    assert second["lapack"] == ["fast"] and not second["scipy_linalg"]
+    assert second["later_scipy"]
     assert _entries(d) == written
 
 
@@ -83,9 +113,12 @@ def test_corrupt_entries_are_recompiled(cold, tmp_path):
 def test_off_writes_nothing(cold, tmp_path):
     _, first = cold
     home = str(tmp_path)
-    res = _fit({"ADAPTPREC_CACHE_DIR": "off", "HOME": home, "XDG_CACHE_HOME": home})
+    # also jaxlib's own LAPACK start-up (fast path off): the same bits
+    res = _fit({"ADAPTPREC_CACHE_DIR": "off", "HOME": home, "XDG_CACHE_HOME": home,
+                "ADAPTPREC_FAST_LAPACK": "0"})
     assert res["stats"]["disk_writes"] == 0 and res["stats"]["disk_hits"] == 0
-    assert res["popt"] == first["popt"]
+    assert res["lapack"] == ["normal"] and res["scipy_linalg"] and res["later_scipy"]
+    assert res["popt"] == first["popt"] and res["pcov"] == first["pcov"]
     assert not any(files for _, _, files in os.walk(home))
 
 
@@ -116,3 +149,34 @@ def test_size_bound_drops_least_recently_used(monkeypatch, tmp_path):
     total = sum(os.path.getsize(os.path.join(tmp_path, f)) for f in _entries(tmp_path))
     assert 0 < total <= 0.05 * 2 ** 20
     assert len(_entries(tmp_path)) < 12
+
+
+def test_batch_solver_loads_from_disk_and_a_fresh_lambda_reuses_it(monkeypatch, tmp_path):
+    """solve_nlsq_batch's solver goes through the disk cache keyed on the residual's
+    computation (batch/api.py: _disk_cached): after the in-memory programs are dropped
+    it loads (no compilation) with the same bits, also for a new lambda object."""
+    import numpy as np
+
+    import adaptprec as ap
+    from adaptprec import _disk_cache
+
+    monkeypatch.setenv("ADAPTPREC_CACHE_DIR", str(tmp_path))
+    t = np.linspace(0.0, 1.0, 12)
+    k = np.linspace(0.5, 2.0, 6)
+    y = 3.0 * np.exp(-k[:, None] * t)
+
+    def fit():
+        return ap.solve_nlsq_batch(lambda p, t: p[0] * jnp.exp(-p[1] * t), np.ones((6, 2)),
+                                   (t,), in_axes=None, ydata=y)
+
+    _disk_cache.clear_memory()
+    first = fit()
+    assert _disk_cache.stats()["compiles"] == 1 and len(_entries(tmp_path)) == 1
+    _disk_cache.clear_memory()
+    again = fit()
+    assert _disk_cache.stats()["compiles"] == 0 and _disk_cache.stats()["disk_hits"] == 1
+    np.testing.assert_array_equal(np.asarray(again.x), np.asarray(first.x))
+    np.testing.assert_array_equal(np.asarray(again.cost), np.asarray(first.cost))
+    np.testing.assert_allclose(np.asarray(first.x)[:, 1], k, rtol=1e-6)
+    fit()   # a third new lambda: from memory
+    assert _disk_cache.stats()["compiles"] == 0 and _disk_cache.stats()["memory_hits"] >= 1

@@ -18,17 +18,51 @@ Example:
 """
 
 # Each submodule's __all__ is re-exported as is (one list per name, kept by its module).
-from .explain import *  # noqa: F403  explain, Explanation, KindRow, ScopeRow
-from .explain import __all__ as _explain_all
-from .interpret import *  # noqa: F403  autocast
-from .interpret import __all__ as _interpret_all
-from .opkind import EXACT_REDUCTIONS, PRIMITIVE_KINDS, OpKind, classify
-from .presets import *  # noqa: F403  Rule, PrecisionPolicy, the presets and PRESETS
-from .presets import __all__ as _presets_all
-from .scopes import KEEP, ScopeMatch, ScopeRules
+# Only ``opkind`` (small, used by the nlsq pointwise analysis) is imported with the
+# package; the rest on first use (issue 14: import time), through ``__getattr__``.
+from typing import TYPE_CHECKING
 
-__all__ = [
-    *_interpret_all, *_explain_all, *_presets_all,
-    "ScopeRules", "ScopeMatch", "KEEP",
-    "OpKind", "classify", "PRIMITIVE_KINDS", "EXACT_REDUCTIONS",
-]
+from .opkind import EXACT_REDUCTIONS, PRIMITIVE_KINDS, OpKind, classify
+
+_LAZY = {
+    **dict.fromkeys(("explain", "Explanation", "KindRow", "ScopeRow"), ".explain"),
+    "autocast": ".interpret",
+    **dict.fromkeys(("Rule", "PrecisionPolicy", "ALWAYS_F32", "ALWAYS_F16", "ALWAYS_BF16",
+                     "AUTO_MIXED_CONSERVATIVE", "AUTO_MIXED", "AUTO_MIXED_BF16", "PRESETS"),
+                    ".presets"),
+    **dict.fromkeys(("ScopeRules", "ScopeMatch", "KEEP"), ".scopes"),
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .explain import Explanation, KindRow, ScopeRow, explain
+    from .interpret import autocast
+    from .presets import (
+        ALWAYS_BF16,
+        ALWAYS_F16,
+        ALWAYS_F32,
+        AUTO_MIXED,
+        AUTO_MIXED_BF16,
+        AUTO_MIXED_CONSERVATIVE,
+        PRESETS,
+        PrecisionPolicy,
+        Rule,
+    )
+    from .scopes import KEEP, ScopeMatch, ScopeRules
+
+__all__ = [*_LAZY, "OpKind", "classify", "PRIMITIVE_KINDS", "EXACT_REDUCTIONS"]

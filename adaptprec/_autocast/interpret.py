@@ -56,7 +56,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.extend.core import ClosedJaxpr, Jaxpr
+try:  # jax.extend.core's classes, without importing all of jax.extend (its pallas
+    # module alone costs ~15 ms of `import adaptprec`)
+    from jax._src.core import ClosedJaxpr, Jaxpr
+except ImportError:  # pragma: no cover
+    from jax.extend.core import ClosedJaxpr, Jaxpr
 
 from .. import _jaxpr as jx
 from . import scopes as _scopes

@@ -15,6 +15,7 @@ Example:
     ([0.5, 0.25], 0)
 """
 
+from .._lapack_init import ensure_lapack as _ensure_lapack
 from .cond import cond_estimate
 from .lstsq import lstsq
 from .matmul import matmul, pad_to_multiple
@@ -22,3 +23,8 @@ from .solve import AUTO_FACTOR, STATUS_MESSAGES, SolveInfo, solve
 
 __all__ = ["matmul", "pad_to_multiple", "cond_estimate", "solve", "lstsq", "SolveInfo",
            "STATUS_MESSAGES", "AUTO_FACTOR"]
+
+# Every function here lowers LAPACK calls: start jaxlib's LAPACK now without importing
+# all of scipy.linalg (adaptprec/_lapack_init.py; 0.2-0.4 s less on the first call).
+# `import adaptprec` does not import this package (it loads on first use of ap.linalg).
+_ensure_lapack()

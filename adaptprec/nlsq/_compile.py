@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import jax
 
+from .._lapack_init import ensure_lapack
 from .._tracing import is_concrete
 
 __all__ = ["cpu_jit", "tuned_jit"]
@@ -48,7 +49,10 @@ def tuned_jit(fn, options: dict | None, *, plain_fn=None, **jit_kwargs):
     tuned = jax.jit(fn, compiler_options=dict(options), **jit_kwargs)
 
     def call(*args, **kwargs):
-        return (tuned if is_concrete((args, kwargs)) else plain)(*args, **kwargs)
+        if is_concrete((args, kwargs)):
+            ensure_lapack()  # a no-op after the first call (see adaptprec._lapack_init)
+            return tuned(*args, **kwargs)
+        return plain(*args, **kwargs)
 
     call.plain, call.tuned = plain, tuned
     call.__wrapped__, call.plain_fn = fn, plain_fn or fn

@@ -405,6 +405,21 @@ def _whole_fn(sp: StepPrograms, evaluate, final, M: int, is_padded: bool):
     return whole
 
 
+def _prefetch_step(sp: StepPrograms, cfg: LoopConfig) -> None:
+    """Start loading the step programs from the disk cache in the background (they do
+    not depend on the residual: the load overlaps with tracing it; issue 14)."""
+    top = np.dtype(cfg.rungs[-1])
+    sds = jax.ShapeDtypeStruct
+
+    def vecs(p: Packer):
+        return tuple(sds((k,), d) for k, d in zip(p.sizes, p.dtypes))
+
+    ctx, m = vecs(sp.ctx), sds((), np.int32)
+    _disk_cache.prefetch(sp.init.cache_key, (sds((cfg.n,), top), ctx, m), sp.init.options)
+    _disk_cache.prefetch(sp.step.cache_key, (vecs(sp.carry), vecs(_ev_packer(cfg.n, top)),
+                                             ctx, m), sp.step.options)
+
+
 def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, args,
                lb, ub, scale_inv0, f_scale, ftol, xtol, gtol) -> NLSQResult:
     """Solve with the host driver (see the module docstring); inputs as
@@ -412,6 +427,8 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
     ``pad``: ``(point axes, bucket length)`` or ``None``)."""
     rungs = cfg.rungs
     top = np.dtype(rungs[-1])
+    sp = _step_programs(cfg)
+    _prefetch_step(sp, cfg)
     traced = _prepare(residual, fun_flat, x0, args, cfg, pad)
     m = cfg.m
     is_padded = pad is not None
@@ -420,7 +437,6 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
         args = pad_points(args, axes, m, M)
     else:
         M = m
-    sp = _step_programs(cfg)
     evaluate = _eval_program(cfg, traced, is_padded)
     final = _final_program(cfg, traced[-1], is_padded)
 

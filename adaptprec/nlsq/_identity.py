@@ -10,6 +10,16 @@ dtypes of the hoisted constants. Two residuals with the same key compute the sam
 function of ``(constants, x, *args)``, so one compiled program serves both, each called
 with its own constants. No ``id()`` of a live object enters a key.
 
+One exception: a jaxpr prints the Python functions it calls back into by name only
+(a ``jax.custom_jvp``/``custom_vjp`` rule shows as ``jvp=<lambda>``, a ``pure_callback``
+as its name), so two residuals with the same text could differentiate or call back
+differently, and an edited rule would find the old program on disk. The user's functions
+reachable from such equations (:func:`user_callables`; jax's own rules, as in
+``jax.nn.relu`` or ``jnp.logaddexp``, are part of the jax version) therefore enter the
+key as objects: programs are then shared only between residuals that use the same
+function objects, and are kept in memory only (the disk cache skips keys holding an
+object's address).
+
 Example:
     >>> import jax.numpy as jnp, numpy as np
     >>> from adaptprec.nlsq._identity import trace_residual
@@ -22,12 +32,18 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import hashlib
+import types
+import weakref
 from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
-__all__ = ["TracedResidual", "trace_residual", "jaxpr_function"]
+__all__ = ["TracedResidual", "trace_residual", "jaxpr_function", "user_callables",
+           "computation_key"]
 
 
 class TracedResidual(NamedTuple):
@@ -56,6 +72,9 @@ def trace_residual(fun, x, args) -> TracedResidual:
     key = (str(closed.jaxpr), str(treedef),
            tuple((np.shape(c), str(c.dtype if hasattr(c, "dtype") else np.asarray(c).dtype))
                  for c in consts))
+    opaque = user_callables(closed.jaxpr)
+    if opaque:
+        key = key + (opaque,)
     out = closed.jaxpr.outvars[0].aval
     return TracedResidual(key, closed.jaxpr, consts,
                           jax.ShapeDtypeStruct(out.shape, out.dtype))
@@ -68,3 +87,120 @@ def jaxpr_function(jaxpr, consts):
         return jax.core.eval_jaxpr(jaxpr, list(consts), x, *jax.tree.leaves(args))[0]
 
     return fun
+
+
+def _is_jax(module) -> bool:
+    return isinstance(module, str) and (module == "jax" or module.startswith(("jax.",
+                                                                            "jaxlib")))
+
+
+def user_callables(jaxpr) -> tuple:
+    """The user's Python callables reachable from ``jaxpr``'s equation parameters
+    (custom derivative rules, callbacks; also in nested jaxprs), in order, without
+    duplicates: what the jaxpr's text names but does not show. Functions defined in jax
+    itself are not listed (the jax version keys them).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from adaptprec.nlsq._identity import user_callables
+        >>> f = jax.custom_jvp(jnp.sin)
+        >>> rule = lambda p, t: (f(p[0]), 2.0 * t[0])
+        >>> _ = f.defjvp(rule)
+        >>> user_callables(jax.make_jaxpr(f)(1.0).jaxpr) == (rule,)
+        True
+        >>> g = lambda x: jax.nn.relu(jnp.logaddexp(x, 1.0))   # jax's own rules
+        >>> user_callables(jax.make_jaxpr(g)(1.0).jaxpr)
+        ()
+    """
+    from jax._src import core
+    from jax._src import linear_util as lu
+
+    out: list = []
+    seen: set = set()
+
+    def visit(obj, depth):
+        if depth > 8 or id(obj) in seen or obj is None or isinstance(
+                obj, (str, bytes, int, float, bool, np.ndarray, np.generic, np.dtype, type,
+                      weakref.ref, core.AbstractValue, jax.Array)):
+            return
+        seen.add(id(obj))
+        if isinstance(obj, core.ClosedJaxpr):
+            visit(obj.jaxpr, depth)
+        elif isinstance(obj, core.Jaxpr):
+            for eqn in obj.eqns:
+                for v in eqn.params.values():
+                    visit(v, depth)
+        elif isinstance(obj, (tuple, list, frozenset, set)):
+            for v in obj:
+                visit(v, depth)
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                visit(v, depth)
+        elif isinstance(obj, lu.WrappedFun):
+            visit(obj.f, depth + 1)
+            visit(tuple(obj.transforms), depth + 1)
+        elif isinstance(obj, functools.partial):
+            visit((obj.func, obj.args, obj.keywords), depth + 1)
+        elif isinstance(obj, types.MethodType):
+            visit((obj.__func__, obj.__self__), depth + 1)
+        elif isinstance(obj, types.FunctionType):
+            if not _is_jax(obj.__module__):
+                out.append(obj)
+                return
+            for cell in obj.__closure__ or ():
+                try:
+                    visit(cell.cell_contents, depth + 1)
+                except ValueError:  # an empty cell
+                    pass
+        elif _is_jax(type(obj).__module__):   # jax's wrappers: look inside
+            if dataclasses.is_dataclass(obj):
+                visit(tuple(getattr(obj, f.name, None) for f in dataclasses.fields(obj)),
+                      depth + 1)
+            if hasattr(obj, "__dict__"):
+                visit(vars(obj), depth + 1)
+            for name in getattr(type(obj), "__slots__", ()) or ():
+                visit(getattr(obj, name, None), depth + 1)
+        elif callable(obj) and type(obj).__module__ not in ("builtins", "numpy"):
+            out.append(obj)   # a user's callable object
+
+    visit(jaxpr, 0)
+    unique: dict = {}
+    for f in out:
+        unique.setdefault(id(f), f)
+    return tuple(unique.values())
+
+
+#: captured constants above this many bytes are not hashed (the key is then ``None``)
+MAX_CONST_BYTES = 16 * 2 ** 20
+
+
+def computation_key(fun, *args):
+    """A key for programs that *bake in* what ``fun(*args)`` captures (unlike
+    :func:`trace_residual`, whose programs take the captured arrays as arguments): the
+    jaxpr's text, the arguments' tree structure, a SHA-256 of the captured constants'
+    shapes, dtypes and values, and :func:`user_callables`. ``args`` may be
+    ``jax.ShapeDtypeStruct`` s. ``None`` when the constants exceed
+    :data:`MAX_CONST_BYTES` (hashing them would cost more than it saves).
+
+    Example:
+        >>> import jax, jax.numpy as jnp, numpy as np
+        >>> from adaptprec.nlsq._identity import computation_key
+        >>> x = jax.ShapeDtypeStruct((3,), jnp.float32)
+        >>> k1 = computation_key(lambda v: v * np.arange(3.0), x)
+        >>> k1 == computation_key(lambda v: v * np.arange(3.0), x)
+        True
+        >>> k1 == computation_key(lambda v: v * np.ones(3), x)   # other captured values
+        False
+    """
+    leaves, treedef = jax.tree.flatten(args)
+    closed = jax.make_jaxpr(lambda *ls: fun(*jax.tree.unflatten(treedef, ls)))(
+        *[_aval(a) for a in leaves])
+    h, total = hashlib.sha256(), 0
+    for c in closed.consts:
+        a = np.asarray(c)
+        total += a.nbytes
+        if total > MAX_CONST_BYTES:
+            return None
+        h.update(repr((a.shape, str(a.dtype))).encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return (str(closed.jaxpr), str(treedef), h.hexdigest(), user_callables(closed.jaxpr))
