@@ -51,6 +51,9 @@ NOISE_STEPS = 3
 #: the last parameter at 6.6 digits after 3 of them; optimistix reaches 7.4 and 8.2).
 NOISE_CONTRACTION = 0.9
 NOISE_STEPS_MAX = 20
+#: (issue 15) A rung below the top escalates once the Gauss-Newton decrease left at its
+#: point is below this multiple of its evaluation error of the cost (see ``advance``).
+LOWER_RESOLVE_FACTOR = 10.0
 
 
 class LoopConfig(NamedTuple):
@@ -370,6 +373,19 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             consec >= cfg.max_rejections, Reason.REJECTED_STEPS, jnp.where(
                 cond_bad, Reason.ILL_CONDITIONED, jnp.where(sched_up, Reason.SCHEDULE,
                                                             Reason.NONE))))).astype(jnp.int32)
+        # ---- (issue 15) a lower rung at its resolution leaves at once
+        # At a point just taken on a rung below the top (an accepted step, or the point
+        # evaluated on arrival), the Gauss-Newton model there predicts the most the rung
+        # can still gain: 0.5 ||qtf||^2. When that is below what the rung resolves of the
+        # cost (its evaluation error, u_r (|cost| + ||f|| ||J x||), times
+        # LOWER_RESOLVE_FACTOR), every further step on the rung is judged by rounding
+        # noise (Misra1a start 2: 4 float32 rejections of the same step, then 4 more at
+        # shrinking radii). Escalate from the new point, as for convergence (VERIFY).
+        floor_hit = (~on_top) & (accepted | pending) & ok_z & (
+            0.5 * jnp.sum(qtf_z * qtf_z) <= LOWER_RESOLVE_FACTOR * u_r * (
+                jnp.abs(cost_z) + fsn_z * jnp.linalg.norm(R_z @ z)))
+        reason = jnp.where((reason == Reason.NONE) & floor_hit, Reason.VERIFY,
+                           reason).astype(jnp.int32)
         # A lower rung never ends a solve: its share of the budget used up, it escalates.
         rung_steps = st.nit + (~pending).astype(jnp.int32) - st.rung_entered[st.rung]
         reason = jnp.where((reason == Reason.NONE) & (~pending) & (rung_steps >= share),
