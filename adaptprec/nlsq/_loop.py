@@ -497,7 +497,9 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         # LRE 10.0 vs 11.0). The NOISE_* stop has confirmed itself already.
         converged = (status >= Status.GTOL) & (status <= Status.FTOL_XTOL)
         defer = on_top & (st.escalations > 0) & ~st.confirmed & converged & ~(
-            at_noise & noise_stop)
+            at_noise & noise_stop) & (nit < cfg.max_steps)  # (never into MAX_STEPS)
+        if cfg.max_nfev:
+            defer = defer & (st.nfev + 1 < cfg.max_nfev)
         status = jnp.where(defer, Status.RUNNING, status)
         status = jnp.where(on_top & collapsed, Status.NO_FINITE_STEP, status)
         cur_bad = jnp.where(pending, ~ok_z, ~st.ok)
