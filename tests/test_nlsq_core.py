@@ -169,7 +169,8 @@ def test_fixed_precisions_and_schedule():
                         schedule=StallEscalation(rate=0.5, patience=1))
     default = ap.solve_nlsq(expo, jnp.asarray(P0), args=args)
     assert rst.rung_name == "f64" and int(rst.escalation_reason[1]) == ap.Reason.SCHEDULE
-    assert int(rst.rung_entered[1]) < int(default.rung_entered[1])
+    # (the default leaves f32 as early here since issue 15: at float32's resolution)
+    assert int(rst.rung_entered[1]) <= int(default.rung_entered[1])
     np.testing.assert_allclose(np.asarray(rst.x), ref, rtol=1e-9)
 
 

@@ -36,19 +36,66 @@ def test_lower_rung_never_ends_a_solve_on_the_budget():
     assert [t["rung"] for t in tr] == ["f32", "f64"]
 
 
+def _pair(name, start, seed=0):
+    """Adaptive and float64-only solves of a sweep row (tests/robust_sweep.py starts)."""
+    from robust_sweep import problem_starts
+    p, starts = problem_starts(name, 3, seed)
+    x0 = dict(starts)[start]
+    return p, _nist(name, x0)[1], _nist(name, x0, precision="f64")[1]
+
+
 def test_lower_rung_share_escalates_with_budget_reason():
-    # Bennett5 from start 1: float32 cannot resolve the minimum (its residual noise is
-    # above the certified residual); it must leave f32 within its share
-    p, res = _nist("Bennett5", 0)
+    # Nelson from start 1: float32 tracks float64's path (to 7 digits) but float64 alone
+    # needs ~49 evaluations; float32 leaves after its share, and float64 continues the same
+    # path (point, radius and LM parameter) instead of starting over from x0 (which cost
+    # 80 evaluations in all)
+    p, res, f64 = _pair("Nelson", "s1")
     tr = res.trace()
     share = lower_rung_budget(100 * (p.n + 1), p.n, 2)
-    assert res.rung_name == "f64"
-    assert tr[0]["rung"] == "f32" and tr[0]["nfev"] <= share + 1
-    assert int(res.rung_entered[1]) <= share
-    # ... and float64 restarts from x0 (the f32 path ended in the valley where LM
-    # creeps): the answer is float64-only's
-    assert tr[1]["reason"] == ap.Reason.BUDGET.describe()
-    assert score(p, res.x, res.cost) >= 6.0 and bool(res.success)
+    assert res.rung_name == "f64" and tr[1]["reason"] == ap.Reason.BUDGET.describe()
+    assert tr[0]["nfev"] == share + 1 and int(res.rung_entered[1]) == share
+    assert int(res.nfev) <= int(f64.nfev) + 3, (int(res.nfev), int(f64.nfev))
+    assert score(p, res.x, res.cost) >= score(p, f64.x, f64.cost) - 0.5
+    assert bool(res.success)
+
+
+def test_unreliable_lower_rung_step_is_discarded():
+    # Bennett5 from start 1: kappa ~6e4 and a small residual angle make float32's
+    # Gauss-Newton step ~3% off (Wedin's bound); taken, it led into a valley that float64
+    # alone never enters (363 evaluations where float64 alone needs 11). The step is
+    # discarded on the conditioning test and float64 proposes its own from x0 with the same
+    # radius: float64 alone's path, plus float32's two evaluations and the confirming step
+    p, res, f64 = _pair("Bennett5", "s1")
+    tr = res.trace()
+    assert tr[1]["reason"] == ap.Reason.ILL_CONDITIONED.describe()
+    assert tr[0]["nfev"] == 2 and int(res.nfev) <= int(f64.nfev) + 3
+    assert score(p, res.x, res.cost) >= score(p, f64.x, f64.cost) - 0.5
+    assert score(p, res.x, res.cost) >= 10.0 and bool(res.success)
+
+
+def test_lower_rung_at_its_resolution_escalates_at_once():
+    # Misra1a from start 2: after 3 float32 steps the Gauss-Newton decrease left (3e-11)
+    # is far below float32's evaluation error of the cost (~3e-6); float32 used to reject
+    # the same step 4 times at shrinking radii (16 evaluations where float64 alone needs 5)
+    p, res, f64 = _pair("Misra1a", "s2")
+    tr = res.trace()
+    assert tr[1]["reason"] == ap.Reason.VERIFY.describe() and tr[0]["nfev"] <= 5
+    assert int(res.nfev) <= int(f64.nfev) + 3, (int(res.nfev), int(f64.nfev))
+    assert score(p, res.x, res.cost) >= score(p, f64.x, f64.cost) - 0.5
+
+
+@pytest.mark.parametrize("name,start,seed", [("Misra1b", "s2", 0), ("Misra1d", "p2", 3)])
+def test_top_rung_after_escalation_stops_by_float64_standard(name, start, seed):
+    # Misra1b start 2: from float32's converged point, float64's Gauss-Newton step
+    # (predicted gain 6e-17) was rejected for a cost rise of 4e-14, rounding noise of the
+    # cost, until the radius collapsed (xtol, LRE 8.8 vs 11.0 for float64 alone); now such
+    # steps are taken as rounding-level steps. Misra1d (a perturbed start, seed 3): gtol
+    # was met after float64's first step from float32's point (LRE 10.0 vs 11.0); the
+    # first convergence stop after an escalation is confirmed by one more step.
+    p, res, f64 = _pair(name, start, seed)
+    assert int(res.escalations) == 1 and bool(res.success)
+    assert score(p, res.x, res.cost) >= score(p, f64.x, f64.cost) - 0.5
+    assert int(res.nfev) <= 3 * int(f64.nfev)
 
 
 def test_escalation_under_jit_and_vmap():
@@ -163,11 +210,9 @@ def test_sweep_not_behind_optimistix(sweep_rows):
 
 @pytest.mark.slow
 def test_sweep_adaptive_never_below_float64(sweep_rows):
-    # LRE within 0.5 of float64-only, except at the rounding level where both have more
-    # than 7 digits (the last digits then depend on where the f32 rung left the iterate)
+    # issue 15: adaptive LRE >= float64-only LRE - 0.5 on every row (no exceptions)
     bad = [(r["problem"], r["start"], round(r["ours"], 2), round(r["ours_f64"], 2))
-           for r in sweep_rows if r["ours"] < min(r["ours_f64"] - 0.5, 7.0)
-           and (r["problem"], r["start"]) not in KNOWN_BEHIND]
+           for r in sweep_rows if r["ours"] < r["ours_f64"] - 0.5]
     assert not bad
 
 
@@ -195,17 +240,34 @@ def test_degenerate_minimum_reaches_scipy_accuracy():
             assert int(res.nfev) <= budget and bool(res.success), (prec, int(res.nfev))
 
 
-#: Problem/starts (seed 0, 2 perturbations) where adaptive needs more than 3x the
-#: evaluations of float64 alone, as measured (docs/nlsq.md, "Robustness"): float64 alone
-#: needs 5-11 there, and float32 first spends its share before float64 starts (Bennett5:
-#: float32 cannot resolve the minimum; Misra1a/Lanczos1: float32 converges in 13/24
-#: evaluations where float64 alone needs 5/9 in all). Any new entry fails the test.
-KNOWN_NFEV_OVER_3X = {("Misra1a", "s2"), ("Lanczos1", "s2"), ("Bennett5", "s1"),
-                      ("Bennett5", "p1")}
+@pytest.mark.slow
+def test_sweep_adaptive_evaluations_within_3x_float64(sweep_rows):
+    # issue 15: adaptive nfev (every evaluation on every rung) <= 3 x float64-only's
+    over = [(r["problem"], r["start"], r["ours_nfev"], r["ours_f64_nfev"])
+            for r in sweep_rows if r["ours_nfev"] > 3 * r["ours_f64_nfev"]]
+    assert not over
 
 
 @pytest.mark.slow
-def test_sweep_adaptive_evaluations_within_3x_float64(sweep_rows):
-    over = {(r["problem"], r["start"]) for r in sweep_rows
-            if r["ours_nfev"] > 3 * r["ours_f64_nfev"]}
-    assert over <= KNOWN_NFEV_OVER_3X, sorted(over - KNOWN_NFEV_OVER_3X)
+def test_sweep_adaptive_properties_other_seed():
+    # Both properties of issue 15 on 27 problems x (2 certified + 3 perturbed starts) at a
+    # seed that changes from run to run (ADAPTPREC_SWEEP_SEED fixes it; measured on seeds
+    # 0-5: largest nfev ratio 2.0, smallest LRE difference -0.12).
+    import os
+    from nist_problems import MODELS
+    from robust_sweep import sweep
+    seed = int(os.environ.get("ADAPTPREC_SWEEP_SEED", np.random.randint(1, 10_000)))
+    rows = sweep(list(MODELS), perturbed=3, seed=seed, solvers={
+        "ours": lambda p, x0: run_ours(p, x0),
+        "ours_f64": lambda p, x0: run_ours(p, x0, precision="f64")})
+    # The evaluation count is not compared where float64 alone fails and adaptive solves:
+    # on Eckerle4's plateau (the Gaussian underflows, J ~ 1e-50) float64 alone stops on
+    # xtol after 2 evaluations (the scaled step D dx is ~1e-47), while float32's
+    # underflowed Jacobian leaves the scaling at 1 and float64 then solves it (seed 7684,
+    # p1: LRE 10.5 in 33 evaluations against 0.0 in 2). Such rows are a miss of the
+    # property as stated, reported in docs/nlsq.md.
+    bad = [(r["problem"], r["start"], round(r["ours"], 2), round(r["ours_f64"], 2),
+            r["ours_nfev"], r["ours_f64_nfev"]) for r in rows
+           if r["ours"] < r["ours_f64"] - 0.5 or (r["ours_nfev"] > 3 * r["ours_f64_nfev"]
+                                                  and not r["ours"] >= 6.0 > r["ours_f64"])]
+    assert not bad, f"seed {seed}: {bad}"

@@ -444,7 +444,7 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
         return np.asarray(v, top)
 
     lb, ub, fs, xtol = arr(lb), arr(ub), arr(f_scale), arr(xtol)
-    # x0 last: where the top rung restarts after a lower rung's budget
+    # x0 last (the loop's ctx[8]; no rule reads it since a budget escalation continues)
     ctx_tree = (lb, ub, arr(scale_inv0), fs, arr(ftol), xtol, arr(gtol), arr(x0))
     ctx = sp.ctx.pack_numpy(ctx_tree)
     m_arr = np.asarray(m, np.int32)

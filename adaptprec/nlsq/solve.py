@@ -374,9 +374,12 @@ def solve_nlsq(
         float64 runs inside ``jax.enable_x64(True)`` (thread-local) and returns NumPy
         arrays; under ``jit``/``vmap``/``grad`` it raises (see :mod:`._x64`).
       schedule: a ``adaptprec.schedule.PrecisionSchedule`` consulted every step (stall /
-        noise floor); the built-in triggers (non-finite values, convergence on a lower rung,
-        ``max_rejections`` rejected steps in a row, ``cond(J D^-1) * u > cond_tol``) are
-        always on. Escalation only goes up.
+        noise floor); the built-in triggers (non-finite values, convergence on a lower rung
+        or its Gauss-Newton gain below its rounding of the cost, ``max_rejections``
+        rejected steps in a row, the rung's Gauss-Newton step error
+        ``u (2 kappa / cos(theta) + kappa^2 tan(theta)) > cond_tol`` with
+        ``kappa = cond(J D^-1)``, its share of the budget) are always on (docs/nlsq.md,
+        "Adaptive precision"). Escalation only goes up.
       throw: raise (via ``equinox.error_if``) when the solve does not succeed.
       linear_solver: ``"qr"`` (QR of ``[J f]``), ``"normal"`` (normal equations
         ``J^T J``, ``J^T f`` accumulated in float32 or wider; squares the condition number
