@@ -38,6 +38,7 @@ from .common import Status, check_termination_codes, jac_scale, robust_cost
 from .common import lower_rung_budget, scale_for_robust_loss, update_tr_radius
 from ._blocks import PointBlocks
 from .lm import minpack_radius, rounding_level_step, verify_minimum
+from .lm import RUNAWAY_FACTOR
 from ._callback import call_callback
 
 __all__ = ["LoopConfig", "Proposal", "build_loop"]
@@ -51,6 +52,14 @@ NOISE_STEPS = 3
 #: the last parameter at 6.6 digits after 3 of them; optimistix reaches 7.4 and 8.2).
 NOISE_CONTRACTION = 0.9
 NOISE_STEPS_MAX = 20
+#: Portfolio (issue 15): when ``lm``'s default strategy (MINPACK's radius update) fails --
+#: its ``max_steps`` used up, a stop that :func:`.lm.verify_minimum` rejects, no finite
+#: step, or a convergence test met with the parameters run off (``||x|| > RUNAWAY_FACTOR
+#: ||x0||``: the model flattens, a "minimum" at infinity) -- the top rung restarts from
+#: ``x0`` with scipy's ``trf`` radius update (grow only when the step hit the boundary),
+#: with a budget of ``max_steps`` of its own, and the lower-cost of the two ends is
+#: returned. Set to ``False`` (before the first solve) to measure without it.
+PORTFOLIO = True
 
 
 class LoopConfig(NamedTuple):
@@ -105,6 +114,23 @@ class _State(NamedTuple):
     #: ``||D dx||`` of the last rounding-level step on the top rung (inf: none)
     noise_dx: jax.Array
     sched: Any
+    #: portfolio (see :data:`PORTFOLIO`): the step strategy (0: default, 1: the second),
+    #: ``nit`` when it started (its own ``max_steps``), and the first strategy's end
+    #: (:class:`_Kept`, ``None`` without a portfolio)
+    strat: jax.Array = None
+    strat_nit: jax.Array = None
+    kept: Any = None
+
+
+class _Kept(NamedTuple):
+    """Where the first strategy ended (its status already checked by ``verify_minimum``)."""
+
+    x: jax.Array
+    cost: jax.Array
+    status: jax.Array
+    R: jax.Array
+    qtf: jax.Array
+    fsn: jax.Array
 
 
 class Proposal(NamedTuple):
@@ -167,6 +193,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
     # NumPy, not jnp: build_loop may run under a user's trace and its closures are cached
     us = np.asarray([unit_roundoff(d) for d in rungs], top_dt)
     share = lower_rung_budget(cfg.max_steps, cfg.n, nr)
+    portfolio = PORTFOLIO and cfg.method == "lm" and not cfg.has_bounds
 
     def fj_branch(i):
         dt = rungs[i]
@@ -260,7 +287,11 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             rung_entered=jnp.full((nr,), -1, jnp.int32).at[0].set(0),
             rung_nfev=jnp.zeros((nr,), jnp.int32),
             esc_reason=jnp.zeros((nr,), jnp.int32),
-            noise_dx=jnp.asarray(jnp.inf, top_dt), sched=sched0)
+            noise_dx=jnp.asarray(jnp.inf, top_dt), sched=sched0,
+            strat=zi, strat_nit=zi,
+            kept=_Kept(x0, jnp.asarray(jnp.inf, top_dt), zi, jnp.zeros((n, n), top_dt),
+                       jnp.zeros((n,), top_dt), jnp.zeros((), top_dt))
+            if portfolio else None)
 
     # One trust-region iteration = propose (model -> trial point z), one evaluation of
     # residual and Jacobian at z (eval_fj, the only part that depends on the residual),
@@ -295,6 +326,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         actual = st.cost - cost_z
         Delta_n, ratio = update_tr_radius(st.Delta, actual, step.predicted,
                                           step.step_norm, step.bound_hit)
+        Delta_trf = Delta_n  # scipy's rule: the portfolio's second strategy
         if cfg.method == "lm":  # MINPACK's radius update (see lm.minpack_radius)
             # MINPACK: on the first step (here: on each rung) the radius is first cut
             # to the step length, so a huge initial radius is not shrunk step by step.
@@ -303,6 +335,8 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
                                                st.Delta),
                                      ratio, step.step_norm, step.alpha,
                                      cost_z > 100.0 * st.cost)
+            if portfolio:  # the second strategy (PORTFOLIO) keeps scipy's rule
+                Delta_n = jnp.where(st.strat == 1, Delta_trf, Delta_n)
         Delta_n = jnp.where(finite_z, Delta_n, 0.25 * step.step_norm)
         accepted = (~pending) & st.ok & finite_z & (actual > 0)
         # On the top rung, steps whose predicted decrease is at the rounding level of the
@@ -426,8 +460,10 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
                            jnp.where(jnp.isfinite(cur_cost), Status.NONFINITE_JACOBIAN,
                                      Status.NONFINITE_RESIDUAL), status)
         # The budget ends the solve on the top rung only, after at least one step there.
-        status = jnp.where((status == Status.RUNNING) & on_top & (top_steps >= 1)
-                           & (nit >= cfg.max_steps), Status.MAX_STEPS, status)
+        # (each strategy of the portfolio has max_steps of its own: nit - strat_nit)
+        out_of_steps = ((status == Status.RUNNING) & on_top & (top_steps >= 1)
+                        & (nit - st.strat_nit >= cfg.max_steps))
+        status = jnp.where(out_of_steps, Status.MAX_STEPS, status)
         if cfg.callback is not None:
             stop = call_callback(cfg.callback, x_n, nit, st.nfev + 1, cost_n,
                                  accepted & ~want_up)
@@ -436,6 +472,30 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         if cfg.max_nfev:
             status = jnp.where((status == Status.RUNNING) & (st.nfev + 1 >= cfg.max_nfev),
                                Status.MAX_EVALUATIONS, status)
+        # ---- portfolio (issue 15, see PORTFOLIO): the first strategy failed on the top
+        # rung -> keep its end, restart from x0 with the second one (one loop, no second
+        # compiled program); finish() returns the lower-cost end.
+        switch = jnp.asarray(False)
+        strat_n, strat_nit_n, kept_n = st.strat, st.strat_nit, st.kept
+        if portfolio and len(ctx) > 8:
+            x0 = ctx[8]
+            checked = verify_minimum(status, x_n, R_n, qtf_n, fsn_n)
+            x0n = jnp.linalg.norm(x0)
+            runaway = ((checked > 0) & (checked < Status.RUNNING) & (x0n > 0)
+                       & (jnp.linalg.norm(x_n) > RUNAWAY_FACTOR * x0n))
+            failed = (out_of_steps | (checked == Status.NOT_A_MINIMUM) | runaway
+                      | (status == Status.NO_FINITE_STEP))
+            if cfg.max_nfev:  # scipy's max_nfev caps the whole solve
+                failed = failed & (st.nfev + 1 < cfg.max_nfev)
+            switch = (st.strat == 0) & on_top & (~want_up) & failed
+            kept_n = jax.tree.map(lambda a, b: jnp.where(switch, b, a), st.kept,
+                                  _Kept(x_n, cost_n, checked, R_n, qtf_n, fsn_n))
+            x_n = jnp.where(switch, x0, x_n)
+            if cfg.jac_scale:
+                scale_inv_n = jnp.where(switch, 0.0, scale_inv_n)
+            status = jnp.where(switch, Status.RUNNING, status)
+            strat_n = jnp.where(switch, 1, st.strat).astype(jnp.int32)
+            strat_nit_n = jnp.where(switch, nit, st.strat_nit).astype(jnp.int32)
         one = jnp.ones((), jnp.int32)
         return _State(
             x=x_n, cost=cost_n, R=R_n, qtf=qtf_n, fsn=fsn_n, ok=ok_n,
@@ -443,15 +503,17 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             escalations=st.escalations + want_up.astype(jnp.int32),
             nfev=st.nfev + one, njev=st.njev + one, nit=nit,
             status=status.astype(jnp.int32),
-            consec_rej=jnp.where(want_up | pending, 0, consec), top_steps=top_steps,
-            pending=want_up,
+            consec_rej=jnp.where(want_up | pending | switch, 0, consec),
+            top_steps=top_steps, pending=want_up | switch,
             rung_entered=jnp.where(want_up, st.rung_entered.at[rung_n].set(nit),
                                    st.rung_entered),
             rung_nfev=st.rung_nfev.at[st.rung].add(1),
-            noise_dx=jnp.where(want_up | pending, jnp.inf, noise_dx_n).astype(top_dt),
+            noise_dx=jnp.where(want_up | pending | switch, jnp.inf,
+                               noise_dx_n).astype(top_dt),
             esc_reason=jnp.where(want_up, st.esc_reason.at[rung_n].set(reason),
                                  st.esc_reason),
-            sched=_sched_set_rung(sched_n, rung_n))
+            sched=_sched_set_rung(sched_n, rung_n),
+            strat=strat_n, strat_nit=strat_nit_n, kept=kept_n)
 
     def run(x0, args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol):
         if blocks is not None:  # once, outside the loop: data split into blocks
@@ -465,7 +527,13 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         """Honest success (unbounded solves): the top rung's model must say "minimum"."""
         if cfg.has_bounds:
             return st
-        return st._replace(status=verify_minimum(st.status, st.x, st.R, st.qtf, st.fsn))
+        st = st._replace(status=verify_minimum(st.status, st.x, st.R, st.qtf, st.fsn))
+        if portfolio:  # the second strategy ended: return the lower-cost end of the two
+            k = st.kept
+            back = (st.strat == 1) & (st.status != Status.RUNNING) & ~(st.cost < k.cost)
+            st = st._replace(**{f: jnp.where(back, getattr(k, f), getattr(st, f))
+                                for f in _Kept._fields})
+        return st
 
     run.init = init
     run.body = body

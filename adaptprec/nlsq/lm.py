@@ -33,7 +33,7 @@ from .common import solve_lsq_trust_region
 
 __all__ = ["Step", "lm_step", "predicted_reduction", "minpack_gnorm", "minpack_delta0",
            "minpack_radius", "verify_minimum", "NOT_A_MINIMUM_COSINE",
-           "rounding_level_step"]
+           "rounding_level_step", "RUNAWAY_FACTOR"]
 
 
 class Step(NamedTuple):
@@ -146,6 +146,12 @@ def minpack_radius(Delta, ratio, step_norm, alpha, blew_up):
     return jnp.where(ratio < 0.25, temp * jnp.minimum(Delta, 10.0 * step_norm),
                      jnp.where((ratio >= 0.75) | (alpha == 0), 2.0 * step_norm, Delta))
 
+
+#: Runaway parameters: a convergence test met with ``||x|| > RUNAWAY_FACTOR ||x0||`` is
+#: not trusted by the driver's portfolio (``_loop.PORTFOLIO``): along a direction where
+#: the model flattens (a minimum at infinity, NIST MGH09 from a perturbed start: ``gtol``
+#: at ``||x|| ~ 1e11`` from ``||x0|| ~ 70``) the gradient test is met without a minimum.
+RUNAWAY_FACTOR = 1e3
 
 #: A point is not a minimum when the residual keeps this cosine with a Jacobian column.
 NOT_A_MINIMUM_COSINE = 0.1
