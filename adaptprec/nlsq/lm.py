@@ -151,7 +151,7 @@ def minpack_radius(Delta, ratio, step_norm, alpha, blew_up):
 #: not trusted by the driver's portfolio (``_loop.PORTFOLIO``): along a direction where
 #: the model flattens (a minimum at infinity, NIST MGH09 from a perturbed start: ``gtol``
 #: at ``||x|| ~ 1e11`` from ``||x0|| ~ 70``) the gradient test is met without a minimum.
-RUNAWAY_FACTOR = 1e3
+RUNAWAY_FACTOR = 1e6
 
 #: A point is not a minimum when the residual keeps this cosine with a Jacobian column.
 NOT_A_MINIMUM_COSINE = 0.1
