@@ -60,10 +60,6 @@ NOISE_STEPS_MAX = 20
 #: with a budget of ``max_steps`` of its own, and the lower-cost of the two ends is
 #: returned. Set to ``False`` (before the first solve) to measure without it.
 PORTFOLIO = True
-#: EXPERIMENT: geodesic acceleration (fused driver only; see ``_geodesic``)
-GEODESIC = False
-GEODESIC_ALPHA = 0.75
-GEODESIC_DAMPED_ONLY = False
 
 
 class LoopConfig(NamedTuple):
@@ -315,41 +311,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
 
     def body(st: _State, ctx) -> _State:
         prop = propose(st, ctx)
-        if GEODESIC and cfg.method == "lm" and not callable(cfg.jac) and blocks is None:
-            prop, used = _geodesic(st, prop, ctx)
-            new = advance(st, prop, eval_fj(st.rung, prop.z, ctx[0], ctx[4]), ctx)
-            return new._replace(nfev=new.nfev + used.astype(jnp.int32))
         return advance(st, prop, eval_fj(st.rung, prop.z, ctx[0], ctx[4]), ctx)
-
-    def _geodesic(st: _State, prop: Proposal, ctx):
-        """EXPERIMENT (fused driver only): Transtrum-Sethna geodesic acceleration on the
-        top rung: ``a`` from ``(J^T J + alpha D^2) a = -J^T r''[v, v]``, trial point
-        ``x + v + a / 2`` when ``2 ||D a|| <= GEODESIC_ALPHA ||D v||``."""
-        args_top = ctx[0][top]
-        x = st.x
-        v = prop.step.x_new - x
-
-        def r(y):
-            return fun(y, *args_top).astype(top_dt)
-
-        k = jax.jvp(lambda y: jax.jvp(r, (y,), (v,))[1], (x,), (v,))[1]
-        _, vjp = jax.vjp(r, x)
-        Jtk = vjp(k)[0]
-        d = 1.0 / st.scale_inv
-        _, sv, VT = jnp.linalg.svd(st.R * d[None, :], full_matrices=False)
-        den = sv * sv + prop.step.alpha
-        keep = den > jnp.finfo(top_dt).eps * jnp.maximum(sv[0] * sv[0], jnp.finfo(top_dt).tiny)
-        a_h = -VT.T @ jnp.where(keep, (VT @ (d * Jtk)) / jnp.where(keep, den, 1.0), 0.0)
-        v_h = v * st.scale_inv
-        live = (st.rung == top) & (~st.pending) & st.ok
-        if GEODESIC_DAMPED_ONLY:  # only damped (boundary) steps; Gauss-Newton steps as is
-            live = live & (prop.step.alpha > 0)
-        use = (live
-               & (2.0 * jnp.linalg.norm(a_h) <= GEODESIC_ALPHA * jnp.linalg.norm(v_h))
-               & jnp.all(jnp.isfinite(a_h)))
-        z = jnp.where(use, x + v + 0.5 * d * a_h, prop.z)
-        step = prop.step._replace(x_new=jnp.where(use, z, prop.step.x_new))
-        return prop._replace(step=step, z=z), live
 
     def advance(st: _State, prop: Proposal, ev, ctx) -> _State:
         args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol = ctx[:8]
