@@ -74,6 +74,22 @@ def test_honest_success_keeps_real_minima():
     assert score(p, res.x, res.cost) >= 6.0
 
 
+def test_runaway_convergence_is_not_success():
+    # linear data fitted by a t / (b + t): the infimum is approached only as a, b -> inf
+    # (a / b -> 2); both strategies meet gtol at ||x|| ~ 1e9 from ||x0|| = 1.4
+    t = jnp.linspace(0.5, 5.0, 20)
+    y = 2.0 * t + 0.01 * jnp.sin(7.0 * t)
+
+    def f(p, t, y):
+        return p[0] * t / (p[1] + t) - y
+
+    for prec in ("f64", "adaptive"):
+        res = ap.solve_nlsq(f, jnp.array([1.0, 1.0]), args=(t, y), precision=prec)
+        assert res.status_int == ap.Status.RUNAWAY, (prec, res.message)
+        assert not bool(res.success) and "run off" in res.message
+        assert float(jnp.linalg.norm(res.x)) > 1e6
+
+
 # --------------------------------------------------------------------------- multi-start
 def test_multistart_helper_spreads_and_keeps_x0():
     from adaptprec.nlsq._multistart import spread_starts

@@ -58,7 +58,8 @@ NOISE_STEPS_MAX = 20
 #: ||x0||``: the model flattens, a "minimum" at infinity) -- the top rung restarts from
 #: ``x0`` with scipy's ``trf`` radius update (grow only when the step hit the boundary),
 #: with a budget of ``max_steps`` of its own, and the lower-cost of the two ends is
-#: returned. Set to ``False`` (before the first solve) to measure without it.
+#: returned. ``solve_nlsq`` copies it into ``LoopConfig.portfolio`` (a cache key): set it
+#: to ``False`` to measure without the portfolio.
 PORTFOLIO = True
 
 
@@ -87,6 +88,8 @@ class LoopConfig(NamedTuple):
     callback: Any = None
     #: ``tr_solver="lsmr"``: :func:`._lsmr.check_tr_options`'s tuple (``None``: exact)
     tr: Any = None
+    #: ``lm``'s second strategy on failure (:data:`PORTFOLIO`); part of every cache key
+    portfolio: bool = True
 
 
 class _State(NamedTuple):
@@ -120,6 +123,8 @@ class _State(NamedTuple):
     strat: jax.Array = None
     strat_nit: jax.Array = None
     kept: Any = None
+    #: ``||x0||`` (the runaway test of the portfolio's end)
+    x0_norm: jax.Array = None
 
 
 class _Kept(NamedTuple):
@@ -193,7 +198,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
     # NumPy, not jnp: build_loop may run under a user's trace and its closures are cached
     us = np.asarray([unit_roundoff(d) for d in rungs], top_dt)
     share = lower_rung_budget(cfg.max_steps, cfg.n, nr)
-    portfolio = PORTFOLIO and cfg.method == "lm" and not cfg.has_bounds
+    portfolio = cfg.portfolio and cfg.method == "lm" and not cfg.has_bounds
 
     def fj_branch(i):
         dt = rungs[i]
@@ -288,7 +293,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             rung_nfev=jnp.zeros((nr,), jnp.int32),
             esc_reason=jnp.zeros((nr,), jnp.int32),
             noise_dx=jnp.asarray(jnp.inf, top_dt), sched=sched0,
-            strat=zi, strat_nit=zi,
+            strat=zi, strat_nit=zi, x0_norm=jnp.linalg.norm(x0).astype(top_dt),
             kept=_Kept(x0, jnp.asarray(jnp.inf, top_dt), zi, jnp.zeros((n, n), top_dt),
                        jnp.zeros((n,), top_dt), jnp.zeros((), top_dt))
             if portfolio else None)
@@ -480,9 +485,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         if portfolio and len(ctx) > 8:
             x0 = ctx[8]
             checked = verify_minimum(status, x_n, R_n, qtf_n, fsn_n)
-            x0n = jnp.linalg.norm(x0)
-            runaway = ((checked > 0) & (checked < Status.RUNNING) & (x0n > 0)
-                       & (jnp.linalg.norm(x_n) > RUNAWAY_FACTOR * x0n))
+            runaway = _runaway(checked, x_n, st.x0_norm)
             failed = (out_of_steps | (checked == Status.NOT_A_MINIMUM) | runaway
                       | (status == Status.NO_FINITE_STEP))
             if cfg.max_nfev:  # scipy's max_nfev caps the whole solve
@@ -513,7 +516,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             esc_reason=jnp.where(want_up, st.esc_reason.at[rung_n].set(reason),
                                  st.esc_reason),
             sched=_sched_set_rung(sched_n, rung_n),
-            strat=strat_n, strat_nit=strat_nit_n, kept=kept_n)
+            strat=strat_n, strat_nit=strat_nit_n, kept=kept_n, x0_norm=st.x0_norm)
 
     def run(x0, args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol):
         if blocks is not None:  # once, outside the loop: data split into blocks
@@ -533,6 +536,9 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             back = (st.strat == 1) & (st.status != Status.RUNNING) & ~(st.cost < k.cost)
             st = st._replace(**{f: jnp.where(back, getattr(k, f), getattr(st, f))
                                 for f in _Kept._fields})
+            # honest success: both strategies converged only by running off
+            st = st._replace(status=jnp.where(_runaway(st.status, st.x, st.x0_norm),
+                                              Status.RUNAWAY, st.status).astype(jnp.int32))
         return st
 
     run.init = init
@@ -543,6 +549,12 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
     run.fj_branches = fj_branches
     run.blocks = blocks
     return run
+
+
+def _runaway(status, x, x0_norm):
+    """A convergence ``status`` at ``||x|| > RUNAWAY_FACTOR ||x0||`` (``x0 != 0``)."""
+    return ((status > 0) & (status < Status.RUNNING) & (x0_norm > 0)
+            & (jnp.linalg.norm(x) > RUNAWAY_FACTOR * x0_norm))
 
 
 def _consult_schedule(schedule, st, cost_t, actual, accepted, bad, f_scale):

@@ -37,6 +37,7 @@ from ._compile import cpu_jit
 from ._errors import explain_trace_error
 from ._buckets import PointMemo, bucket
 from ._host import host_eligible, host_solve, masked
+from . import _loop
 from ._loop import LoopConfig, build_loop, default_schedule
 from ._pointwise import point_axes
 from . import _stream
@@ -618,7 +619,7 @@ def solve_nlsq(
                      max_steps=int(max_steps), linear_solver=linear_solver,
                      max_rejections=int(max_rejections), cond_tol=float(cond_tol),
                      schedule=schedule, point_axes=axes, max_nfev=max_nfev,
-                     callback=callback, tr=tr)
+                     callback=callback, tr=tr, portfolio=_loop.PORTFOLIO)
     if driver != "fused":
         if tr is None and host_eligible(cfg, bool(throw), x0_flat, args, lb, ub, f_scale):
             x0_shape = np.shape(x0) if isinstance(x0, (jax.Array, np.ndarray)) else None
