@@ -352,7 +352,12 @@ def solve_nlsq(
       ftol, xtol, gtol: scipy's termination tolerances (``gtol`` is MINPACK's scaled
         cosine for ``lm``/``gn`` and ``||g * v||_inf`` for ``trf``); ``None`` disables a
         test, as in scipy.
-      max_steps: iteration cap (trial steps); default ``100 * (n + 1)``.
+      max_steps: iteration cap (trial steps); default ``100 * (n + 1)``. For ``"lm"``
+        it caps each strategy of the portfolio: when the default strategy fails (this
+        cap reached, a stop that is not a minimum, or runaway parameters) the top rung
+        restarts from ``x0`` with scipy's radius rule for up to ``max_steps`` more and
+        the lower-cost end is returned (docs/nlsq.md, "Robustness"); ``max_nfev`` caps
+        the whole solve.
       max_nfev: scipy's cap on residual evaluations (``None``: no cap beyond
         ``max_steps``); ``max_nfev=1`` evaluates at ``x0`` only. Status 0 when reached.
       diff_step: relative finite-difference step (with ``jac="2-point"/"3-point"/"cs"``).
