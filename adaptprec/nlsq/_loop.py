@@ -493,6 +493,18 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             if cfg.jac_scale:
                 scale_inv_n = jnp.where(switch, 0.0, scale_inv_n)
             status = jnp.where(switch, Status.RUNNING, status)
+            # the second strategy ended: return the lower-cost end of the two (the kept
+            # end is out of steps, without a finite step or run off: codes that
+            # finish()'s verify_minimum leaves alone), and a convergence only by
+            # running off is not a success (honest success)
+            k = st.kept
+            ended = (st.strat == 1) & (status != Status.RUNNING)
+            back = ended & ~(cost_n < k.cost)
+            x_n = jnp.where(back, k.x, x_n)
+            cost_n = jnp.where(back, k.cost, cost_n)
+            status = jnp.where(back, k.status, status)
+            status = jnp.where(ended & _runaway(status, x_n, st.x0_norm), Status.RUNAWAY,
+                               status)
             strat_n = jnp.where(switch, 1, st.strat).astype(jnp.int32)
             strat_nit_n = jnp.where(switch, nit, st.strat_nit).astype(jnp.int32)
         one = jnp.ones((), jnp.int32)
@@ -526,16 +538,9 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         """Honest success (unbounded solves): the top rung's model must say "minimum"."""
         if cfg.has_bounds:
             return st
-        st = st._replace(status=verify_minimum(st.status, st.x, st.R, st.qtf, st.fsn))
-        if portfolio:  # the second strategy ended: return the lower-cost end of the two
-            k = st.kept
-            back = (st.strat == 1) & (st.status != Status.RUNNING) & ~(st.cost < k.cost)
-            st = st._replace(**{f: jnp.where(back, getattr(k, f), getattr(st, f))
-                                for f in _Kept._fields})
-            # honest success: both strategies converged only by running off
-            st = st._replace(status=jnp.where(_runaway(st.status, st.x, st.x0_norm),
-                                              Status.RUNAWAY, st.status).astype(jnp.int32))
-        return st
+        # (the portfolio's choice of end happens in ``advance``: finish runs inside the
+        # host driver's step program, and two selections there cost compile time)
+        return st._replace(status=verify_minimum(st.status, st.x, st.R, st.qtf, st.fsn))
 
     run.init = init
     run.body = body
