@@ -160,16 +160,27 @@ def test_portfolio_under_vmap_and_grad(mgh09_runaway):
     assert np.all(np.isfinite(np.asarray(dy))) and float(jnp.max(jnp.abs(dy))) > 0
 
 
-def test_portfolio_budget_and_lower_cost_end():
-    # Rosenbrock with max_steps=5: the first strategy runs out of steps, the second
-    # gets max_steps of its own from x0; the returned end is the lower-cost one
+def test_portfolio_default_budget_is_per_strategy():
+    # MINPACK's Beale from 100 x0: MINPACK's radius rule uses the default 100 (n+1) = 300
+    # steps without converging (cost 0.45); the second strategy, with a budget of its own,
+    # reaches the published minimum 0
+    y = jnp.array([1.5, 2.25, 2.625])
+
+    def beale(x):
+        i = jnp.arange(1.0, 4.0)
+        return y - x[0] * (1.0 - x[1] ** i)
+
+    res = ap.solve_nlsq(beale, jnp.array([100.0, 100.0]), precision="f64")
+    assert bool(res.success) and float(res.cost) < 1e-20
+    assert 300 < int(res.nfev) <= 2 * 301
+
+
+def test_explicit_max_steps_caps_the_whole_solve():
     x0 = jnp.array([-1.2, 1.0])
     res = ap.solve_nlsq(rosen, x0, max_steps=5, precision="f64")
-    assert res.status_int == ap.Status.MAX_STEPS
-    assert 10 <= int(res.nfev) <= 12 and int(res.nit) == 10
-    assert float(res.cost) < 0.5 * float(jnp.sum(rosen(x0) ** 2))
-    # scipy's max_nfev caps the whole solve: no second strategy past it
-    capped = ap.solve_nlsq(rosen, x0, max_steps=5, max_nfev=6, precision="f64")
+    assert res.status_int == ap.Status.MAX_STEPS and int(res.nit) == 5
+    # scipy's max_nfev caps the whole solve too
+    capped = ap.solve_nlsq(rosen, x0, max_nfev=6, precision="f64")
     assert int(capped.nfev) <= 6
 
 

@@ -57,9 +57,10 @@ NOISE_STEPS_MAX = 20
 #: step, or a convergence test met with the parameters run off (``||x|| > RUNAWAY_FACTOR
 #: ||x0||``: the model flattens, a "minimum" at infinity) -- the top rung restarts from
 #: ``x0`` with scipy's ``trf`` radius update (grow only when the step hit the boundary),
-#: with a budget of ``max_steps`` of its own, and the lower-cost of the two ends is
-#: returned. ``solve_nlsq`` copies it into ``LoopConfig.portfolio`` (a cache key): set it
-#: to ``False`` to measure without the portfolio.
+#: and the lower-cost of the two ends is returned. With the default ``max_steps`` each
+#: strategy has that budget; an explicit ``max_steps`` caps the whole solve (the second
+#: strategy gets what is left). ``solve_nlsq`` copies it into ``LoopConfig.portfolio``
+#: (a cache key): set it to ``False`` to measure without the portfolio.
 PORTFOLIO = True
 
 
@@ -88,8 +89,9 @@ class LoopConfig(NamedTuple):
     callback: Any = None
     #: ``tr_solver="lsmr"``: :func:`._lsmr.check_tr_options`'s tuple (``None``: exact)
     tr: Any = None
-    #: ``lm``'s second strategy on failure (:data:`PORTFOLIO`); part of every cache key
-    portfolio: bool = True
+    #: ``lm``'s second strategy on failure (:data:`PORTFOLIO`; part of every cache key):
+    #: 0 off, 1 ``max_steps`` caps the whole solve, 2 each strategy has ``max_steps``
+    portfolio: int = 1
 
 
 class _State(NamedTuple):
@@ -461,9 +463,10 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
                            jnp.where(jnp.isfinite(cur_cost), Status.NONFINITE_JACOBIAN,
                                      Status.NONFINITE_RESIDUAL), status)
         # The budget ends the solve on the top rung only, after at least one step there.
-        # (each strategy of the portfolio has max_steps of its own: nit - strat_nit)
+        # (with portfolio=2 each strategy has max_steps of its own: nit - strat_nit)
+        used = nit - st.strat_nit if cfg.portfolio == 2 else nit
         out_of_steps = ((status == Status.RUNNING) & on_top & (top_steps >= 1)
-                        & (nit - st.strat_nit >= cfg.max_steps))
+                        & (used >= cfg.max_steps))
         status = jnp.where(out_of_steps, Status.MAX_STEPS, status)
         if cfg.callback is not None:
             stop = call_callback(cfg.callback, x_n, nit, st.nfev + 1, cost_n,
@@ -482,8 +485,9 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             # (a stop that verify_minimum rejects is not a trigger: testing it every
             # step tripled the step program's compile time, and no measured row needed it)
             x0 = ctx[8]
-            failed = (out_of_steps | (status == Status.NO_FINITE_STEP)
-                      | _runaway(status, x_n, st.x0_norm))
+            failed = ((status == Status.NO_FINITE_STEP) | _runaway(status, x_n, st.x0_norm))
+            if cfg.portfolio == 2:  # a budget of its own for the second strategy
+                failed = failed | out_of_steps
             if cfg.max_nfev:  # scipy's max_nfev caps the whole solve
                 failed = failed & (st.nfev + 1 < cfg.max_nfev)
             switch = (st.strat == 0) & on_top & (~want_up) & failed
