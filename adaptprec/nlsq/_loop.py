@@ -38,7 +38,7 @@ from .common import Status, check_termination_codes, jac_scale, robust_cost
 from .common import lower_rung_budget, scale_for_robust_loss, update_tr_radius
 from ._blocks import PointBlocks
 from .lm import minpack_radius, rounding_level_step, verify_minimum
-from .lm import RUNAWAY_FACTOR
+from .lm import RUNAWAY_FACTOR, at_noise_level
 from ._callback import call_callback
 
 __all__ = ["LoopConfig", "Proposal", "build_loop"]
@@ -485,14 +485,17 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             # (a stop that verify_minimum rejects is not a trigger: testing it every
             # step tripled the step program's compile time, and no measured row needed it)
             x0 = ctx[8]
-            failed = ((status == Status.NO_FINITE_STEP) | _runaway(status, x_n, st.x0_norm))
+            # (a zero residual far out is a minimum: Box3D's line of them, (t, t, 0))
+            runaway = _runaway(status, x_n, st.x0_norm) & ~at_noise_level(x_n, R_n, fsn_n)
+            failed = (status == Status.NO_FINITE_STEP) | runaway
             if cfg.portfolio == 2:  # a budget of its own for the second strategy
                 failed = failed | out_of_steps
             if cfg.max_nfev:  # scipy's max_nfev caps the whole solve
                 failed = failed & (st.nfev + 1 < cfg.max_nfev)
             switch = (st.strat == 0) & on_top & (~want_up) & failed
             kept_n = jax.tree.map(lambda a, b: jnp.where(switch, b, a), st.kept,
-                                  _Kept(x_n, cost_n, status))
+                                  _Kept(x_n, cost_n, jnp.where(runaway, Status.RUNAWAY,
+                                                               status).astype(jnp.int32)))
             x_n = jnp.where(switch, x0, x_n)
             if cfg.jac_scale:
                 scale_inv_n = jnp.where(switch, 0.0, scale_inv_n)
@@ -506,9 +509,8 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             back = ended & ~(cost_n < k.cost)
             x_n = jnp.where(back, k.x, x_n)
             cost_n = jnp.where(back, k.cost, cost_n)
-            status = jnp.where(back, k.status, status)
-            status = jnp.where(ended & _runaway(status, x_n, st.x0_norm), Status.RUNAWAY,
-                               status)
+            status = jnp.where(back, k.status,
+                               jnp.where(ended & runaway, Status.RUNAWAY, status))
             strat_n = jnp.where(switch, 1, st.strat).astype(jnp.int32)
             strat_nit_n = jnp.where(switch, nit, st.strat_nit).astype(jnp.int32)
         one = jnp.ones((), jnp.int32)

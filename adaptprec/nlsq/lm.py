@@ -33,7 +33,7 @@ from .common import solve_lsq_trust_region
 
 __all__ = ["Step", "lm_step", "predicted_reduction", "minpack_gnorm", "minpack_delta0",
            "minpack_radius", "verify_minimum", "NOT_A_MINIMUM_COSINE",
-           "rounding_level_step", "RUNAWAY_FACTOR"]
+           "rounding_level_step", "RUNAWAY_FACTOR", "at_noise_level"]
 
 
 class Step(NamedTuple):
@@ -160,6 +160,20 @@ NOT_A_MINIMUM_COSINE = 0.1
 _NOISE_FACTOR = 1e5
 
 
+def at_noise_level(x, R, fnorm):
+    """Whether the residual norm ``fnorm`` is at the rounding level of the model,
+    ``||f|| <= 1e5 eps ||J x||`` (``||J x|| = ||R x||``): a zero-residual point.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.nlsq.lm import at_noise_level
+        >>> [bool(at_noise_level(jnp.ones(1), jnp.eye(1), f)) for f in (1e-15, 1e-3)]
+        [True, False]
+    """
+    eps = jnp.finfo(R.dtype).eps
+    return fnorm <= _NOISE_FACTOR * eps * jnp.linalg.norm(R @ x)
+
+
 def verify_minimum(status, x, R, qtf, fnorm, tol=NOT_A_MINIMUM_COSINE):
     """Honest success: a convergence ``status`` (``ftol``/``xtol``/``gtol``) becomes
     ``Status.NOT_A_MINIMUM`` when, on the top rung's model ``(R, qtf)`` at ``x``, the
@@ -180,7 +194,7 @@ def verify_minimum(status, x, R, qtf, fnorm, tol=NOT_A_MINIMUM_COSINE):
     g = R.T @ qtf
     cosine = minpack_gnorm(x, g, R, fnorm)
     eps = jnp.finfo(R.dtype).eps
-    noise = fnorm <= _NOISE_FACTOR * eps * jnp.linalg.norm(R @ x)
+    noise = at_noise_level(x, R, fnorm)
     # A degenerate minimum (J -> 0 with a nonzero residual, e.g. p**2 + 5 at 0) has a
     # cosine near 1 but a gradient that moves the cost by nothing: exempt it.
     flat = jnp.max(jnp.abs(g) * jnp.maximum(jnp.abs(x), 1.0)) <= jnp.sqrt(eps) * fnorm ** 2
