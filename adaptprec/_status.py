@@ -24,6 +24,8 @@ code  name                    meaning
   -9  ILL_CONDITIONED         solved with a small backward error, but cond * u >= 1
  -10  NOT_A_MINIMUM           a convergence test passed but the top-rung gradient test
                               does not: the point is not verified to be a minimum
+ -11  RUNAWAY                 a convergence test passed with the parameters run off by
+                              orders of magnitude (the model flattens: no finite minimum)
  -12  NOT_POSITIVE_DEFINITE   ``assume_a="pos"``: the working-precision Cholesky failed
    0  MAX_EVALUATIONS         the evaluation/iteration budget is exhausted
    1  GTOL                    ``gtol`` termination condition is satisfied
@@ -65,6 +67,7 @@ class Status(enum.IntEnum):
     NONFINITE_INPUT = -8
     ILL_CONDITIONED = -9
     NOT_A_MINIMUM = -10
+    RUNAWAY = -11
     CALLBACK_STOP = -2
     NOT_POSITIVE_DEFINITE = -12
     MAX_EVALUATIONS = 0
@@ -108,6 +111,10 @@ _MESSAGES = {
                             "may have no correct digits.",
     Status.NOT_A_MINIMUM: "A convergence test was met, but the gradient test on the top rung "
                           "fails: the point is not verified to be a minimum.",
+    Status.RUNAWAY: "A convergence test was met with the parameters run off by orders of "
+                    "magnitude from x0 (||x|| > 1e6 ||x0||): the model flattens along them "
+                    "and the cost approaches a value no finite point attains; the point "
+                    "is not a minimum. Check the model's parametrisation or bound it.",
     Status.CALLBACK_STOP: "`callback` raised StopIteration.",
     Status.NOT_POSITIVE_DEFINITE: "Not positive definite: the working-precision Cholesky "
                                   "factorization failed (assume_a='pos'); x is NaN.",

@@ -8,10 +8,13 @@ perturbations of start 1 by +-25% per parameter), solved in the same run by
   Jacobian, tolerances 1e-15, max_nfev 10000,
 
 and, where default ``ours`` does not reach LRE 6, ``solve_nlsq(starts=8)`` (multi-start).
+With ``--caps`` also at equal caps: ``ours_cap``/``ours_f64_cap`` with ``max_steps=10000``
+and ``max_nfev=10000`` (the whole solve, both strategies of the portfolio, within
+optimistix's 10,000), and ``optx_dflt``: optimistix at our default ``100 (n + 1)`` steps.
 Solved = LRE >= 6 against the certified values (equivalent minima at the certified RSS
 count; see tests/robust_sweep.py). Prints markdown tables for docs/nlsq.md.
 
-Run:  python benchmarks/bench_nlsq_robust.py [--perturbed K] [--seed S] [names...]
+Run:  python benchmarks/bench_nlsq_robust.py [--perturbed K] [--seed S] [--caps] [names...]
 """
 
 from __future__ import annotations
@@ -38,6 +41,12 @@ SOLVERS = {
     "optimistix": run_optimistix,
     "scipy_lm": run_scipy,
 }
+CAPPED = {
+    "ours_cap": lambda p, x0: run_ours(p, x0, max_steps=10000, max_nfev=10000),
+    "ours_f64_cap": lambda p, x0: run_ours(p, x0, precision="f64", max_steps=10000,
+                                           max_nfev=10000),
+    "optx_dflt": lambda p, x0: run_optimistix(p, x0, max_steps=100 * (p.n + 1)),
+}
 
 
 def main(argv=None):
@@ -46,10 +55,12 @@ def main(argv=None):
     ap_.add_argument("--perturbed", type=int, default=3)
     ap_.add_argument("--seed", type=int, default=0)
     ap_.add_argument("--starts", type=int, default=8)
+    ap_.add_argument("--caps", action="store_true", help="also compare at equal caps")
     a = ap_.parse_args(argv)
     warnings.simplefilter("ignore")
     t0 = time.perf_counter()
-    rows = sweep(a.names or list(MODELS), perturbed=a.perturbed, seed=a.seed, solvers=SOLVERS)
+    solvers = dict(SOLVERS, **(CAPPED if a.caps else {}))
+    rows = sweep(a.names or list(MODELS), perturbed=a.perturbed, seed=a.seed, solvers=solvers)
     # multi-start where the default fails
     for r in rows:
         if r["ours"] < 6.0:
@@ -60,7 +71,7 @@ def main(argv=None):
             res = run_ours(p, x0, starts=a.starts)
             r["multistart"] = score(p, res["x"], res["cost"])
             r["multistart_time"] = time.perf_counter() - t
-    names = list(SOLVERS)
+    names = list(solvers)
     print(f"## NIST StRD sweep: {len(rows)} problem/starts "
           f"(perturbed={a.perturbed}, seed={a.seed}), {time.perf_counter() - t0:.0f} s\n")
     summ = summarise(rows, names)
@@ -81,6 +92,13 @@ def main(argv=None):
     behind = [r for r in rows if r["optimistix"] >= 6.0 and r["ours"] < 6.0]
     print(f"\nbehind optimistix (optx LRE >= 6, ours < 6): {len(behind)}: " +
           ", ".join(f"{r['problem']}/{r['start']}" for r in behind))
+    if a.caps:
+        for ours, optx, cap in (("ours_cap", "optimistix", "10,000 evaluations"),
+                                ("ours_f64_cap", "optimistix", "10,000 evaluations"),
+                                ("ours", "optx_dflt", "100 (n+1) steps each")):
+            b = [r for r in rows if r[optx] >= 6.0 and r[ours] < 6.0]
+            print(f"equal caps ({cap}): {optx} >= 6, {ours} < 6: {len(b)}: " +
+                  ", ".join(f"{r['problem']}/{r['start']}" for r in b))
     fixed = [r for r in rows if "multistart" in r and r["multistart"] >= 6.0]
     ms_t = sum(r.get("multistart_time", 0.0) for r in rows)
     n_ms = sum("multistart" in r for r in rows)

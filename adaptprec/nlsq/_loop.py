@@ -44,6 +44,7 @@ from .common import Status, check_termination_codes, jac_scale, robust_cost
 from .common import lower_rung_budget, scale_for_robust_loss, update_tr_radius
 from ._blocks import PointBlocks
 from .lm import minpack_radius, rounding_level_step, verify_minimum
+from .lm import RUNAWAY_FACTOR, at_noise_level
 from ._callback import call_callback
 
 __all__ = ["LoopConfig", "Proposal", "build_loop"]
@@ -64,6 +65,16 @@ LOWER_RESOLVE_FACTOR = 10.0
 #: times the cost's evaluation error, and whose cost rose by less, is taken as a
 #: rounding-level step (see ``advance``).
 POST_ESCALATION_NOISE = 10.0
+#: Portfolio (issue 15): when ``lm``'s default strategy (MINPACK's radius update) fails --
+#: its ``max_steps`` used up, a stop that :func:`.lm.verify_minimum` rejects, no finite
+#: step, or a convergence test met with the parameters run off (``||x|| > RUNAWAY_FACTOR
+#: ||x0||``: the model flattens, a "minimum" at infinity) -- the top rung restarts from
+#: ``x0`` with scipy's ``trf`` radius update (grow only when the step hit the boundary),
+#: and the lower-cost of the two ends is returned. With the default ``max_steps`` each
+#: strategy has that budget; an explicit ``max_steps`` caps the whole solve (the second
+#: strategy gets what is left). ``solve_nlsq`` copies it into ``LoopConfig.portfolio``
+#: (a cache key): set it to ``False`` to measure without the portfolio.
+PORTFOLIO = True
 
 
 class LoopConfig(NamedTuple):
@@ -91,6 +102,9 @@ class LoopConfig(NamedTuple):
     callback: Any = None
     #: ``tr_solver="lsmr"``: :func:`._lsmr.check_tr_options`'s tuple (``None``: exact)
     tr: Any = None
+    #: ``lm``'s second strategy on failure (:data:`PORTFOLIO`; part of every cache key):
+    #: 0 off, 1 ``max_steps`` caps the whole solve, 2 each strategy has ``max_steps``
+    portfolio: int = 1
 
 
 class _State(NamedTuple):
@@ -121,6 +135,23 @@ class _State(NamedTuple):
     #: escalation (see ``advance``)
     confirmed: jax.Array
     sched: Any
+    #: portfolio (see :data:`PORTFOLIO`): the step strategy (0: default, 1: the second),
+    #: ``nit`` when it started (its own ``max_steps``), and the first strategy's end
+    #: (:class:`_Kept`, ``None`` without a portfolio)
+    strat: jax.Array = None
+    strat_nit: jax.Array = None
+    kept: Any = None
+    #: ``||x0||`` (the runaway test of the portfolio's end)
+    x0_norm: jax.Array = None
+
+
+class _Kept(NamedTuple):
+    """Where the first strategy ended (only ends that ``verify_minimum`` leaves as they
+    are: out of steps, no finite step, a runaway convergence)."""
+
+    x: jax.Array
+    cost: jax.Array
+    status: jax.Array
 
 
 class Proposal(NamedTuple):
@@ -183,6 +214,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
     # NumPy, not jnp: build_loop may run under a user's trace and its closures are cached
     us = np.asarray([unit_roundoff(d) for d in rungs], top_dt)
     share = lower_rung_budget(cfg.max_steps, cfg.n, nr)
+    portfolio = cfg.portfolio and cfg.method == "lm" and not cfg.has_bounds
 
     def fj_branch(i):
         dt = rungs[i]
@@ -277,7 +309,9 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             rung_nfev=jnp.zeros((nr,), jnp.int32),
             esc_reason=jnp.zeros((nr,), jnp.int32),
             noise_dx=jnp.asarray(jnp.inf, top_dt), confirmed=jnp.asarray(False),
-            sched=sched0)
+            sched=sched0,
+            strat=zi, strat_nit=zi, x0_norm=jnp.linalg.norm(x0).astype(top_dt),
+            kept=_Kept(x0, jnp.asarray(jnp.inf, top_dt), zi) if portfolio else None)
 
     # One trust-region iteration = propose (model -> trial point z), one evaluation of
     # residual and Jacobian at z (eval_fj, the only part that depends on the residual),
@@ -319,6 +353,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
                                    (st.esc_reason[st.rung] == Reason.BUDGET))
         Delta_n, ratio = update_tr_radius(st.Delta, actual, step.predicted,
                                           step.step_norm, step.bound_hit)
+        Delta_trf = Delta_n  # scipy's rule: the portfolio's second strategy
         if cfg.method == "lm":  # MINPACK's radius update (see lm.minpack_radius)
             # MINPACK: on the first step (here: on each rung) the radius is first cut
             # to the step length, so a huge initial radius is not shrunk step by step.
@@ -330,6 +365,8 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
                                                st.Delta),
                                      ratio, step.step_norm, step.alpha,
                                      cost_z > 100.0 * st.cost)
+            if portfolio:  # the second strategy (PORTFOLIO) keeps scipy's rule
+                Delta_n = jnp.where(st.strat == 1, Delta_trf, Delta_n)
         Delta_n = jnp.where(finite_z, Delta_n, 0.25 * step.step_norm)
         accepted = (~pending) & st.ok & finite_z & (actual > 0)
         # On the top rung, steps whose predicted decrease is at the rounding level of the
@@ -509,8 +546,11 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
                            jnp.where(jnp.isfinite(cur_cost), Status.NONFINITE_JACOBIAN,
                                      Status.NONFINITE_RESIDUAL), status)
         # The budget ends the solve on the top rung only, after at least one step there.
-        status = jnp.where((status == Status.RUNNING) & on_top & (top_steps >= 1)
-                           & (nit >= cfg.max_steps), Status.MAX_STEPS, status)
+        # (with portfolio=2 each strategy has max_steps of its own: nit - strat_nit)
+        used = nit - st.strat_nit if cfg.portfolio == 2 else nit
+        out_of_steps = ((status == Status.RUNNING) & on_top & (top_steps >= 1)
+                        & (used >= cfg.max_steps))
+        status = jnp.where(out_of_steps, Status.MAX_STEPS, status)
         if cfg.callback is not None:
             stop = call_callback(cfg.callback, x_n, nit, st.nfev + 1, cost_n,
                                  accepted & ~want_up)
@@ -519,6 +559,43 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         if cfg.max_nfev:
             status = jnp.where((status == Status.RUNNING) & (st.nfev + 1 >= cfg.max_nfev),
                                Status.MAX_EVALUATIONS, status)
+        # ---- portfolio (issue 15, see PORTFOLIO): the first strategy failed on the top
+        # rung -> keep its end, restart from x0 with the second one (one loop, no second
+        # compiled program); finish() returns the lower-cost end.
+        switch = jnp.asarray(False)
+        strat_n, strat_nit_n, kept_n = st.strat, st.strat_nit, st.kept
+        if portfolio and len(ctx) > 8:
+            # (a stop that verify_minimum rejects is not a trigger: testing it every
+            # step tripled the step program's compile time, and no measured row needed it)
+            x0 = ctx[8]
+            # (a zero residual far out is a minimum: Box3D's line of them, (t, t, 0))
+            runaway = _runaway(status, x_n, st.x0_norm) & ~at_noise_level(x_n, R_n, fsn_n)
+            failed = (status == Status.NO_FINITE_STEP) | runaway
+            if cfg.portfolio == 2:  # a budget of its own for the second strategy
+                failed = failed | out_of_steps
+            if cfg.max_nfev:  # scipy's max_nfev caps the whole solve
+                failed = failed & (st.nfev + 1 < cfg.max_nfev)
+            switch = (st.strat == 0) & on_top & (~want_up) & failed
+            kept_n = jax.tree.map(lambda a, b: jnp.where(switch, b, a), st.kept,
+                                  _Kept(x_n, cost_n, jnp.where(runaway, Status.RUNAWAY,
+                                                               status).astype(jnp.int32)))
+            x_n = jnp.where(switch, x0, x_n)
+            if cfg.jac_scale:
+                scale_inv_n = jnp.where(switch, 0.0, scale_inv_n)
+            status = jnp.where(switch, Status.RUNNING, status)
+            # the second strategy ended: return the lower-cost end of the two (the kept
+            # end is out of steps, without a finite step or run off: codes that
+            # finish()'s verify_minimum leaves alone), and a convergence only by
+            # running off is not a success (honest success)
+            k = st.kept
+            ended = (st.strat == 1) & (status != Status.RUNNING)
+            back = ended & ~(cost_n < k.cost)
+            x_n = jnp.where(back, k.x, x_n)
+            cost_n = jnp.where(back, k.cost, cost_n)
+            status = jnp.where(back, k.status,
+                               jnp.where(ended & runaway, Status.RUNAWAY, status))
+            strat_n = jnp.where(switch, 1, st.strat).astype(jnp.int32)
+            strat_nit_n = jnp.where(switch, nit, st.strat_nit).astype(jnp.int32)
         one = jnp.ones((), jnp.int32)
         return _State(
             x=x_n, cost=cost_n, R=R_n, qtf=qtf_n, fsn=fsn_n, ok=ok_n,
@@ -526,16 +603,18 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             escalations=st.escalations + want_up.astype(jnp.int32),
             nfev=st.nfev + one, njev=st.njev + one, nit=nit,
             status=status.astype(jnp.int32),
-            consec_rej=jnp.where(want_up | pending, 0, consec), top_steps=top_steps,
-            pending=want_up,
+            consec_rej=jnp.where(want_up | pending | switch, 0, consec),
+            top_steps=top_steps, pending=want_up | switch,
             rung_entered=jnp.where(want_up, st.rung_entered.at[rung_n].set(nit),
                                    st.rung_entered),
             rung_nfev=st.rung_nfev.at[st.rung].add(1),
-            noise_dx=jnp.where(want_up | pending, jnp.inf, noise_dx_n).astype(top_dt),
+            noise_dx=jnp.where(want_up | pending | switch, jnp.inf,
+                               noise_dx_n).astype(top_dt),
             confirmed=st.confirmed | defer,
             esc_reason=jnp.where(want_up, st.esc_reason.at[rung_n].set(reason),
                                  st.esc_reason),
-            sched=_sched_set_rung(sched_n, rung_n))
+            sched=_sched_set_rung(sched_n, rung_n),
+            strat=strat_n, strat_nit=strat_nit_n, kept=kept_n, x0_norm=st.x0_norm)
 
     def run(x0, args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol):
         if blocks is not None:  # once, outside the loop: data split into blocks
@@ -549,6 +628,8 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         """Honest success (unbounded solves): the top rung's model must say "minimum"."""
         if cfg.has_bounds:
             return st
+        # (the portfolio's choice of end happens in ``advance``: finish runs inside the
+        # host driver's step program, and two selections there cost compile time)
         return st._replace(status=verify_minimum(st.status, st.x, st.R, st.qtf, st.fsn))
 
     run.init = init
@@ -577,6 +658,12 @@ def _materialise(*masks):
     v = jnp.stack([jnp.asarray(m_, jnp.int32) for m_ in masks])
     _, v = lax.sort((jnp.arange(len(masks), dtype=jnp.int32), v), num_keys=1)
     return tuple(v[i] > 0 for i in range(len(masks)))
+
+
+def _runaway(status, x, x0_norm):
+    """A convergence ``status`` at ``||x|| > RUNAWAY_FACTOR ||x0||`` (``x0 != 0``)."""
+    return ((status > 0) & (status < Status.RUNNING) & (x0_norm > 0)
+            & (jnp.linalg.norm(x) > RUNAWAY_FACTOR * x0_norm))
 
 
 def _consult_schedule(schedule, st, cost_t, actual, accepted, bad, f_scale):

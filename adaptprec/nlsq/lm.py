@@ -33,7 +33,7 @@ from .common import solve_lsq_trust_region
 
 __all__ = ["Step", "lm_step", "predicted_reduction", "minpack_gnorm", "minpack_delta0",
            "minpack_radius", "verify_minimum", "NOT_A_MINIMUM_COSINE",
-           "rounding_level_step"]
+           "rounding_level_step", "RUNAWAY_FACTOR", "at_noise_level"]
 
 
 class Step(NamedTuple):
@@ -147,11 +147,31 @@ def minpack_radius(Delta, ratio, step_norm, alpha, blew_up):
                      jnp.where((ratio >= 0.75) | (alpha == 0), 2.0 * step_norm, Delta))
 
 
+#: Runaway parameters: a convergence test met with ``||x|| > RUNAWAY_FACTOR ||x0||`` is
+#: not trusted by the driver's portfolio (``_loop.PORTFOLIO``): along a direction where
+#: the model flattens (a minimum at infinity, NIST MGH09 from a perturbed start: ``gtol``
+#: at ``||x|| ~ 1e11`` from ``||x0|| ~ 70``) the gradient test is met without a minimum.
+RUNAWAY_FACTOR = 1e6
+
 #: A point is not a minimum when the residual keeps this cosine with a Jacobian column.
 NOT_A_MINIMUM_COSINE = 0.1
 #: ... unless the residual is at the rounding level of the model (``||f|| <= c eps ||J x||``):
 #: the cosine of a rounding-noise residual means nothing (zero-residual problems).
 _NOISE_FACTOR = 1e5
+
+
+def at_noise_level(x, R, fnorm):
+    """Whether the residual norm ``fnorm`` is at the rounding level of the model,
+    ``||f|| <= 1e5 eps ||J x||`` (``||J x|| = ||R x||``): a zero-residual point.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.nlsq.lm import at_noise_level
+        >>> [bool(at_noise_level(jnp.ones(1), jnp.eye(1), f)) for f in (1e-15, 1e-3)]
+        [True, False]
+    """
+    eps = jnp.finfo(R.dtype).eps
+    return fnorm <= _NOISE_FACTOR * eps * jnp.linalg.norm(R @ x)
 
 
 def verify_minimum(status, x, R, qtf, fnorm, tol=NOT_A_MINIMUM_COSINE):
@@ -174,7 +194,7 @@ def verify_minimum(status, x, R, qtf, fnorm, tol=NOT_A_MINIMUM_COSINE):
     g = R.T @ qtf
     cosine = minpack_gnorm(x, g, R, fnorm)
     eps = jnp.finfo(R.dtype).eps
-    noise = fnorm <= _NOISE_FACTOR * eps * jnp.linalg.norm(R @ x)
+    noise = at_noise_level(x, R, fnorm)
     # A degenerate minimum (J -> 0 with a nonzero residual, e.g. p**2 + 5 at 0) has a
     # cosine near 1 but a gradient that moves the cost by nothing: exempt it.
     flat = jnp.max(jnp.abs(g) * jnp.maximum(jnp.abs(x), 1.0)) <= jnp.sqrt(eps) * fnorm ** 2

@@ -37,6 +37,7 @@ from ._compile import cpu_jit
 from ._errors import explain_trace_error
 from ._buckets import PointMemo, bucket
 from ._host import host_eligible, host_solve, masked
+from . import _loop
 from ._loop import LoopConfig, build_loop, default_schedule
 from ._pointwise import point_axes
 from . import _stream
@@ -351,7 +352,12 @@ def solve_nlsq(
       ftol, xtol, gtol: scipy's termination tolerances (``gtol`` is MINPACK's scaled
         cosine for ``lm``/``gn`` and ``||g * v||_inf`` for ``trf``); ``None`` disables a
         test, as in scipy.
-      max_steps: iteration cap (trial steps); default ``100 * (n + 1)``.
+      max_steps: iteration cap (trial steps); default ``100 * (n + 1)``. ``"lm"`` runs a
+        portfolio (docs/nlsq.md, "Robustness"): when its default strategy fails (out of
+        steps, no finite step, or runaway parameters) the top rung restarts from ``x0``
+        with scipy's radius rule and the lower-cost end is returned. With the default,
+        each strategy has ``100 * (n + 1)`` steps; an explicit ``max_steps`` (and
+        ``max_nfev``) caps the whole solve.
       max_nfev: scipy's cap on residual evaluations (``None``: no cap beyond
         ``max_steps``); ``max_nfev=1`` evaluates at ``x0`` only. Status 0 when reached.
       diff_step: relative finite-difference step (with ``jac="2-point"/"3-point"/"cs"``).
@@ -577,6 +583,9 @@ def solve_nlsq(
             raise ValueError(f"x0 is outside the bounds: x0[{i}]={xv[i]} not in "
                              f"[{lb[i]}, {ub[i]}]")
     scale_inv0 = as_scale_inv(x_scale, n)
+    # lm's portfolio (_loop.PORTFOLIO): the default budget is per strategy, an explicit
+    # max_steps caps the whole solve
+    portfolio = (2 if max_steps is None else 1) if _loop.PORTFOLIO else 0
     max_steps = as_max_steps(max_steps, n)
 
     if schedule is None and len(rungs) > 1:
@@ -621,7 +630,7 @@ def solve_nlsq(
                      max_steps=int(max_steps), linear_solver=linear_solver,
                      max_rejections=int(max_rejections), cond_tol=float(cond_tol),
                      schedule=schedule, point_axes=axes, max_nfev=max_nfev,
-                     callback=callback, tr=tr)
+                     callback=callback, tr=tr, portfolio=portfolio)
     if driver != "fused":
         if tr is None and host_eligible(cfg, bool(throw), x0_flat, args, lb, ub, f_scale):
             x0_shape = np.shape(x0) if isinstance(x0, (jax.Array, np.ndarray)) else None
