@@ -351,6 +351,8 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         # 52 evaluations where float64 alone needs 18 in all).
         carried = (st.rung > 0) & ((st.esc_reason[st.rung] == Reason.ILL_CONDITIONED) |
                                    (st.esc_reason[st.rung] == Reason.BUDGET))
+        if portfolio:  # (the portfolio's restart from x0 starts afresh, not carried)
+            carried = carried & (st.strat == 0)
         Delta_n, ratio = update_tr_radius(st.Delta, actual, step.predicted,
                                           step.step_norm, step.bound_hit)
         Delta_trf = Delta_n  # scipy's rule: the portfolio's second strategy
