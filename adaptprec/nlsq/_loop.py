@@ -578,6 +578,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             if cfg.max_nfev:  # scipy's max_nfev caps the whole solve
                 failed = failed & (st.nfev + 1 < cfg.max_nfev)
             switch = (st.strat == 0) & on_top & (~want_up) & failed
+            switch, runaway = _materialise(switch, runaway)
             kept_n = jax.tree.map(lambda a, b: jnp.where(switch, b, a), st.kept,
                                   _Kept(x_n, cost_n, jnp.where(runaway, Status.RUNAWAY,
                                                                status).astype(jnp.int32)))
@@ -592,6 +593,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             k = st.kept
             ended = (st.strat == 1) & (status != Status.RUNNING)
             back = ended & ~(cost_n < k.cost)
+            ended, back = _materialise(ended, back)
             x_n = jnp.where(back, k.x, x_n)
             cost_n = jnp.where(back, k.cost, cost_n)
             status = jnp.where(back, k.status,
