@@ -536,8 +536,11 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         # reaches the same test one step further along (NIST Misra1d, a perturbed start:
         # LRE 10.0 vs 11.0). The NOISE_* stop has confirmed itself already.
         converged = (status >= Status.GTOL) & (status <= Status.FTOL_XTOL)
+        # (A point that satisfies gtol when first evaluated on the top rung ends there,
+        # as scipy's first test of each iteration does: no step to confirm.)
         defer = on_top & (st.escalations > 0) & ~st.confirmed & converged & ~(
-            at_noise & noise_stop) & (nit < cfg.max_steps)  # (never into MAX_STEPS)
+            at_noise & noise_stop) & (nit < cfg.max_steps) & ~(  # (never into MAX_STEPS)
+            pending & gtol_n)
         if cfg.max_nfev:
             defer = defer & (st.nfev + 1 < cfg.max_nfev)
         status = jnp.where(defer, Status.RUNNING, status)
