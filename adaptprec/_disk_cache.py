@@ -416,5 +416,9 @@ def prefetch(key: tuple, args: tuple, options: dict | None = None) -> bool:
         finally:
             pending.done.set()
 
-    threading.Thread(target=run, name="adaptprec-prefetch", daemon=True).start()
+    # Not a daemon: Python joins it before shutting down. A daemon thread still inside
+    # XLA's deserialisation when a short script ends aborts the process at exit
+    # ("terminate called after throwing ...", exit code 134: a warm-cache fit that ran on
+    # the promoted program and never waited for the prefetched step programs).
+    threading.Thread(target=run, name="adaptprec-prefetch", daemon=False).start()
     return True

@@ -172,6 +172,15 @@ print(st["promoted"], st["disk_loads"], repr(out[0][0].tolist()))
 """
 
 
+FRESH_ONE_FIT = r"""
+import numpy as np, jax.numpy as jnp
+import adaptprec as ap
+t = np.linspace(0.0, 4.0, 50)
+y = 2.5 * np.exp(-1.3 * t) + 0.5 + 0.01 * np.sin(9 * t)
+print(ap.curve_fit(lambda t, a, k, c: a * jnp.exp(-k * t) + c, t, y, p0=[1.0, 1.0, 0.0])[0])
+"""
+
+
 @pytest.mark.slow
 def test_fresh_process_starts_on_the_promoted_program(tmp_path, monkeypatch):
     monkeypatch.setenv("ADAPTPREC_CACHE_DIR", str(tmp_path))
@@ -185,3 +194,8 @@ def test_fresh_process_starts_on_the_promoted_program(tmp_path, monkeypatch):
     assert (promoted, loads) == ("1", "0")      # compiled (and stored) in the first
     assert (promoted2, loads2) == ("0", "1")    # found on disk in the second, first fit
     assert x1 == x2
+    # A script that ends right after its one fit (run on the promoted program, while the
+    # step programs are still being prefetched in a thread) exits cleanly: a daemon
+    # prefetch thread inside XLA aborted such processes at exit (code 134).
+    three = run_python(FRESH_ONE_FIT, x64=False, timeout=300)
+    assert three.returncode == 0, three.stderr[-3000:]
