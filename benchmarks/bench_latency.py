@@ -15,8 +15,7 @@ the same run, on the same machine, one after another:
     against scipy.optimize.curve_fit (NumPy model) and optimistix LevenbergMarquardt (jax
     model; float32 with x64 off).
 (b) solve_nlsq_batch: 1000 fits, then 1001 and 1017 (same bucket), then 1600 (new
-    bucket); scipy's curve_fit in a loop over 1000 fits for scale. With adaptprec's cache
-    off (compiling), then filling a temporary cache, then loading from it.
+    bucket); scipy's curve_fit in a loop over 1000 fits for scale.
 (c) NIST StRD (every problem with a model in tests/nist_problems.py, both starts, x64 on),
     total wall time INCLUDING compilation: adaptprec (default "adaptive") against
     optimistix LevenbergMarquardt (rtol=atol=1e-10), each in its own fresh process.
@@ -309,15 +308,9 @@ def main(argv=None):
           "loop before the promoted program was ready")
 
     b = _run("batch", "adaptprec", args.reps)
-    # the same with adaptprec's program cache (the batched solver is keyed on the
-    # residual's computation): a process filling it, then a fresh process loading
-    with tempfile.TemporaryDirectory() as d:
-        b_fill = _run("batch", "adaptprec", args.reps, {"ADAPTPREC_CACHE_DIR": d})
-        b_warm = _run("batch", "adaptprec", args.reps, {"ADAPTPREC_CACHE_DIR": d})
-    print("\n(b) solve_nlsq_batch, fresh processes, x64 off; times in ms")
-    print(f"{'':16s}{'cache off':>12s}{'filling':>12s}{'cache warm':>12s}")
+    print("\n(b) solve_nlsq_batch, one fresh process, x64 off; times in ms")
     for k, v in b.items():
-        print(f"{k:16s}{_ms(v):>12s}{_ms(b_fill[k]):>12s}{_ms(b_warm[k]):>12s}")
+        print(f"{k:16s}{_ms(v)}")
 
     rows = ("import_lib", "first_fit", "new_length_125", "new_length_157", "new_length_301",
             "repeat_min")

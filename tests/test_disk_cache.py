@@ -149,34 +149,3 @@ def test_size_bound_drops_least_recently_used(monkeypatch, tmp_path):
     total = sum(os.path.getsize(os.path.join(tmp_path, f)) for f in _entries(tmp_path))
     assert 0 < total <= 0.05 * 2 ** 20
     assert len(_entries(tmp_path)) < 12
-
-
-def test_batch_solver_loads_from_disk_and_a_fresh_lambda_reuses_it(monkeypatch, tmp_path):
-    """solve_nlsq_batch's solver goes through the disk cache keyed on the residual's
-    computation (batch/api.py: _disk_cached): after the in-memory programs are dropped
-    it loads (no compilation) with the same bits, also for a new lambda object."""
-    import numpy as np
-
-    import adaptprec as ap
-    from adaptprec import _disk_cache
-
-    monkeypatch.setenv("ADAPTPREC_CACHE_DIR", str(tmp_path))
-    t = np.linspace(0.0, 1.0, 12)
-    k = np.linspace(0.5, 2.0, 6)
-    y = 3.0 * np.exp(-k[:, None] * t)
-
-    def fit():
-        return ap.solve_nlsq_batch(lambda p, t: p[0] * jnp.exp(-p[1] * t), np.ones((6, 2)),
-                                   (t,), in_axes=None, ydata=y)
-
-    _disk_cache.clear_memory()
-    first = fit()
-    assert _disk_cache.stats()["compiles"] == 1 and len(_entries(tmp_path)) == 1
-    _disk_cache.clear_memory()
-    again = fit()
-    assert _disk_cache.stats()["compiles"] == 0 and _disk_cache.stats()["disk_hits"] == 1
-    np.testing.assert_array_equal(np.asarray(again.x), np.asarray(first.x))
-    np.testing.assert_array_equal(np.asarray(again.cost), np.asarray(first.cost))
-    np.testing.assert_allclose(np.asarray(first.x)[:, 1], k, rtol=1e-6)
-    fit()   # a third new lambda: from memory
-    assert _disk_cache.stats()["compiles"] == 0 and _disk_cache.stats()["memory_hits"] >= 1

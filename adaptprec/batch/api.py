@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import functools
 from typing import Any, Callable, NamedTuple, Optional, Union
 
@@ -17,10 +16,7 @@ from ..nlsq.common import (DEFAULT_FTOL, DEFAULT_GTOL, DEFAULT_XTOL, check_loss,
                            default_max_steps, robust_cost, scale_for_robust_loss)
 from ..precision import Ladder, dtype_name, require_x64, unit_roundoff
 from ._problem import Residual, build_problem, nonfinite_fits
-from .. import _disk_cache
-from .._lapack_init import ensure_lapack
-from .._tracing import is_concrete, is_traced
-from ..nlsq._identity import computation_key
+from .._tracing import is_traced
 from ._compile import tuned_jit
 from .chunking import auto_chunk_size, map_blocks, run_chunked
 from .covariance import batched_pcov
@@ -116,91 +112,6 @@ def _core(residual: Residual, cfg: _Config) -> Callable:
     plain = cfg._replace(plans=tuple(
         p._replace(opts=p.opts._replace(gram="einsum")) for p in cfg.plans))
     return tuned_jit(_build(residual, cfg), _build(residual, plain))
-
-
-def _key_avals(residual: Residual, cfg: _Config, x0, bargs, sargs):
-    """One fit's argument avals at every rung (as the solver casts them) and at the
-    top accumulation dtype with the data as given (the final evaluation)."""
-    def one(a, batched):
-        shape = np.shape(a)[1:] if batched else np.shape(a)
-        return jax.ShapeDtypeStruct(shape, jnp.result_type(a))
-
-    xs = one(x0, True)
-    b = jax.tree.map(lambda a: one(a, True), bargs)
-    sh = jax.tree.map(lambda a: one(a, False), sargs)
-
-    def cast(tree, d):
-        return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, d)
-                            if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
-
-    rungs = [(jax.ShapeDtypeStruct(xs.shape, p.dtype), cast(b, p.dtype), cast(sh, p.dtype))
-             for p in cfg.plans]
-    top = cfg.plans[-1].acc_dtype
-    return (*rungs, (jax.ShapeDtypeStruct(xs.shape, top), b, sh))
-
-
-_disk_keys: collections.OrderedDict = collections.OrderedDict()
-
-
-def _disk_key(residual: Residual, cfg: _Config, x0, bargs, sargs) -> tuple | None:
-    """The disk-cache key of the solver for these inputs (memoised per residual object,
-    configuration and argument shapes: tracing costs a few ms)."""
-    avals = _key_avals(residual, cfg, x0, bargs, sargs)
-    memo = (residual, cfg, tuple((str(jax.tree.structure(a)), tuple(
-        (v.shape, str(v.dtype)) for v in jax.tree.leaves(a))) for a in avals))
-    if memo in _disk_keys:
-        _disk_keys.move_to_end(memo)
-        return _disk_keys[memo]
-    keys = []
-    for a in avals:
-        keys.append(computation_key(residual, *a))
-    flags = (residual.batched_pos, residual.shared_pos, residual.has_ydata,
-             residual.has_weights, residual.weights_shared, residual.has_bounds)
-    key = None if None in keys else ("batch", tuple(keys), flags, cfg)
-    _disk_keys[memo] = key
-    if len(_disk_keys) > 256:
-        _disk_keys.popitem(last=False)
-    return key
-
-
-def _disk_cached(solve: Callable, residual: Residual, cfg: _Config) -> Callable:
-    """``solve`` whose eager calls take their executable from adaptprec's on-disk cache
-    (:mod:`adaptprec._disk_cache`; issue 14): a fresh process loads the batched solver
-    instead of compiling it. The key is the residual's *computation* (its jaxpr at every
-    rung, the captured constants' values, see :func:`..nlsq._identity.computation_key`),
-    the residual's layout flags and the configuration, so a residual created per call
-    (a lambda, a closure) reuses the program too. Traced calls (sharding, a user's jit)
-    and residuals whose key cannot be formed use ``solve`` as before."""
-    if getattr(solve, "tuned", None) is None:
-        return solve
-
-    def key_of(args):
-        try:
-            return _disk_key(residual, cfg, *args)
-        except Exception:  # a residual the key cannot be formed for: as before
-            return None
-
-    def aot(x0, bargs, sargs):
-        """The executable for concrete arguments (the disk cache's, or compiled)."""
-        args = (x0, bargs, sargs)
-        key = key_of(args)
-        ensure_lapack()
-        if key is None:
-            return solve.tuned.lower(*args).compile()
-        return _disk_cache.compiled(solve.tuned, key, args, solve.options)
-
-    def call(x0, bargs, sargs):
-        args = (x0, bargs, sargs)
-        if not is_concrete(args):
-            return solve(*args)
-        key = key_of(args)
-        if key is None:
-            return solve(*args)   # jit's own cache
-        ensure_lapack()
-        return _disk_cache.compiled(solve.tuned, key, args, solve.options)(*args)
-
-    call.aot = aot   # for run_chunked's ahead-of-time compilation (chunking.py)
-    return call
 
 
 def _build(residual: Residual, cfg: _Config) -> Callable:
@@ -432,7 +343,7 @@ def solve_nlsq_batch(
                   float(escalate_fraction), 64, factor, 128, float(cond_tol),
                   float(noise_floor), bool(return_pcov), bool(absolute_sigma),
                   int(block_size), strategy)
-    solve = _disk_cached(_core(prob.residual, cfg), prob.residual, cfg)
+    solve = _core(prob.residual, cfg)
 
     if mesh is None:
         mesh, inferred = infer_mesh(prob.x0)

@@ -185,12 +185,8 @@ def _notify_compiling(progress, on: bool) -> None:
 
 
 def _aot_compile(solve: Callable, args):
-    """The compiled executable of ``solve`` for ``args`` when ``solve`` exposes it
-    (``.aot(*args)``, e.g. from adaptprec's disk cache) or its top-level ``jax.jit``
-    (``.tuned``), else None."""
-    aot = getattr(solve, "aot", None)
-    if aot is not None:
-        return aot(*args)
+    """The compiled executable of ``solve`` for ``args`` when ``solve`` exposes its
+    top-level ``jax.jit`` (``.tuned``), else None."""
     target = getattr(solve, "tuned", None)
     if target is None or not hasattr(target, "lower"):
         return None

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import types
 import weakref
 from typing import Any, NamedTuple
@@ -42,8 +41,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-__all__ = ["TracedResidual", "trace_residual", "jaxpr_function", "user_callables",
-           "computation_key"]
+__all__ = ["TracedResidual", "trace_residual", "jaxpr_function", "user_callables"]
 
 
 class TracedResidual(NamedTuple):
@@ -168,39 +166,3 @@ def user_callables(jaxpr) -> tuple:
     for f in out:
         unique.setdefault(id(f), f)
     return tuple(unique.values())
-
-
-#: captured constants above this many bytes are not hashed (the key is then ``None``)
-MAX_CONST_BYTES = 16 * 2 ** 20
-
-
-def computation_key(fun, *args):
-    """A key for programs that *bake in* what ``fun(*args)`` captures (unlike
-    :func:`trace_residual`, whose programs take the captured arrays as arguments): the
-    jaxpr's text, the arguments' tree structure, a SHA-256 of the captured constants'
-    shapes, dtypes and values, and :func:`user_callables`. ``args`` may be
-    ``jax.ShapeDtypeStruct`` s. ``None`` when the constants exceed
-    :data:`MAX_CONST_BYTES` (hashing them would cost more than it saves).
-
-    Example:
-        >>> import jax, jax.numpy as jnp, numpy as np
-        >>> from adaptprec.nlsq._identity import computation_key
-        >>> x = jax.ShapeDtypeStruct((3,), jnp.float32)
-        >>> k1 = computation_key(lambda v: v * np.arange(3.0), x)
-        >>> k1 == computation_key(lambda v: v * np.arange(3.0), x)
-        True
-        >>> k1 == computation_key(lambda v: v * np.ones(3), x)   # other captured values
-        False
-    """
-    leaves, treedef = jax.tree.flatten(args)
-    closed = jax.make_jaxpr(lambda *ls: fun(*jax.tree.unflatten(treedef, ls)))(
-        *[_aval(a) for a in leaves])
-    h, total = hashlib.sha256(), 0
-    for c in closed.consts:
-        a = np.asarray(c)
-        total += a.nbytes
-        if total > MAX_CONST_BYTES:
-            return None
-        h.update(repr((a.shape, str(a.dtype))).encode())
-        h.update(np.ascontiguousarray(a).tobytes())
-    return (str(closed.jaxpr), str(treedef), h.hexdigest(), user_callables(closed.jaxpr))
