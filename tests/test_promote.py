@@ -14,7 +14,7 @@ import adaptprec as ap
 from _subprocess import run_python
 from adaptprec.nlsq import _host, _promote
 from nist_problems import load
-from test_latency import count_compiles
+from test_latency import _data, _expo, count_compiles
 
 
 @pytest.fixture
@@ -49,16 +49,6 @@ def test_promoted_solve_has_the_host_loops_bits(promote, monkeypatch, name):
     ref = ap.solve_nlsq(p.residual, jnp.asarray(p.starts[1]), args=args)
     assert _leaves_equal(other, ref)
     assert isinstance(whole.x, jax.Array)    # solve_nlsq with x64 on: JAX arrays, as before
-
-
-def _expo(t, a, k, c):
-    return a * jnp.exp(-k * t) + c
-
-
-def _data(m, seed=0):
-    rng = np.random.default_rng(seed)
-    t = np.linspace(0.0, 4.0, m)
-    return t, 2.5 * np.exp(-1.3 * t) + 0.5 + 0.01 * rng.standard_normal(m)
 
 
 @pytest.fixture(scope="module")
