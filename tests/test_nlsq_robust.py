@@ -207,6 +207,18 @@ def test_portfolio_under_vmap_and_grad(mgh09_runaway):
     assert np.all(np.isfinite(np.asarray(dy))) and float(jnp.max(jnp.abs(dy))) > 0
 
 
+def test_portfolio_second_strategy_optimistix_radius():
+    # MGH09 from a perturbed start 1 (sweep seed 0, row p3): MINPACK's rule runs out of
+    # its 100 (n+1) steps; the second strategy with scipy's trf rule did too (1003
+    # evaluations, LRE 0); with optimistix's constants (lm.optx_radius) it reaches the
+    # certified values
+    from robust_sweep import problem_starts
+    p, starts = problem_starts("MGH09", 3, 0)
+    res = run_ours(p, dict(starts)["p3"], precision="f64")
+    assert score(p, res["x"], res["cost"]) >= 6.0 and res["success"]
+    assert 500 < res["nfev"] <= 2 * 501   # the first strategy's 500 steps count
+
+
 def test_portfolio_default_budget_is_per_strategy():
     # MINPACK's Beale from 100 x0: MINPACK's radius rule uses the default 100 (n+1) = 300
     # steps without converging (cost 0.45); the second strategy, with a budget of its own,
