@@ -189,7 +189,10 @@ def test_portfolio_recovers_a_runaway_convergence(mgh09_runaway):
             assert bool(res.success) and res.rung_name == "f64"
             # the first strategy's evaluations count: it ran ~100 before the restart
             assert int(res.nfev) > 150
-        np.testing.assert_allclose(np.asarray(eager.x), np.asarray(jitted.x), rtol=1e-8)
+        # (the two drivers round differently; with the second strategy's optimistix
+        # constants the host driver stops on ftol after 222 evaluations, the fused one on
+        # gtol after 224, both at the certified cost, LRE 8.9 / 9.3: agree to 1e-7)
+        np.testing.assert_allclose(np.asarray(eager.x), np.asarray(jitted.x), rtol=1e-7)
 
 
 def test_portfolio_under_vmap_and_grad(mgh09_runaway):
