@@ -189,7 +189,10 @@ def test_portfolio_recovers_a_runaway_convergence(mgh09_runaway):
             assert bool(res.success) and res.rung_name == "f64"
             # the first strategy's evaluations count: it ran ~100 before the restart
             assert int(res.nfev) > 150
-        np.testing.assert_allclose(np.asarray(eager.x), np.asarray(jitted.x), rtol=1e-8)
+        # (the two drivers round differently; with the second strategy's optimistix
+        # constants the host driver stops on ftol after 222 evaluations, the fused one on
+        # gtol after 224, both at the certified cost, LRE 8.9 / 9.3: agree to 1e-7)
+        np.testing.assert_allclose(np.asarray(eager.x), np.asarray(jitted.x), rtol=1e-7)
 
 
 def test_portfolio_under_vmap_and_grad(mgh09_runaway):
@@ -205,6 +208,18 @@ def test_portfolio_under_vmap_and_grad(mgh09_runaway):
     dy = jax.grad(lambda y: ap.solve_nlsq(f, x0, args=(args[0], y),
                                           precision="f64").x[0])(args[1])
     assert np.all(np.isfinite(np.asarray(dy))) and float(jnp.max(jnp.abs(dy))) > 0
+
+
+def test_portfolio_second_strategy_optimistix_radius():
+    # MGH09 from a perturbed start 1 (sweep seed 0, row p3): MINPACK's rule runs out of
+    # its 100 (n+1) steps; the second strategy with scipy's trf rule did too (1003
+    # evaluations, LRE 0); with optimistix's constants (lm.optx_radius) it reaches the
+    # certified values
+    from robust_sweep import problem_starts
+    p, starts = problem_starts("MGH09", 3, 0)
+    res = run_ours(p, dict(starts)["p3"], precision="f64")
+    assert score(p, res["x"], res["cost"]) >= 6.0 and res["success"]
+    assert 500 < res["nfev"] <= 2 * 501   # the first strategy's 500 steps count
 
 
 def test_portfolio_default_budget_is_per_strategy():
