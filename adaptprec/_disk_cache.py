@@ -74,7 +74,7 @@ _MEMORY_SIZE = 512
 _lock = threading.Lock()
 _memory: collections.OrderedDict = collections.OrderedDict()
 _stats = {"compiles": 0, "disk_hits": 0, "disk_writes": 0, "disk_errors": 0,
-          "memory_hits": 0, "prefetched": 0}
+          "memory_hits": 0, "prefetched": 0, "background_compiles": 0}
 _fingerprint: list = []
 _pending: dict = {}   # memory key -> _Pending (a background load, see prefetch)
 
@@ -92,8 +92,9 @@ def cache_dir() -> str | None:
 
 def stats() -> dict:
     """Counters: ``compiles``, ``disk_hits``, ``disk_writes``, ``disk_errors``,
-    ``memory_hits`` and ``prefetched`` (disk hits loaded in the background by
-    :func:`prefetch`)."""
+    ``memory_hits``, ``prefetched`` (disk hits loaded in the background by
+    :func:`prefetch`) and ``background_compiles`` (programs :func:`prefetch` compiled in
+    the background that a later :func:`compiled` used; they count in ``compiles``)."""
     return dict(_stats)
 
 
@@ -309,16 +310,18 @@ def compiled(jitted, key: tuple, args: tuple, options: dict | None = None):
             return hit
     with _lock:
         pending = _pending.pop(mem_key, None)
-    comp = None
+    comp, loaded = None, False
     if pending is not None:   # started by prefetch(): wait for it
         pending.done.wait()
-        comp = pending.value
-        _stats["prefetched"] += comp is not None
+        comp, loaded = pending.value, pending.loaded
+        _stats["prefetched"] += comp is not None and loaded
+        _stats["background_compiles"] += comp is not None and not loaded
     directory, path, full_key = _entry((key, sig, sorted((options or {}).items())))
     if comp is None and path is not None:
         comp = _load(path, full_key)
+        loaded = True
     if comp is not None:
-        _stats["disk_hits"] += 1
+        _stats["disk_hits"] += loaded
     else:
         ensure_lapack()  # before lowering: jaxlib's own start-up imports scipy.linalg
         comp = jitted.lower(*args).compile()
@@ -330,6 +333,13 @@ def compiled(jitted, key: tuple, args: tuple, options: dict | None = None):
         if len(_memory) > _MEMORY_SIZE:
             _memory.popitem(last=False)
     return comp
+
+
+def background_compile() -> bool:
+    """Whether :func:`prefetch` may compile in a background thread
+    (``ADAPTPREC_BACKGROUND_COMPILE=0`` turns it off: every program then compiles when
+    first called, in the calling thread)."""
+    return os.environ.get("ADAPTPREC_BACKGROUND_COMPILE", "1").strip().lower() not in _OFF
 
 
 def on_disk(key: tuple, args: tuple, options: dict | None = None) -> bool:
@@ -356,23 +366,26 @@ def compiled_lowered(lowered, key: tuple, args: tuple, options: dict | None = No
 
 
 class _Pending:
-    __slots__ = ("done", "value")
+    __slots__ = ("done", "value", "loaded")
 
-    def __init__(self):
-        self.done, self.value = threading.Event(), None
+    def __init__(self, loaded: bool):
+        self.done, self.value, self.loaded = threading.Event(), None, loaded
 
 
-def prefetch(key: tuple, args: tuple, options: dict | None = None) -> bool:
+def prefetch(key: tuple, args: tuple, options: dict | None = None, jitted=None) -> bool:
     """Start loading the program :func:`compiled` would return for ``(key, args,
     options)`` from disk in a background thread, and return at once (``True`` if a load
-    was started). ``args`` may be ``jax.ShapeDtypeStruct`` s of the arguments.
+    was started). ``args`` may be ``jax.ShapeDtypeStruct`` s of the arguments. Given
+    ``jitted`` (as for :func:`compiled`), a program not on disk (or with the cache off)
+    is lowered here and compiled in the background thread (then stored).
 
     XLA's deserialisation of an executable (rebuilding its HLO module: ~0.15 s for the
-    host driver's step program) releases the GIL, so it overlaps with tracing the
-    residual and with loading the other programs. A later :func:`compiled` with the same
-    key and argument shapes waits for the load (or compiles, if it failed). Nothing
-    happens when the program is in memory, already pending, the cache is off or the
-    entry is not on disk.
+    host driver's step program) and its compilation release the GIL, so they overlap with
+    tracing the residual and with loading or compiling the other programs (XLA:CPU
+    compiles each of our programs on one thread: :mod:`adaptprec.nlsq._compile`). A
+    later :func:`compiled` with the same key and argument shapes waits for the thread
+    (or compiles, if it failed). Nothing happens when the program is in memory or already
+    pending, or, without ``jitted``, when the cache is off or the entry is not on disk.
 
     Example:
         >>> import os, tempfile, jax, jax.numpy as jnp
@@ -397,10 +410,17 @@ def prefetch(key: tuple, args: tuple, options: dict | None = None) -> bool:
         if mem_key in _memory or mem_key in _pending:
             return False
     directory, path, full_key = _entry((key, sig, sorted((options or {}).items())))
-    if path is None or not os.path.exists(path):
+    on_disk_ = path is not None and os.path.exists(path)
+    if not on_disk_ and (jitted is None or not background_compile()):
         return False
     ensure_lapack()   # here, not in the thread (it may import)
-    pending = _Pending()
+    lowered = None
+    if not on_disk_:
+        try:   # lowering runs Python (holds the GIL): here; the thread only compiles
+            lowered = jitted.lower(*args)
+        except Exception:  # compiled() lowers again and raises it where it belongs
+            return False
+    pending = _Pending(loaded=on_disk_)
     with _lock:
         if mem_key in _memory or mem_key in _pending:
             return False
@@ -410,7 +430,14 @@ def prefetch(key: tuple, args: tuple, options: dict | None = None) -> bool:
 
     def run():
         try:
-            pending.value = _load(path, full_key)
+            if lowered is None:
+                pending.value = _load(path, full_key)
+            else:
+                pending.value = comp = lowered.compile()
+                with _lock:
+                    _stats["compiles"] += 1
+                if path is not None:
+                    _store(directory, path, full_key, comp)
         except BaseException:  # _load handles its own errors; never leave it waiting
             pending.value = None
         finally:

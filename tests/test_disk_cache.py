@@ -83,9 +83,11 @@ def test_cold_process_writes_and_warm_process_loads_without_compiling(cold):
     second = _fit({"ADAPTPREC_CACHE_DIR": d})
     assert second["stats"]["compiles"] == 0
     assert second["stats"]["disk_hits"] == first["stats"]["compiles"]
-    # the step programs (init, step) were loaded in the background while the residual
-    # was traced (_disk_cache.prefetch): their keys and shapes match the loop's calls
-    assert first["stats"]["prefetched"] == 0 and second["stats"]["prefetched"] == 2
+    # the four programs were compiled (cold) or loaded (warm) in the background
+    # (_disk_cache.prefetch: the step programs while the residual was traced): their keys
+    # and shapes match the loop's calls
+    assert first["stats"]["background_compiles"] == first["stats"]["compiles"] == 4
+    assert first["stats"]["prefetched"] == 0 and second["stats"]["prefetched"] == 4
     assert second["compiles"] == 0          # no XLA compilation anywhere in the fit
     assert second["popt"] == first["popt"] and second["pcov"] == first["pcov"]  # bits
     assert second["lapack"] == ["fast"] and not second["scipy_linalg"]

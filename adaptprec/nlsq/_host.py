@@ -415,9 +415,23 @@ def _prefetch_step(sp: StepPrograms, cfg: LoopConfig) -> None:
         return tuple(sds((k,), d) for k, d in zip(p.sizes, p.dtypes))
 
     ctx, m = vecs(sp.ctx), sds((), np.int32)
-    _disk_cache.prefetch(sp.init.cache_key, (sds((cfg.n,), top), ctx, m), sp.init.options)
+    _disk_cache.prefetch(sp.init.cache_key, (sds((cfg.n,), top), ctx, m), sp.init.options,
+                         sp.init.tuned)
     _disk_cache.prefetch(sp.step.cache_key, (vecs(sp.carry), vecs(_ev_packer(cfg.n, top)),
-                                             ctx, m), sp.step.options)
+                                             ctx, m), sp.step.options, sp.step.tuned)
+
+
+def _prefetch_residual(evaluate, final, n: int, top, consts, mask, args, f_scale, lb, ub,
+                       xtol) -> None:
+    """Start compiling (or loading) the residual's ``evaluate`` and ``final`` programs in
+    the background: on 2 cores they compile beside the step programs, and ``final``
+    meanwhile the loop runs (arguments as :func:`_solve_host_loop` passes them)."""
+    sds = jax.ShapeDtypeStruct
+    ctl, z = sds((2,), np.int32), sds((n,), top)
+    _disk_cache.prefetch(evaluate.cache_key, (ctl, z, consts, mask, args, f_scale),
+                         evaluate.options, evaluate.tuned)
+    _disk_cache.prefetch(final.cache_key, (z, consts[-1], mask, args, f_scale, lb, ub, xtol),
+                         final.options, final.tuned)
 
 
 def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, args,
@@ -526,6 +540,8 @@ def _solve_host_loop(sp, evaluate, final, x0, ctx, consts, args, m_arr, M, is_pa
         mask = None
         args = jax.device_put(args)
     ctx, fs_d, m_d, consts = jax.device_put((ctx, fs, m_arr, consts))
+    _prefetch_residual(evaluate, final, x0.shape[0], x0.dtype, consts, mask, args, fs_d,
+                       lb, ub, xtol)
     carry = _host_loop(sp.init, sp.step, evaluate, x0, consts, mask, args, ctx, fs_d, m_d)
     carry = jax.device_get(carry)
     st, _ = sp.carry.unpack_numpy(carry)
