@@ -10,6 +10,7 @@ and the total time of each configuration (including compilation). ``--json`` sav
 rows for comparing two versions.
 
 Run:  python benchmarks/bench_ladder.py [--perturbed K] [--seed S] [--json out] [names...]
+      python benchmarks/bench_ladder.py --seeds 1:40 [--restart-radius 1.0]   (a scan)
 """
 
 from __future__ import annotations
@@ -55,15 +56,29 @@ def main(argv=None):
     a_.add_argument("names", nargs="*")
     a_.add_argument("--perturbed", type=int, default=3)
     a_.add_argument("--seed", type=int, default=0)
+    a_.add_argument("--seeds", help="a range A:B of seeds, one process (the misses and a "
+                    "summary line per seed)")
+    a_.add_argument("--restart-radius", type=float, default=None,
+                    help="the portfolio's _loop.RESTART_RADIUS (default: the library's)")
     a_.add_argument("--json")
     a_.add_argument("--all", action="store_true", help="print every row")
     a_.add_argument("--kw", default="{}", help="extra solve_nlsq keywords (adaptive), JSON")
     a = a_.parse_args(argv)
     warnings.simplefilter("ignore")
+    if a.restart_radius is not None:  # (read when the step is traced: before any solve)
+        from adaptprec.nlsq import _loop
+        _loop.RESTART_RADIUS = a.restart_radius
+    if a.seeds:
+        lo, hi = (int(v) for v in a.seeds.split(":"))
+        return [run_seed(a, seed) for seed in range(lo, hi)]
+    return run_seed(a, a.seed)
+
+
+def run_seed(a, seed):
     kw = json.loads(a.kw)
     rows = []
     for name in a.names or list(MODELS):
-        p, starts = problem_starts(name, a.perturbed, a.seed)
+        p, starts = problem_starts(name, a.perturbed, seed)
         for label, x0 in starts:
             ad = solve(p, x0, **kw)
             f64 = solve(p, x0, precision="f64")
@@ -82,7 +97,7 @@ def main(argv=None):
                   f"{ad['status']}/{f['status']} {flag} |")
     n = len(rows)
     cert = [r for r in rows if r["start"] in ("s1", "s2")]
-    print(f"\nseed {a.seed}: LRE property {n - len(lre_bad)}/{n}, nfev property "
+    print(f"\nseed {seed}: LRE property {n - len(lre_bad)}/{n}, nfev property "
           f"{n - len(nfev_bad)}/{n}; certified starts at LRE >= 6: adaptive "
           f"{sum(r['ad']['lre'] >= 6 for r in cert)}/{len(cert)}, f64 "
           f"{sum(r['f64']['lre'] >= 6 for r in cert)}/{len(cert)}; solved (LRE >= 6): "
