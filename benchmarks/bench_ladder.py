@@ -68,6 +68,9 @@ def main(argv=None):
     if a.restart_radius is not None:  # (read when the step is traced: before any solve)
         from adaptprec.nlsq import _loop
         _loop.RESTART_RADIUS = a.restart_radius
+        # the program cache's keys hold the source's hash, not a patched constant: a
+        # cached step program would be the library's own
+        os.environ["ADAPTPREC_CACHE_DIR"] = "off"
     if a.seeds:
         lo, hi = (int(v) for v in a.seeds.split(":"))
         return [run_seed(a, seed) for seed in range(lo, hi)]
