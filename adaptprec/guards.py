@@ -746,7 +746,11 @@ class _Accuracy(Guard):
                 bad = bad + sum(jnp.sum(jnp.asarray(y) != y0, dtype=jnp.float32)
                                 for y in ys)
         unstable = (bad > 0) | (res.unstable > 0)
-        err = jnp.maximum(self.safety * est, res.cancellation)
+        # floored at the rung's unit roundoff: storing the result in this dtype can cost
+        # that much, and the samples may all round alike (an estimate of 0 that would let a
+        # rung with u > rtol pass: 1.003 * 1.0 in bfloat16 is 1.0 in every sample)
+        err = jnp.maximum(jnp.maximum(self.safety * est, res.cancellation),
+                          jnp.float32(ctx.u))
         err = jnp.where(unstable, jnp.inf, err)
         code = jnp.where(res.cancellation > self.rtol, CANCELLATION, INACCURATE)
         return GuardResult.make(err <= self.rtol, code, digits_from_error(err, ctx.u))

@@ -254,3 +254,18 @@ def test_softmax_shift_and_ties_are_not_cancellations():
               jnp.asarray([[1.0, 1.0 + 1e-6, 1.0, 0.5]], jnp.float32)):  # near ties
         y, rep = jax.jit(f.with_report)(x)
         assert rep.rung_name == "f32" and bool(rep.ok), rep.summary()
+
+
+@pytest.mark.parametrize("fn, x, truth", [
+    (lambda x: x * 1.0, jnp.array([1.003]), 1.003),                  # input cast sticks
+    (lambda x: jnp.sum(x), jnp.full((10000,), 1.0001), 10001.0),     # samples round alike
+])
+def test_a_rung_coarser_than_rtol_never_passes(fn, x, truth):
+    # newcomer audit: every Monte Carlo sample rounded the same way, the estimate was 0
+    # and bfloat16 (u = 2^-8) was "verified" at rtol=1e-4 with a true error of 2e-3
+    y, rep = _run(fn, (x,), 1e-4)
+    assert int(rep.rung) > 0, rep.summary()
+    assert bool(rep.ok) and rel_error(y, np.asarray([truth])) <= 1e-4, rep.summary()
+    # the guard alone: bfloat16 cannot carry 1e-4, whatever the samples say
+    r = guards.accuracy(rtol=1e-4).evaluate(fn, x, dtype="bf16")
+    assert not bool(r.ok)
