@@ -154,3 +154,16 @@ def test_curve_fit_bad_input():
         ap.curve_fit(model, X[:2], Y[:2], p0=P0, method="lm")  # scipy's TypeError
     with pytest.raises(ValueError, match="empty"):
         ap.curve_fit(model, X[:0], Y[:0], p0=P0)
+
+
+def test_linear_model_under_vmap_and_grad():
+    # newcomer audit: a model linear in its parameters has a Jacobian free of the traced
+    # ydata, so the NumPy covariance route was taken with a traced cost (crash)
+    t = jnp.arange(5.0)
+    lin = lambda x, a, b: a * x + b  # noqa: E731
+    ys = jnp.stack([2.0 * t - 1.0, -0.5 * t + 3.0])
+    with jax.enable_x64(True):
+        popt = jax.vmap(lambda y: ap.curve_fit(lin, t, y, p0=[1.0, 0.1])[0])(ys)
+        np.testing.assert_allclose(np.asarray(popt), [[2.0, -1.0], [-0.5, 3.0]], atol=1e-9)
+        g = jax.grad(lambda y: ap.curve_fit(lin, t, y, p0=[1.0, 0.1])[0][0])(ys[0])
+        np.testing.assert_allclose(np.asarray(g), (np.arange(5.0) - 2.0) / 10.0, atol=1e-9)

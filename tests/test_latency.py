@@ -160,6 +160,22 @@ def test_migration_errors_name_the_construct_and_the_fix():
         ap.curve_fit(bad, t, t, p0=[1.0, 1.0])
     with pytest.raises(Mine):
         ap.solve_nlsq(lambda p: bad(t, *p), np.ones(2))
+    # a jac written with NumPy gets the same explanation (newcomer audit)
+    with pytest.raises(TypeError, match="jac calls a NumPy function"):
+        ap.curve_fit(lambda t, a, k: a * jnp.exp(-k * t), t, np.exp(-t), p0=[1.0, 1.0],
+                     jac=lambda t, a, k: np.stack([np.exp(-k * t), -a * t * np.exp(-k * t)],
+                                                  axis=1))
+
+
+def test_model_output_must_match_ydata():
+    # newcomer audit: a (m, 1) column broadcast against ydata (m,) into m * m residuals
+    # and gave a wrong popt with a finite pcov; a wrong length was JAX's TypeError
+    t = np.linspace(0.0, 4.0, 50)
+    y = 3.0 * t + 1.0
+    with pytest.raises(ValueError, match=r"returned shape \(50, 1\).*not a column"):
+        ap.curve_fit(lambda t, a, b: (a * t + b)[:, None], t, y)
+    with pytest.raises(ValueError, match=r"returned shape \(49,\) but ydata has shape"):
+        ap.curve_fit(lambda t, a, b: (a * t + b)[1:], t, y)
 
 
 def test_batch_size_bucket_compiles_nothing():

@@ -42,10 +42,11 @@ _INTEGER = (
     "quantities as data (in xdata/args), or use jnp.round and jax.lax.dynamic_slice.")
 
 
-def explain_trace_error(exc: BaseException):
+def explain_trace_error(exc: BaseException, who: str = "the model"):
     """A ``TypeError`` explaining ``exc`` if it is JAX's complaint about a NumPy call,
     Python control flow or an int conversion on a traced parameter; ``None`` otherwise
-    (the caller then re-raises ``exc`` unchanged).
+    (the caller then re-raises ``exc`` unchanged). ``who``: the user function that was
+    traced (``"the model"``, ``"jac"``).
 
     Example:
         >>> from adaptprec.nlsq._errors import explain_trace_error
@@ -61,4 +62,7 @@ def explain_trace_error(exc: BaseException):
     else:
         return None
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if who != "the model":
+        text = text.replace("differentiates and compiles the model", f"compiles {who}")
+        text = text.replace("the model", who)
     return TypeError(f"{text}\n(JAX said: {first})")

@@ -87,18 +87,37 @@ def _call(f, xdata, p):
     return f(xdata, *[p[i] for i in range(p.shape[0])])
 
 
+def _model_minus_data(f, xdata, p, ydata):
+    """``f(xdata, *p) - ydata``, refusing shapes that broadcast into something else (a
+    model of shape ``(m, 1)`` against ``ydata`` of shape ``(m,)`` would give ``m * m``
+    residuals and a wrong fit; scipy raises too). Checked when tracing: no run-time cost."""
+    out = _call(f, xdata, p)
+    a, b = np.shape(out), np.shape(ydata)
+    try:
+        both = np.broadcast_shapes(a, b)
+    except ValueError:
+        both = None
+    if both is None or both not in (a, b):
+        hint = (" (not a column: ravel it, or index with [:, 0])"
+                if np.size(out) == np.prod(b) else "")
+        raise ValueError(
+            f"curve_fit: the model returned shape {a} but ydata has shape {b}; "
+            f"f(xdata, *p) must return one value per data point, shape {b}{hint}")
+    return out - ydata
+
+
 @functools.lru_cache(maxsize=256)
 def _residual_for(f: Callable, kind: str) -> Callable:
     """A stable residual function per (model, sigma kind), so solve_nlsq's cache hits."""
     if kind == "none":
         def residual(p, xdata, ydata):
-            return jnp.ravel(_call(f, xdata, p) - ydata)
+            return jnp.ravel(_model_minus_data(f, xdata, p, ydata))
     elif kind == "1d":
         def residual(p, xdata, ydata, w):
-            return jnp.ravel((_call(f, xdata, p) - ydata) * w)
+            return jnp.ravel(_model_minus_data(f, xdata, p, ydata) * w)
     else:
         def residual(p, xdata, ydata, L):
-            r = jnp.ravel(_call(f, xdata, p) - ydata)
+            r = jnp.ravel(_model_minus_data(f, xdata, p, ydata))
             return solve_triangular(L, r, lower=True)
     return residual
 
@@ -449,7 +468,7 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
     lm_rule = method == "lm" or (method is None and unbounded)
     # the point count is the residual's size (a scalar ydata broadcasts against f)
     m = int(res.fun.size)
-    if is_concrete(res.jac) and m < _NUMPY_COVARIANCE_MAX_M:
+    if is_concrete((res.jac, res.cost)) and m < _NUMPY_COVARIANCE_MAX_M:
         # NumPy: no compilation per data length
         pcov = _pcov_numpy(np.asarray(res.jac), res.cost, n, lm_rule, absolute_sigma)
     else:

@@ -265,6 +265,9 @@ def _check_jac_shape(jac, x0_flat, args, m: int, n: int) -> str | None:
         kind, J0 = (probe_host_jac(jac, x0_flat, args) if is_concrete((x0_flat, args))
                     else (None, None))
         if kind is None:
+            explained = explain_trace_error(exc, "jac")
+            if explained is not None:
+                raise explained.with_traceback(None) from exc
             raise TypeError(f"calling jac(x0, *args) failed while checking its shape: "
                             f"{exc}") from exc
         if tuple(J0.shape) != (m, n):
