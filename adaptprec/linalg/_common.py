@@ -73,8 +73,8 @@ def check_finite(what: str, **arrays) -> None:
     if bad:
         raise ValueError(
             f"{what}: {' and '.join(bad)} contain{'s' if len(bad) == 1 else ''} NaN or Inf; "
-            "remove the non-finite entries (inside jit this is reported as status 6 in the "
-            "returned info instead)"
+            "remove the non-finite entries (inside jit this is reported as status "
+            "NONFINITE_INPUT (-8) in the returned info instead)"
         )
 
 
