@@ -426,3 +426,18 @@ def test_solveinfo_is_a_pytree():
     _, info = jax.jit(lambda A, b: ap.linalg.solve(A, b, estimate_cond=False))(
         np.eye(N), np.ones(N))
     assert info.cond_factors is None and len(jax.tree_util.tree_leaves(info)) == 6
+
+
+def test_lstsq_exactly_rank_deficient_is_never_converged():
+    # newcomer audit: column 2 = c * column 0; the float32 R looked conditioned enough for
+    # the refinement to "converge" (kappa_1(R_f32) ~ 1e8) to entries of 1e5, or the
+    # float64 estimate landed just under 1/u: CONVERGED either way
+    statuses = set()
+    for seed in (10, 19, 0, 3):
+        for c in (0.5, 3.0, 2.0):
+            r = np.random.default_rng(seed)
+            M = r.standard_normal((20, 3))
+            M[:, 2] = c * M[:, 0]
+            _, info = ap.linalg.lstsq(jnp.asarray(M), jnp.asarray(r.standard_normal(20)))
+            statuses.add(int(info.status))
+    assert statuses == {int(ap.Status.ILL_CONDITIONED)}

@@ -89,7 +89,7 @@ def _measures(A, B, x, r, ninf, n1):
 
 def _fallback(ops):
     """Working-precision QR solve of the given rows (any number of them)."""
-    A, B, cast_ok, factor_ok = ops
+    A, B, cast_ok, factor_ok, converged = ops
     w = A.dtype
     u_w = unit_roundoff(w)
     Q64, R64 = lax.linalg.qr(A, full_matrices=False)
@@ -101,14 +101,19 @@ def _fallback(ops):
                  & jnp.all(jnp.isfinite(B), axis=(1, 2)))
     kappa = jax.vmap(partial(_cond_r, dtype=w))(R64)
     xf = jnp.where((zero | ~finite_in)[:, None, None], jnp.asarray(jnp.nan, w), xf)
+    # numerically rank-deficient by LAPACK's and numpy's rank rule (sigma_min <= eps
+    # max(m, n) sigma_max): an exactly rank-deficient A leaves kappa_1(R) at 3e15-7e15
+    # through rounding, just under 1/u (newcomer audit: CONVERGED with entries of 1e14)
+    rank_tol = 2 * u_w * max(A.shape[-2:])
     status = jnp.select(
-        [~finite_in, zero, kappa * u_w >= 1],
+        [~finite_in, zero, kappa * rank_tol >= 1],
         [int(Status.NONFINITE_INPUT), int(Status.SINGULAR), int(Status.ILL_CONDITIONED)],
         default=int(Status.CONVERGED)).astype(jnp.int32)
     reason = jnp.select(
-        [~finite_in, ~cast_ok, ~factor_ok],
-        [int(Reason.NONFINITE), int(Reason.OVERFLOW), int(Reason.SINGULAR_FACTOR)],
-        default=int(Reason.STAGNATION)).astype(jnp.int32)
+        [~finite_in, ~cast_ok, ~factor_ok, ~converged],
+        [int(Reason.NONFINITE), int(Reason.OVERFLOW), int(Reason.SINGULAR_FACTOR),
+         int(Reason.STAGNATION)],
+        default=int(Reason.ILL_CONDITIONED)).astype(jnp.int32)   # kappa(R_f) u_f >= 1
     return xf, ef, status, reason, kappa
 
 
@@ -172,15 +177,20 @@ def _lstsq_core(A, B, *, storage, compute, max_iters, tol, capacity):
         return measures(x, B - jnp.matmul(A, x))[2]
 
     e = eta_of(x)
-    need = ~(cast_ok & factor_ok & jnp.all(conv, axis=1))
+    kappa_low = jax.vmap(partial(_cond_r, dtype=w))(R)
+    # the refinement is backed by theory only for kappa_2(A) u_f < 1: beyond it the
+    # low-precision R can neither vouch for x nor estimate kappa (newcomer audit: an
+    # exactly rank-deficient A "converged" with entries of 1e5, kappa_1(R_f32) 2e8)
+    trusted = kappa_low * unit_roundoff(compute) < 1
+    converged = jnp.all(conv, axis=1)
+    need = ~(cast_ok & factor_ok & converged & trusted)
     p = need.shape[0]
     current = (x, e, jnp.full((p,), int(Status.CONVERGED), jnp.int32),
                jnp.full((p,), int(Reason.NONE), jnp.int32), jnp.zeros((p,), w))
     # only the rows that need it are refactored in the working precision (compaction)
     x, e, status, reason, kappa_f = recompute_rows(
-        need, _fallback, (A, B, cast_ok, factor_ok), current,
+        need, _fallback, (A, B, cast_ok, factor_ok, converged), current,
         capacity=capacity_for(capacity, p))
-    kappa_low = jax.vmap(partial(_cond_r, dtype=w))(R)
     # honest: a non-finite x has no meaningful optimality measure
     e = jnp.where(jnp.all(jnp.isfinite(x), axis=1), e, jnp.inf)
     info = SolveInfo(iterations=its, backward_error=jnp.max(e, axis=1),
