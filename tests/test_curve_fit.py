@@ -167,3 +167,17 @@ def test_linear_model_under_vmap_and_grad():
         np.testing.assert_allclose(np.asarray(popt), [[2.0, -1.0], [-0.5, 3.0]], atol=1e-9)
         g = jax.grad(lambda y: ap.curve_fit(lin, t, y, p0=[1.0, 0.1])[0][0])(ys[0])
         np.testing.assert_allclose(np.asarray(g), (np.arange(5.0) - 2.0) / 10.0, atol=1e-9)
+
+
+def test_failed_fit_under_jit_is_nan_not_an_answer():
+    # newcomer audit: under jit nothing can raise, and popt looked like a real answer
+    @jax.jit
+    def fit(y):
+        return ap.curve_fit(model, jnp.asarray(X), y, p0=jnp.asarray(P0), maxfev=2)
+
+    with jax.enable_x64(True):
+        popt, pcov = fit(jnp.asarray(Y))
+        assert np.all(np.isnan(np.asarray(popt))) and np.all(np.isnan(np.asarray(pcov)))
+        out = jax.jit(lambda y: ap.curve_fit(model, jnp.asarray(X), y, p0=jnp.asarray(P0),
+                                             maxfev=2, full_output=True)[::4])(jnp.asarray(Y))
+        assert int(out[1]) <= 0 and np.all(np.isfinite(np.asarray(out[0])))

@@ -487,6 +487,13 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
             box["fast"], n, m, kind, lm_rule, bool(absolute_sigma),
             _broadcast_bounds(bounds, n, np.float64), p0,
             x64_enabled() and not _plan_key[-1]))  # in the x64 scope, as this call
+    if not is_concrete(res.status) and not full_output:
+        # under a trace nothing can raise scipy's RuntimeError: a failed fit returns NaN
+        # (without full_output there is no ier to check, and popt would look like an
+        # answer: newcomer audit)
+        failed = ~(jnp.asarray(res.status) > 0)
+        popt = jnp.where(failed, jnp.nan, popt)
+        pcov = jnp.where(failed, jnp.nan, pcov)
     if is_concrete(pcov):
         # the status on the host (res.success would compile an eager comparison)
         if concrete and not int(np.asarray(res.status)) > 0:
