@@ -87,3 +87,19 @@ def test_singular_is_inf_and_bad_input():
         ap.linalg.cond_estimate(np.eye(3), norm=2)
     with pytest.raises(ValueError, match="floating"):
         ap.linalg.cond_estimate(np.eye(3, dtype=int))
+
+
+@pytest.mark.parametrize("factor", ["f32", "bf16", "f16"])
+def test_gmres_ir_beyond_its_factors_is_honest(factor):
+    # newcomer audit: GMRES-IR converges where kappa u_f >> 1, and the estimate from the
+    # factors there was 3e6..2e10 for kappa_inf 4e16, reported CONVERGED (no correct digit)
+    with jax.enable_x64(True):
+        for kappa, ill in ((1e12, False), (1e16, True)):
+            A = prescribed(kappa, seed=1, n=30)
+            b = A @ np.ones(30)
+            x, info = ap.linalg.solve(jnp.asarray(A), jnp.asarray(b), refine="gmres",
+                                      factor=factor)
+            true = np.linalg.cond(A, np.inf)
+            assert true / 4 <= float(info.cond_estimate) <= 4 * true, (kappa, info)
+            want = ap.Status.ILL_CONDITIONED if ill else ap.Status.CONVERGED
+            assert int(info.status) == want and not bool(info.fell_back)
