@@ -121,6 +121,16 @@ def test_honest_success_keeps_real_minima():
     assert score(p, res.x, res.cost) >= 6.0
 
 
+def test_underdetermined_zero_residual_fit_is_success():
+    # newcomer audit: with m < n every residual lies in range(J), so the cosine test
+    # called trf's stop at ||f|| = 2e-10 on x + y = 1 "not a minimum", and curve_fit with
+    # fewer points than parameters raised where scipy returns the fit
+    res = ap.solve_nlsq(lambda p: jnp.array([p[0] + p[1] - 1.0]), jnp.zeros(2),
+                        method="trf")
+    assert bool(res.success), res.message
+    np.testing.assert_allclose(np.asarray(res.x), [0.5, 0.5], atol=1e-8)
+
+
 def test_runaway_convergence_is_not_success():
     # linear data fitted by a t / (b + t): the infimum is approached only as a, b -> inf
     # (a / b -> 2); both strategies meet gtol at ||x|| ~ 1e9 from ||x0|| = 1.4
