@@ -505,6 +505,7 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
     if full_output:
         infodict = {"nfev": res.nfev, "fvec": res.fun, "result": res,
                     **minpack_fields(res.jac, res.fun)}
-        mesg = res.message if is_concrete(res.status) else ""
+        # under a trace the message is unknown, and a str could not leave jit: None
+        mesg = res.message if is_concrete(res.status) else None
         return popt, pcov, infodict, mesg, res.status
     return popt, pcov
