@@ -441,3 +441,13 @@ def test_lstsq_exactly_rank_deficient_is_never_converged():
             _, info = ap.linalg.lstsq(jnp.asarray(M), jnp.asarray(r.standard_normal(20)))
             statuses.add(int(info.status))
     assert statuses == {int(ap.Status.ILL_CONDITIONED)}
+
+
+def test_matmul_never_lowers_float64_without_x64():
+    # newcomer audit: float64 NumPy inputs with x64 off came back float32 (error 2e-6)
+    a = np.random.default_rng(0).standard_normal((4, 4))
+    with jax.enable_x64(False):
+        with pytest.raises(ValueError, match="jax_enable_x64 is off"):
+            ap.linalg.matmul(a, a)
+        c = ap.linalg.matmul(a, a, policy="c=f32,o=f32")    # asked for: fine
+        assert c.dtype == jnp.float32

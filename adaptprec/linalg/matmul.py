@@ -16,7 +16,7 @@ import numpy as np
 import jax.numpy as jnp
 
 from .._policy import Policy
-from ..precision import unit_roundoff
+from ..precision import require_x64, unit_roundoff
 from ._common import check_array
 
 __all__ = ["matmul", "pad_to_multiple"]
@@ -59,6 +59,11 @@ def matmul(a, b, *, policy=None, precision=None):
         pol = Policy.parse(policy)
         compute, output = pol.compute, pol.output
     else:
+        # float64 NumPy inputs with x64 off: JAX would compute (and return) float32
+        # silently; "never lowers float64" means the library's x64 error (newcomer audit)
+        for x in (a, b):
+            if np.dtype(x.dtype) == np.float64:
+                require_x64(np.float64)
         compute = output = np.dtype(jnp.result_type(a.dtype, b.dtype))
     acc = _accumulator(compute)
     out = jnp.matmul(jnp.asarray(a, compute), jnp.asarray(b, compute), precision=precision,
