@@ -147,6 +147,40 @@ def test_runaway_convergence_is_not_success():
         assert float(jnp.linalg.norm(res.x)) > 1e6
 
 
+def test_runaway_is_not_success_in_a_batch_or_with_starts():
+    # newcomer audit 2: the batched engine called the runaway "converged", and
+    # starts=4 polished from the batch's run-off point and said success at ||x|| ~ 2e9
+    t = jnp.linspace(0.5, 5.0, 20)
+    y = 2.0 * t + 0.01 * jnp.sin(7.0 * t)
+
+    def f(p, t, y):
+        return p[0] * t / (p[1] + t) - y
+
+    multi = ap.solve_nlsq(f, jnp.array([1.0, 1.0]), args=(t, y), precision="f64", starts=4)
+    assert not bool(multi.success), multi.message
+    batch = ap.solve_nlsq_batch(lambda p, t, y: f(p, t, y), jnp.ones((2, 2)), (t, y),
+                                in_axes=None, precision="f64")
+    far = np.linalg.norm(np.asarray(batch.x), axis=1) > 1e6 * np.sqrt(2.0)
+    assert np.all(~np.asarray(batch.success)[far])
+    assert np.all(np.asarray(batch.status)[far] <= 0)
+
+
+def test_multistart_box_is_the_same_under_jit():
+    # newcomer audit 2: inside a trace the concrete bounds became tracers and the starts
+    # were spread around x0 instead of through the box (cost 93 against 2e-11 eagerly)
+    t = jnp.linspace(0.0, 6.0, 60)
+    y = jnp.sin(3.0 * t)
+
+    def f(p, t, y):
+        return jnp.sin(p[0] * t) - y
+
+    kw = dict(args=(t, y), bounds=(0.5, 5.0), starts=16, precision="f64")
+    eager = ap.solve_nlsq(f, jnp.array([1.0]), **kw)
+    jitted = jax.jit(lambda x0: ap.solve_nlsq(f, x0, **kw))(jnp.array([1.0]))
+    assert float(eager.cost) < 1e-8
+    np.testing.assert_allclose(np.asarray(jitted.x), np.asarray(eager.x), rtol=1e-8)
+
+
 # --------------------------------------------------------------------------- multi-start
 def test_multistart_helper_spreads_and_keeps_x0():
     from adaptprec.nlsq._multistart import spread_starts

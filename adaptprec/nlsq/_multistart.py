@@ -24,12 +24,16 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from .._tracing import is_concrete
+from ._loop import _runaway
+from .common import Status
 
 __all__ = ["latin_hypercube", "spread_starts", "solve_multistart"]
 
@@ -62,6 +66,10 @@ def spread_starts(x0, k: int, *, lb=None, ub=None, scale=None, spread: float = 0
         >>> X.shape, X[0].tolist(), bool(np.all(np.abs(X[1:, 0] - 10.0) <= 5.0))
         ((3, 2), [10.0, 0.0], True)
     """
+    # the box is decided on the bounds as given: converted with jnp inside a trace they
+    # would be tracers, and jit/vmap would spread the starts differently (newcomer audit 2)
+    boxed = (lb is not None and ub is not None and is_concrete((lb, ub))
+             and bool(np.all(np.isfinite(np.asarray(lb))) and np.all(np.isfinite(np.asarray(ub)))))
     x0 = jnp.asarray(x0)
     n = x0.shape[0]
     u = jnp.asarray(latin_hypercube(k - 1, n, seed), x0.dtype)
@@ -70,8 +78,6 @@ def spread_starts(x0, k: int, *, lb=None, ub=None, scale=None, spread: float = 0
     if scale is None:
         scale = jnp.where(x0 != 0, jnp.abs(x0), 1.0)
     around = x0 + spread * jnp.asarray(scale, x0.dtype) * (2.0 * u - 1.0)
-    boxed = is_concrete((lb, ub)) and bool(np.all(np.isfinite(np.asarray(lb)))
-                                           and np.all(np.isfinite(np.asarray(ub))))
     if boxed:
         width = ub - lb
         others = lb + width * (0.001 + 0.998 * u)  # strictly inside
@@ -149,6 +155,13 @@ def solve_multistart(residual, x0, args, *, starts: int, seed: int = 0,
     pick = jnp.argmin(jnp.where(batch.success, cost, jnp.inf))
     pick = jnp.where(jnp.any(batch.success), pick, jnp.argmin(cost))
     polished = solve_nlsq(residual, unravel(batch.x[pick].astype(top)), args, **kw)
+    # "run off" is judged against the user's x0, not the polish's start (which may have
+    # run off already: newcomer audit 2, success at ||x|| ~ 2e9 where starts=1 said -11)
+    x_pol = ravel_pytree(polished.x)[0]
+    runaway = _runaway(polished.status, x_pol, jnp.linalg.norm(x0_flat))
+    status = jnp.asarray(polished.status)
+    polished = dataclasses.replace(polished, status=jnp.where(
+        runaway, jnp.asarray(int(Status.RUNAWAY), status.dtype), status))
     better = (polished.success & ~single.success) | (
         (polished.success == single.success) & (polished.cost < single.cost))
     return jax.tree.map(lambda a, b: jnp.where(better, a, b), polished, single)
