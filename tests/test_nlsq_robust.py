@@ -131,6 +131,19 @@ def test_underdetermined_zero_residual_fit_is_success():
     np.testing.assert_allclose(np.asarray(res.x), [0.5, 0.5], atol=1e-8)
 
 
+def test_exact_fit_of_all_zero_data_is_success():
+    # newcomer audit 2: y = 0 fitted by a exp(-k t) + c ends at a = c ~ 0, cost ~1e-45;
+    # ||J x|| ~ 1e-23 there, so the zero-residual exemption relative to it missed
+    t = jnp.linspace(0.0, 4.0, 30)
+
+    def f(p, t, y):
+        return p[0] * jnp.exp(-p[1] * t) + p[2] - y
+
+    res = ap.solve_nlsq(f, jnp.array([1.0, 1.0, 0.0]), args=(t, jnp.zeros(30)),
+                        precision="f64")
+    assert float(res.cost) < 1e-30 and bool(res.success), res.message
+
+
 def test_runaway_convergence_is_not_success():
     # linear data fitted by a t / (b + t): the infimum is approached only as a, b -> inf
     # (a / b -> 2); both strategies meet gtol at ||x|| ~ 1e9 from ||x0|| = 1.4

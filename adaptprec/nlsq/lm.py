@@ -222,7 +222,11 @@ def verify_minimum(status, x, R, qtf, fnorm, tol=NOT_A_MINIMUM_COSINE):
     # residual lies in range(J), so the cosine is ~1 at any such point (newcomer audit:
     # x + y = 1 by trf ended "not a minimum" at ||f|| = 2e-10, and curve_fit with fewer
     # points than parameters raised where scipy returns the fit).
-    fitted = fnorm <= jnp.sqrt(eps) * jnp.linalg.norm(R @ x)
+    # (the model's size is ||J x||, or ||J diag(max(|x|, 1))|| where the parameters are
+    # ~0: data that are all zero, fitted exactly at a = c = 0, newcomer audit 2)
+    size = jnp.maximum(jnp.linalg.norm(R @ x),
+                       jnp.linalg.norm(R * jnp.maximum(jnp.abs(x), 1.0)[None, :]))
+    fitted = fnorm <= jnp.sqrt(eps) * size
     converged = (status > 0) & (status < Status.RUNNING)
     return jnp.where(converged & (cosine > tol) & ~noise & ~flat & ~fitted,
                      Status.NOT_A_MINIMUM, status).astype(jnp.int32)
