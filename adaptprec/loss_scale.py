@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._tracing import is_concrete
+
 __all__ = [
     "NoOpLossScale",
     "StaticLossScale",
@@ -170,9 +172,12 @@ class StaticLossScale(_LossScaleBase):
 
 
 def _as_scale(value, name):
-    if isinstance(value, (int, float, np.floating, np.integer)):
-        if not np.isfinite(value) or value <= 0:
-            raise ValueError(f"{name} must be a finite positive number, got {value!r}")
+    # arrays too, when concrete (newcomer audit 2: StaticLossScale(jnp.array(0.)) skipped
+    # every step forever, a negative array scale was accepted)
+    if is_concrete(value):
+        v = np.asarray(value, np.float64)
+        if v.shape != () or not np.isfinite(v) or v <= 0:
+            raise ValueError(f"{name} must be a finite positive scalar, got {value!r}")
     return jnp.asarray(value, _SCALE_DTYPE)
 
 
@@ -203,6 +208,9 @@ class DynamicLossScale(_LossScaleBase):
             raise ValueError(f"factor must be a number > 1, got {factor!r}")
         self.loss_scale = _as_scale(scale, "scale")
         self.min_scale = _as_scale(min_scale, "min_scale")
+        if is_concrete((scale, min_scale)) and float(min_scale) > float(scale):
+            raise ValueError(f"min_scale ({float(min_scale)}) must not exceed scale "
+                             f"({float(scale)}): an overflow would raise the scale")
         self.counter = (jnp.zeros((), jnp.int32) if counter is None
                         else jnp.asarray(counter, jnp.int32))
         self.period = int(period)
@@ -214,7 +222,9 @@ class DynamicLossScale(_LossScaleBase):
         grow = grown_counter >= self.period
         grown = jnp.where(grow, jnp.minimum(self.loss_scale * self.factor, _F32_MAX),
                           self.loss_scale)
-        shrunk = jnp.maximum(self.loss_scale / self.factor, self.min_scale)
+        # never above the current scale (a traced min_scale above it cannot be refused)
+        shrunk = jnp.maximum(self.loss_scale / self.factor,
+                             jnp.minimum(self.min_scale, self.loss_scale))
         new_scale = jnp.where(grads_finite, grown, shrunk).astype(_SCALE_DTYPE)
         new_counter = jnp.where(grads_finite & ~grow, grown_counter, 0).astype(jnp.int32)
         return DynamicLossScale._make(new_scale, new_counter, self.min_scale, self.period,

@@ -123,3 +123,19 @@ def test_all_finite_and_select_tree():
 def test_bad_dynamic_arguments(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
         ap.DynamicLossScale(**kwargs)
+
+
+def test_scales_are_validated_as_arrays_and_never_raised_by_an_overflow():
+    # newcomer audit 2: array scales skipped validation (0 skipped every step forever),
+    # and min_scale above scale made an overflow double the scale
+    import adaptprec as ap
+    for make in (lambda: ap.DynamicLossScale(jnp.array(-4.0)),
+                 lambda: ap.StaticLossScale(jnp.array(0.0)),
+                 lambda: ap.StaticLossScale(jnp.array([1.0, 2.0])),
+                 lambda: ap.DynamicLossScale(4.0, min_scale=8.0)):
+        with pytest.raises(ValueError):
+            make()
+    # traced, where it cannot be refused: the overflow still never raises the scale
+    grow = jax.jit(lambda s, lo: ap.DynamicLossScale(s, min_scale=lo).adjust(
+        jnp.array(False)).loss_scale)
+    assert float(grow(jnp.float32(4.0), jnp.float32(8.0))) <= 4.0
