@@ -12,8 +12,8 @@ def run() -> None:
 
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, "
           f"devices {[str(d) for d in jax.devices()]}")
-    print(f"jax_enable_x64 = {ap.x64_enabled()}  (set by you via JAX_ENABLE_X64=1; "
-          "adaptprec never flips it)")
+    print(f"jax_enable_x64 = {ap.x64_enabled()}  (the demo application turns it on for its "
+          "own process; the library never flips it)")
     ladder = ap.Ladder.parse("bf16,f16,f32,f64")
     print(f"{'rung':>5} {'unit roundoff':>14} {'max':>12} {'smallest normal':>16}")
     for d in ladder:
