@@ -232,6 +232,10 @@ def _trainable(params: Any) -> Any:
     return _fill(treedef, len(leaves), idx, [leaves[i] for i in idx])
 
 
+def _is_array(x) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
 def _apply_updates(params: Any, updates: Any) -> Any:
     """``optax.apply_updates`` that leaves parameters with a ``None`` update alone."""
     leaves, treedef = jax.tree_util.tree_flatten(params)
@@ -336,8 +340,9 @@ def train_step(loss_fn: Callable, optimizer: Any,
     """One mixed-precision optimisation step: policy, loss scale, finite check, optax.
 
     ``optimizer`` should be wrapped with :func:`skip_nonfinite` (it holds the loss scale
-    and skips non-finite updates); a bare optax transformation gets no loss scaling and
-    no skipping. Policy, ``has_aux``, ``precision`` and ``scopes`` are as in
+    and skips non-finite updates); a bare optax transformation gets no loss scaling, and a
+    non-finite step still leaves the parameters and the optimizer state as they were
+    (``StepInfo.finite`` False), but ``StepInfo.skipped`` counts only with the wrapper. Policy, ``has_aux``, ``precision`` and ``scopes`` are as in
     :func:`mixed_value_and_grad`.
 
     Returns:
@@ -368,8 +373,15 @@ def train_step(loss_fn: Callable, optimizer: Any,
 
     def step(params, opt_state, *args, **kwargs):
         out = vg(params, *args, loss_scale=loss_scale_of(opt_state), **kwargs)
-        updates, opt_state = optimizer.update(out.grads, opt_state, _trainable(params))
-        params = _apply_updates(params, updates)
+        updates, new_state = optimizer.update(out.grads, opt_state, _trainable(params))
+        new_params = _apply_updates(params, updates)
+        if _skip_state(opt_state) is None:
+            # a bare optimizer: StepInfo.finite=False still means "skipped" (newcomer
+            # audit 2: an Inf gradient was applied and the parameters became -inf)
+            new_params, new_state = jax.tree.map(
+                lambda a, b: jnp.where(out.finite, a, b) if _is_array(a) else a,
+                (new_params, new_state), (params, opt_state))
+        params, opt_state = new_params, new_state
         st = _skip_state(opt_state)
         skipped = st.skipped if st is not None else jnp.zeros((), jnp.int32)
         scale = loss_scale_of(opt_state).loss_scale

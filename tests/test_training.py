@@ -337,3 +337,16 @@ def test_equinox_module_as_params():
     g = ap.mixed_value_and_grad(loss, "f32")(model, x, y).grads
     ref = eqx.filter_grad(loss)(model, x, y)
     np.testing.assert_allclose(g.layers[0].weight, ref.layers[0].weight, rtol=1e-5)
+
+
+def test_bare_optimizer_never_applies_a_nonfinite_step():
+    # newcomer audit 2: StepInfo.finite=False says "skipped", but a bare optax optimizer
+    # applied the Inf update and the parameters became -inf
+    import optax
+    step = ap.train_step(lambda w, x: jnp.sum(w * x), optax.sgd(0.1), "p=f32,c=f32,o=f32")
+    w = jnp.ones(2, jnp.float32)
+    state = optax.sgd(0.1).init(w)
+    w2, _, info = step(w, state, jnp.array([1.0, jnp.inf], jnp.float32))
+    assert not bool(info.finite) and np.array_equal(np.asarray(w2), np.asarray(w))
+    w3, _, info = step(w, state, jnp.array([1.0, 2.0], jnp.float32))
+    assert bool(info.finite) and np.allclose(np.asarray(w3), [0.9, 0.8])
