@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import jax
 
-__all__ = ["is_traced", "is_concrete"]
+__all__ = ["is_traced", "is_concrete", "trace_active"]
 
 
 def is_traced(*trees) -> bool:
@@ -35,3 +35,23 @@ def is_concrete(*trees) -> bool:
         True
     """
     return not is_traced(*trees)
+
+
+def trace_active() -> bool:
+    """True inside a user's ``jit``/``vmap``/``grad`` trace, even when the arguments are
+    concrete: a residual may close over the trace's values (``lambda p: f(p) - s * y``
+    with ``s`` traced), so ahead-of-time compiled programs and host loops cannot run it.
+
+    Example:
+        >>> import jax
+        >>> from adaptprec._tracing import trace_active
+        >>> seen = []
+        >>> _ = jax.jit(lambda x: seen.append(trace_active()) or x)(1.0)
+        >>> trace_active(), seen
+        (False, [True])
+    """
+    try:
+        from jax._src import core
+        return not core.trace_state_clean()
+    except (ImportError, AttributeError):  # a JAX without it: arguments decide alone
+        return False

@@ -402,3 +402,40 @@ def test_gauss_newton_step_keeps_small_singular_directions():
     np.testing.assert_allclose(np.asarray(p), np.linalg.lstsq(np.diag([1.0, 1e-9]),
                                                               -np.asarray(uf))[0], rtol=1e-6)
     assert bool(gn) and float(alpha) == 0.0
+
+
+def test_residual_closing_over_a_traced_value():
+    # newcomer audit 2: x0 and args concrete inside the user's jit, the residual closing
+    # over a traced scale: the eager machinery (host loop, AOT programs) crashed
+    t = np.linspace(0.0, 3.0, 20)
+    y = 2.0 * np.exp(-1.3 * t)
+    with jax.enable_x64(True):
+        fit = jax.jit(lambda s: ap.solve_nlsq(
+            lambda p, t, y: p[0] * jnp.exp(-p[1] * t) - s * y, np.array([1.0, 1.0]),
+            args=(t, y)).x)
+        np.testing.assert_allclose(np.asarray(fit(1.0)), [2.0, 1.3], rtol=1e-8)
+        cf = jax.jit(lambda s: ap.curve_fit(lambda t, a, k: s * a * jnp.exp(-k * t), t, y,
+                                            p0=[1.0, 1.0])[0])
+        np.testing.assert_allclose(np.asarray(cf(1.0)), [2.0, 1.3], rtol=1e-8)
+        fb = jax.jit(lambda s: ap.solve_nlsq_batch(
+            lambda p, t: s * p[0] * jnp.exp(-p[1] * t), np.ones((2, 2)), (t,),
+            in_axes=None, ydata=np.stack([y, y])).x)
+        np.testing.assert_allclose(np.asarray(fb(1.0)), [[2.0, 1.3]] * 2, rtol=1e-8)
+
+
+def test_schedule_observer_sees_only_the_updates_the_solver_makes():
+    # newcomer audit 2: Callback/FitTrace got a first "step" at cost inf and one per rung
+    # entered (updates the loop then discards): 9 calls for 6 iterations
+    from adaptprec.schedule import Callback
+    t = np.linspace(0.0, 3.0, 50)
+    y = 2.0 * np.exp(-1.3 * t) + 0.3 + 0.01 * np.sin(9.0 * t)
+    seen = []
+    cb = Callback(lambda s, rung: seen.append((float(s.value), bool(s.accepted))))
+    ap.solve_nlsq(lambda p, t, y: p[0] * jnp.exp(-p[1] * t) + p[2] - y,
+                  jnp.array([1.0, 1.0, 0.0]), args=(t, y), schedule=cb)
+    jax.effects_barrier()
+    assert seen and all(np.isfinite(v) and acc for v, acc in seen), seen
+    trace = ap.FitTrace()
+    ap.curve_fit(lambda t, a, k, c: a * jnp.exp(-k * t) + c, t, y, p0=[1.0, 1.0, 0.0],
+                 schedule=trace)
+    assert np.all(np.isfinite(trace.cost)) and len(set(trace.steps)) == len(trace.steps)

@@ -98,11 +98,12 @@ def host_eligible(cfg: LoopConfig, throw: bool, *trees) -> bool:
     Jacobian, QR model (``m`` below the normal-equations crossover), no ``throw`` and
     hashable loss/schedule (they key the step programs), and no ``max_nfev`` cap or
     ``callback`` (the host step does not carry them yet)."""
-    from .._tracing import is_concrete
+    from .._tracing import is_concrete, trace_active
 
     return (not throw and cfg.jac in ("fwd", "rev") and cfg.linear_solver == "qr"
             and cfg.point_axes is None and not cfg.max_nfev and cfg.callback is None
-            and _hashable(cfg.loss) and _hashable(cfg.schedule) and is_concrete(*trees))
+            and _hashable(cfg.loss) and _hashable(cfg.schedule) and is_concrete(*trees)
+            and not trace_active())
 
 
 def _program(key, build):

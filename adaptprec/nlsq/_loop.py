@@ -453,11 +453,21 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         sched_n = st.sched
         sched_up = jnp.asarray(False)
         if cfg.schedule is not None:
-            sched_c, sched_up = _consult_schedule(cfg.schedule, st, cost_z, actual,
-                                                  accepted, bad, f_scale)
             # The schedule sees accepted steps and guard failures; a rejected trial in a
             # trust-region method is radius adaptation, not a stall.
             use = (~pending) & (accepted | bad)
+
+            def consult():
+                return _consult_schedule(cfg.schedule, st, cost_z, actual, accepted, bad,
+                                         f_scale)
+            if _observes(cfg.schedule):
+                # a host observer (Callback, FitTrace) must not see the updates the mask
+                # below discards (newcomer audit 2: a first "step" at cost inf, one per
+                # rung entered, 9 calls for 6 iterations); under vmap cond is a select
+                sched_c, sched_up = lax.cond(
+                    use, consult, lambda: (st.sched, jnp.asarray(False)))
+            else:
+                sched_c, sched_up = consult()
             sched_n = jax.tree.map(lambda a, b: jnp.where(use, b, a), st.sched, sched_c)
             sched_up = use & sched_up
         reason = jnp.where(bad, Reason.NONFINITE, jnp.where(conv, Reason.VERIFY, jnp.where(
@@ -679,6 +689,17 @@ def _runaway(status, x, x0_norm):
     """A convergence ``status`` at ``||x|| > RUNAWAY_FACTOR ||x0||`` (``x0 != 0``)."""
     return ((status > 0) & (status < Status.RUNNING) & (x0_norm > 0)
             & (jnp.linalg.norm(x) > RUNAWAY_FACTOR * x0_norm))
+
+
+def _observes(schedule) -> bool:
+    """Whether ``schedule`` has a host-side observer (:class:`~adaptprec.schedule.Callback`,
+    possibly inside :func:`~adaptprec.schedule.any_of`)."""
+    from ..schedule import AnyOf, Callback
+    if isinstance(schedule, Callback):
+        return True
+    if callable(getattr(type(schedule), "_get", None)):   # FitTrace: a schedule duck type
+        return _observes(schedule._get())
+    return isinstance(schedule, AnyOf) and any(_observes(s) for s in schedule.schedules)
 
 
 def _consult_schedule(schedule, st, cost_t, actual, accepted, bad, f_scale):
