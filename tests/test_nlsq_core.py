@@ -439,3 +439,14 @@ def test_schedule_observer_sees_only_the_updates_the_solver_makes():
     ap.curve_fit(lambda t, a, k, c: a * jnp.exp(-k * t) + c, t, y, p0=[1.0, 1.0, 0.0],
                  schedule=trace)
     assert np.all(np.isfinite(trace.cost)) and len(set(trace.steps)) == len(trace.steps)
+
+
+def test_fixed_schedule_starts_on_its_rung():
+    # newcomer audit 2: Fixed("f64") ran float32 first and escalated at its first update
+    from adaptprec.schedule import Fixed
+    t = np.linspace(0.0, 3.0, 50)
+    y = 2.0 * np.exp(-1.3 * t) + 0.3
+    res = ap.solve_nlsq(lambda p, t, y: p[0] * jnp.exp(-p[1] * t) + p[2] - y,
+                        jnp.array([1.0, 1.0, 0.0]), args=(t, y), schedule=Fixed("f64"))
+    assert [r["rung"] for r in res.trace()] == ["f64"] and bool(res.success)
+    assert res.trace()[0]["reason"] == "start"

@@ -302,15 +302,19 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         n = cfg.n
         zi = jnp.zeros((), jnp.int32)
         sched0 = cfg.schedule.init(Ladder(list(rungs))) if cfg.schedule is not None else None
+        # the schedule's own starting rung (Fixed("f64") starts there, not on float32
+        # and then escalating at its first consultation: newcomer audit 2)
+        r0 = zi if sched0 is None else jnp.clip(jnp.asarray(sched0.rung, jnp.int32), 0,
+                                                  nr - 1)
         return _State(
             x=x0, cost=jnp.asarray(jnp.inf, top_dt),
             R=jnp.zeros((n, n), top_dt), qtf=jnp.zeros((n,), top_dt),
             fsn=jnp.zeros((), top_dt), ok=jnp.asarray(False),
             scale_inv=jnp.zeros((n,), top_dt) if cfg.jac_scale else scale_inv0,
-            Delta=jnp.ones((), top_dt), alpha=jnp.zeros((), top_dt), rung=zi,
+            Delta=jnp.ones((), top_dt), alpha=jnp.zeros((), top_dt), rung=r0,
             escalations=zi, nfev=zi, njev=zi, nit=zi, status=zi + Status.RUNNING,
             consec_rej=zi, top_steps=zi, pending=jnp.asarray(True),
-            rung_entered=jnp.full((nr,), -1, jnp.int32).at[0].set(0),
+            rung_entered=jnp.full((nr,), -1, jnp.int32).at[r0].set(0),
             rung_nfev=jnp.zeros((nr,), jnp.int32),
             esc_reason=jnp.zeros((nr,), jnp.int32),
             noise_dx=jnp.asarray(jnp.inf, top_dt), confirmed=jnp.asarray(False),
@@ -463,9 +467,11 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             if _observes(cfg.schedule):
                 # a host observer (Callback, FitTrace) must not see the updates the mask
                 # below discards (newcomer audit 2: a first "step" at cost inf, one per
-                # rung entered, 9 calls for 6 iterations); under vmap cond is a select
+                # rung entered, 9 calls for 6 iterations), nor the host driver's queued
+                # iterations after the end; under vmap cond is a select
                 sched_c, sched_up = lax.cond(
-                    use, consult, lambda: (st.sched, jnp.asarray(False)))
+                    use & (st.status == Status.RUNNING), consult,
+                    lambda: (st.sched, jnp.asarray(False)))
             else:
                 sched_c, sched_up = consult()
             sched_n = jax.tree.map(lambda a, b: jnp.where(use, b, a), st.sched, sched_c)

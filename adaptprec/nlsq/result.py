@@ -125,10 +125,11 @@ class NLSQResult(Module):
             at = int(self.rung_entered[i])
             if at < 0:
                 continue
+            # the first rung entered is the start (rung 0, or a schedule's own start)
             out.append({"rung": dtype_name(d), "entered_at_iteration": at,
                         "nfev": int(self.rung_nfev[i]),
                         "reason": ESCALATION_REASONS.get(int(self.escalation_reason[i]), "?")
-                        if i else "start"})
+                        if out else "start"})
         return out
 
     def __repr__(self) -> str:  # pragma: no cover - cosmetic
