@@ -69,7 +69,8 @@ def spread_starts(x0, k: int, *, lb=None, ub=None, scale=None, spread: float = 0
     # the box is decided on the bounds as given: converted with jnp inside a trace they
     # would be tracers, and jit/vmap would spread the starts differently (newcomer audit 2)
     boxed = (lb is not None and ub is not None and is_concrete((lb, ub))
-             and bool(np.all(np.isfinite(np.asarray(lb))) and np.all(np.isfinite(np.asarray(ub)))))
+             and bool(np.all(np.isfinite(np.asarray(lb)))
+                      and np.all(np.isfinite(np.asarray(ub)))))
     x0 = jnp.asarray(x0)
     n = x0.shape[0]
     u = jnp.asarray(latin_hypercube(k - 1, n, seed), x0.dtype)
