@@ -342,7 +342,8 @@ def train_step(loss_fn: Callable, optimizer: Any,
     ``optimizer`` should be wrapped with :func:`skip_nonfinite` (it holds the loss scale
     and skips non-finite updates); a bare optax transformation gets no loss scaling, and a
     non-finite step still leaves the parameters and the optimizer state as they were
-    (``StepInfo.finite`` False), but ``StepInfo.skipped`` counts only with the wrapper. Policy, ``has_aux``, ``precision`` and ``scopes`` are as in
+    (``StepInfo.finite`` False), but ``StepInfo.skipped`` counts only with the wrapper.
+    Policy, ``has_aux``, ``precision`` and ``scopes`` are as in
     :func:`mixed_value_and_grad`.
 
     Returns:
