@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from adaptprec import guards
+from adaptprec import adaptive, guards
 from adaptprec.guards import GuardResult
 
 H8 = jnp.asarray(scipy.linalg.hilbert(8))              # kappa_1 ~ 3.4e10
@@ -217,3 +217,16 @@ def test_guard_names_from_labels():
     assert names == ["finite", "headroom(0.25)", "condition(0.1)", "matrix_condition(0.001)",
                      "residual(norm, 1e-06)", "predicate(all)", "accuracy(0.001)",
                      "spot_check(0.01, sample=4)"]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_headroom_fires_on_every_format_under_jit(dtype):
+    # newcomer audit 3: m * (1 / max) used a subnormal constant that XLA:CPU flushes to 0,
+    # so headroom never fired except on float16
+    g = guards.headroom(0.5)
+    value = jax.jit(lambda x: g.evaluate(lambda x: x * 1e38, x, dtype=dtype).value)(
+        jnp.array([3.0]))
+    assert 0.85 < float(value) < 0.9
+    f = adaptive(lambda x: x * 1e38, ladder="bf16,f32", guards=[guards.headroom(0.5)])
+    _, rep = f.with_report(jnp.array([3.0]))
+    assert not bool(rep.ok)
