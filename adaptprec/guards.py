@@ -301,7 +301,10 @@ class _Finite(Guard):
     label = "finite"
 
     def check(self, ctx):
-        return finite_values(ctx.out)
+        # the value returned is the output cast to the output dtype: e^100 is finite on
+        # float64 and inf in the float32 the caller gets (newcomer audit 3)
+        cast = ctx.cast_out if ctx.cast_out is not None else ()
+        return finite_values((ctx.out, tuple(cast)))
 
 
 def finite_values(values: Any) -> GuardResult:
@@ -755,10 +758,21 @@ class _Accuracy(Guard):
         # that much, and the samples may all round alike (an estimate of 0 that would let a
         # rung with u > rtol pass: 1.003 * 1.0 in bfloat16 is 1.0 in every sample)
         err = jnp.maximum(jnp.maximum(self.safety * est, res.cancellation),
-                          jnp.float32(ctx.u))
+                          jnp.float32(max(ctx.u, _output_roundoff(ctx))))
         err = jnp.where(unstable, jnp.inf, err)
-        code = jnp.where(res.cancellation > self.rtol, CANCELLATION, INACCURATE)
+        # a cancellation amplifies u by (|a| + |b|) / |a +- b|: every add has at least u,
+        # so only an amplification above 2 is called one (x + 1 at x = 1 is not)
+        cancels = (res.cancellation > self.rtol) & (res.cancellation > 2.0 * ctx.u)
+        code = jnp.where(cancels, CANCELLATION, INACCURATE)
         return GuardResult.make(err <= self.rtol, code, digits_from_error(err, ctx.u))
+
+
+def _output_roundoff(ctx) -> float:
+    """Unit roundoff of the coarsest floating dtype the caller gets back (the output
+    cast): a float32 result returned as bfloat16 carries bfloat16's 2.4 digits, whatever
+    the rung verified (newcomer audit 3: "verified to 1e-6", returned with error 3e-3)."""
+    leaves = [x for x in (ctx.cast_out or ()) if _is_floating_array(x)]
+    return max((unit_roundoff(x.dtype) for x in leaves), default=0.0)
 
 
 def accuracy(rtol: float, samples: int = 2, *, componentwise: bool = False,

@@ -269,3 +269,22 @@ def test_a_rung_coarser_than_rtol_never_passes(fn, x, truth):
     # the guard alone: bfloat16 cannot carry 1e-4, whatever the samples say
     r = guards.accuracy(rtol=1e-4).evaluate(fn, x, dtype="bf16")
     assert not bool(r.ok)
+
+
+def test_guards_check_the_value_returned_not_the_rung_output():
+    # newcomer audit 3: the guards checked the rung's output before its cast to the output
+    # dtype: exp(100) escalated to float64, came back as float32 inf with ok=True; a float32
+    # result "verified to 1e-6" was returned as bfloat16 with an error of 3e-3
+    y, rep = jax.jit(ap.adaptive(jnp.exp, ladder="f32,f64", rtol=1e-3).with_report)(
+        jnp.array([1.0, 100.0], jnp.float32))
+    assert not np.all(np.isfinite(np.asarray(y))) and not bool(rep.ok), rep.summary()
+    _, rep = ap.adaptive(lambda x: x * 1.001, ladder="f16,f32", rtol=1e-6).with_report(
+        jnp.linspace(0.1, 1.0, 16).astype(jnp.bfloat16))
+    assert not bool(rep.ok), rep.summary()
+
+
+def test_no_cancellation_label_without_cancellation():
+    # newcomer audit 3: every add carries u, so x + 1 at x = 1 was called a cancellation
+    _, rep = ap.adaptive(lambda x: x + 1.0, ladder="bf16,f32", rtol=1e-3).with_report(
+        jnp.float32(1.0))
+    assert "cancellation" not in rep.summary() and bool(rep.ok)
