@@ -469,8 +469,11 @@ def condition(tol: float = 1e-2, *, n_dirs: int = 2, seed: int = 0) -> Guard:
     ``kappa = max_k ||J (x * r_k)||_2 / ||f(x)||_2`` over ``n_dirs`` random sign vectors
     ``r_k`` (a componentwise relative perturbation of every floating input; the JVPs share
     one linearisation of ``fn`` at the rung). It is a cheap lower estimate of the
-    componentwise relative condition number: cancellation (``x - y`` with ``x ~ y``) and
-    ill-conditioned solves show up with high probability. ``kappa * u`` estimates the
+    componentwise relative condition number of the *function*: ill-conditioned solves
+    show up with high probability; cancellation between two inputs (``x - y`` with
+    ``x ~ y``) with probability ``1 - 2**-n_dirs`` per seed (signs alike on both miss it);
+    cancellation inside a well-conditioned function (``(x + 1) - 1``) not at all (that is
+    :func:`accuracy`'s job). ``kappa * u`` estimates the
     relative error the rung's rounding of the inputs causes. Costs about ``n_dirs`` extra
     evaluations of the kernel's derivative. ``value`` is ``kappa``.
 
