@@ -128,12 +128,16 @@ class ScheduleStats(NamedTuple):
                 previous = jnp.asarray(previous, dtype)
                 tiny = jnp.finfo(dtype).tiny
                 rel_decrease = (previous - value) / jnp.maximum(jnp.abs(previous), tiny)
+        # a NaN/Inf objective is a failed check: every schedule but Fixed and Callback
+        # climbs at once on it (newcomer audit 3: NaN compared False everywhere, so a NaN
+        # step never counted as a stall)
+        nonfinite = jnp.sum(~jnp.isfinite(value), dtype=jnp.int32)
         return cls(
             step=jnp.asarray(step, jnp.int32),
             value=value,
             rel_decrease=jnp.asarray(rel_decrease, dtype),
             accepted=jnp.asarray(accepted, bool),
-            guard_failures=jnp.asarray(guard_failures, jnp.int32),
+            guard_failures=jnp.asarray(guard_failures, jnp.int32) + nonfinite,
             scale=jnp.asarray(scale, dtype),
         )
 
@@ -317,8 +321,9 @@ class StallEscalation(_Patient):
         no_new_best = value > state.best - self.rate * jnp.abs(state.best)
         stalled = (~stats.accepted) | (stats.rel_decrease < self.rate) | no_new_best
         count = jnp.where(stalled, state.count + 1, 0)
+        # fmin: a NaN value must not poison the best (the check would stay off)
         return self._climb(state, stats, count, best=lambda up: jnp.where(
-            up, jnp.inf, jnp.minimum(state.best, value)))
+            up, jnp.inf, jnp.fmin(state.best, value)))
 
 
 class _NoiseState(ScheduleState):
@@ -360,8 +365,8 @@ class NoiseFloor(_Patient):
         at_floor = stats.accepted & (decrease < noise)
         count = jnp.where(at_floor, state.count + 1,
                           jnp.where(stats.accepted, 0, state.count))
-        return self._climb(state, stats, count,
-                           previous=jnp.where(stats.accepted, value, state.previous))
+        return self._climb(state, stats, count, previous=jnp.where(
+            stats.accepted & ~jnp.isnan(value), value, state.previous))
 
 
 class _HysteresisState(ScheduleState):

@@ -244,3 +244,18 @@ def test_iterate_bad_input():
         iterate(richardson, jnp.zeros(6), "stall", LADDER, 3)
     with pytest.raises(ValueError, match="strictly increasing"):
         iterate(richardson, jnp.zeros(6), Fixed(0), "f64,f32", 3)
+
+
+@pytest.mark.parametrize("make", [lambda: StallEscalation(rate=1e-3, patience=3),
+                                  lambda: NoiseFloor(factor=4.0)])
+def test_a_nan_value_climbs_at_once_and_does_not_poison_the_state(make):
+    # newcomer audit 3: every comparison with NaN is False, so a NaN objective never
+    # counted as a stall, and a NaN best/previous switched the test off for good
+    s = make()
+    st = s.init("bf16,f32,f64")
+    st = s.update(st, ScheduleStats.make(1.0))
+    st = s.update(st, ScheduleStats.make(jnp.nan))
+    assert int(st.rung) == 1
+    for v in (0.5, 0.5, 0.5, 0.5):   # then no progress on f32: it still climbs
+        st = s.update(st, ScheduleStats.make(v))
+    assert int(st.rung) == 2
