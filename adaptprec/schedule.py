@@ -190,6 +190,21 @@ class ScheduleState(Module):
         return dataclasses.replace(self, rung=new_rung, escalations=escalations, **changes)
 
 
+def _require_number(name: str, value, *, positive: bool) -> None:
+    """A finite real ``value`` (> 0, or >= 0), checked when concrete (newcomer audit 3:
+    ``rate="x"`` failed later inside ``iterate``, ``NoiseFloor(factor=-1)`` never fired)."""
+    from ._tracing import is_traced
+    if is_traced(value):
+        return
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = float("nan")
+    if isinstance(value, bool) or not np.isfinite(v) or (v <= 0 if positive else v < 0):
+        raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, "
+                         f"got {value!r}")
+
+
 def _require_positive(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -313,6 +328,10 @@ class StallEscalation(_Patient):
     rate: float = 1e-6
     patience: int = field(default=3, static=True)
 
+    def __check_init__(self):
+        super().__check_init__()
+        _require_number("rate", self.rate, positive=False)
+
     def init(self, ladder):
         return self._start(_StallState, ladder, "best")
 
@@ -354,6 +373,10 @@ class NoiseFloor(_Patient):
 
     factor: float = 10.0
     patience: int = field(default=1, static=True)
+
+    def __check_init__(self):
+        super().__check_init__()
+        _require_number("factor", self.factor, positive=True)
 
     def init(self, ladder):
         return self._start(_NoiseState, ladder, "previous")

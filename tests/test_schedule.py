@@ -259,3 +259,14 @@ def test_a_nan_value_climbs_at_once_and_does_not_poison_the_state(make):
     for v in (0.5, 0.5, 0.5, 0.5):   # then no progress on f32: it still climbs
         st = s.update(st, ScheduleStats.make(v))
     assert int(st.rung) == 2
+
+
+def test_schedule_parameters_are_validated():
+    # newcomer audit 3: rate="x" failed later inside iterate; NoiseFloor(factor=-1) never fired
+    for make in (lambda: StallEscalation(rate="x"), lambda: StallEscalation(rate=-1.0),
+                 lambda: NoiseFloor(factor=-1.0), lambda: NoiseFloor(factor=float("nan"))):
+        with pytest.raises(ValueError, match="must be a finite number"):
+            make()
+    # still a pytree whose leaves may be traced
+    s = jax.jit(lambda r: StallEscalation(rate=r).rate)(1e-3)
+    assert float(s) == pytest.approx(1e-3)
