@@ -905,6 +905,11 @@ def as_guard(g: Any) -> Guard:
     """
     if isinstance(g, Guard):
         return g
+    if getattr(g, "__module__", None) == __name__ and \
+            getattr(g, "__annotations__", {}).get("return") in ("Guard", Guard):
+        # guards=[guards.finite]: the factory itself, not a guard (newcomer audit 3)
+        raise TypeError(f"guards.{g.__name__} is a guard factory: call it, e.g. "
+                        f"guards.{g.__name__}(), not guards.{g.__name__}")
     if callable(g):
         return predicate(g)
     raise TypeError(

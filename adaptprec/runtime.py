@@ -160,7 +160,14 @@ class MixedPrecisionManager:
                  policy: Policy | str | None = None, *, rtol: float | None = None,
                  batch: str = "call", capacity: int | float = 0.05,
                  on_failure: str = "return", name: str | None = None):
-        self.rungs, self.ladder = normalize_ladder(ladder, min_rungs=2)
+        # the options first: with x64 off the default ladder's float64 error would
+        # otherwise hide the actual mistake (newcomer audit 3)
+        if batch not in _BATCH_MODES:
+            raise ValueError(f"batch must be 'call' or 'element', got {batch!r}")
+        _compaction.capacity_for(capacity, 1)   # validates (ValueError naming capacity)
+        if on_failure not in _ON_FAILURE:
+            raise ValueError(f"on_failure must be 'return', 'raise' or 'nan', got "
+                             f"{on_failure!r}")
         if guards is None:
             guards = [finite()]
         elif isinstance(guards, Guard) or (callable(guards) and not isinstance(
@@ -181,13 +188,8 @@ class MixedPrecisionManager:
             raise ValueError("an adaptive kernel needs at least one guard, e.g. "
                              "guards=[adaptprec.guards.finite()]")
         self.rtol = rtol
+        self.rungs, self.ladder = normalize_ladder(ladder, min_rungs=2)
         self.policy = None if policy is None else Policy.parse(policy)
-        if batch not in _BATCH_MODES:
-            raise ValueError(f"batch must be 'call' or 'element', got {batch!r}")
-        _compaction.capacity_for(capacity, 1)   # validates (ValueError naming capacity)
-        if on_failure not in _ON_FAILURE:
-            raise ValueError(f"on_failure must be 'return', 'raise' or 'nan', got "
-                             f"{on_failure!r}")
         self.batch, self.capacity, self.on_failure, self.name = (
             batch, capacity, on_failure, name)
         self.rung_names = tuple(
@@ -578,6 +580,8 @@ def adaptive(fn: Callable | None = None, *, ladder: Any = "bf16,f32,f64",
         >>> import inspect; str(inspect.signature(softplus_sum))
         '(x)'
     """
+    if fn is not None and not callable(fn):   # before the ladder's x64 check
+        raise TypeError(f"adaptive wraps a callable, got {fn!r}")
     mgr = MixedPrecisionManager(ladder, guards, policy, rtol=rtol, batch=batch,
                                 capacity=capacity, on_failure=on_failure, name=name)
 

@@ -288,3 +288,18 @@ def test_no_cancellation_label_without_cancellation():
     _, rep = ap.adaptive(lambda x: x + 1.0, ladder="bf16,f32", rtol=1e-3).with_report(
         jnp.float32(1.0))
     assert "cancellation" not in rep.summary() and bool(rep.ok)
+
+
+def test_config_mistakes_are_named_before_the_x64_check():
+    # newcomer audit 3: with x64 off the default ladder's float64 error hid the mistake;
+    # an uncalled guard factory failed at call time with "takes 0 positional arguments"
+    with jax.enable_x64(False):
+        for kw, match in ((dict(batch="elem"), "batch"), (dict(capacity=0), "capacity"),
+                          (dict(on_failure="warn"), "on_failure"),
+                          (dict(guards="finite"), "guards must be")):
+            with pytest.raises((ValueError, TypeError), match=match):
+                ap.adaptive(jnp.exp, **kw)
+        with pytest.raises(TypeError, match="adaptive wraps a callable"):
+            ap.adaptive(3)
+    with pytest.raises(TypeError, match=r"call it, e.g. guards.finite\(\)"):
+        ap.adaptive(jnp.exp, ladder="bf16,f32", guards=[guards.finite])
