@@ -18,7 +18,11 @@ import jax.numpy as jnp  # noqa: E402
 
 import adaptprec as ap  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from nist_problems import MODELS, load, lre  # noqa: E402
+try:  # the NIST models and data live in the repository's tests/, not in the wheel
+    from nist_problems import MODELS, load, lre  # noqa: E402
+except ImportError:
+    sys.exit("examples/nist_strd.py needs the repository checkout (tests/nist_problems.py "
+             "and the NIST StRD data): run it from there, e.g. python examples/nist_strd.py")
 
 names = sys.argv[1:] or list(MODELS)
 print(f"{'problem':10s} {'start':>5s} {'LRE adaptive':>13s} {'f32 evals':>9s} "
