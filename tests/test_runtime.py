@@ -222,6 +222,9 @@ def test_on_failure(mode):
     if mode == "raise":
         with pytest.raises(Exception, match="still fail on the top rung"):
             jax.block_until_ready(f(jnp.ones(2)))
+        # eagerly: a plain RuntimeError (newcomer audit 3: an INTERNAL callback error)
+        with pytest.raises(RuntimeError, match="still fail on the top rung"):
+            ap.adaptive(always_inf, ladder="f32,f64", on_failure=mode)(jnp.ones(2))
         return
     y, rep = f(jnp.ones(2))
     assert not bool(rep.ok) and rep.rung_name == "f64" and rep.reason_name == "nonfinite"
