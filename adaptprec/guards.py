@@ -303,8 +303,13 @@ class _Finite(Guard):
     def check(self, ctx):
         # the value returned is the output cast to the output dtype: e^100 is finite on
         # float64 and inf in the float32 the caller gets (newcomer audit 3)
-        cast = ctx.cast_out if ctx.cast_out is not None else ()
-        return finite_values((ctx.out, tuple(cast)))
+        raw = finite_values(ctx.out)
+        if ctx.cast_out is None:
+            return raw
+        cast = finite_values(tuple(ctx.cast_out))
+        # value: the non-finite entries of the output (raw or as returned, the larger)
+        return GuardResult.make(raw.ok & cast.ok, NONFINITE,
+                                jnp.maximum(raw.value, cast.value))
 
 
 def finite_values(values: Any) -> GuardResult:
