@@ -640,3 +640,27 @@ def test_lsmr_matches_scipy():
 def test_x_scale_complex():
     with pytest.raises(ValueError, match="x_scale"):
         ap.solve_nlsq(fun_trivial, 2.0, x_scale=1.0 + 2.0j)
+
+
+def test_sparse_jac_with_x64_off_and_complex_batch_residual():
+    # newcomer audit 4: a scipy.sparse / LinearOperator jac crashed with x64 off (the host
+    # callback ran outside the x64 scope); solve_nlsq_batch fitted the real part of a
+    # complex residual and reported success
+    from _subprocess import run_python
+    proc = run_python("""
+        import numpy as np, jax.numpy as jnp, scipy.sparse as sp, adaptprec as ap
+        t = np.linspace(0.0, 3.0, 30); y = 2.0 * np.exp(-1.3 * t) + 0.3
+        f = lambda p: p[0] * jnp.exp(-p[1] * t) + p[2] - y
+        def jac(p):
+            e = np.exp(-p[1] * t)
+            return sp.csr_array(np.stack([e, -p[0] * t * e, np.ones_like(t)], axis=1))
+        r = ap.solve_nlsq(f, np.array([1.0, 1.0, 0.0]), jac=jac)
+        print("X", r.x.dtype, bool(r.success), np.allclose(r.x, [2.0, 1.3, 0.3]))
+        try:
+            ap.solve_nlsq_batch(lambda p, t: jnp.exp(-1j * p[0] * t), np.ones((1, 1)), (t,),
+                                in_axes=None, ydata=np.exp(-0.8 * t)[None])
+        except TypeError as e:
+            print("C", "complex" in str(e))
+    """, x64=False, timeout=300)
+    assert "X float64 True True" in proc.stdout, proc.stdout + proc.stderr
+    assert "C True" in proc.stdout, proc.stdout + proc.stderr

@@ -268,6 +268,12 @@ def build_problem(fun, x0, args, in_axes, ydata, sigma, bounds=None) -> Problem:
     if not hasattr(out, "shape") or len(out.shape) != 1:
         raise ValueError(f"the residual of one fit must be a 1-D array (m,), got "
                          f"{getattr(out, 'shape', type(out))}")
+    if not jnp.issubdtype(out.dtype, jnp.floating):
+        # as solve_nlsq (a complex residual was cast to its real part and "converged":
+        # newcomer audit 4)
+        raise TypeError(f"residual must return floating arrays, got {out.dtype}: split a "
+                        "complex residual into its real and imaginary parts, e.g. "
+                        "jnp.concatenate([r.real, r.imag])")
     m = out.shape[0]
     if m < n:
         raise ValueError(f"Levenberg–Marquardt needs at least as many residuals as "

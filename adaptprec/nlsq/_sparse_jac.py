@@ -77,16 +77,25 @@ def host_jac(jac, m: int, n: int):
     ``jax.pure_callback`` and densified to ``(m, n)`` in ``x``'s dtype (stable per
     ``(jac, m, n)`` so the compiled-solver cache hits)."""
     def J(x, *args):
-        out = jax.ShapeDtypeStruct((m, n), x.dtype)
+        # float64 travels as its bits (two uint32 per entry): the callback runs on an XLA
+        # thread outside the caller's thread-local x64 scope, where JAX would
+        # canonicalise a float64 result to float32 and refuse it (newcomer audit 4:
+        # every sparse or LinearOperator jac crashed with x64 off)
+        wide = np.dtype(x.dtype) == np.float64
+        out = (jax.ShapeDtypeStruct((m, n, 2), np.uint32) if wide
+               else jax.ShapeDtypeStruct((m, n), x.dtype))
 
         def host(xv, *av):
             d = densify(jac(np.asarray(xv), *av), n)
             if d.shape != (m, n):
                 raise ValueError(f"The return value of `jac` has wrong shape: expected "
                                  f"{(m, n)}, actual {d.shape}.")
+            if wide:
+                return np.ascontiguousarray(d, np.float64).view(np.uint32).reshape(m, n, 2)
             return d.astype(out.dtype)
 
-        return jax.pure_callback(host, out, x, *args, vmap_method="sequential")
+        got = jax.pure_callback(host, out, x, *args, vmap_method="sequential")
+        return jax.lax.bitcast_convert_type(got, x.dtype) if wide else got
 
     J.host = True
     return J
