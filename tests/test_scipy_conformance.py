@@ -664,3 +664,26 @@ def test_sparse_jac_with_x64_off_and_complex_batch_residual():
     """, x64=False, timeout=300)
     assert "X float64 True True" in proc.stdout, proc.stdout + proc.stderr
     assert "C True" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_operator_jac_with_array_x_scale_and_list_bounds_under_jit():
+    # newcomer audit 4: an ndarray x_scale met `x_scale == "jac"` (ambiguous truth value);
+    # list bounds became tracers under jit ("shape (3,) does not broadcast to 3")
+    from scipy.sparse.linalg import aslinearoperator
+    t = np.linspace(0.0, 3.0, 40)
+    y = 2.0 * np.exp(-1.3 * t) + 0.3
+
+    def r(p, t, y):
+        return p[0] * jnp.exp(-p[1] * t) + p[2] - y
+
+    def L(p, t, y):
+        e = np.exp(-p[1] * t)
+        return aslinearoperator(np.stack([e, -p[0] * t * e, np.ones_like(t)], 1))
+
+    x0 = np.array([1.0, 1.0, 0.0])
+    with jax.enable_x64(True):
+        res = ap.solve_nlsq(r, x0, args=(t, y), jac=L, x_scale=np.ones(3))
+        np.testing.assert_allclose(np.asarray(res.x), [2.0, 1.3, 0.3], rtol=1e-7)
+        fit = jax.jit(lambda y: ap.solve_nlsq(r, jnp.asarray(x0), args=(t, y),
+                                              bounds=([0, 0, 0], [5, 5, 5])).x)
+        np.testing.assert_allclose(np.asarray(fit(y)), [2.0, 1.3, 0.3], rtol=1e-7)

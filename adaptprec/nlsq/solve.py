@@ -158,7 +158,10 @@ def _broadcast_bounds(bounds, n, dtype):
     for b, name in zip(bounds, ("lower", "upper")):
         try:
             if isinstance(b, (dict, list, tuple)):
-                b = ravel_pytree(b)[0]
+                # ravel_pytree's order, in NumPy: under a user's jit ravel_pytree would
+                # make concrete lists tracers (newcomer audit 4)
+                b = np.concatenate([np.ravel(np.asarray(v, np.float64))
+                                    for v in jax.tree.leaves(b)] or [np.zeros(0)])
             arr = np.asarray(b, dtype=np.float64)
             arr = np.broadcast_to(arr.ravel() if arr.ndim else arr, (n,)).copy()
         except Exception as exc:  # noqa: BLE001 - re-raised with context
@@ -556,7 +559,8 @@ def solve_nlsq(
         if tr_solver == "exact":
             raise ValueError("tr_solver='exact' works only with dense Jacobian matrices; "
                              "leave tr_solver unset for a sparse or LinearOperator `jac`.")
-        if host_kind == "operator" and x_scale_given == "jac":
+        if host_kind == "operator" and isinstance(x_scale_given, str) \
+                and x_scale_given == "jac":
             raise ValueError("x_scale='jac' can't be used when `jac` returns "
                              "LinearOperator; give x_scale as an array.")
         if method is None:  # scipy's least_squares default
