@@ -384,8 +384,8 @@ class _Headroom(Guard):
             # rewrites any division by a constant into a product with the reciprocal, so
             # m * (1/max) was always 0 and the guard never fired (newcomer audit 3). In
             # log2 no constant is subnormal: max|out| / max = 2^(log2 max|out| - log2 max)
-            r = jnp.exp2((jnp.log2(m) - math.log2(big)).astype(jnp.float32))
-            ratio = jnp.maximum(ratio, r.astype(jnp.float32))
+            ratio = jnp.maximum(ratio, jnp.exp2((jnp.log2(m) - math.log2(big))
+                                                .astype(jnp.float32)))
         ratio = jnp.where(jnp.isnan(ratio), jnp.inf, ratio)
         room_ok = ratio <= self.fraction
         # nonzero inputs flushed to zero by the cast to the rung

@@ -162,16 +162,14 @@ def _runaway_status(s, x0):
     ``Status.RUNAWAY`` as ``solve_nlsq`` does (newcomer audit 2: a Gaussian fit "converged"
     with its parameters at 1e14, 5e13 times ``||x0||``). A zero residual far out (a line of
     minima) is exempt: ``||f|| <= 1e5 eps ||J x||``, with ``||J x||^2 = x^T J^T J x``."""
-    from ..nlsq.lm import RUNAWAY_FACTOR, _NOISE_FACTOR
-    x0 = jnp.asarray(x0, s.x.dtype)
-    x0n = jnp.linalg.norm(x0, axis=-1)
-    xn = jnp.linalg.norm(s.x, axis=-1)
+    from ..nlsq._loop import _runaway
+    from ..nlsq.lm import _NOISE_FACTOR
+    x0n = jnp.linalg.norm(jnp.asarray(x0, s.x.dtype), axis=-1)
     jx2 = jnp.einsum("bi,bij,bj->b", s.x, s.jtj.astype(s.x.dtype), s.x)
     fn = jnp.sqrt(2.0 * jnp.abs(s.cost)).astype(s.x.dtype)
     eps = jnp.finfo(s.x.dtype).eps
     zero_residual = fn <= _NOISE_FACTOR * eps * jnp.sqrt(jnp.abs(jx2))
-    converged = (s.status > 0) & (s.status < Status.RUNNING)
-    runaway = converged & (x0n > 0) & (xn > RUNAWAY_FACTOR * x0n) & ~zero_residual
+    runaway = jax.vmap(_runaway)(s.status, s.x, x0n) & ~zero_residual
     return jnp.where(runaway, jnp.asarray(int(Status.RUNAWAY), s.status.dtype), s.status)
 
 
