@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import jax
 
-__all__ = ["is_traced", "is_concrete", "trace_active"]
+__all__ = ["is_traced", "is_concrete", "trace_active", "is_eager"]
 
 
 def is_traced(*trees) -> bool:
@@ -55,3 +55,19 @@ def trace_active() -> bool:
         return not core.trace_state_clean()
     except (ImportError, AttributeError):  # a JAX without it: arguments decide alone
         return False
+
+
+def is_eager(*trees) -> bool:
+    """True for an eager call: no leaf of ``trees`` is a tracer and no trace is active
+    (:func:`trace_active`), so host-side machinery (ahead-of-time executables, host
+    loops, NumPy results) may run.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from adaptprec._tracing import is_eager
+        >>> seen = []
+        >>> _ = jax.jit(lambda x: seen.append(is_eager(jnp.ones(2))) or x)(1.0)
+        >>> is_eager(jnp.ones(2)), seen
+        (True, [False])
+    """
+    return is_concrete(*trees) and not trace_active()

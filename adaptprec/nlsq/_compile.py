@@ -18,7 +18,7 @@ from __future__ import annotations
 import jax
 
 from .._lapack_init import ensure_lapack
-from .._tracing import is_concrete, trace_active
+from .._tracing import is_eager
 
 __all__ = ["cpu_jit", "tuned_jit"]
 
@@ -49,7 +49,7 @@ def tuned_jit(fn, options: dict | None, *, plain_fn=None, **jit_kwargs):
     tuned = jax.jit(fn, compiler_options=dict(options), **jit_kwargs)
 
     def call(*args, **kwargs):
-        if is_concrete((args, kwargs)) and not trace_active():
+        if is_eager((args, kwargs)):
             ensure_lapack()  # a no-op after the first call (see adaptprec._lapack_init)
             return tuned(*args, **kwargs)
         return plain(*args, **kwargs)

@@ -98,12 +98,11 @@ def host_eligible(cfg: LoopConfig, throw: bool, *trees) -> bool:
     Jacobian, QR model (``m`` below the normal-equations crossover), no ``throw`` and
     hashable loss/schedule (they key the step programs), and no ``max_nfev`` cap or
     ``callback`` (the host step does not carry them yet)."""
-    from .._tracing import is_concrete, trace_active
+    from .._tracing import is_eager
 
     return (not throw and cfg.jac in ("fwd", "rev") and cfg.linear_solver == "qr"
             and cfg.point_axes is None and not cfg.max_nfev and cfg.callback is None
-            and _hashable(cfg.loss) and _hashable(cfg.schedule) and is_concrete(*trees)
-            and not trace_active())
+            and _hashable(cfg.loss) and _hashable(cfg.schedule) and is_eager(*trees))
 
 
 def _program(key, build):

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from .._tracing import is_traced, trace_active
+from .._tracing import is_eager, is_traced
 from ..precision import Ladder, canonical_dtype, x64_enabled
 
 __all__ = ["TRACED_X64_MESSAGE", "wants_float64", "float64_entry", "to_host",
@@ -132,8 +132,7 @@ def float64_entry(entry: str, traced_args: tuple[str, ...], host: Callable = to_
             precision = precision_of(bound)
             # (or a user's trace around concrete arguments: the residual may close over
             # its values, newcomer audit 2)
-            traced = (is_traced(*(bound.arguments.get(a) for a in traced_args))
-                      or trace_active())
+            traced = not is_eager(*(bound.arguments.get(a) for a in traced_args))
             if not wants_float64(precision):
                 if always_host and not traced:
                     with _numpy_out():
