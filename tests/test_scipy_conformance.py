@@ -43,6 +43,8 @@ BEHAVIOURS = [
     ("loss other than linear with lm raises ValueError", "test_huber_lm"),
     ("jac='2-point'/'3-point'/'cs' finite differences", "test_fd_methods"),
     ("finite-difference steps follow approx_derivative (diff_step)", "test_diff_step"),
+    ("finite-difference steps stay inside the bounds (_adjust_scheme_to_bounds)",
+     "test_fd_steps_in_box"),
     ("jac='oops' or an array raises ValueError", "test_jac_invalid"),
     ("kwargs= is passed to the residual; bad args/kwargs raise TypeError", "test_kwargs"),
     ("curve_fit without p0 starts from a feasible point of the bounds", "test_feasible_start"),
@@ -267,6 +269,45 @@ def test_diff_step():
     # without jac, diff_step selects scipy's default 2-point
     res = ap.solve_nlsq(fun_trivial, 2.0, diff_step=1e-1, method="trf")
     assert abs(float(res.x[0])) < 1e-4
+
+
+def test_fd_steps_in_box():
+    """Every step-adjustment case of scipy's ``_adjust_scheme_to_bounds`` (room on both
+    sides, on one side only, on neither side, at a bound) gives scipy's Jacobian, and the
+    residual is never evaluated outside the box (newcomer audit 4: a box narrower than
+    the step gave a NaN Jacobian, status -4, where scipy fits)."""
+    from scipy.optimize._numdiff import approx_derivative
+
+    lb = np.array([0.0, 0.95, -1.0, 1.0, 0.0])
+    ub = np.array([5.0, 1.05, 1.0, 2.0, 1e-3])
+    x = np.array([0.5, 1.0, 0.999, 1.0, 5e-4])
+
+    def f(v):
+        inside = jnp.all((v >= lb) & (v <= ub))  # NaN anywhere outside the box
+        core = jnp.stack([jnp.sin(v[0]) * v[1], jnp.sqrt(v[1] - 0.95) + v[2] ** 3,
+                          v[3] ** 2 * v[4], jnp.exp(v[2]) + v[4]])
+        return jnp.where(inside, core, jnp.nan)
+
+    for method in ("2-point", "3-point"):
+        for ds in (None, 0.1):
+            ours = np.asarray(fd_jacobian(f, method, ds, lb, ub)(jnp.asarray(x)))
+            ref = approx_derivative(lambda v: np.asarray(f(v)), x, method=method,
+                                    rel_step=ds, bounds=(lb, ub))
+            assert np.all(np.isfinite(ours)), (method, ds)
+            assert np.allclose(ours, ref, rtol=1e-7, atol=1e-10), (method, ds)
+
+    # the audit's fit: a model defined only on [0.95, 1.05], diff_step 0.1
+    t = np.linspace(0, 1, 20)
+    y = 1.0 + 0.1 * t
+
+    def model(p):
+        return p[0] + (jnp.sqrt(p[1] - 0.95) + jnp.sqrt(1.05 - p[1])) * t - y
+
+    for method in ("trf", "dogbox"):
+        for jac in ("2-point", "3-point"):
+            res = ap.solve_nlsq(model, [0.5, 1.0], method=method, jac=jac, diff_step=0.1,
+                                bounds=([0.0, 0.95], [5.0, 1.05]))
+            assert bool(res.success) and np.isfinite(float(res.cost)), (method, jac)
 
 
 def test_jac_invalid():

@@ -7,9 +7,12 @@ run in the same compiled program as the solver. Steps follow scipy's ``approx_de
 ``h = rel_step * sign(x) * max(1, |x|)`` with ``rel_step = eps**(1/2)`` (``2-point``,
 ``cs``) or ``eps**(1/3)`` (``3-point``) for the dtype being evaluated; a user
 ``diff_step`` gives ``h = diff_step * sign(x) * |x|`` (falling back to the default where
-that is 0), and ``h`` is rounded so that ``x + h`` is exact. With finite bounds, a forward
-step that would leave the box is taken backwards, and ``3-point`` uses a one-sided
-three-point formula near a bound.
+that is 0), and ``h`` is rounded so that ``x + h`` is exact. With finite bounds the steps
+follow scipy's ``_adjust_scheme_to_bounds``, so the residual is never evaluated outside
+the box: a ``2-point`` step that would leave it is taken backwards, or shrunk to the
+larger room left where it fits on neither side; ``3-point`` is central where both sides
+have room and otherwise one-sided (``x + h``, ``x + 2h``) towards the larger room, with
+``h`` shrunk to fit.
 
 Example:
     >>> import jax.numpy as jnp
@@ -21,7 +24,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import jax
@@ -54,6 +56,43 @@ def _steps(x, method, diff_step):
         h = jnp.asarray(diff_step, dt) * sign * jnp.abs(x)
         h = jnp.where(h == 0, h_def, h)
     return ((x + h) - x).astype(dt)
+
+
+def _room(x, lb, ub):
+    """Distances from ``x`` to the lower and upper bounds (``inf`` where unbounded)."""
+    return x - jnp.asarray(lb, x.dtype), jnp.asarray(ub, x.dtype) - x
+
+
+def _one_sided_in_box(x, h, lb, ub):
+    """The ``2-point`` step ``h`` moved into the box as scipy's ``_adjust_scheme_to_bounds``
+    ('1-sided') does: reversed where ``x + h`` leaves the box but ``|h|`` fits on one
+    side, else set to the larger room left (forwards or backwards)."""
+    lower, upper = _room(x, lb, ub)
+    xh = x + h
+    violated = (xh < jnp.asarray(lb, x.dtype)) | (xh > jnp.asarray(ub, x.dtype))
+    fitting = jnp.abs(h) <= jnp.maximum(lower, upper)
+    h = jnp.where(violated & fitting, -h, h)
+    h = jnp.where(~fitting & (upper >= lower), upper, h)
+    return jnp.where(~fitting & (upper < lower), -lower, h)
+
+
+def _two_sided_in_box(x, h, lb, ub):
+    """The ``3-point`` step and scheme in the box (scipy's '2-sided' rule): central with
+    ``|h|`` where both sides have room; otherwise one-sided towards the larger room with
+    the step shrunk so that ``x + 2h`` stays inside; and central again, with the smaller
+    room as step, where that shrunken step would be no longer. Returns ``(step,
+    central)``; a one-sided step is signed (its points are ``x + h`` and ``x + 2h``)."""
+    lower, upper = _room(x, lb, ub)
+    h = jnp.abs(h)
+    central = (lower >= h) & (upper >= h)
+    forward = ~central & (upper >= lower)
+    backward = ~central & (upper < lower)
+    h_adj = jnp.where(forward, jnp.minimum(h, 0.5 * upper),
+                      jnp.where(backward, -jnp.minimum(h, 0.5 * lower), h))
+    min_room = jnp.minimum(upper, lower)
+    central_again = ~central & (jnp.abs(h_adj) <= min_room)
+    h_adj = jnp.where(central_again, min_room, h_adj)
+    return h_adj, central | central_again
 
 
 def as_sparsity(sparsity, m: int, n: int) -> np.ndarray:
@@ -168,23 +207,14 @@ def fd_jacobian(fun: Callable, method: str = "2-point", diff_step=None, lb=None,
         f0 = jnp.ravel(fun(x, *args))
         if method == "2-point":
             if bounded:
-                lo = jnp.asarray(lb, x.dtype)
-                hi = jnp.asarray(ub, x.dtype)
-                h = jnp.where((x + h > hi) & (x - h >= lo), -h, h)
+                h = _one_sided_in_box(x, h, lb, ub)
             F = jax.vmap(at)(eye * h[None, :])
             return spread(F - f0[None, :], (x + h) - x)
         # 3-point: central, or one-sided (-3 f0 + 4 f1 - f2) / (2 h) next to a bound
         if bounded:
-            lo = jnp.asarray(lb, x.dtype)
-            hi = jnp.asarray(ub, x.dtype)
-            h_abs = jnp.abs(h)
-            central = (x - h_abs >= lo) & (x + h_abs <= hi)
-            fwd_ok = x + 2 * h_abs <= hi
-            one_sided = jnp.where(fwd_ok, h_abs, -h_abs)
+            hs, central = _two_sided_in_box(x, h, lb, ub)
         else:
-            central = jnp.ones(x.shape, bool)
-            one_sided = h
-        hs = jnp.where(central, h, one_sided)
+            hs, central = h, jnp.ones(x.shape, bool)
         d1 = jnp.where(central, -hs, hs)   # central: x - h; one-sided: x + h
         d2 = jnp.where(central, hs, 2 * hs)  # central: x + h; one-sided: x + 2h
         F1 = jax.vmap(at)(eye * d1[None, :])
@@ -198,13 +228,3 @@ def fd_jacobian(fun: Callable, method: str = "2-point", diff_step=None, lb=None,
 
     jac.finite_diff = method
     return jac
-
-
-@functools.lru_cache(maxsize=256)
-def fd_jacobian_cached(fun, method, diff_step_key, lb_key, ub_key):
-    """:func:`fd_jacobian` memoised on hashable keys (tuples for the arrays), so the
-    compiled-solver cache sees one object per configuration."""
-    ds = None if diff_step_key is None else np.asarray(diff_step_key, float)
-    lb = None if lb_key is None else np.asarray(lb_key, float)
-    ub = None if ub_key is None else np.asarray(ub_key, float)
-    return fd_jacobian(fun, method, ds, lb, ub)
