@@ -52,6 +52,8 @@ BEHAVIOURS = [
     ("curve_fit accepts pandas Series and any array-like", "test_array_likes"),
     ("curve_fit with lm and more parameters than points raises TypeError", "test_lm_n_gt_m"),
     ("curve_fit maxfev is the evaluation cap", "test_curve_fit_maxfev"),
+    ("curve_fit epsfcn / diff_step / jac_sparsity mean finite differences",
+     "test_curve_fit_fd_keywords"),
     ("curve_fit infodict has fjac/ipvt/qtf/fvec/nfev as scipy", "test_infodict"),
     ("nan_policy errors use scipy's wording", "test_nan_policy_messages"),
     ("options not offered raise an error naming the alternative", "test_unsupported_options"),
@@ -378,6 +380,27 @@ def test_curve_fit_maxfev():
         ap.curve_fit(expo, X, Y, p0=[1.0, 1.0], maxfev=2)
     popt, _ = ap.curve_fit(expo, X, Y, p0=[1.0, 1.0], maxfev=200)
     assert np.all(np.isfinite(popt))
+
+
+def test_curve_fit_fd_keywords():
+    """scipy's finite-difference keywords reach curve_fit's solve (they raised 'diff_step
+    only applies to finite-difference Jacobians': newcomer audit 4)."""
+    t = np.linspace(0, 3, 40)
+    y = 2 * np.exp(-1.3 * t) + 0.3 + 0.02 * np.sin(9 * t)
+    fj = lambda t, a, k, c: a * jnp.exp(-k * t) + c  # noqa: E731
+    fn = lambda t, a, k, c: a * np.exp(-k * t) + c  # noqa: E731
+    for kw in (dict(epsfcn=1e-8), dict(method="trf", diff_step=1e-4)):
+        ours = ap.curve_fit(fj, t, y, p0=[1, 1, 0.0], **kw)
+        ref = sp_curve_fit(fn, t, y, p0=[1, 1, 0.0], **kw)
+        assert np.allclose(ours[0], ref[0], rtol=1e-7), kw
+        assert np.allclose(ours[1], ref[1], rtol=1e-4), kw
+    # scipy 1.17's curve_fit itself fails on jac_sparsity (its pcov takes the SVD of a
+    # sparse res.jac): compare with least_squares on the same residual
+    popt, pcov = ap.curve_fit(fj, t, y, p0=[1, 1, 0.0], method="trf",
+                              jac_sparsity=np.ones((40, 3)))
+    ref = sp_least_squares(lambda p: fn(t, *p) - y, [1, 1, 0.0], method="trf",
+                           jac_sparsity=np.ones((40, 3)))
+    assert np.allclose(popt, ref.x, rtol=1e-7) and np.all(np.isfinite(pcov))
 
 
 def test_infodict():

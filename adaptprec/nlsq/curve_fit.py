@@ -447,8 +447,9 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
     if callable(jac):
         _check_model_jac(f, jac, xdata, p0)
         jac_arg = _jac_for(jac, kind)
-    else:  # None: automatic differentiation (forward); a string: as given
-        jac_arg = "fwd" if jac is None else jac
+    else:  # a string as given; None is solve_nlsq's default: forward-mode autodiff, or
+        # scipy's 2-point where diff_step / epsfcn / jac_sparsity ask for differences
+        jac_arg = jac
     try:
         with _promote.capture() as box:  # a promoted solve hands back its fast path
             res = solve_nlsq(residual, p0, args=(xdata, ydata, *extra), bounds=bounds,
