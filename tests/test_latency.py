@@ -206,6 +206,12 @@ t = np.linspace(0, 4, 120)
 popt, pcov = ap.curve_fit(lambda t, a, k: a * jnp.exp(-k * t), t, np.exp(-t), p0=[1.0, 1.0])
 print(type(popt).__module__, popt.dtype, type(pcov).__module__, pcov.dtype)
 assert abs(popt[1] - 1.0) < 1e-12 and not jax.config.read("jax_enable_x64")
+# the eager NumPy result's scalars are scipy's types (they were 0-d arrays: json failed)
+import json
+res = ap.solve_nlsq(lambda p: p[0] * jnp.exp(-p[1] * t) - np.exp(-t), [1.0, 2.0])
+assert all(type(getattr(res, f)) is int for f in ("nfev", "nit", "status")), res
+assert type(res.cost) is np.float64 and type(res.success) is bool, res
+json.dumps({"nfev": res.nfev, "status": res.status, "cost": res.cost})
 msgs = []
 calls = [
     lambda y: ap.curve_fit(lambda t, a, k: a * jnp.exp(-k * t), t, y, p0=[1.0, 1.0])[0],

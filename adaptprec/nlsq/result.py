@@ -21,7 +21,7 @@ from .._pytree import Module, field
 from .._status import Reason
 from .common import STATUS_MESSAGES, Status
 
-__all__ = ["NLSQResult", "ESCALATION_REASONS"]
+__all__ = ["NLSQResult", "ESCALATION_REASONS", "result_to_host"]
 
 #: Why the solver went up a rung (``NLSQResult.escalation_reason``): :class:`adaptprec.Reason`.
 ESCALATION_REASONS = {int(r): r.describe() for r in Reason}
@@ -139,6 +139,43 @@ class NLSQResult(Module):
                     f"escalations={int(self.escalations)})")
         except Exception:
             return "NLSQResult(<traced>)"
+
+
+#: Scalar fields handed back as scipy's types by an eager NumPy result: counts and codes
+#: as Python ``int``, ``cost``/``optimality`` as NumPy scalars (``np.float64``).
+_INT_FIELDS = ("nfev", "njev", "nit", "status", "rung", "escalations")
+_FLOAT_FIELDS = ("cost", "optimality")
+
+
+def result_to_host(tree):
+    """An eager result with NumPy leaves, and an :class:`NLSQResult`'s scalar fields as
+    scipy's ``OptimizeResult`` has them (``int`` counts and status, ``np.float64`` cost
+    and optimality), so they compare, format and serialise (``json``) as scipy's do.
+
+    Example:
+        >>> import json
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.nlsq.result import result_to_host
+        >>> import adaptprec as ap
+        >>> res = result_to_host(ap.solve_nlsq(lambda x: x - 2.0, jnp.zeros(1)))
+        >>> type(res.nfev).__name__, type(res.cost).__name__, type(res.success).__name__
+        ('int', 'float64', 'bool')
+        >>> json.loads(json.dumps({"status": res.status}))["status"] > 0
+        True
+    """
+    import dataclasses
+
+    from ._x64 import to_host
+
+    tree = to_host(tree)
+    if not isinstance(tree, NLSQResult):
+        return tree
+    out = {}
+    for name in _INT_FIELDS + _FLOAT_FIELDS:
+        v = getattr(tree, name)
+        if isinstance(v, (np.ndarray, np.generic)) and np.ndim(v) == 0:
+            out[name] = v.item() if name in _INT_FIELDS else np.asarray(v)[()]
+    return dataclasses.replace(tree, **out)
 
 
 def _status_ok(status):

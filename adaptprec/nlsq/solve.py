@@ -45,7 +45,7 @@ from ._x64 import float64_entry
 from .common import STATUS_MESSAGES, check_loss, robust_cost, scale_for_robust_loss
 from .gn import gn_step
 from .lm import lm_step, minpack_delta0, minpack_gnorm
-from .result import NLSQResult
+from .result import NLSQResult, result_to_host
 from .trf import active_constraints, cl_scaling, make_strictly_feasible, trf_delta0
 from .trf import trf_lsmr_step, trf_step
 from ._finite_diff import as_sparsity, fd_jacobian
@@ -293,7 +293,7 @@ def _point_axes(residual, fun_flat, x0, x0_flat, args, m):
     return _m_cache[key]
 
 
-@float64_entry("solve_nlsq", ("x0", "args", "bounds", "f_scale"))
+@float64_entry("solve_nlsq", ("x0", "args", "bounds", "f_scale"), host=result_to_host)
 def solve_nlsq(
     residual: Callable,
     x0: Any,
