@@ -46,6 +46,7 @@ BEHAVIOURS = [
     ("finite-difference steps stay inside the bounds (_adjust_scheme_to_bounds)",
      "test_fd_steps_in_box"),
     ("jac='oops' or an array raises ValueError", "test_jac_invalid"),
+    ("default x_scale: 'jac' for lm, 1.0 for trf and dogbox", "test_default_x_scale"),
     ("kwargs= is passed to the residual; bad args/kwargs raise TypeError", "test_kwargs"),
     ("curve_fit without p0 starts from a feasible point of the bounds", "test_feasible_start"),
     ("curve_fit with a scalar ydata counts points from the residual", "test_scalar_ydata"),
@@ -310,6 +311,25 @@ def test_fd_steps_in_box():
             res = ap.solve_nlsq(model, [0.5, 1.0], method=method, jac=jac, diff_step=0.1,
                                 bounds=([0.0, 0.95], [5.0, 1.05]))
             assert bool(res.success) and np.isfinite(float(res.cost)), (method, jac)
+
+
+def test_default_x_scale():
+    """scipy's per-method default (newcomer audit 4: with adaptprec's former 'jac' for
+    every method, this arctan-loss trf fit ran 402 evaluations off to +-3e3 where
+    scipy converges in 9)."""
+    t = np.linspace(0, 3, 50)
+    y = 2 * np.exp(-1.3 * t) + 0.3 + 0.02 * np.random.default_rng(0).standard_normal(50)
+    y[::7] += 2  # outliers
+    kw = dict(loss="arctan", f_scale=0.1)
+    res = ap.solve_nlsq(lambda p: p[0] * jnp.exp(-p[1] * t) + p[2] - y, [1.0, 1.0, 0.0],
+                        method="trf", **kw)
+    ref = sp_least_squares(lambda p: p[0] * np.exp(-p[1] * t) + p[2] - y, [1.0, 1.0, 0.0],
+                           method="trf", **kw)
+    assert bool(res.success) and np.allclose(res.x, ref.x, rtol=1e-6)
+    for method, given in (("trf", 1.0), ("dogbox", 1.0), ("lm", "jac")):
+        a = ap.solve_nlsq(rosen, [-2.0, 1.0], method=method)
+        b = ap.solve_nlsq(rosen, [-2.0, 1.0], method=method, x_scale=given)
+        assert int(a.nfev) == int(b.nfev) and np.array_equal(a.x, b.x), method
 
 
 def test_jac_invalid():

@@ -30,7 +30,8 @@ from .._tracing import is_concrete
 
 __all__ = ["OptionNotOffered", "as_x0", "as_bounds", "check_tolerances", "check_max_nfev",
            "initialize_feasible", "as_data", "FD_METHODS", "check_jac_option",
-           "normalize_jac_output", "check_jac_shape", "check_unsupported", "leastsq_kwargs"]
+           "normalize_jac_output", "check_jac_shape", "check_unsupported", "leastsq_kwargs",
+           "default_x_scale"]
 
 EPS = float(np.finfo(np.float64).eps)
 #: finite-difference schemes (scipy's names); see :mod:`._finite_diff`.
@@ -194,6 +195,18 @@ def check_max_nfev(max_nfev):
     if int(max_nfev) <= 0:
         raise ValueError(f"`max_nfev` must be None or positive integer, got {max_nfev!r}")
     return int(max_nfev)
+
+
+def default_x_scale(method: str):
+    """scipy's default ``x_scale`` for a resolved ``method``: ``"jac"`` for ``lm`` (and
+    ``gn``), ``1.0`` for ``trf`` and ``dogbox``.
+
+    Example:
+        >>> from adaptprec.nlsq._inputs import default_x_scale
+        >>> default_x_scale("lm"), default_x_scale("trf")
+        ('jac', 1.0)
+    """
+    return "jac" if method in ("lm", "gn") else 1.0
 
 
 def as_scale_inv(x_scale, n: int):

@@ -136,8 +136,8 @@ def solve_multistart(residual, x0, args, *, starts: int, seed: int = 0,
     n = x0_flat.shape[0]
     bounds = kw.get("bounds", (-np.inf, np.inf))
     lb, ub = _broadcast_bounds(bounds, n, top)
-    x_scale = kw.get("x_scale", "jac")
-    scale = None if isinstance(x_scale, str) else \
+    x_scale = kw.get("x_scale")
+    scale = None if x_scale is None or isinstance(x_scale, str) else \
         1.0 / jnp.broadcast_to(jnp.asarray(x_scale, top), (n,))
     X0 = spread_starts(x0_flat, starts, lb=lb, ub=ub, scale=scale, spread=spread, seed=seed)
 

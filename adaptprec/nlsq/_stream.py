@@ -440,7 +440,7 @@ def _stream_loop(cfg: LoopConfig, evaluator: _Evaluator, sums, final, x0, ctx, f
 
 
 def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
-                 bounds=(-np.inf, np.inf), loss="linear", f_scale=1.0, x_scale="jac",
+                 bounds=(-np.inf, np.inf), loss="linear", f_scale=1.0, x_scale=None,
                  jac=None, ftol=1e-15, xtol=1e-10, gtol=1e-10, max_steps=None,
                  precision="adaptive", schedule=None, linear_solver="auto",
                  max_rejections=4, cond_tol=1e-2, check_finite=True, auto=False,
@@ -451,7 +451,7 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
     then solves in memory). ``with_gram``: return ``(result, J^T J, m)``.
     """
     from ._inputs import (OptionNotOffered, as_bounds, as_max_steps, as_scale_inv, as_x0,
-                          check_tolerances)
+                          check_tolerances, default_x_scale)
     from ._pointwise import point_axes
     from ._loop import default_schedule
     from .common import check_loss
@@ -559,6 +559,8 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
     has_bounds = bool(np.any(np.isfinite(lb)) or np.any(np.isfinite(ub)))
     if method is None:
         method = "trf" if has_bounds else "lm"
+    if x_scale is None:
+        x_scale = default_x_scale(method)
     if has_bounds and method in ("lm", "gn"):
         raise ValueError(f"method={method!r} does not support bounds; use method='trf' "
                          "(or leave method unset)")

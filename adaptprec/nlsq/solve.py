@@ -54,7 +54,7 @@ from ._lsmr import check_tr_options
 from .dogbox import dogbox_delta0, dogbox_gnorm, dogbox_step, on_bound
 from ._inputs import (FD_METHODS, OptionNotOffered, as_bounds, as_max_steps, as_scale_inv,
                       as_x0, check_jac_option, check_max_nfev, check_tolerances,
-                      check_unsupported, check_jac_shape, wrap_jac)
+                      check_unsupported, check_jac_shape, default_x_scale, wrap_jac)
 
 __all__ = ["solve_nlsq", "resolve_ladder", "clear_cache", "cache_info"]
 
@@ -347,8 +347,9 @@ def solve_nlsq(
         ``"trf"`` runs even if they turn out infinite.
       loss, f_scale: robust loss (``"linear"``, ``"soft_l1"``, ``"huber"``, ``"cauchy"``,
         ``"arctan"`` or a callable ``rho(z)``) and its soft margin, as in scipy.
-      x_scale: ``"jac"`` (column norms of the Jacobian, non-decreasing; the default,
-        ``None``, means ``"jac"`` for every method) or an array.
+      x_scale: ``"jac"`` (column norms of the Jacobian, non-decreasing) or an array;
+        the default, ``None``, is scipy's: ``"jac"`` for ``lm`` (the default method
+        without bounds), ``1.0`` for ``trf`` and ``dogbox``.
       jac: ``"fwd"`` (``jax.jacfwd``; the default, or ``"2-point"`` when ``diff_step``
         is given), ``"rev"``, scipy's finite differences
         ``"2-point"``, ``"3-point"``, ``"cs"`` (one vectorised evaluation; for models JAX
@@ -436,7 +437,7 @@ def solve_nlsq(
         res = _stream.solve_stream(
             residual, x0, args, chunk_size=chunk_size, auto=chunk_size is None and not
             isinstance(args, _stream.Chunks), method=method, bounds=bounds, loss=loss,
-            f_scale=f_scale, x_scale="jac" if x_scale is None else x_scale, jac=jac,
+            f_scale=f_scale, x_scale=x_scale, jac=jac,
             ftol=ftol, xtol=xtol, gtol=gtol, max_steps=max_steps, precision=precision,
             schedule=schedule,
             linear_solver=linear_solver, max_rejections=max_rejections,
@@ -459,7 +460,7 @@ def solve_nlsq(
                 "start (starts=1) with those options.")
         return solve_multistart(
             residual, x0, args, starts=starts, method=method, bounds=bounds, loss=loss,
-            f_scale=f_scale, x_scale="jac" if x_scale is None else x_scale, jac=jac,
+            f_scale=f_scale, x_scale=x_scale, jac=jac,
             ftol=ftol, xtol=xtol, gtol=gtol,
             max_steps=max_steps, precision=precision, schedule=schedule, throw=throw,
             linear_solver=linear_solver, max_rejections=max_rejections, cond_tol=cond_tol)
@@ -472,8 +473,6 @@ def solve_nlsq(
         raise ValueError(f"method={method!r} is not supported; use one of {METHODS}")
     loss = check_loss(loss)
     x_scale_given = x_scale
-    if x_scale is None:  # adaptprec's default for every method (scipy's for lm)
-        x_scale = "jac"
     if method == "lm" and loss != "linear":
         raise ValueError("method='lm' supports only 'linear' loss function; use "
                          "method='trf' for a robust loss.")
@@ -574,6 +573,8 @@ def solve_nlsq(
                                             np.any(np.isfinite(ub)))
     if method is None:
         method = "trf" if has_bounds else "lm"
+    if x_scale is None:
+        x_scale = default_x_scale(method)
     if has_bounds and method in ("lm", "gn"):
         raise ValueError(f"method={method!r} does not support bounds; use method='trf' "
                          "(or leave method unset)")
