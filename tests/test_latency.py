@@ -166,6 +166,25 @@ def test_migration_errors_name_the_construct_and_the_fix():
                      jac=lambda t, a, k: np.stack([np.exp(-k * t), -a * t * np.exp(-k * t)],
                                                   axis=1))
 
+    # a scipy-style loss built in NumPy (newcomer audit 4: JAX's raw tracer error), and
+    # a loss of the wrong shape (it was used as if it were rho's rows)
+    def numpy_rho(z):
+        out = np.empty((3, z.size))
+        out[0] = np.log1p(z)
+        return out
+
+    def residual(p):
+        return p[0] * jnp.exp(-p[1] * t) - np.exp(-t)
+
+    with pytest.raises(TypeError, match="loss callable rho.z. uses NumPy"):
+        ap.solve_nlsq(residual, np.ones(2), loss=numpy_rho)
+    with pytest.raises(TypeError, match="loss callable rho.z. uses NumPy"):
+        ap.solve_nlsq_batch(lambda p, t: p[0] * jnp.exp(-p[1] * t), np.ones((2, 2)), (t,),
+                            in_axes=None, ydata=np.exp(-t)[None].repeat(2, 0),
+                            loss=numpy_rho)
+    with pytest.raises(ValueError, match=r"`loss` callable has wrong shape.*\(20, 3\)"):
+        ap.solve_nlsq(residual, np.ones(2), loss=lambda z: jnp.stack([z, z, z], axis=1))
+
 
 def test_model_output_must_match_ydata():
     # newcomer audit: a (m, 1) column broadcast against ydata (m,) into m * m residuals

@@ -14,7 +14,8 @@ from .._status import Status
 from ..nlsq._buckets import bucket
 from ..nlsq._x64 import float64_entry
 from ..nlsq.common import (DEFAULT_FTOL, DEFAULT_GTOL, DEFAULT_XTOL, check_loss,
-                           default_max_steps, robust_cost, scale_for_robust_loss)
+                           check_loss_output, default_max_steps, robust_cost,
+                           scale_for_robust_loss)
 from ..precision import Ladder, dtype_name, require_x64, unit_roundoff
 from ._problem import Residual, build_problem, nonfinite_fits
 from .._tracing import is_traced
@@ -354,6 +355,7 @@ def solve_nlsq_batch(
             f"for those fits only)") if bad.size else None, prob.x0, prob.bargs)
 
     loss = check_loss(loss)
+    check_loss_output(loss, prob.m, ladder.rungs[-1])
     if not f_scale > 0:
         raise ValueError(f"f_scale must be > 0, got {f_scale!r}")
     cfg = _Config(_plans(ladder, float(ftol), float(xtol), float(gtol), int(max_steps), loss,

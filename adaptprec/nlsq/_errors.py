@@ -36,6 +36,12 @@ _CONTROL = (
     "compiled: replace `a if cond else b` by jnp.where(cond, a, b) (both sides are "
     "computed; keep them finite), or use jax.lax.cond; min/max of parameters: jnp.minimum "
     "/ jnp.maximum / jnp.clip.")
+_LOSS = (
+    "the loss callable rho(z) uses NumPy or Python control flow on z (np.log1p(z), "
+    "np.empty and item assignment, `if z > 1:`). adaptprec compiles the loss with JAX, so "
+    "z is a JAX tracer there: write it with jax.numpy and jnp.where, e.g. "
+    "`lambda z: jnp.log1p(z)` (its derivatives are taken by autodiff), or return scipy's "
+    "(3, m) array as jnp.stack([rho, drho, d2rho]).")
 _INTEGER = (
     "the model converts a parameter to a Python int (int(p), range(p), or indexing an "
     "array with a parameter). Parameters are continuous JAX tracers: keep integer "
@@ -46,7 +52,7 @@ def explain_trace_error(exc: BaseException, who: str = "the model"):
     """A ``TypeError`` explaining ``exc`` if it is JAX's complaint about a NumPy call,
     Python control flow or an int conversion on a traced parameter; ``None`` otherwise
     (the caller then re-raises ``exc`` unchanged). ``who``: the user function that was
-    traced (``"the model"``, ``"jac"``).
+    traced (``"the model"``, ``"jac"``, ``"loss"``).
 
     Example:
         >>> from adaptprec.nlsq._errors import explain_trace_error
@@ -62,7 +68,9 @@ def explain_trace_error(exc: BaseException, who: str = "the model"):
     else:
         return None
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if who != "the model":
+    if who == "loss":
+        text = _LOSS
+    elif who != "the model":
         text = text.replace("differentiates and compiles the model", f"compiles {who}")
         text = text.replace("the model", who)
     return TypeError(f"{text}\n(JAX said: {first})")

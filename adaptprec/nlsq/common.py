@@ -127,6 +127,39 @@ def check_loss(loss) -> LossLike:
     raise TypeError(f"loss must be a string or a callable rho(z), got {type(loss).__name__}")
 
 
+def check_loss_output(loss: LossLike, m: int, dtype) -> None:
+    """A callable ``loss`` traced once at the boundary (``jax.eval_shape``, no compute):
+    it must return ``rho(z)`` of shape ``(m,)`` or scipy's ``(3, m)`` array; NumPy or
+    Python control flow on ``z`` gets a message with the fix. Named losses pass.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.nlsq.common import check_loss_output
+        >>> check_loss_output(lambda z: jnp.log1p(z), 5, jnp.float32)
+        >>> check_loss_output(lambda z: jnp.ones((5, 3)), 5, jnp.float32)
+        Traceback (most recent call last):
+        ...
+        ValueError: The return value of `loss` callable has wrong shape: expected (5,) or (3, 5), actual (5, 3).
+    """
+    if isinstance(loss, str):
+        return
+    from ._errors import explain_trace_error
+
+    z = jax.ShapeDtypeStruct((m,), dtype)
+    try:
+        out = jax.eval_shape(loss, z)
+        jax.eval_shape(lambda z: _rho_callable(loss, z), z)  # its autodiff derivatives
+    except Exception as exc:
+        explained = explain_trace_error(exc, "loss")
+        if explained is None:
+            raise
+        raise explained.with_traceback(None) from exc
+    shape = tuple(getattr(out, "shape", ()))
+    if shape not in ((m,), (3, m)):
+        raise ValueError(f"The return value of `loss` callable has wrong shape: expected "
+                         f"{(m,)} or {(3, m)}, actual {shape}.")
+
+
 def robust_cost(loss: LossLike, f, f_scale):
     """The cost ``0.5 * f_scale**2 * sum(rho((f / f_scale)**2))`` (``0.5 ||f||^2`` if linear).
 

@@ -42,7 +42,8 @@ from ._loop import LoopConfig, build_loop, default_schedule
 from ._pointwise import point_axes
 from . import _stream
 from ._x64 import float64_entry
-from .common import STATUS_MESSAGES, check_loss, robust_cost, scale_for_robust_loss
+from .common import (STATUS_MESSAGES, check_loss, check_loss_output, robust_cost,
+                     scale_for_robust_loss)
 from .gn import gn_step
 from .lm import lm_step, minpack_delta0, minpack_gnorm
 from .result import NLSQResult, result_to_host
@@ -546,6 +547,7 @@ def solve_nlsq(
         m = recalled[0]
     else:
         m = _residual_size(residual, unravel, x0, x0_flat, args)
+    check_loss_output(loss, m, top_dt)
     if jac_sparsity is not None and callable(jac):
         as_sparsity(jac_sparsity, m, n)  # shape check only (scipy's check_jac_sparsity)
     # a jac returning scipy.sparse / LinearOperator: evaluated on the host (scipy's rules)
