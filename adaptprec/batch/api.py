@@ -20,7 +20,7 @@ from ..precision import Ladder, dtype_name, require_x64, unit_roundoff
 from ._problem import Residual, build_problem, nonfinite_fits
 from .._tracing import is_traced
 from ._compile import tuned_jit
-from .chunking import auto_chunk_size, map_blocks, run_chunked
+from .chunking import MIN_LANES, auto_chunk_size, map_blocks, run_chunked
 from .covariance import batched_pcov
 from .escalation import RungPlan, solve_ladder
 from .implicit import implicit_solution
@@ -78,10 +78,10 @@ def batch_bucket(size: int) -> int:
 
     Example:
         >>> from adaptprec.batch.api import batch_bucket
-        >>> [batch_bucket(b) for b in (3, 1000, 1001, 1017, 1600)]
-        [3, 1024, 1024, 1024, 2048]
+        >>> [batch_bucket(b) for b in (1, 3, 1000, 1001, 1017, 1600)]
+        [4, 4, 1024, 1024, 1024, 2048]
     """
-    return bucket(size)
+    return max(bucket(size), MIN_LANES)
 
 
 def _pad_batch(prob, size: int):

@@ -29,6 +29,12 @@ import numpy as np
 
 from .._tracing import is_traced
 
+#: The fewest fits a compiled block, chunk or batch runs in lockstep. XLA:CPU compiles
+#: the per-fit arithmetic of 1-3 lanes differently from 4 or more (measured: a fit's
+#: float32 rounding, and so its final bits to ~4e-10, changed with block_size 1-3 and
+#: with batches of 2 fits, and never from 4 lanes up), so narrower work is padded.
+MIN_LANES = 4
+
 __all__ = ["TextProgress", "TqdmProgress", "default_progress", "map_blocks", "run_chunked",
            "auto_chunk_size"]
 
@@ -241,6 +247,7 @@ def map_blocks(solve: Callable, x0, bargs, sargs, block_size: int):
         [1.0, 2.0, 3.0, 4.0, 5.0]
     """
     size = x0.shape[0]
+    block_size = max(int(block_size), MIN_LANES)
     if size <= block_size:
         return solve(x0, bargs, sargs)
     nblocks = -(-size // block_size)
@@ -266,6 +273,7 @@ def run_chunked(solve: Callable, x0, bargs, sargs, chunk_size: int,
     """
     size = x0.shape[0]
     chunk_size = int(max(1, min(chunk_size, size)))
+    lanes = max(chunk_size, MIN_LANES)  # each chunk is padded to this many fits
     nchunks = -(-size // chunk_size)
     progress = _resolve_progress(progress)
     if is_traced(x0, bargs, sargs):
@@ -278,7 +286,7 @@ def run_chunked(solve: Callable, x0, bargs, sargs, chunk_size: int,
         lo = c * chunk_size
         hi = min(lo + chunk_size, size)
         part = jax.tree.map(lambda a: a[lo:hi], (x0, bargs))
-        return hi, pad_rows(part, chunk_size - (hi - lo))
+        return hi, pad_rows(part, lanes - (hi - lo))
 
     run = solve
     compiling = progress is not None
