@@ -574,6 +574,11 @@ def test_jac_sparsity():
     res = ap.solve_nlsq(broyden, x0, jac_sparsity=pattern, method="trf")
     ref = ap.solve_nlsq(broyden, x0, jac="2-point", method="trf")
     assert float(res.cost) < 1e-20 and np.allclose(res.x, ref.x, atol=1e-10)
+    # scipy's defaults for a sparse finite-difference Jacobian (newcomer audit 4): the
+    # lsmr step, and res.jac as a csr_array
+    lsmr = ap.solve_nlsq(broyden, x0, jac_sparsity=pattern, method="trf", tr_solver="lsmr")
+    assert int(lsmr.nfev) == int(res.nfev) and np.array_equal(lsmr.x, res.x)
+    assert type(res.jac).__name__ == "csr_array" and res.jac.shape == (n, n)
     with pytest.raises(ValueError, match="does not support `jac_sparsity`"):
         ap.solve_nlsq(broyden, x0, jac_sparsity=pattern, method="lm")
     with pytest.raises(ValueError, match="`jac_sparsity` has wrong shape"):

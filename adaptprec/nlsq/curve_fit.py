@@ -21,6 +21,8 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 import inspect
 import sys
@@ -459,6 +461,9 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
             raise ValueError("Initial guess is outside of provided bounds: "
                              + str(exc).replace("x0", "p0")) from None
         raise
+    if hasattr(res.jac, "toarray"):  # jac_sparsity: res.jac is scipy's csr_array; pcov
+        # needs it dense (scipy 1.17's own curve_fit fails here on the sparse array)
+        res = dataclasses.replace(res, jac=res.jac.toarray())
     popt = res.x
     if isinstance(popt, np.ndarray):  # writable, as scipy's (a view of a result buffer)
         popt = np.array(popt)

@@ -581,7 +581,11 @@ def solve_nlsq(
         raise ValueError(f"method={method!r} does not support bounds; use method='trf' "
                          "(or leave method unset)")
     ftol, xtol, gtol = check_tolerances(ftol, xtol, gtol, method)
-    tr = _tr_solver_options(tr_solver, tr_options, method, host_kind)
+    # scipy's finite differences with jac_sparsity give a sparse Jacobian: its defaults
+    # (tr_solver "lsmr", res.jac a csr_array) follow
+    sparse_fd = jac_sparsity is not None and not callable(jac)
+    tr = _tr_solver_options(tr_solver, tr_options, method,
+                            host_kind or ("sparse" if sparse_fd else None))
     if method in ("lm", "gn") and m < n:
         raise ValueError(f"method={method!r} needs at least as many residuals as "
                          f"parameters; got m={m} residuals for n={n} parameters. Use "
@@ -675,8 +679,8 @@ def solve_nlsq(
                  jnp.asarray(ub, top_dt), jnp.asarray(scale_inv0, top_dt),
                  jnp.asarray(f_scale, top_dt), jnp.asarray(ftol, top_dt),
                  jnp.asarray(xtol, top_dt), jnp.asarray(gtol, top_dt))
-    if host_kind is not None and is_concrete(res.jac):  # scipy: res.jac in jac's format
-        res = replace(res, jac=as_user_format(res.jac, host_kind))
+    if (host_kind or sparse_fd) and is_concrete(res.jac):  # scipy: res.jac in jac's format
+        res = replace(res, jac=as_user_format(res.jac, host_kind or "sparse"))
     return res
 
 
@@ -692,8 +696,9 @@ def _njev_is_none(cfg: LoopConfig) -> bool:
 def _tr_solver_options(tr_solver, tr_options, method: str, host_kind):
     """scipy's ``tr_solver``/``tr_options``: ``None`` (exact step) or the lsmr options.
 
-    ``tr_solver=None`` is ``"exact"`` unless ``jac`` returns a sparse matrix or a
-    ``LinearOperator`` (then ``"lsmr"``, as scipy chooses); ``tr_options`` with the exact
+    ``tr_solver=None`` is ``"exact"`` unless the Jacobian is sparse (``host_kind``: ``jac``
+    returns a sparse matrix or a ``LinearOperator``, or finite differences with
+    ``jac_sparsity``): then ``"lsmr"``, as scipy chooses; ``tr_options`` with the exact
     solver are ignored with a warning (scipy ignores them silently), and ``lm``/``gn``
     ignore ``tr_solver`` with a warning (scipy's ``lm`` ignores it silently)."""
     import warnings
