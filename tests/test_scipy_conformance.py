@@ -439,6 +439,8 @@ def test_infodict():
     assert np.allclose(info["qtf"], rinfo["qtf"], atol=1e-7)
     assert np.allclose(info["fvec"], rinfo["fvec"], atol=1e-7)
     assert int(info["nfev"]) >= 1 and ier in (1, 2, 3, 4) and isinstance(mesg, str)
+    # scipy's types (they were 0-d arrays)
+    assert type(info["nfev"]) is int and type(ier) is int and type(rinfo["nfev"]) is int
 
 
 def test_nan_policy_messages():

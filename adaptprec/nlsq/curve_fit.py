@@ -38,6 +38,7 @@ from .._tracing import is_concrete
 from ._inputs import (as_bounds, as_data, as_x0, check_jac_option, check_jac_shape,
                       initialize_feasible, leastsq_kwargs)
 from ._minpack import minpack_fields
+from .result import result_to_host
 from . import _promote, _stream
 from .common import _covariance_svd, covariance_from_jac
 from ._x64 import float64_entry
@@ -509,6 +510,8 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
                           "where a parameter is not identifiable)", _warning_class(),
                           stacklevel=2)
     if full_output:
+        if is_concrete(res.status):  # scipy's types: int nfev and ier
+            res = result_to_host(res)
         infodict = {"nfev": res.nfev, "fvec": res.fun, "result": res,
                     **minpack_fields(res.jac, res.fun)}
         # under a trace the message is unknown, and a str could not leave jit: None
