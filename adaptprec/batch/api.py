@@ -18,7 +18,7 @@ from ..nlsq.common import (DEFAULT_FTOL, DEFAULT_GTOL, DEFAULT_XTOL, check_loss,
                            scale_for_robust_loss)
 from ..precision import Ladder, dtype_name, require_x64, unit_roundoff
 from ._problem import Residual, build_problem, nonfinite_fits
-from .._tracing import is_traced
+from .._tracing import is_eager, is_traced
 from ._compile import tuned_jit
 from .chunking import MIN_LANES, auto_chunk_size, map_blocks, run_chunked
 from .covariance import batched_pcov
@@ -400,7 +400,10 @@ def solve_nlsq_batch(
             chunk_size = auto_chunk_size(prob.size, prob.m, prob.n, itemsize)
         if chunk_size >= prob.size and progress is None:
             size = prob.size
-            padded = mesh is None and not traced and batch_bucket(size) != size
+            # (eager only: under any active trace, also around concrete inputs when the
+            # residual closes over a traced value, the result is traced and stays so)
+            padded = mesh is None and is_eager(prob.x0, prob.bargs, prob.sargs) \
+                and batch_bucket(size) != size
             x0b, bargs = prob.x0, prob.bargs
             if padded:
                 x0b, bargs = _pad_batch(prob, batch_bucket(size))
