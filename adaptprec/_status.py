@@ -27,6 +27,8 @@ code  name                    meaning
  -11  RUNAWAY                 a convergence test passed with the parameters run off by
                               orders of magnitude (the model flattens: no finite minimum)
  -12  NOT_POSITIVE_DEFINITE   ``assume_a="pos"``: the working-precision Cholesky failed
+ -13  INACCURATE              linear solve: finished, but the backward error of ``x`` is
+                              above the working precision's (x is not trustworthy)
    0  MAX_EVALUATIONS         the evaluation/iteration budget is exhausted
    1  GTOL                    ``gtol`` termination condition is satisfied
    2  FTOL                    ``ftol`` termination condition is satisfied
@@ -70,6 +72,7 @@ class Status(enum.IntEnum):
     RUNAWAY = -11
     CALLBACK_STOP = -2
     NOT_POSITIVE_DEFINITE = -12
+    INACCURATE = -13
     MAX_EVALUATIONS = 0
     GTOL = 1
     FTOL = 2
@@ -118,6 +121,11 @@ _MESSAGES = {
     Status.CALLBACK_STOP: "`callback` raised StopIteration.",
     Status.NOT_POSITIVE_DEFINITE: "Not positive definite: the working-precision Cholesky "
                                   "factorization failed (assume_a='pos'); x is NaN.",
+    Status.INACCURATE: "Inaccurate: the solve finished, but the backward error of x, "
+                       "||b - A x|| / (||A|| ||x|| + ||b||), is far above the working "
+                       "precision's (e.g. a non-symmetric A with assume_a='pos', "
+                       "entries near the overflow threshold, or large LU growth); x is "
+                       "not trustworthy.",
     Status.MAX_EVALUATIONS: "The maximum number of function evaluations is exceeded.",
     Status.GTOL: "`gtol` termination condition is satisfied.",
     Status.FTOL: "`ftol` termination condition is satisfied.",

@@ -103,3 +103,58 @@ def test_gmres_ir_beyond_its_factors_is_honest(factor):
             assert true / 4 <= float(info.cond_estimate) <= 4 * true, (kappa, info)
             want = ap.Status.ILL_CONDITIONED if ill else ap.Status.CONVERGED
             assert int(info.status) == want and not bool(info.fell_back)
+
+
+def test_factors_at_the_working_precision_are_screened():
+    """Newcomer audit 5: with the factors in the working precision (x64 off's
+    ``working="f32"``; ``factor="f64"``) LU-IR accepts x0 at once whatever kappa, and
+    Hilbert-10 in float32 came back CONVERGED with kappa u_w = 56 and no correct digit."""
+    A = scipy.linalg.hilbert(10)
+    b = A @ np.ones(10)
+    x, info = ap.linalg.solve(A.astype(np.float32), b.astype(np.float32), working="f32")
+    assert int(info.status) == ap.Status.ILL_CONDITIONED and not bool(info.success)
+    A = scipy.linalg.hilbert(14)
+    x, info = ap.linalg.solve(A, A @ np.ones(14), factor="f64")
+    assert int(info.status) == ap.Status.ILL_CONDITIONED
+    # well-conditioned: unchanged
+    x, info = ap.linalg.solve(np.eye(4) * 3.0, np.ones(4), factor="f64")
+    assert int(info.status) == ap.Status.CONVERGED and np.allclose(x, 1 / 3.0)
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e300, 1e307])
+def test_entries_near_the_range_limits_are_solved(scale):
+    """Newcomer audit 5: at 1e307 solve said CONVERGED with backward error 0 (its
+    denominator overflowed) and x 68% wrong; lstsq CONVERGED with a NaN backward error."""
+    rng = np.random.default_rng(0)
+    A0 = rng.standard_normal((8, 8)) + 4 * np.eye(8)
+    x_true = rng.standard_normal(8)
+    A, b = A0 * scale, (A0 @ x_true) * scale
+    for solver in (ap.linalg.solve, ap.linalg.lstsq):
+        x, info = solver(A, b)
+        assert bool(info.success) and float(info.backward_error) < 1e-14, (solver, info)
+        assert np.abs(np.asarray(x) - x_true).max() < 1e-12, solver
+
+
+def test_a_solve_without_working_precision_backward_error_is_not_converged():
+    """Newcomer audit 5: assume_a="pos" with a non-symmetric A (the Cholesky reads one
+    triangle, as scipy's) said CONVERGED with its own backward error 0.13."""
+    A = np.array([[4.0, 1.0], [100.0, 3.0]])
+    x, info = ap.linalg.solve(A, np.array([1.0, 2.0]), assume_a="pos")
+    assert int(info.status) == ap.Status.INACCURATE and not bool(info.success)
+    assert "Inaccurate" in info.message
+    x, info = jax.jit(lambda A: ap.linalg.solve(A, jnp.ones(2), assume_a="pos"))(A)
+    assert int(info.status) == ap.Status.INACCURATE
+
+
+def test_cond_estimate_edge_inputs():
+    """Newcomer audit 5: half precision (LAPACK has no half LU), the zero matrix (0 * inf
+    was NaN), and scipy's lu_factor pivots (row swaps, not a permutation: wrong values)."""
+    A = np.array([[4.0, 1.0], [2.0, 3.0]])
+    want = np.linalg.cond(A, 1)
+    for dt in (jnp.float16, jnp.bfloat16):
+        got = ap.linalg.cond_estimate(jnp.asarray(A, dt))
+        assert got.dtype == jnp.float32 and abs(float(got) / want - 1) < 1e-2
+    assert float(ap.linalg.cond_estimate(np.zeros((3, 3)))) == np.inf
+    with pytest.raises(ValueError, match="lu_factor"):
+        P = np.array([[1.0, 2.0], [3.0, 4.0]])  # pivots: LAPACK's piv is [1, 1]
+        ap.linalg.cond_estimate(P, lu=scipy.linalg.lu_factor(P))

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._normest import norm1_estimate
+from .._tracing import is_concrete
 from ._common import check_array, matrix_norms, scaled_lowsolve, zero_pivot
 
 __all__ = ["cond_estimate"]
@@ -73,7 +74,8 @@ def cond_estimate(A, *, lu=None, norm=1):
         norm: ``1`` (default) or ``numpy.inf``.
 
     Returns:
-        Array of shape ``A.shape[:-2]`` and ``A``'s dtype.
+        Array of shape ``A.shape[:-2]`` and ``A``'s dtype (float32 for float16 and
+        bfloat16 ``A``, which are factored in float32).
 
     Example:
         >>> import numpy as np, jax.numpy as jnp
@@ -89,6 +91,10 @@ def cond_estimate(A, *, lu=None, norm=1):
     if A.ndim < 2 or A.shape[-1] != A.shape[-2]:
         raise ValueError(f"cond_estimate: A must be square (..., n, n); got shape {A.shape}")
     A = jnp.asarray(A)
+    if jnp.finfo(A.dtype).bits < 32:
+        # LAPACK has no half-precision LU, and kappa of a half-precision matrix often
+        # exceeds float16's range: estimate in float32 (as solve does)
+        A = A.astype(jnp.float32)
     if lu is None:
         lu_, _, perm = lax.linalg.lu(A)
     else:
@@ -103,6 +109,15 @@ def cond_estimate(A, *, lu=None, norm=1):
                 f"cond_estimate: lu factors of shape {lu_.shape} / permutation "
                 f"{perm.shape} do not match A of shape {A.shape}"
             )
+        if is_concrete(perm):
+            p = np.asarray(perm)
+            if not np.array_equal(np.sort(p, axis=-1),
+                                  np.broadcast_to(np.arange(p.shape[-1]), p.shape)):
+                raise ValueError(
+                    "cond_estimate: the second element of lu is not a permutation of "
+                    "0..n-1. scipy.linalg.lu_factor returns LAPACK's row swaps (piv), not "
+                    "a permutation: pass the output of jax.lax.linalg.lu (lu, pivots, "
+                    "permutation), or no lu at all")
     return _cond_batched(A, lu_, perm, transpose)
 
 
@@ -118,6 +133,8 @@ def _cond_batched(A, lu, perm, transpose):
     def one(a, l, p):
         n1, ninf = matrix_norms(a)
         anorm = ninf if transpose else n1
-        return anorm * inverse_norm1(l, p, dtype, transpose=transpose)
+        # a zero matrix is singular: inf, not 0 * inf = NaN (numpy's cond gives inf)
+        return jnp.where(anorm > 0, anorm * inverse_norm1(l, p, dtype, transpose=transpose),
+                         jnp.asarray(jnp.inf, dtype))
 
     return jax.vmap(one)(A2, lu2, perm2).reshape(batch)
