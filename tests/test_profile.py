@@ -110,6 +110,18 @@ def test_pytree_static_args_discrete_outputs_and_given_reference():
     assert given.reference == "given" and given["f64"].rel_error < 1e-15
 
 
+def test_wrong_integer_outputs_have_no_digits():
+    # newcomer audit 5: a bf16 argsort 94% wrong scored 15.95 digits (no float leaves),
+    # and pareto() kept only it
+    def f(x):
+        return jnp.argsort(jnp.sin(100 * x))
+
+    prof = ap.profile(f, jnp.linspace(0.0, 1.0, 100), configs=["bf16", "f32"], **FAST)
+    assert prof["bf16"].mismatch > 0.5 and prof["bf16"].digits == 0.0
+    assert prof["f32"].mismatch == 0.0 and prof["f32"].digits > 15
+    assert "f32" in prof.pareto() and "mismatch" in prof.table()
+
+
 def test_non_string_configs_get_names():
     cfgs = [jnp.float32, ap.AUTO_MIXED_BF16, ap.Ladder.parse("f32,f64"),
             {"ladder": "bf16,f32"}]
