@@ -243,3 +243,14 @@ def test_starts_not_carried(data):
     t, y = data
     with pytest.raises(OptionNotOffered, match="starts"):
         ap.solve_nlsq(residual, X0, args=(t, y), chunk_size=CHUNK, starts=3)
+
+
+def test_curve_fit_chunk_size_false_never_streams():
+    # newcomer audit 5: "chunk_size must be a positive integer, got False" (solve_nlsq
+    # took it; docs/nlsq.md: chunk_size=False never streams)
+    x = np.linspace(0.0, 5.0, 200)
+    y = 2.5 * np.exp(-1.3 * x) + 0.5
+    popt, _, info, _, _ = ap.curve_fit(lambda x, a, b, c: a * jnp.exp(-b * x) + c, x, y,
+                                       p0=[1.0, 1.0, 0.0], chunk_size=False, full_output=True)
+    np.testing.assert_allclose(popt, [2.5, 1.3, 0.5], rtol=1e-9)
+    assert info["fvec"].shape == (200,)

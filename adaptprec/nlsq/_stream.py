@@ -653,6 +653,8 @@ def _sigma_residual(f: Callable) -> Callable:
 def wants_curve_fit_stream(xdata, ydata, kwargs) -> bool:
     """``curve_fit``'s switch: a :class:`Chunks` ``xdata``, ``chunk_size=`` or host
     NumPy ``ydata`` of at least :data:`STREAM_MIN_POINTS` points."""
+    if kwargs.get("chunk_size") is False and not isinstance(xdata, Chunks):
+        return False      # "never stream", as solve_nlsq's chunk_size=False
     return (isinstance(xdata, Chunks) or kwargs.get("chunk_size") is not None or
             (_is_host_array(ydata) and ydata.size >= STREAM_MIN_POINTS) or
             point_sharding((xdata, ydata)) is not None)
