@@ -79,6 +79,8 @@ class Policy:
         Policy(param=float32, compute=bfloat16, output=bfloat16)
         >>> ap.Policy("f32", "f16", "f32").compute.name
         'float16'
+        >>> ap.Policy(param_dtype="f32", compute_dtype="bf16", output_dtype="f32")  # jmp's
+        Policy(param=float32, compute=bfloat16, output=float32)
     """
 
     param: np.dtype
@@ -86,7 +88,14 @@ class Policy:
     output: np.dtype
 
     def __init__(self, param: DTypeLike = "f32", compute: DTypeLike | None = None,
-                 output: DTypeLike | None = None):
+                 output: DTypeLike | None = None, *, param_dtype: DTypeLike | None = None,
+                 compute_dtype: DTypeLike | None = None,
+                 output_dtype: DTypeLike | None = None):
+        # jmp's keyword names (jmp.Policy(param_dtype=..., ...)); given, they win, so
+        # dataclasses.replace(policy, compute_dtype=...) works as it does on jmp's policy
+        param = param if param_dtype is None else param_dtype
+        compute = compute if compute_dtype is None else compute_dtype
+        output = output if output_dtype is None else output_dtype
         param_d = canonical_dtype(param)
         compute_d = param_d if compute is None else canonical_dtype(compute)
         output_d = compute_d if output is None else canonical_dtype(output)

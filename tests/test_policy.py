@@ -266,3 +266,19 @@ def test_cast_under_grad_and_jit():
     g = jax.jit(jax.grad(loss, allow_int=True))(params)
     assert g["w"].dtype == jnp.float32
     np.testing.assert_allclose(g["w"], 2 * np.arange(1.0, 4.0), rtol=1e-2)
+
+
+def test_jmp_keyword_constructor_replace_and_autocast():
+    # newcomer audit 5: jmp.Policy(param_dtype=..., ...) and dataclasses.replace(policy,
+    # compute_dtype=...) raised TypeError; autocast refused a Policy at the top level
+    import dataclasses
+
+    pol = ap.Policy(param_dtype=jnp.float32, compute_dtype=jnp.bfloat16,
+                    output_dtype=jnp.float32)
+    assert pol == ap.Policy.parse("p=f32,c=bf16,o=f32")
+    assert dataclasses.replace(pol, compute_dtype=jnp.float16).compute == jnp.float16
+    assert dataclasses.replace(pol, compute="f32") == ap.Policy("f32")
+    f = ap.autocast(lambda x: jnp.exp(x) * x, ap.Policy.parse("c=bf16"))
+    jaxpr = jax.make_jaxpr(f)(jnp.ones(4, jnp.float32))
+    assert any(e.outvars[0].aval.dtype == jnp.bfloat16 for e in jaxpr.eqns
+               if e.primitive.name == "exp")

@@ -739,9 +739,13 @@ def _run(fn: Callable, policy: PrecisionPolicy, args: tuple, kwargs: dict,
 
 
 def autocast(fn: Callable | None = None,
-             policy: PrecisionPolicy | str = AUTO_MIXED_BF16,
+             policy: PrecisionPolicy | str | Any = AUTO_MIXED_BF16,
              scopes: dict | None = None) -> Callable:
     """Run ``fn`` with every primitive at the precision ``policy`` gives its op kind.
+
+    ``policy`` is a :class:`~adaptprec.PrecisionPolicy`, a policy string, or a jmp-style
+    :class:`~adaptprec.Policy`, which means what it means as a scope rule: its compute
+    dtype throughout (accumulating in float32 or wider).
 
     ``scopes={pattern: rule}`` gives regions of ``fn`` their own rule, matched against the
     name stack of ``jax.named_scope``/``jax.named_call``/module scopes (most specific
@@ -781,7 +785,11 @@ def autocast(fn: Callable | None = None,
         >>> [e.primitive.name for e in ops if e.outvars[0].aval.dtype == jnp.bfloat16]
         ['convert_element_type', 'mul', 'tanh']
     """
-    pol = PrecisionPolicy.parse(policy)
+    from .._policy import Policy
+
+    # a jmp-style Policy means what it means as a scope rule: its compute dtype throughout
+    pol = (_scopes.region_policy(policy.compute) if isinstance(policy, Policy)
+           else PrecisionPolicy.parse(policy))
     rules = _scopes.ScopeRules(pol, scopes)
     if fn is None:
         return lambda f: autocast(f, pol, scopes)
