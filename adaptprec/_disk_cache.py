@@ -65,7 +65,7 @@ from ._lapack_init import ensure_lapack
 __all__ = ["cache_dir", "compiled", "compiled_lowered", "on_disk", "prefetch",
            "load_meta", "store_meta", "stats", "clear_memory", "MAX_BYTES"]
 
-_FORMAT = 1
+_FORMAT = 2  # 2: a checksum of the payload, the device count in the key
 #: default size bound of the cache directory (bytes); ``$ADAPTPREC_CACHE_MAX_MB``
 MAX_BYTES = 256 * 2 ** 20
 _OFF = ("off", "0", "none", "false", "")
@@ -138,9 +138,13 @@ def _environment() -> tuple:
         import jaxlib
 
         dev = jax.devices()[0]
+        # the device count too: an executable compiled for one device expects one shard
+        # per argument (newcomer audit 6: a cache filled with 1 CPU device crashed every
+        # fit of a process with --xla_force_host_platform_device_count=4, and back)
         _fingerprint.append((_FORMAT, jax.__version__, jaxlib.__version__, _source_hash(),
                              dev.platform, dev.device_kind, dev.client.platform_version,
-                             platform.machine(), _cpu_flags()))
+                             platform.machine(), _cpu_flags(), len(jax.devices()),
+                             jax.process_count()))
     return _fingerprint[0]
 
 
@@ -179,8 +183,19 @@ def _load(path: str, full_key: str):
             entry = pickle.load(fh)
         if entry.get("key") != full_key:
             return None  # a hash collision, or another format: recompile, overwrite
+        # a payload changed on disk must never reach XLA: it aborted the process
+        # (newcomer audit 6: one changed byte gave "LLVM ERROR", SIGABRT, in every
+        # later process too, since the entry stayed)
+        if entry.get("sha256") != hashlib.sha256(entry["payload"]).hexdigest():
+            raise ValueError("the payload does not match its checksum")
         _init_custom_calls()
-        out = deserialize_and_load(entry["payload"], entry["in_tree"], entry["out_tree"])
+        # on the devices it was compiled for: by default every local device, and a
+        # one-device program then expected one shard per device (newcomer audit 6:
+        # every warm-cache fit crashed with 4 CPU devices)
+        by_id = {d.id: d for d in jax.local_devices()}
+        devices = [by_id[i] for i in entry["device_ids"]]
+        out = deserialize_and_load(entry["payload"], entry["in_tree"], entry["out_tree"],
+                                   execution_devices=devices)
     except FileNotFoundError:
         return None
     except Exception:  # corrupt / truncated / incompatible: drop it and recompile
@@ -198,8 +213,11 @@ def _store(directory: str, path: str, full_key: str, comp) -> None:
 
     try:
         payload, in_tree, out_tree = serialize(comp)
+        device_ids = [d.id for d in comp.runtime_executable().local_devices()]
         data = pickle.dumps({"key": full_key, "payload": payload, "in_tree": in_tree,
-                             "out_tree": out_tree}, protocol=pickle.HIGHEST_PROTOCOL)
+                             "out_tree": out_tree, "device_ids": device_ids,
+                             "sha256": hashlib.sha256(payload).hexdigest()},
+                            protocol=pickle.HIGHEST_PROTOCOL)
         _write(directory, path, data)
     except Exception:  # not serialisable, read-only or full disk: memory only
         _stats["disk_errors"] += 1

@@ -5,6 +5,7 @@ test uses its own temporary cache directory (the session's is set in conftest.py
 
 import json
 import os
+import pickle
 
 import jax.numpy as jnp
 import pytest
@@ -103,6 +104,16 @@ def test_corrupt_entries_are_recompiled(cold, tmp_path):
             data = src.read()
         with open(os.path.join(d, name), "wb") as dst:   # truncated or garbage
             dst.write(data[: len(data) // 3] if len(name) % 2 else b"not a program")
+    # and one well-formed entry whose payload has one changed byte: it reached XLA and
+    # aborted the process, in every later process too (newcomer audit 6)
+    name = _entries(d0)[0]
+    with open(os.path.join(d0, name), "rb") as src:
+        entry = pickle.load(src)
+    payload = bytearray(entry["payload"])
+    payload[len(payload) // 2] ^= 0x20
+    entry["payload"] = bytes(payload)
+    with open(os.path.join(d, name), "wb") as dst:
+        pickle.dump(entry, dst)
     res = _fit({"ADAPTPREC_CACHE_DIR": d})
     assert res["stats"]["disk_errors"] >= 1 and res["stats"]["compiles"] >= 1
     assert res["popt"] == first["popt"]
@@ -110,6 +121,24 @@ def test_corrupt_entries_are_recompiled(cold, tmp_path):
     again = _fit({"ADAPTPREC_CACHE_DIR": d})
     assert again["stats"]["compiles"] == 0 and again["stats"]["disk_errors"] == 0
     assert again["popt"] == first["popt"]
+
+
+def test_warm_cache_with_several_devices(tmp_path):
+    # newcomer audit 6: with 4 CPU devices the warm process loaded the one-device
+    # programs for all 4 and every fit crashed ("Expected ... 4 shards, got [1]")
+    code = f"""
+    import os
+    os.environ["ADAPTPREC_CACHE_DIR"] = {str(tmp_path)!r}
+    import numpy as np, jax, jax.numpy as jnp, adaptprec as ap
+    from adaptprec import _disk_cache
+    x = np.linspace(0, 3, 40); y = 2.5 * np.exp(-1.3 * x) + 0.5
+    p, _ = ap.curve_fit(lambda x, a, b, c: a * jnp.exp(-b * x) + c, x, y, p0=[1., 1., 0.])
+    print(jax.device_count(), _disk_cache.stats()["disk_hits"] > 0, [v.hex() for v in p])
+    """
+    runs = [run_python(code, x64=False, devices=4) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[-1].stderr[-3000:]
+    cold, warm = (r.stdout.split(maxsplit=2) for r in runs)
+    assert cold[0] == warm[0] == "4" and warm[1] == "True" and warm[2] == cold[2]
 
 
 def test_off_writes_nothing(cold, tmp_path):
