@@ -40,3 +40,31 @@ def test_subpackages_and_unknown_names():
     assert ac.autocast is ap.autocast and "explain" in ac.__all__
     with pytest.raises(AttributeError):
         ac.not_a_name  # noqa: B018
+
+
+def test_import_leaves_the_backend_alone_so_fork_workers_run():
+    # newcomer audit 6: `import adaptprec` initialised XLA's backend (a module-level
+    # cpu_jit asked for the default backend), and a fork-started worker (ProcessPoolExecutor's
+    # default on Linux) then deadlocked in its first fit
+    from _subprocess import run_python
+
+    proc = run_python("""
+    import multiprocessing as mp
+    import numpy as np
+    import adaptprec
+    from jax._src import xla_bridge
+    print(bool(xla_bridge._backends))
+
+    def fit(_):
+        import jax.numpy as jnp
+        x = np.linspace(0, 3, 40)
+        y = 2.5 * np.exp(-1.3 * x) + 0.5
+        p, _ = adaptprec.curve_fit(lambda x, a, b, c: a * jnp.exp(-b * x) + c, x, y,
+                                   p0=[1.0, 1.0, 0.0])
+        return [round(float(v), 6) for v in p]
+
+    with mp.get_context("fork").Pool(1) as pool:
+        print(pool.apply_async(fit, (0,)).get(timeout=120))
+    """, x64=False, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[:2] == ["False", "[2.5, 1.3, 0.5]"]

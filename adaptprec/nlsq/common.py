@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Union
 
@@ -385,7 +386,7 @@ def covariance_from_jac(J, *, null_tol: float | None = None):
     """
     J = jnp.asarray(J)
     eps = float(np.finfo(np.dtype(J.dtype)).eps)
-    return _covariance_jit(J, float(np.sqrt(eps) if null_tol is None else null_tol))
+    return _covariance_jit()(J, float(np.sqrt(eps) if null_tol is None else null_tol))
 
 
 #: From this many rows on, covariance_from_jac tries the Gram matrix first.
@@ -422,8 +423,13 @@ def _covariance(J, null_tol):
     return jax.lax.cond(fast, from_gram, lambda: _covariance_svd(J, null_tol))
 
 
-#: LAPACK and dot calls do the work: LLVM -O0 compiles ~6x faster, runs as fast.
-_covariance_jit = cpu_jit(_covariance, optimise=False, static_argnums=1)
+@functools.cache
+def _covariance_jit():
+    """LAPACK and dot calls do the work: LLVM -O0 compiles ~6x faster, runs as fast.
+    Built on first use: ``cpu_jit`` asks for the default backend, and initialising it
+    at import made fork-started worker processes deadlock in their first fit (newcomer
+    audit 6)."""
+    return cpu_jit(_covariance, optimise=False, static_argnums=1)
 
 
 def _covariance_svd(J, null_tol, xnp=jnp):
