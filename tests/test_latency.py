@@ -109,6 +109,19 @@ def test_fresh_lambda_reuses_compiled_code_with_its_own_constants():
     np.testing.assert_allclose(np.asarray(res.x), [2.0, 0.7], rtol=1e-10)
 
 
+def test_memo_of_fresh_models_stays_bounded(monkeypatch):
+    # newcomer audit 6: one entry per fresh model was trimmed but _point_axes added a
+    # second, untrimmed (2,628 entries after 2,500 fits, each holding its model's data)
+    from adaptprec.nlsq import solve as S
+
+    monkeypatch.setattr(S, "_CACHE_SIZE", 2)
+    t = np.linspace(0.0, 4.0, 40)
+    for k in range(12):
+        y = (1.0 + k) * np.exp(-t)
+        ap.curve_fit(lambda t, a, b: a * jnp.exp(-b * t) + 0.0 * y, t, y, p0=[1.0, 1.0])
+    assert len(S._m_cache) <= 8
+
+
 def test_padded_rows_contribute_nothing():
     t, y = _data(100, seed=3)  # bucket 128
     sig = 0.01 + 0.02 * np.random.default_rng(4).random(100)
