@@ -189,3 +189,18 @@ def test_fresh_process_starts_on_the_promoted_program(tmp_path, monkeypatch):
     # prefetch thread inside XLA aborted such processes at exit (code 134).
     three = run_python(FRESH_ONE_FIT, x64=False, timeout=300)
     assert three.returncode == 0, three.stderr[-3000:]
+
+
+def test_interrupted_promotion_is_not_stuck_pending(promote, monkeypatch):
+    # newcomer audit 6: Ctrl-C while a model was being promoted left it "pending"
+    # forever (never promoted again; clear() did not reset it)
+    monkeypatch.setattr(promote, "PROMOTE_AFTER", 0)
+    monkeypatch.setattr(promote, "PROMOTE_SECONDS", 0.0)
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        for _ in range(3):   # the first use only counts
+            promote.record(("test-key",), interrupted, 1.0)
+    assert promote.stats()["pending"] == 0 and promote.stats()["failures"] == 0

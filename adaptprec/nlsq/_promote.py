@@ -114,6 +114,7 @@ def clear() -> None:
         _checked.clear()
         _uses.clear()
         _failed.clear()
+        _pending.clear()
         _stats.update(promoted=0, disk_loads=0, failures=0, compile_seconds=0.0)
 
 
@@ -332,8 +333,8 @@ def record(key, make_build, seconds: float = 0.0) -> None:
         if count <= PROMOTE_AFTER or spent < PROMOTE_SECONDS:
             return
         _pending.add(key)
-    build = make_build()
     try:
+        build = make_build()
         lowered = out = None
         if not _disk_cache.on_disk(build.key, build.args, _options()):
             # tracing and lowering hold the GIL: here, once (~0.1-0.2 s), rather than in
@@ -351,6 +352,12 @@ def record(key, make_build, seconds: float = 0.0) -> None:
             _stats["failures"] += 1
         if m == "sync":
             raise
+    except BaseException:
+        # Ctrl-C while building: not a failure of the model, so a later solve may
+        # promote it; it stayed "pending" forever (newcomer audit 6)
+        with _lock:
+            _pending.discard(key)
+        raise
 
 
 @contextlib.contextmanager
