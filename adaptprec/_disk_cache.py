@@ -219,11 +219,32 @@ def _store(directory: str, path: str, full_key: str, comp) -> None:
                              "sha256": hashlib.sha256(payload).hexdigest()},
                             protocol=pickle.HIGHEST_PROTOCOL)
         _write(directory, path, data)
-    except Exception:  # not serialisable, read-only or full disk: memory only
+    except OSError as exc:  # read-only, not a directory, full disk: memory only
+        _stats["disk_errors"] += 1
+        _warn_unwritable(directory, exc)
+        return
+    except Exception:  # not serialisable: memory only
         _stats["disk_errors"] += 1
         return
     _stats["disk_writes"] += 1
     _trim(directory)
+
+
+_warned: set = set()
+
+
+def _warn_unwritable(directory: str, exc: OSError) -> None:
+    """One warning per directory and process: the cache silently ran memory-only
+    (newcomer audit 6: only a counter said so)."""
+    if directory in _warned:
+        return
+    _warned.add(directory)
+    import warnings
+
+    warnings.warn(f"adaptprec's program cache directory {directory!r} cannot be written "
+                  f"({exc.strerror or exc}); compiled programs are kept in memory only "
+                  "for this process. Set ADAPTPREC_CACHE_DIR to a writable directory, or "
+                  "to 'off'.", RuntimeWarning, stacklevel=2)
 
 
 def _trim(directory: str) -> None:

@@ -180,3 +180,24 @@ def test_size_bound_drops_least_recently_used(monkeypatch, tmp_path):
     total = sum(os.path.getsize(os.path.join(tmp_path, f)) for f in _entries(tmp_path))
     assert 0 < total <= 0.05 * 2 ** 20
     assert len(_entries(tmp_path)) < 12
+
+
+def test_unwritable_directory_warns_once_and_fits(tmp_path):
+    # newcomer audit 6: a cache directory that cannot be written was used memory-only
+    # with no word to the user (only a counter)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    proc = run_python(f"""
+    import os, warnings
+    os.environ["ADAPTPREC_CACHE_DIR"] = {str(blocker / "cache")!r}
+    import numpy as np, jax.numpy as jnp, adaptprec as ap
+    x = np.linspace(0, 3, 40); y = 2.5 * np.exp(-1.3 * x) + 0.5
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            p, _ = ap.curve_fit(lambda x, a, b, c: a * jnp.exp(-b * x) + c, x, y,
+                                p0=[1., 1., 0.])
+    print(sum("cannot be written" in str(w.message) for w in seen), np.round(p, 6).tolist())
+    """, x64=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split(maxsplit=1) == ["1", "[2.5, 1.3, 0.5]\n"]
