@@ -235,6 +235,7 @@ class _Hook:
         self.decisions = decisions
         self.joint = joint            # samples evaluated together: instability checks
         self.cancel: list = []        # u * kappa per top-level add/sub
+        self.zeros: list = []         # top rung: an add/sub gave 0 from nonzero operands
         self.unstable: list = []      # number of near decisions per top-level comparison
         self.shifts: dict = {}        # id -> value: maxima/minima (kept alive)
 
@@ -320,6 +321,8 @@ class _Hook:
             den = jnp.max(jnp.abs(out), initial=0)
             ratio = jnp.where(num == 0, 0.0, jnp.where(den == 0, zero, num / den))
         self.cancel.append((_u(eqn.outvars[0].aval.dtype) * ratio).astype(jnp.float32))
+        if self.wide is None:
+            self.zeros.append(jnp.any((jnp.abs(out) == 0) & (num > 0)).astype(jnp.float32))
 
     def _compare(self, eqn, args):
         traced = eqn.invars[0].aval.dtype
@@ -355,12 +358,15 @@ class MCAResult(NamedTuple):
 
     ``samples``: per sample, the list of output leaves; ``cancellation``: max over top-level
     add/sub of ``u * kappa`` (float32, 0 when none); ``unstable``: how many comparisons /
-    argmax entries were decided within rounding distance (float32).
+    argmax entries were decided within rounding distance (float32);
+    ``zero_from_cancellation``: on the top rung, some add/sub gave exactly 0 from nonzero
+    operands (not flagged as a cancellation there: usually an exact tie).
     """
 
     samples: list
     cancellation: jax.Array
     unstable: jax.Array
+    zero_from_cancellation: jax.Array = jnp.asarray(False)
 
 
 def _eval_policy(rung, wide) -> PrecisionPolicy:
@@ -435,7 +441,8 @@ def mca_samples(fn: Callable, args: tuple, kwargs: dict, inputs: tuple, rung_dty
                for r, a in zip(res, closed.out_avals)]
         c = jnp.max(jnp.stack(hook.cancel)) if hook.cancel else jnp.float32(0)
         n = sum(hook.unstable, jnp.float32(0))
-        return res, c, n
+        z = jnp.max(jnp.stack(hook.zeros)) if hook.zeros else jnp.float32(0)
+        return res, c, n, z
 
     # antithetic pairs: sample 2j + 1 uses the complemented random bits of sample 2j, so
     # the pair rounds in opposite directions until their values part (this keeps two
@@ -446,14 +453,15 @@ def mca_samples(fn: Callable, args: tuple, kwargs: dict, inputs: tuple, rung_dty
         jnp.uint32))
     flips = jnp.asarray([0xFFFFFFFF * (k % 2) for k in range(samples)], jnp.uint32)
     if joint:
-        res, c, n = jax.vmap(one, axis_name=_AXIS)(salts, flips)
+        res, c, n, z = jax.vmap(one, axis_name=_AXIS)(salts, flips)
         outs = [[r[k] for r in res] for k in range(samples)]
     else:
         runs = [one(salts[k], flips[k]) for k in range(samples)]
         outs = [r[0] for r in runs]
         c = jnp.stack([r[1] for r in runs])
         n = jnp.stack([r[2] for r in runs])
+        z = jnp.stack([r[3] for r in runs])
     c = jnp.max(c)
     c = jnp.where(jnp.isnan(c), jnp.inf, c)
     n = jnp.sum(n)
-    return MCAResult(outs, c, n)
+    return MCAResult(outs, c, n, jnp.max(z) > 0)

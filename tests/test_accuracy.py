@@ -271,6 +271,30 @@ def test_a_rung_coarser_than_rtol_never_passes(fn, x, truth):
     assert not bool(r.ok)
 
 
+def test_a_top_rung_zero_from_cancellation_is_not_verified():
+    # newcomer audit 7: with x64 off (float32 the top rung, nothing wider to round from),
+    # a naive variance mean(x^2) - mean(x)^2 of 64 values around 8185 came back 0.0 (true
+    # 1.04), "ok, ~7.2 digits verified"
+    from _subprocess import run_python
+
+    proc = run_python("""
+    import jax, numpy as np, jax.numpy as jnp, adaptprec as ap
+    rng = np.random.default_rng(0)
+    means = np.concatenate([np.logspace(0, 4.5, 24)] * 2)
+    x = (rng.standard_normal((48, 64)) + means[:, None]).astype(np.float32)[20]
+    var = ap.adaptive(lambda x: jnp.mean(x * x) - jnp.mean(x) ** 2, ladder="bf16,f32",
+                      rtol=1e-2)
+    true = np.var(x.astype(np.float64))
+    for data in (x, x - np.float32(8185.0)):   # the second is well conditioned
+        y, rep = jax.jit(var.with_report)(jnp.asarray(data))
+        print(float(y) == 0.0, bool(rep.ok), abs(float(y) - true) <= 1e-2 * true)
+    """, x64=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    zero, well = (line.split() for line in proc.stdout.strip().splitlines())
+    assert zero[0] == "True" and zero[1] == "False", zero     # 0.0: not verified
+    assert well == ["False", "True", "True"], well
+
+
 def test_guards_check_the_value_returned_not_the_rung_output():
     # newcomer audit 3: the guards checked the rung's output before its cast to the output
     # dtype: exp(100) escalated to float64, came back as float32 inf with ok=True; a float32
