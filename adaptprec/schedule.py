@@ -439,6 +439,7 @@ class Hysteresis(PrecisionSchedule):
 
 class _AnyOfState(ScheduleState):
     children: tuple[ScheduleState, ...]
+    fresh: tuple[ScheduleState, ...]   # each child's initial state (restarts come from it)
 
 
 class AnyOf(PrecisionSchedule):
@@ -461,7 +462,7 @@ class AnyOf(PrecisionSchedule):
         kids = tuple(s.init(ladder) for s in self.schedules)
         rung = jnp.max(jnp.stack([k.rung for k in kids]))
         kids = tuple(dataclasses.replace(k, rung=rung) for k in kids)
-        return _AnyOfState.initial(ladder, rung=rung, children=kids)
+        return _AnyOfState.initial(ladder, rung=rung, children=kids, fresh=kids)
 
     def update(self, state, stats):
         kids = tuple(s.update(dataclasses.replace(k, rung=state.rung), stats)
@@ -469,6 +470,14 @@ class AnyOf(PrecisionSchedule):
         props = jnp.stack([k.rung for k in kids])
         hi, lo = jnp.max(props), jnp.min(props)
         new = jnp.where(hi > state.rung, hi, lo)
+        # a climb restarts the children that did not climb themselves, as each resets
+        # its own counters when it climbs (newcomer audit 7: StallEscalation kept its
+        # stall count and best value, and the new rung got one step before the next climb)
+        climbed = new > state.rung
+        kids = tuple(
+            jax.tree.map(lambda f, k_: jnp.where(climbed & ~(k.rung > state.rung), f, k_),
+                         dataclasses.replace(f, rung=k.rung, escalations=k.escalations), k)
+            for f, k in zip(state.fresh, kids))
         kids = tuple(dataclasses.replace(k, rung=new.astype(jnp.int32)) for k in kids)
         return state.move(new, children=kids)
 

@@ -270,3 +270,18 @@ def test_schedule_parameters_are_validated():
     # still a pytree whose leaves may be traced
     s = jax.jit(lambda r: StallEscalation(rate=r).rate)(1e-3)
     assert float(s) == pytest.approx(1e-3)
+
+
+def test_any_of_restarts_the_children_that_did_not_climb():
+    # newcomer audit 7: after NoiseFloor climbed, StallEscalation kept its stall count
+    # (its docstring: it resets after each escalation), so the new rung got one step
+    from adaptprec.schedule import NoiseFloor, ScheduleStats, StallEscalation, any_of
+
+    s = any_of(NoiseFloor(factor=1.0), StallEscalation(rate=0.1, patience=3))
+    st, prev, rungs = s.init("bf16,f32,f64"), None, []
+    for v in (1.0, 0.95, 0.9495, 0.94):
+        st = s.update(st, ScheduleStats.make(v, previous=prev))
+        prev = v
+        rungs.append(int(st.rung))
+    assert rungs == [0, 0, 1, 1], rungs
+    assert int(st.children[1].count) <= 1 and int(st.escalations) == 1
