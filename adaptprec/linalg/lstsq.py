@@ -37,7 +37,8 @@ from .._compaction import capacity_for, recompute_rows
 from .._normest import norm1_estimate
 from .._status import Reason, Status
 from ..precision import max_value, unit_roundoff
-from ._common import check_array, check_options, prepare_system, resolve_precisions
+from ._common import (check_array, check_options, pow2_scale, prepare_system,
+                      resolve_precisions)
 from .solve import SolveInfo, _inaccurate_above
 
 __all__ = ["lstsq"]
@@ -117,24 +118,12 @@ def _fallback(ops):
     return xf, ef, status, reason, kappa
 
 
-def _pow2_scaled(A, B):
-    """``(s A, s b)`` with ``s`` a power of 2 bringing ``||A||`` near 1 where it is more
-    than 2^64 away (else ``s = 1``): the least-squares solution does not change and the
-    optimality measure is scale invariant, but at ``||A|| ~ 1e307`` ``A^T r`` and the
-    measure's denominator overflowed (newcomer audit 5: CONVERGED with a NaN backward
-    error and x off by 1.6). Applied in two halves: 2^-1023 alone is subnormal, which
-    the CPU flushes to zero."""
-    big = jnp.max(jnp.abs(A), axis=(1, 2))
-    e = jnp.floor(jnp.log2(jnp.where(big > 0, big, 1.0)))
-    e = jnp.where(jnp.isfinite(e) & (jnp.abs(e) > 64), e, 0.0)
-    s1 = jnp.exp2(-jnp.floor(e / 2)).astype(A.dtype)[:, None, None]
-    s2 = jnp.exp2(jnp.floor(e / 2) - e).astype(A.dtype)[:, None, None]
-    return A * s1 * s2, B * s1 * s2
-
-
 def _lstsq_core(A, B, *, storage, compute, max_iters, tol, capacity):
     w = A.dtype
-    A, B = _pow2_scaled(A, B)
+    # ||A|| far from 1: (s A, s b) has the same solution, and the optimality measure
+    # is scale invariant (at 1e307 A^T r overflowed: CONVERGED with a NaN measure)
+    s1, s2 = pow2_scale(jnp.max(jnp.abs(A), axis=(1, 2)), A.dtype)
+    A, B = A * s1 * s2, B * s1 * s2
     ninf, n1 = _norms(A)                                         # (p,)
     cast_ok = (ninf <= max_value(storage)) & (n1 <= max_value(storage))
     a_low = A.astype(storage)

@@ -48,6 +48,7 @@ from ._common import (
     apply,
     check_array,
     check_options,
+    pow2_scale,
     prepare_system,
     lu_solve,
     resolve_precisions,
@@ -545,14 +546,8 @@ def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol, estimate_
         finite_in = (jnp.all(jnp.isfinite(A_), axis=(1, 2))
                      & jnp.all(jnp.isfinite(B_), axis=(1, 2)))
         anrm_f = _norm1(A_) if transpose else jnp.max(jnp.sum(jnp.abs(A_), axis=-1), -1)
-        # entries far from 1: the system is scaled by a power of 2 (exact) first, as
-        # (s A) x = s b; at ||A|| ~ 1e307 the triangular solves lost all accuracy
-        # (newcomer audit 5: x 68% wrong). In two halves: 2^-1023 alone is subnormal,
-        # flushed to zero on CPU.
-        e = jnp.floor(jnp.log2(jnp.where(anrm_f > 0, anrm_f, 1.0)))
-        e = jnp.where(jnp.isfinite(e) & (jnp.abs(e) > 64), e, 0.0)
-        s1 = jnp.exp2(-jnp.floor(e / 2)).astype(w)[:, None, None]
-        s2 = jnp.exp2(jnp.floor(e / 2) - e).astype(w)[:, None, None]
+        # ||A|| far from 1: solve (s A) x = s b, s a power of 2 (see pow2_scale)
+        s1, s2 = pow2_scale(anrm_f, w)
         As, Bs = A_ * s1 * s2, B_ * s1 * s2
         anrm_s = anrm_f * s1[:, 0, 0] * s2[:, 0, 0]   # ||s A||: kappa does not change
         At = jnp.swapaxes(As, -1, -2)
