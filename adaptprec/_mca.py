@@ -307,6 +307,8 @@ class _Hook:
             return
         wide = out.dtype
         num = jnp.broadcast_to(a.astype(wide) + b.astype(wide), out.shape)
+        if self.wide is None:  # top rung: an exact 0 from nonzero operands, per element
+            self.zeros.append(jnp.any((out == 0) & (num > 0)).astype(jnp.float32))
         # An exact zero from nonzero operands is flagged below the top rung (escalating
         # is safe: `(x + 1) - 1` in bf16 gives exactly 0), but not on the top rung, where
         # it usually is an exact tie (softmax of equal logits, x - mean(x) of a constant
@@ -321,8 +323,6 @@ class _Hook:
             den = jnp.max(jnp.abs(out), initial=0)
             ratio = jnp.where(num == 0, 0.0, jnp.where(den == 0, zero, num / den))
         self.cancel.append((_u(eqn.outvars[0].aval.dtype) * ratio).astype(jnp.float32))
-        if self.wide is None:
-            self.zeros.append(jnp.any((jnp.abs(out) == 0) & (num > 0)).astype(jnp.float32))
 
     def _compare(self, eqn, args):
         traced = eqn.invars[0].aval.dtype
