@@ -144,12 +144,23 @@ def check_loss_output(loss: LossLike, m: int, dtype) -> None:
     """
     if isinstance(loss, str):
         return
+    try:   # a repeat fit with the same loss does not trace it again
+        _check_loss_traced(loss, m, np.dtype(dtype))
+    except TypeError as exc:
+        if "unhashable" not in str(exc):
+            raise
+        _check_loss_traced.__wrapped__(loss, m, np.dtype(dtype))
+
+
+@functools.lru_cache(maxsize=64)
+def _check_loss_traced(loss, m: int, dtype) -> None:
     from ._errors import explain_trace_error
 
-    z = jax.ShapeDtypeStruct((m,), dtype)
+    def both(z):   # rho as given, and the (3, m) rows with autodiff derivatives
+        return loss(z), _rho_callable(loss, z)
+
     try:
-        out = jax.eval_shape(loss, z)
-        jax.eval_shape(lambda z: _rho_callable(loss, z), z)  # its autodiff derivatives
+        out, _ = jax.eval_shape(both, jax.ShapeDtypeStruct((m,), dtype))
     except Exception as exc:
         explained = explain_trace_error(exc, "loss")
         if explained is None:
