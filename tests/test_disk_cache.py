@@ -106,9 +106,13 @@ def test_corrupt_entries_are_recompiled(cold, tmp_path):
             dst.write(data[: len(data) // 3] if len(name) % 2 else b"not a program")
     # and one well-formed entry whose payload has one changed byte: it reached XLA and
     # aborted the process, in every later process too (newcomer audit 6)
-    name = _entries(d0)[0]
-    with open(os.path.join(d0, name), "rb") as src:
-        entry = pickle.load(src)
+    def load(name):
+        with open(os.path.join(d0, name), "rb") as src:
+            return pickle.load(src)
+
+    # (an executable's entry: others hold small host values, {"key", "value"})
+    name = next(n for n in _entries(d0) if "payload" in load(n))
+    entry = load(name)
     payload = bytearray(entry["payload"])
     payload[len(payload) // 2] ^= 0x20
     entry["payload"] = bytes(payload)

@@ -58,7 +58,12 @@ def test_expfit_matches_scipy_lm_and_trace():
     np.testing.assert_allclose(np.asarray(res.fun), ref.fun, atol=1e-10)
     np.testing.assert_allclose(np.asarray(res.jac), ref.jac, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(np.asarray(res.grad), ref.jac.T @ ref.fun, atol=1e-9)
-    # adaptive: started on f32, finished (and verified) on f64
+    # "adaptive" at this size (m n = 120) on CPU: float64 alone (solve.SMALL_F64_MN)
+    assert [t["rung"] for t in res.trace()] == ["f64"] and int(res.escalations) == 0
+    # the ladder: started on f32, finished (and verified) on f64
+    res = ap.solve_nlsq(expo, jnp.asarray(P0), args=(jnp.asarray(T), jnp.asarray(Y)),
+                        precision="f32,f64")
+    np.testing.assert_allclose(np.asarray(res.x), ref.x, rtol=1e-8)
     tr = res.trace()
     assert [t["rung"] for t in tr] == ["f32", "f64"]
     assert int(res.escalations) == 1 and tr[1]["nfev"] >= 2
@@ -167,7 +172,7 @@ def test_fixed_precisions_and_schedule():
     # convergence is still only declared on f64
     rst = ap.solve_nlsq(expo, jnp.asarray(P0), args=args,
                         schedule=StallEscalation(rate=0.5, patience=1))
-    default = ap.solve_nlsq(expo, jnp.asarray(P0), args=args)
+    default = ap.solve_nlsq(expo, jnp.asarray(P0), args=args, precision="f32,f64")
     assert rst.rung_name == "f64" and int(rst.escalation_reason[1]) == ap.Reason.SCHEDULE
     # (the default leaves f32 as early here since issue 15: at float32's resolution)
     assert int(rst.rung_entered[1]) <= int(default.rung_entered[1])
@@ -189,7 +194,7 @@ def test_overflow_on_low_rung_escalates():
     def r(x):
         return jnp.exp(100.0 * x) - jnp.exp(100.0 * jnp.array([1.0, 1.01]))
 
-    res = ap.solve_nlsq(r, jnp.array([0.9, 0.9]))
+    res = ap.solve_nlsq(r, jnp.array([0.9, 0.9]), precision="f32,f64")
     np.testing.assert_allclose(np.asarray(res.x), [1.0, 1.01], rtol=1e-10)
     assert int(res.escalation_reason[1]) == ap.Reason.NONFINITE
 
@@ -223,7 +228,8 @@ def test_cache_and_trace_count():
 
     args = (jnp.asarray(T), jnp.asarray(Y))
     before = cache_info()["misses"]
-    r1 = ap.solve_nlsq(counted, jnp.asarray(P0), args=args, driver="fused")
+    r1 = ap.solve_nlsq(counted, jnp.asarray(P0), args=args, driver="fused",
+                       precision="f32,f64")
     first = calls["n"]
     # one trace per rung (residual + Jacobian in one lax.switch branch), one for the
     # final top-rung evaluation, one for the boundary shape check (eval_shape), one for
@@ -231,7 +237,7 @@ def test_cache_and_trace_count():
     assert first == 2 + 2 + 1, first
     assert cache_info()["misses"] == before + 1
     r2 = ap.solve_nlsq(counted, jnp.asarray(P0) + 0.1, args=(args[0], args[1] * 1.01),
-                       driver="fused")
+                       driver="fused", precision="f32,f64")
     assert calls["n"] == first  # no retrace: the shape check is memoised too
     assert cache_info()["misses"] == before + 1
     assert not np.allclose(np.asarray(r1.x), np.asarray(r2.x))

@@ -1,5 +1,6 @@
 """NIST StRD nonlinear regression (all 27 problems): LRE >= 6 on every parameter (certified
-values), both starts, default adaptive precision and float64, default tolerances.
+values), both starts, default adaptive precision (float64 alone at these sizes on CPU,
+with the ladder's stopping rules), the ladder f32 -> f64 and float64, default tolerances.
 
 The default run covers a representative handful (lower and average difficulty,
 exponential / rational / multi-peak models); the full 2 x 27 x 2 sweep is ``slow``.
@@ -59,16 +60,20 @@ def test_nist_handful(name, precision):
 
 
 def test_nist_adaptive_starts_low():
-    p, res = _solve("Misra1a", 0, "adaptive")
+    # the ladder asked for; "adaptive" runs float64 alone at NIST's sizes on CPU
+    # (solve.SMALL_F64_MN), with the ladder's top-rung stopping rules
+    p, res = _solve("Misra1a", 0, "f32,f64")
     tr = res.trace()
     assert tr[0]["rung"] == "f32" and tr[0]["nfev"] > tr[-1]["nfev"]
+    p, res = _solve("Misra1a", 0, "adaptive")
+    assert [t["rung"] for t in res.trace()] == ["f64"]
 
 
 def _full_params():
     out = []
     for name in MODELS:
         for start in (0, 1):
-            for precision in ("adaptive", "f64"):
+            for precision in ("adaptive", "f32,f64", "f64"):
                 marks = [pytest.mark.slow]
                 if (name, start, precision) in KNOWN_FAIL:
                     marks.append(pytest.mark.xfail(reason="creeps along the valley",

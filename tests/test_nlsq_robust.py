@@ -29,7 +29,7 @@ def _nist(name, start, **kw):
 # --------------------------------------------------------------------------- escalation
 def test_lower_rung_never_ends_a_solve_on_the_budget():
     # max_steps=3: the f32 rung gets 1 step, then the solve goes on on f64
-    res = ap.solve_nlsq(rosen, jnp.array([-1.2, 1.0]), max_steps=3)
+    res = ap.solve_nlsq(rosen, jnp.array([-1.2, 1.0]), max_steps=3, precision="f32,f64")
     assert res.rung_name == "f64"
     assert res.status_int == ap.Status.MAX_STEPS
     tr = res.trace()
@@ -37,11 +37,13 @@ def test_lower_rung_never_ends_a_solve_on_the_budget():
 
 
 def _pair(name, start, seed=0):
-    """Adaptive and float64-only solves of a sweep row (tests/robust_sweep.py starts)."""
+    """The ladder's and float64-only solves of a sweep row (tests/robust_sweep.py starts).
+    (The ladder asked for: "adaptive" runs float64 alone at NIST's sizes on CPU.)"""
     from robust_sweep import problem_starts
     p, starts = problem_starts(name, 3, seed)
     x0 = dict(starts)[start]
-    return p, _nist(name, x0)[1], _nist(name, x0, precision="f64")[1]
+    return (p, _nist(name, x0, precision="f32,f64")[1],
+            _nist(name, x0, precision="f64")[1])
 
 
 def test_lower_rung_share_escalates_with_budget_reason():
@@ -99,8 +101,30 @@ def test_top_rung_after_escalation_stops_by_float64_standard(name, start, seed):
 
 
 def test_escalation_under_jit_and_vmap():
-    f = jax.jit(jax.vmap(lambda x0: ap.solve_nlsq(rosen, x0, max_steps=3).rung))
+    f = jax.jit(jax.vmap(lambda x0: ap.solve_nlsq(rosen, x0, max_steps=3,
+                                                  precision="f32,f64").rung))
     assert np.all(np.asarray(f(jnp.array([[-1.2, 1.0], [2.0, 2.0]]))) == 1)
+
+
+def test_small_adaptive_runs_float64_alone_with_the_ladders_stopping_rules(monkeypatch):
+    # On CPU, "adaptive" below solve.SMALL_F64_MN (m n) runs float64 alone: float32 saves
+    # nothing there (docs/architecture.md). It keeps the top rung's rules after an
+    # escalation: with scipy's rules alone (precision="f64") Lanczos3 start 2 stops at
+    # LRE 6.8; the ladder reaches 9.3, and so does float64 alone with its rules.
+    from adaptprec.nlsq import solve as solve_mod
+    p, res = _nist("Lanczos3", 1)
+    assert [t["rung"] for t in res.trace()] == ["f64"] and int(res.escalations) == 0
+    _, plain = _nist("Lanczos3", 1, precision="f64")
+    _, ladder = _nist("Lanczos3", 1, precision="f32,f64")
+    assert score(p, res.x, res.cost) >= 9.0 > score(p, plain.x, plain.cost)
+    assert score(p, res.x, res.cost) >= score(p, ladder.x, ladder.cost) - 0.5
+    assert bool(res.success)
+    # a schedule, or a problem above the crossover, keeps the ladder (rosen: m n = 4)
+    assert ap.solve_nlsq(rosen, jnp.array([-1.2, 1.0]),
+                         schedule=ap.schedule.StallEscalation(1e-6, 3)).trace()[0][
+        "rung"] == "f32"
+    monkeypatch.setattr(solve_mod, "SMALL_F64_MN", 4)
+    assert ap.solve_nlsq(rosen, jnp.array([-1.2, 1.0])).trace()[0]["rung"] == "f32"
 
 
 # --------------------------------------------------------------------------- honest success

@@ -231,8 +231,10 @@ def test_f32_overflow_escalates_as_in_memory():
         return p[0] * 1e-40 * jnp.exp(p[1] * t) / y - 1.0
 
     x0 = np.array([1.5, 0.98])
-    ref = ap.solve_nlsq(res_fn, x0, args=(jnp.asarray(t), jnp.asarray(y)))
-    out = ap.solve_nlsq(res_fn, x0, args=(t, y), chunk_size=4000)
+    # (the ladder asked for: in memory, "adaptive" runs float64 alone at m n = 18000)
+    ref = ap.solve_nlsq(res_fn, x0, args=(jnp.asarray(t), jnp.asarray(y)),
+                        precision="f32,f64")
+    out = ap.solve_nlsq(res_fn, x0, args=(t, y), chunk_size=4000, precision="f32,f64")
     assert int(out.status) > 0 and out.rung_name == "f64"
     assert int(out.escalation_reason[1]) == int(ref.escalation_reason[1]) == \
         int(ap.Reason.NONFINITE)

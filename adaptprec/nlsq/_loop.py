@@ -110,6 +110,12 @@ class LoopConfig(NamedTuple):
     #: ``lm``'s second strategy on failure (:data:`PORTFOLIO`; part of every cache key):
     #: 0 off, 1 ``max_steps`` caps the whole solve, 2 each strategy has ``max_steps``
     portfolio: int = 1
+    #: the stopping rules of a top rung entered by escalation from the first step on:
+    #: rounding-level steps judged by the cost's evaluation error
+    #: (:data:`POST_ESCALATION_NOISE`) and the first convergence confirmed by one more
+    #: step. Set by ``solve_nlsq`` for an ``"adaptive"`` solve that runs float64 alone
+    #: (``solve.SMALL_F64_MN``); an explicit ``precision="f64"`` keeps scipy's rules.
+    adaptive_stop: bool = False
 
 
 class _State(NamedTuple):
@@ -398,7 +404,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         # 4e-14 four times, until the radius collapsed and xtol stopped 2 digits short of
         # float64 alone). Such steps are taken (and stop by the NOISE_* rule below).
         cost_err = us[top] * (jnp.abs(st.cost) + noise_scale)
-        at_noise = at_noise | ((st.escalations > 0) & (
+        at_noise = at_noise | (((st.escalations > 0) | cfg.adaptive_stop) & (
             step.predicted <= POST_ESCALATION_NOISE * cost_err) & (
             actual >= -POST_ESCALATION_NOISE * cost_err))
         at_noise = on_top & (~pending) & st.ok & finite_z & at_noise
@@ -562,8 +568,8 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         converged = (status >= Status.GTOL) & (status <= Status.FTOL_XTOL)
         # (A point that satisfies gtol when first evaluated on the top rung ends there,
         # as scipy's first test of each iteration does: no step to confirm.)
-        defer = on_top & (st.escalations > 0) & ~st.confirmed & converged & ~(
-            at_noise & noise_stop) & (nit < cfg.max_steps) & ~(  # (never into MAX_STEPS)
+        defer = on_top & ((st.escalations > 0) | cfg.adaptive_stop) & ~st.confirmed & (
+            converged) & ~(at_noise & noise_stop) & (nit < cfg.max_steps) & ~(  # (never into MAX_STEPS)
             pending & gtol_n)
         if cfg.max_nfev:
             defer = defer & (st.nfev + 1 < cfg.max_nfev)

@@ -71,6 +71,17 @@ _points = PointMemo()
 #: QR of a tall ``m x (n+1)`` matrix dominates the step there, while the normal
 #: equations cost one ``O(m n^2)`` product (accumulated in float32 or wider).
 _NORMAL_EQ_MIN_M = 4096
+#: ``precision="adaptive"`` runs float64 alone on CPU when ``m n`` (residuals times
+#: parameters) is below this: there a float32 rung saves nothing, since the step's cost
+#: is dispatch and small dense algebra, not memory traffic. Measured
+#: (curve_fit of a 3-parameter exponential, repeat fits, x64 off, 2 cores): float64
+#: alone takes 0.84, 0.81 and 0.80 of the ladder's time at m = 120, 1000 and 4000,
+#: 0.98 at 16000 and 1.04 at 64000. It also compiles one rung instead of two:
+#: NIST StRD (54 solves) including compilation 5.5 s against 6.6 s. Such a solve keeps
+#: the ladder's top-rung stopping rules (``LoopConfig.adaptive_stop``), which the
+#: accuracy needs: with scipy's rules alone float64 ends at LRE 6.8 on NIST Lanczos3
+#: start 2 (the ladder: 9.3). docs/architecture.md, "float64 alone for small problems".
+SMALL_F64_MN = 32768
 
 
 def clear_cache() -> None:
@@ -101,7 +112,8 @@ def cache_info() -> dict:
 
 def resolve_ladder(precision) -> Ladder:
     """The ladder for ``precision``: ``"adaptive"`` is ``f32 -> f64`` (bf16 is not faster
-    than f32 on CPU and loses too much for a Jacobian), a :class:`~adaptprec.Ladder` or
+    than f32 on CPU and loses too much for a Jacobian; ``solve_nlsq`` keeps only float64
+    for a small problem on CPU, :data:`SMALL_F64_MN`), a :class:`~adaptprec.Ladder` or
     ``"f32,f64"`` string is used as given, and a single dtype means fixed precision.
     ``"adaptive"`` with ``jax_enable_x64`` off raises ``ValueError`` (a float32-only answer
     only when asked for; the entry points run eager calls inside ``jax.enable_x64(True)``).
@@ -390,7 +402,8 @@ def solve_nlsq(
       verbose, workers: ``verbose=0`` and ``workers=None`` are what adaptprec does;
         anything else raises an error naming the alternative (see ``docs/scipy.md``).
       precision: ``"adaptive"`` (``f32 -> f64``; residual and Jacobian on f32 first while
-        the iterate stays float64), a :class:`~adaptprec.Ladder`/``"f32,f64"``, or one
+        the iterate stays float64; on CPU with ``m n <`` :data:`SMALL_F64_MN` and no
+        schedule, float64 alone with the ladder's top-rung stopping rules), a :class:`~adaptprec.Ladder`/``"f32,f64"``, or one
         dtype (fixed precision). With ``jax_enable_x64`` off, an eager call asking for
         float64 runs inside ``jax.enable_x64(True)`` (thread-local) and returns NumPy
         arrays; under ``jit``/``vmap``/``grad`` it raises (see :mod:`._x64`).
@@ -437,8 +450,10 @@ def solve_nlsq(
         >>> def rosen(x):
         ...     return jnp.array([10.0 * (x[1] - x[0] ** 2), 1.0 - x[0]])
         >>> res = ap.solve_nlsq(rosen, jnp.array([-1.2, 1.0]))
-        >>> [round(float(v), 8) for v in res.x], res.escalations >= 1
-        ([1.0, 1.0], Array(True, dtype=bool))
+        >>> [round(float(v), 8) for v in res.x], res.rung_name  # small: float64 alone
+        ([1.0, 1.0], 'f64')
+        >>> ap.solve_nlsq(rosen, jnp.array([-1.2, 1.0]), precision="f32,f64").escalations
+        Array(1, dtype=int32)
     """
     if chunk_size is not False and (chunk_size is not None or
                                     _stream.wants_stream(args)):  # larger than memory
@@ -555,6 +570,9 @@ def solve_nlsq(
     else:
         m = _residual_size(residual, unravel, x0, x0_flat, args)
     check_loss_output(loss, m, top_dt)
+    adaptive_stop = False
+    if _starts_on_float64(precision, schedule, m, n):
+        rungs, ladder, adaptive_stop = rungs[-1:], Ladder(list(rungs[-1:])), True
     if jac_sparsity is not None and callable(jac):
         as_sparsity(jac_sparsity, m, n)  # shape check only (scipy's check_jac_sparsity)
     # a jac returning scipy.sparse / LinearOperator: evaluated on the host (scipy's rules)
@@ -651,7 +669,8 @@ def solve_nlsq(
                      max_steps=int(max_steps), linear_solver=linear_solver,
                      max_rejections=int(max_rejections), cond_tol=float(cond_tol),
                      schedule=schedule, point_axes=axes, max_nfev=max_nfev,
-                     callback=callback, tr=tr, portfolio=portfolio)
+                     callback=callback, tr=tr, portfolio=portfolio,
+                     adaptive_stop=adaptive_stop)
     if driver != "fused":
         if tr is None and host_eligible(cfg, bool(throw), x0_flat, args, lb, ub, f_scale):
             x0_shape = np.shape(x0) if isinstance(x0, (jax.Array, np.ndarray)) else None
@@ -689,6 +708,14 @@ def solve_nlsq(
     if (host_kind or sparse_fd) and is_concrete(res.jac):  # scipy: res.jac in jac's format
         res = replace(res, jac=as_user_format(res.jac, host_kind or "sparse"))
     return res
+
+
+def _starts_on_float64(precision, schedule, m: int, n: int) -> bool:
+    """Whether an ``"adaptive"`` solve runs on float64 alone (:data:`SMALL_F64_MN`):
+    the default ladder (no schedule) on CPU with ``m n`` below the crossover."""
+    return (isinstance(precision, str) and precision.strip().lower() == "adaptive"
+            and schedule is None and m * n < SMALL_F64_MN
+            and jax.default_backend() == "cpu")
 
 
 def _njev_is_none(cfg: LoopConfig) -> bool:
