@@ -244,6 +244,13 @@ res = ap.solve_nlsq(lambda p: p[0] * jnp.exp(-p[1] * t) - np.exp(-t), [1.0, 2.0]
 assert all(type(getattr(res, f)) is int for f in ("nfev", "nit", "status")), res
 assert type(res.cost) is np.float64 and type(res.success) is bool, res
 json.dumps({"nfev": res.nfev, "status": res.status, "cost": res.cost})
+# an explicit ladder asks for float64 too (it raised: "f32,f64" was not parsed with x64 off)
+res = ap.solve_nlsq(lambda p: p[0] * jnp.exp(-p[1] * t) - np.exp(-t), [1.0, 2.0],
+                    precision="f32,f64")
+assert res.escalations == 1 and res.rung_name == "f64" and res.x.dtype == np.float64, res
+p2, _ = ap.curve_fit(lambda t, a, k: a * jnp.exp(-k * t), t, np.exp(-t), p0=[1.0, 1.0],
+                     precision="f32,f64")
+assert type(p2) is np.ndarray and p2.dtype == np.float64 and abs(p2[1] - 1.0) < 1e-12
 msgs = []
 calls = [
     lambda y: ap.curve_fit(lambda t, a, k: a * jnp.exp(-k * t), t, y, p0=[1.0, 1.0])[0],

@@ -419,8 +419,11 @@ def test_sweep_adaptive_properties_other_seed():
     from robust_sweep import sweep
     env = os.environ.get("ADAPTPREC_SWEEP_SEED", "7")
     seed = np.random.randint(1, 10_000) if env == "random" else int(env)
+    # "adaptive" runs float64 alone at NIST's sizes on CPU (solve.SMALL_F64_MN): the
+    # ladder itself, which larger problems climb, is held to the same properties
     rows = sweep(list(MODELS), perturbed=3, seed=seed, solvers={
         "ours": lambda p, x0: run_ours(p, x0),
+        "ladder": lambda p, x0: run_ours(p, x0, precision="f32,f64"),
         "ours_f64": lambda p, x0: run_ours(p, x0, precision="f64")})
     # The evaluation count is not compared where float64 alone fails and adaptive solves:
     # on Eckerle4's plateau (the Gaussian underflows, J ~ 1e-50) float64 alone stops on
@@ -428,8 +431,8 @@ def test_sweep_adaptive_properties_other_seed():
     # underflowed Jacobian leaves the scaling at 1 and float64 then solves it (seed 7684,
     # p1: LRE 10.5 in 33 evaluations against 0.0 in 2). Such rows are a miss of the
     # property as stated, reported in docs/nlsq.md.
-    bad = [(r["problem"], r["start"], round(r["ours"], 2), round(r["ours_f64"], 2),
-            r["ours_nfev"], r["ours_f64_nfev"]) for r in rows
-           if r["ours"] < r["ours_f64"] - 0.5 or (r["ours_nfev"] > 3 * r["ours_f64_nfev"]
-                                                  and not r["ours"] >= 6.0 > r["ours_f64"])]
+    bad = [(s, r["problem"], r["start"], round(r[s], 2), round(r["ours_f64"], 2),
+            r[s + "_nfev"], r["ours_f64_nfev"]) for r in rows for s in ("ours", "ladder")
+           if r[s] < r["ours_f64"] - 0.5 or (r[s + "_nfev"] > 3 * r["ours_f64_nfev"]
+                                             and not r[s] >= 6.0 > r["ours_f64"])]
     assert not bad, f"seed {seed}: {bad}"

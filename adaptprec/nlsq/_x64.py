@@ -74,7 +74,9 @@ def wants_float64(precision) -> bool:
         if isinstance(precision, Ladder):
             rungs = precision.rungs
         elif isinstance(precision, str) and ("," in precision or ">" in precision):
-            rungs = Ladder.parse(precision).rungs
+            # (check_x64=False: with x64 off, parsing "f32,f64" raised, so an explicit
+            # ladder was never given the float64 scope and the call failed)
+            rungs = Ladder.parse(precision, check_x64=False).rungs
         elif isinstance(precision, (list, tuple)):
             rungs = [canonical_dtype(p, check_x64=False) for p in precision]
         else:
