@@ -46,6 +46,7 @@ def solve(p, x0, **kw):
     out = dict(lre=float(score(p, x, float(res.cost))), nfev=int(res.nfev),
                status=int(res.status), time=dt)
     rn = np.asarray(res.rung_nfev)
+    out.update(f32_nfev=0, reason="-")  # (one rung: "adaptive" at a small size on CPU)
     if rn.size > 1:
         out.update(f32_nfev=int(rn[0]), reason=ap.reason_name(int(res.escalation_reason[1]))
                    if int(res.escalations) else "-")
