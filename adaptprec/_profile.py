@@ -431,7 +431,9 @@ def _program(fn: Callable, cfg: _Config, a: _Args):
 
 
 def _reference(fn: Callable, a: _Args):
-    with jax.enable_x64(True):
+    from ._x64_scope import float64_scope
+
+    with float64_scope():
         dyn = [jax.numpy.asarray(x) for x in a.dyn]
         dyn = [x.astype(np.float64) if _is_floating_array(x) else x for x in dyn]
         out = jax.jit(lambda *d: fn(*a.rebuild(d)))(*dyn)

@@ -118,6 +118,16 @@ CASES = [
      ValueError, "square"),
     ("linalg.solve: b mismatch", lambda: ap.linalg.solve(np.eye(3), np.ones(4)),
      ValueError, "does not match A"),
+    # a half-precision top rung: LAPACK has no half precision (it was a raw KeyError)
+    ("solve_nlsq: bf16 alone", lambda: ap.solve_nlsq(residual, [1.0, 1.0], (T, T),
+                                                     precision="bf16"),
+     ValueError, "must be float32 or float64"),
+    ("curve_fit: ladder ending on f16", lambda: ap.curve_fit(
+        cf_model, T, YB[0], p0=[1.0, 1.0], precision="bf16,f16"),
+     ValueError, "must be float32 or float64"),
+    ("batch: ladder ending on f16", lambda: ap.solve_nlsq_batch(
+        model, np.ones((4, 2)), (T,), in_axes=None, ydata=YB, precision="bf16,f16"),
+     ValueError, "must end on float32 or float64"),
     ("linalg.solve: string A", lambda: ap.linalg.solve("abc", np.ones(3)),
      ValueError, "floating dtype is required"),
     ("linalg.solve: complex A", lambda: ap.linalg.solve(np.eye(3) * 1j, np.ones(3)),

@@ -251,6 +251,22 @@ assert res.escalations == 1 and res.rung_name == "f64" and res.x.dtype == np.flo
 p2, _ = ap.curve_fit(lambda t, a, k: a * jnp.exp(-k * t), t, np.exp(-t), p0=[1.0, 1.0],
                      precision="f32,f64")
 assert type(p2) is np.ndarray and p2.dtype == np.float64 and abs(p2[1] - 1.0) < 1e-12
+# a residual closing over NumPy data, solved in float32 (no scope) and then by default (the
+# float64 scope), and the user's own JAX code on the same arrays afterwards: JAX caches
+# its conversion of a NumPy array per array object, not per x64 setting, so each mode got
+# the other's constant ("requires compatible types"; "RuntimeProgramInputMismatch")
+xs = np.linspace(0.0, 4.0, 50); ys = 2.5 * np.exp(-1.3 * xs) + 0.5
+g = lambda p: p[0] * jnp.exp(-p[1] * xs) + p[2] - ys
+for prec in ("f32", "adaptive", "f32", "f32,f64"):
+    r = ap.solve_nlsq(g, np.array([1.0, 1.0, 0.0]), precision=prec)
+    assert r.status > 0 and abs(r.x[1] - 1.3) < 1e-4, (prec, r)
+try:   # the order message, not the x64 one (the ladder was parsed with the x64 check)
+    ap.solve_nlsq(g, np.array([1.0, 1.0, 0.0]), precision="f64,f32")
+    raise SystemExit("precision='f64,f32': no error")
+except ValueError as e:
+    assert "strictly increasing" in str(e), e
+p3 = jnp.asarray([2.5, 1.3, 0.5])
+assert g(p3).dtype == jax.jit(g)(p3).dtype == jax.jacfwd(g)(p3).dtype == jnp.float32
 msgs = []
 calls = [
     lambda y: ap.curve_fit(lambda t, a, k: a * jnp.exp(-k * t), t, y, p0=[1.0, 1.0])[0],

@@ -317,6 +317,12 @@ def solve_nlsq_batch(
         ([0.5, 1.0, 2.0], True)
     """
     ladder = _ladder(precision)
+    if len(ladder.rungs) > 1 and unit_roundoff(ladder.rungs[-1]) > unit_roundoff(np.float32):
+        # (one half-precision rung runs, its state in float32; a ladder ending on one
+        # failed with "data type ... not inexact")
+        raise ValueError(
+            f"precision={precision!r} ends on {dtype_name(ladder.rungs[-1])}: a ladder must "
+            "end on float32 or float64, where every fit is verified; e.g. 'bf16,f32'.")
     if nan_policy not in ("propagate", "raise"):
         raise ValueError(f"nan_policy must be 'propagate' or 'raise', got {nan_policy!r}")
     prob = build_problem(fun, x0, args, in_axes, ydata, sigma, bounds)

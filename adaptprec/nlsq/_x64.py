@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from .._tracing import is_eager, is_traced
+from .._x64_scope import float64_scope
 from ..precision import Ladder, canonical_dtype, x64_enabled
 
 __all__ = ["TRACED_X64_MESSAGE", "wants_float64", "float64_entry", "to_host",
@@ -74,9 +75,11 @@ def wants_float64(precision) -> bool:
         if isinstance(precision, Ladder):
             rungs = precision.rungs
         elif isinstance(precision, str) and ("," in precision or ">" in precision):
-            # (check_x64=False: with x64 off, parsing "f32,f64" raised, so an explicit
-            # ladder was never given the float64 scope and the call failed)
-            rungs = Ladder.parse(precision, check_x64=False).rungs
+            # rung by rung, without the x64 check or the order check: with x64 off,
+            # parsing "f32,f64" raised, so an explicit ladder was never given the float64
+            # scope, and "f64,f32" got the x64 message instead of the order one
+            rungs = [canonical_dtype(p.strip(), check_x64=False)
+                     for p in precision.replace(">", ",").split(",") if p.strip()]
         elif isinstance(precision, (list, tuple)):
             rungs = [canonical_dtype(p, check_x64=False) for p in precision]
         else:
@@ -143,7 +146,7 @@ def float64_entry(entry: str, traced_args: tuple[str, ...], host: Callable = to_
             if traced:
                 raise ValueError(TRACED_X64_MESSAGE.format(entry=entry,
                                                            precision=precision))
-            with jax.enable_x64(True), _numpy_out():
+            with float64_scope(), _numpy_out():
                 return host(fn(*args, **kwargs))
 
         return wrapper

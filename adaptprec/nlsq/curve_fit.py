@@ -41,6 +41,7 @@ from .result import result_to_host
 from . import _promote, _stream
 from .common import _covariance_svd, covariance_from_jac
 from ._x64 import float64_entry
+from .._x64_scope import float64_scope
 from ..precision import x64_enabled
 from .solve import _broadcast_bounds, solve_nlsq
 
@@ -238,7 +239,7 @@ class _Plan:
 
     def __call__(self, xdata, ydata, p0, sigma):
         if self.scope:
-            with jax.enable_x64(True):
+            with float64_scope():
                 return self._run(xdata, ydata, p0, sigma)
         return self._run(xdata, ydata, p0, sigma)
 

@@ -31,7 +31,7 @@ from jax.flatten_util import ravel_pytree
 from .._tracing import is_concrete
 from .._policy import cast_floating
 from .._pytree import replace
-from ..precision import Ladder, canonical_dtype, x64_enabled
+from ..precision import Ladder, canonical_dtype, unit_roundoff, x64_enabled
 from ._blocks import PointBlocks
 from ._compile import cpu_jit
 from ._errors import explain_trace_error
@@ -543,6 +543,12 @@ def solve_nlsq(
     ladder = resolve_ladder(precision)
     rungs = ladder.rungs
     top_dt = np.dtype(rungs[-1])
+    if unit_roundoff(top_dt) > unit_roundoff(np.float32):
+        raise ValueError(
+            f"precision={precision!r} ends on {top_dt.name}: the iterate, the trust region "
+            "and the factored model live in the top rung's dtype, which must be float32 or "
+            "float64 (LAPACK has no half precision). Start low and end on one of them, "
+            "e.g. precision='bf16,f32'.")
 
     if isinstance(x0, np.ndarray):
         # NumPy: ravel_pytree's eager jnp reshape would compile (per shape, per process)
