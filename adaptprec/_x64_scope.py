@@ -60,7 +60,8 @@ def _canonicalize_ndarray(x):
             return value
     value = literals.TypedNdArray(np.asarray(x, dtypes.canonicalize_dtype(dt)))
     if entry is None or entry[0]() is not x:
-        entry = (weakref.ref(x, lambda _, k=key: _canonical.pop(k, None)), {})
+        # (the dict bound as a default: at interpreter exit the module's globals are gone)
+        entry = (weakref.ref(x, lambda _, k=key, d=_canonical: d.pop(k, None)), {})
         _canonical[key] = entry
     entry[1][x64] = weakref.ref(value)
     return value
