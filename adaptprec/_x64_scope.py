@@ -27,7 +27,10 @@ import contextlib
 import threading
 import weakref
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax._src import config, dtypes, literals
 
 __all__ = ["float64_scope", "install_x64_aware_constants"]
 
@@ -40,9 +43,6 @@ _canonical: dict = {}
 def _canonicalize_ndarray(x):
     """JAX's NumPy-array canonicalisation (the array in its canonical dtype, as JAX's
     host-side ``TypedNdArray``), cached per array object and x64 setting."""
-    import jax.numpy as jnp
-    from jax._src import config, dtypes, literals
-
     dt = x.dtype
     # (JAX's own rule: numeric, bool, ml_dtypes' and its float0 tangents; no objects,
     # strings or dates)
@@ -76,8 +76,6 @@ def install_x64_aware_constants() -> bool:
     with _install_lock:
         if _installed:
             return True
-        from jax._src import dtypes
-
         register = getattr(dtypes, "register_canonicalize_value_handler", None)
         if register is None:
             return False
@@ -89,8 +87,6 @@ def install_x64_aware_constants() -> bool:
 @contextlib.contextmanager
 def float64_scope():
     """``jax.enable_x64(True)`` (thread-local) with x64-aware NumPy constants."""
-    import jax
-
     if not _installed:
         install_x64_aware_constants()
     with jax.enable_x64(True):

@@ -568,8 +568,9 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         converged = (status >= Status.GTOL) & (status <= Status.FTOL_XTOL)
         # (A point that satisfies gtol when first evaluated on the top rung ends there,
         # as scipy's first test of each iteration does: no step to confirm.)
+        # (never into MAX_STEPS)
         defer = on_top & ((st.escalations > 0) | cfg.adaptive_stop) & ~st.confirmed & (
-            converged) & ~(at_noise & noise_stop) & (nit < cfg.max_steps) & ~(  # (never into MAX_STEPS)
+            converged) & ~(at_noise & noise_stop) & (nit < cfg.max_steps) & ~(
             pending & gtol_n)
         if cfg.max_nfev:
             defer = defer & (st.nfev + 1 < cfg.max_nfev)

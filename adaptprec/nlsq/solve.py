@@ -125,7 +125,7 @@ def resolve_ladder(precision) -> Ladder:
     """
     if isinstance(precision, Ladder):
         return precision
-    if isinstance(precision, str) and precision.strip().lower() == "adaptive":
+    if _is_adaptive(precision):
         if not x64_enabled():
             raise ValueError(
                 "precision='adaptive' ends on float64, but jax_enable_x64 is off here: "
@@ -403,10 +403,11 @@ def solve_nlsq(
         anything else raises an error naming the alternative (see ``docs/scipy.md``).
       precision: ``"adaptive"`` (``f32 -> f64``; residual and Jacobian on f32 first while
         the iterate stays float64; on CPU with ``m n <`` :data:`SMALL_F64_MN` and no
-        schedule, float64 alone with the ladder's top-rung stopping rules), a :class:`~adaptprec.Ladder`/``"f32,f64"``, or one
-        dtype (fixed precision). With ``jax_enable_x64`` off, an eager call asking for
-        float64 runs inside ``jax.enable_x64(True)`` (thread-local) and returns NumPy
-        arrays; under ``jit``/``vmap``/``grad`` it raises (see :mod:`._x64`).
+        schedule, float64 alone with the ladder's top-rung stopping rules), a
+        :class:`~adaptprec.Ladder`/``"f32,f64"``, or one dtype (fixed precision). With
+        ``jax_enable_x64`` off, an eager call asking for float64 runs inside
+        ``jax.enable_x64(True)`` (thread-local) and returns NumPy arrays; under
+        ``jit``/``vmap``/``grad`` it raises (see :mod:`._x64`).
       schedule: a ``adaptprec.schedule.PrecisionSchedule`` consulted every step (stall /
         noise floor); the built-in triggers (non-finite values, convergence on a lower rung
         or its Gauss-Newton gain below its rounding of the cost, ``max_rejections``
@@ -719,9 +720,12 @@ def solve_nlsq(
 def _starts_on_float64(precision, schedule, m: int, n: int) -> bool:
     """Whether an ``"adaptive"`` solve runs on float64 alone (:data:`SMALL_F64_MN`):
     the default ladder (no schedule) on CPU with ``m n`` below the crossover."""
-    return (isinstance(precision, str) and precision.strip().lower() == "adaptive"
-            and schedule is None and m * n < SMALL_F64_MN
+    return (_is_adaptive(precision) and schedule is None and m * n < SMALL_F64_MN
             and jax.default_backend() == "cpu")
+
+
+def _is_adaptive(precision) -> bool:
+    return isinstance(precision, str) and precision.strip().lower() == "adaptive"
 
 
 def _njev_is_none(cfg: LoopConfig) -> bool:
