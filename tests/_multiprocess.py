@@ -39,6 +39,11 @@ __all__ = ["free_port", "run_processes"]
 
 _RUNNER = """\
 import os, runpy, sys, traceback
+# native writes to fd 1 go to stderr, the script's prints keep stdout: gloo's "[Gloo] Rank
+# N is connected to ..." line, written in pieces, once split a print in two (CI, stop 27)
+_stdout = os.dup(1)
+os.dup2(2, 1)
+sys.stdout = os.fdopen(_stdout, "w", buffering=1)
 if {initialize}:
     import jax
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
