@@ -119,6 +119,18 @@ def x64_enabled() -> bool:
     return bool(jax.config.read("jax_enable_x64"))
 
 
+def is_adaptive(precision) -> bool:
+    """Whether a solver's ``precision`` argument is the string ``"adaptive"`` (any case,
+    surrounding spaces allowed), the default ladder of the NLSQ entry points.
+
+    Example:
+        >>> from adaptprec.precision import is_adaptive
+        >>> is_adaptive(" Adaptive"), is_adaptive("f32,f64")
+        (True, False)
+    """
+    return isinstance(precision, str) and precision.strip().lower() == "adaptive"
+
+
 _X64_MESSAGE = (
     "float64 was requested but jax_enable_x64 is off, so JAX would silently compute in "
     "float32. Turn it on before creating arrays: `jax.config.update('jax_enable_x64', "

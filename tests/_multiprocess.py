@@ -12,7 +12,8 @@ The environment of each process also carries ``ADAPTPREC_COORDINATOR``,
 
 Checked here: 2 processes x 2 CPU devices run a ``psum`` over a 4-device mesh (gloo is
 JAX 0.10's default CPU collectives implementation; ``jax_cpu_collectives_implementation``).
-Gloo's ``[Gloo] Rank ... connected`` lines are dropped from the returned stdout. A process
+Native writes to stdout (gloo's ``[Gloo] Rank ... connected`` lines) go to the returned
+stderr; the script's prints alone make the returned stdout. A process
 whose script raises exits at once (non-zero) instead of waiting in the runtime's exit
 barrier, so a failure is reported without waiting for the timeout.
 
@@ -139,10 +140,9 @@ def run_processes(script: str, n_processes: int = 2, devices_per_process: int = 
         for pid, (p, (out, err)) in enumerate(zip(procs, files)):
             out.seek(0)
             err.seek(0)
-            stdout = "".join(line for line in out.read().splitlines(keepends=True)
-                             if not line.startswith("[Gloo] "))
+            # (gloo's "[Gloo] ..." lines are native writes: in stderr, see _RUNNER)
             results.append(subprocess.CompletedProcess(
-                [sys.executable, path], p.returncode, stdout, err.read()))
+                [sys.executable, path], p.returncode, out.read(), err.read()))
             out.close()
             err.close()
     if timed_out or any(r.returncode != 0 for r in results):

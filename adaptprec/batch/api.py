@@ -16,7 +16,7 @@ from ..nlsq._x64 import float64_entry
 from ..nlsq.common import (DEFAULT_FTOL, DEFAULT_GTOL, DEFAULT_XTOL, check_loss,
                            check_loss_output, default_max_steps, robust_cost,
                            scale_for_robust_loss)
-from ..precision import Ladder, dtype_name, require_x64, unit_roundoff
+from ..precision import Ladder, dtype_name, is_adaptive, require_x64, unit_roundoff
 from ._problem import Residual, build_problem, nonfinite_fits
 from .._tracing import is_eager, is_traced
 from ._compile import tuned_jit
@@ -53,7 +53,7 @@ class _Config(NamedTuple):
 def _ladder(precision) -> Ladder:
     if isinstance(precision, Ladder):
         return precision
-    if isinstance(precision, str) and precision.strip().lower() == "adaptive":
+    if is_adaptive(precision):
         require_x64("f64")
         return Ladder.parse("f32,f64")
     if isinstance(precision, (str, tuple, list)):

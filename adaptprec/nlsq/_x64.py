@@ -29,7 +29,7 @@ import numpy as np
 
 from .._tracing import is_eager, is_traced
 from .._x64_scope import float64_scope
-from ..precision import Ladder, canonical_dtype, x64_enabled
+from ..precision import Ladder, canonical_dtype, is_adaptive, x64_enabled
 
 __all__ = ["TRACED_X64_MESSAGE", "wants_float64", "float64_entry", "to_host",
            "numpy_results"]
@@ -69,7 +69,7 @@ def wants_float64(precision) -> bool:
         >>> wants_float64("f64"), wants_float64(("bf16", "f32"))
         (True, False)
     """
-    if isinstance(precision, str) and precision.strip().lower() == "adaptive":
+    if is_adaptive(precision):
         return True
     try:
         if isinstance(precision, Ladder):

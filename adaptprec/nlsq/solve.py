@@ -31,7 +31,7 @@ from jax.flatten_util import ravel_pytree
 from .._tracing import is_concrete
 from .._policy import cast_floating
 from .._pytree import replace
-from ..precision import Ladder, canonical_dtype, unit_roundoff, x64_enabled
+from ..precision import Ladder, canonical_dtype, is_adaptive, unit_roundoff, x64_enabled
 from ._blocks import PointBlocks
 from ._compile import cpu_jit
 from ._errors import explain_trace_error
@@ -125,7 +125,7 @@ def resolve_ladder(precision) -> Ladder:
     """
     if isinstance(precision, Ladder):
         return precision
-    if _is_adaptive(precision):
+    if is_adaptive(precision):
         if not x64_enabled():
             raise ValueError(
                 "precision='adaptive' ends on float64, but jax_enable_x64 is off here: "
@@ -720,12 +720,8 @@ def solve_nlsq(
 def _starts_on_float64(precision, schedule, m: int, n: int) -> bool:
     """Whether an ``"adaptive"`` solve runs on float64 alone (:data:`SMALL_F64_MN`):
     the default ladder (no schedule) on CPU with ``m n`` below the crossover."""
-    return (_is_adaptive(precision) and schedule is None and m * n < SMALL_F64_MN
+    return (is_adaptive(precision) and schedule is None and m * n < SMALL_F64_MN
             and jax.default_backend() == "cpu")
-
-
-def _is_adaptive(precision) -> bool:
-    return isinstance(precision, str) and precision.strip().lower() == "adaptive"
 
 
 def _njev_is_none(cfg: LoopConfig) -> bool:
