@@ -49,7 +49,7 @@ import jax
 import numpy as np
 
 from .. import _disk_cache
-from ._compile import cpu_jit
+from ._compile import cpu_jit, tuned_jit
 from ._pack import Packer
 
 __all__ = ["PROMOTE_AFTER", "PROMOTE_SECONDS", "mode", "Whole", "lookup", "record",
@@ -71,6 +71,18 @@ PROMOTE_SECONDS = 0.2
 #: solves nfev changed, so a model's results would depend on whether (and, in the
 #: background, when) it was promoted.
 OPTIMISE = False
+#: XLA passes the whole-solve program is compiled without (when not :data:`OPTIMISE`).
+#: While-loop invariant code motion hoists what the loop body computes from loop
+#: constants (``jacfwd``'s basis vectors, ``x ** 2`` of the data) out of the loop, so the
+#: body's fusions are not the host programs' fusions. That changes the rounding: LLVM
+#: contracts a multiply and an add into an FMA (XLA:CPU always allows it), at ``-O0``
+#: apparently only in blocks that FastISel hands to SelectionDAG (here the one with the
+#: basis vector's select, which hoisting moved out).
+#: NIST MGH09 (both starts): the host's Jacobian fusion computed ``x*x + x*b2`` as
+#: ``fma(x, x, x*b2)``, the promoted one ``hoisted(x*x) + x*b2``; from iteration 70 on,
+#: ``R`` and ``qtf`` differed in the last bits, then ``x``. Without the pass, all 54 NIST
+#: solves agree bit for bit (benchmarks/promote_bits.py); run time 0-8% more (Hahn1).
+NO_HOIST_PASSES = "while-loop-invariant-code-motion"
 _MODES = ("background", "sync", "off")
 _SIZE = 64
 
@@ -136,7 +148,10 @@ class Build(NamedTuple):
 
 
 def _jit(fn):
-    return cpu_jit(fn, optimise=OPTIMISE)
+    jitted = cpu_jit(fn, optimise=OPTIMISE)
+    if OPTIMISE or not jitted.options:  # (no options off CPU)
+        return jitted
+    return tuned_jit(fn, {**jitted.options, "xla_disable_hlo_passes": NO_HOIST_PASSES})
 
 
 def _options():
