@@ -54,6 +54,10 @@ def test_promoted_solve_has_the_host_loops_bits(promote, monkeypatch, name):
     assert isinstance(whole.x, jax.Array)    # solve_nlsq with x64 on: JAX arrays, as before
 
 
+def promote_plans():
+    return list(_promote.plans.values())
+
+
 @pytest.fixture(scope="module")
 def expo_promoted():
     """``_expo`` promoted once for 60 points (bucket 64) with 1-D sigma (module scope:
@@ -83,6 +87,7 @@ def test_curve_fit_repeat_path_same_bits_no_compiles(expo_promoted, monkeypatch)
         popt, pcov = ap.curve_fit(_expo, t, y, p0=[1.0, 1.0, 0.0], sigma=sig)
         popt2, pcov2 = ap.curve_fit(_expo, t, y + 0.01, p0=[1.0, 1.0, 0.0], sigma=sig)
     assert len(seen) == 0 and len(calls) == 2
+    assert all(p.fast.has_cov for p in promote_plans())  # pcov computed in the program
     for p_, c_ in first:                   # host loop (first calls) == repeat path
         np.testing.assert_array_equal(p_, popt)
         np.testing.assert_array_equal(c_, pcov)
@@ -207,3 +212,18 @@ def test_interrupted_promotion_is_not_stuck_pending(promote, monkeypatch):
         for _ in range(3):   # the first use only counts
             promote.record(("test-key",), interrupted, 1.0)
     assert promote.stats()["pending"] == 0 and promote.stats()["failures"] == 0
+
+
+def test_curve_fit_with_starts_keeps_its_multistart_on_repeats(promote, monkeypatch):
+    # the solves inside starts=K are promoted like any other, but must not give curve_fit
+    # a repeat path (it would run the one solve from p0) or a covariance of their own
+    t, y = _data(40, seed=3)
+    before, plans = promote.stats()["promoted"], len(promote.plans)
+    for _ in range(promote.PROMOTE_AFTER + 3):
+        popt, pcov = ap.curve_fit(_expo, t, y, p0=[1.0, 1.0, 0.0], starts=3)
+    assert promote.stats()["promoted"] > before        # its solves did get promoted
+    assert len(promote.plans) == plans
+    monkeypatch.setenv("ADAPTPREC_PROMOTE", "off")
+    ref, rcov = ap.curve_fit(_expo, t, y, p0=[1.0, 1.0, 0.0], starts=3)
+    np.testing.assert_array_equal(ref, popt)
+    np.testing.assert_array_equal(rcov, pcov)

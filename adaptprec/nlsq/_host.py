@@ -53,7 +53,7 @@ from ._identity import jaxpr_function, trace_residual
 from ._loop import LoopConfig, build_loop
 from ._pack import Packer
 from ._x64 import numpy_results
-from .common import Status
+from .common import Status, _covariance_svd
 from .result import NLSQResult
 from .trf import active_constraints, cl_scaling, make_strictly_feasible
 
@@ -273,7 +273,13 @@ def _eval_program(cfg: LoopConfig, traced, is_padded: bool):
     return _program(key, lambda: cpu_jit(evaluate, optimise=False))
 
 
-def _final_program(cfg: LoopConfig, tr, is_padded: bool):
+def _final_program(cfg: LoopConfig, tr, is_padded: bool, covariance: bool = False):
+    """The final evaluation at the solution; with ``covariance`` also ``(J^T J)^+`` of
+    its Jacobian (scipy's SVD route, :func:`.common._covariance_svd`) for curve_fit's
+    pcov. In the program, not in NumPy afterwards: NumPy run right after an XLA call is
+    2-4x slower than warm (a QR of ``J`` 45-65 us instead of ~15), while in the program
+    it is two small LAPACK calls; and the host loop's ``final`` and the promoted program
+    compute it alike, so pcov has the same bits on the first and the hundredth fit."""
     from .solve import final_eval
 
     top_dt = cfg.rungs[-1]
@@ -289,9 +295,15 @@ def _final_program(cfg: LoopConfig, tr, is_padded: bool):
         else:
             active = jnp.zeros(x.shape, jnp.int32)
             optimality = jnp.max(jnp.abs(g))
-        return f, Js, g, cost, optimality, active
+        if not covariance:
+            return f, Js, g, cost, optimality, active
+        # the padded rows of Js are zero; the rank threshold takes the real point count
+        m = jnp.sum(mask) if is_padded else Js.shape[0]
+        cov, _ = _covariance_svd(Js, jnp.sqrt(jnp.finfo(Js.dtype).eps), m=m)
+        return f, Js, g, cost, optimality, active, cov
 
-    key = ("final", tr.key, is_padded, cfg.n, cfg.rungs, cfg.loss, cfg.jac, cfg.has_bounds)
+    key = ("final", tr.key, is_padded, cfg.n, cfg.rungs, cfg.loss, cfg.jac, cfg.has_bounds,
+           covariance)
     return _program(key, lambda: cpu_jit(final, optimise=False))
 
 
@@ -394,13 +406,13 @@ def _whole_fn(sp: StepPrograms, evaluate, final, M: int, is_padded: bool):
 
         st, _ = jax.lax.while_loop(lambda c: c[0].status == Status.RUNNING, body,
                                    sp.init_tree(x0, ctx_t, m))
-        f, Js, g, cost, optimality, active = final(st.x, consts[-1], mask, args, fs, lb,
-                                                   ub, xtol)
+        f, Js, g, cost, optimality, active, *cov = final(st.x, consts[-1], mask, args, fs,
+                                                         lb, ub, xtol)
         return dict(x=st.x, cost=cost, fun=f, jac=Js, grad=g, optimality=optimality,
                     active_mask=active, nfev=st.nfev, njev=st.njev + 1, nit=st.nit,
                     status=st.status, rung=st.rung, escalations=st.escalations,
                     rung_entered=st.rung_entered, rung_nfev=st.rung_nfev,
-                    escalation_reason=st.esc_reason)
+                    escalation_reason=st.esc_reason, **dict(zip(["cov"], cov)))
 
     return whole
 
@@ -452,7 +464,8 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
     else:
         M = m
     evaluate = _eval_program(cfg, traced, is_padded)
-    final = _final_program(cfg, traced[-1], is_padded)
+    covariance = _promote.wants_covariance()
+    final = _final_program(cfg, traced[-1], is_padded, covariance)
 
     def arr(v):
         return np.asarray(v, top)
@@ -466,7 +479,7 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
     # the data's own dtypes too: the residual is traced with its data cast to each rung,
     # but the whole-solve program takes the data as given (a float32 scalar and a float64
     # one trace alike and compile apart)
-    pkey = (_promotion_key(traced, is_padded, cfg), _arg_sig(args))
+    pkey = (_promotion_key(traced, is_padded, cfg), _arg_sig(args), covariance)
 
     def make_build():
         return _promote.Build(_whole_fn(sp, evaluate, final, M, is_padded),
@@ -489,6 +502,8 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
         fields = _solve_host_loop(sp, evaluate, final, arr(x0), ctx, consts, args, m_arr,
                                   M, is_padded, fs, lb, ub, xtol)
         _promote.record(pkey, make_build, time.perf_counter() - t0)
+    if "cov" in fields:
+        _promote.offer_covariance(fields.pop("cov"))
     if is_padded:
         fields["fun"], fields["jac"] = fields["fun"][:m], fields["jac"][:m]
     if x0_shape is not None:
@@ -503,9 +518,11 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
 class FastSolve:
     """A promoted solve with everything but ``x0`` and the data fixed:
     ``fast(x0, args) -> (x, cost, jac, status)`` (NumPy; ``jac`` unpadded, ``x`` in
-    ``x0``'s shape). For entry points that validated one call and see the same shapes
-    and options again (:func:`adaptprec.curve_fit`'s repeat path): no tracing, no
-    lookups, one executable call, and only the fields it needs read out."""
+    ``x0``'s shape), or ``(x, cost, cov, status)`` where the program computes the
+    covariance (``has_cov``; :func:`_final_program`). For entry points that validated one
+    call and see the same shapes and options again (:func:`adaptprec.curve_fit`'s repeat
+    path): no tracing, no lookups, one executable call, and only the fields it needs read
+    out."""
 
     def __init__(self, whole, ctx, consts, pad, m: int, x0_shape):
         self.whole, self.consts, self.pad, self.m = whole, consts, pad, m
@@ -516,7 +533,10 @@ class FastSolve:
         self.prefix, self.top = vec[:vec.size - n], vec.dtype
         if pad is not None:
             self.idx = np.minimum(np.arange(pad[1]), m - 1)
-        self.read = _promote.reader(whole.out, ("x", "cost", "jac", "status"))
+        fields = jax.tree.unflatten(whole.out.treedef, [None] * len(whole.out.slots))
+        self.has_cov = "cov" in fields
+        self.read = _promote.reader(whole.out, ("x", "cost", "cov" if self.has_cov else
+                                                "jac", "status"))
 
     def __call__(self, x0, args):
         ctx = (np.concatenate((self.prefix, np.ravel(np.asarray(x0, self.top)))),)
@@ -525,9 +545,10 @@ class FastSolve:
             args = jax.tree.unflatten(treedef, [
                 a if ax is None else np.take(np.asarray(a), self.idx, axis=ax)
                 for a, ax in zip(leaves, self.pad[0])])
-        x, cost, jac, status = self.read(self.whole.exe(ctx, self.consts, args,
-                                                        self.m_arr))
-        return x.reshape(self.x0_shape), cost, jac[:self.m], status
+        x, cost, third, status = self.read(self.whole.exe(ctx, self.consts, args,
+                                                          self.m_arr))
+        return x.reshape(self.x0_shape), cost, third if self.has_cov else \
+            third[:self.m], status
 
 
 def _solve_host_loop(sp, evaluate, final, x0, ctx, consts, args, m_arr, M, is_padded, fs,
@@ -547,9 +568,9 @@ def _solve_host_loop(sp, evaluate, final, x0, ctx, consts, args, m_arr, M, is_pa
     st, _ = sp.carry.unpack_numpy(carry)
     fargs = (st.x, consts[-1], mask, args, fs_d, lb, ub, xtol)
     out = jax.device_get(_compiled(final, *fargs)(*fargs))
-    f, Js, g, cost, optimality, active = out
+    f, Js, g, cost, optimality, active, *cov = out
     return dict(x=st.x, cost=cost, fun=f, jac=Js, grad=g, optimality=optimality,
                 active_mask=active, nfev=st.nfev, njev=st.njev + np.ones_like(st.njev),
                 nit=st.nit, status=st.status, rung=st.rung, escalations=st.escalations,
                 rung_entered=st.rung_entered, rung_nfev=st.rung_nfev,
-                escalation_reason=st.esc_reason)
+                escalation_reason=st.esc_reason, **dict(zip(["cov"], cov)))

@@ -32,6 +32,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from .._tracing import is_concrete
+from . import _promote
 from ._loop import _runaway
 from .common import Status
 
@@ -120,6 +121,15 @@ def solve_multistart(residual, x0, args, *, starts: int, seed: int = 0,
         >>> [round(abs(float(v)), 6) for v in res.x]
         [2.0, 1.0]
     """
+    # Its solves are not the caller's one solve: a promoted one must not hand curve_fit
+    # its fast path (the repeat would run one solve from x0) or its covariance (of a
+    # solve that may not be the one returned). A block of its own keeps them.
+    with _promote.capture():
+        return _solve_multistart(residual, x0, args, starts=starts, seed=seed,
+                                 spread=spread, **kw)
+
+
+def _solve_multistart(residual, x0, args, *, starts, seed, spread, **kw):
     from ..batch import solve_nlsq_batch
     from .solve import _broadcast_bounds, resolve_ladder, solve_nlsq
 

@@ -376,11 +376,12 @@ def record(key, make_build, seconds: float = 0.0) -> None:
 
 
 @contextlib.contextmanager
-def capture():
+def capture(covariance: bool = False):
     """Collect the fast solve (:class:`._host.FastSolve`) of a promoted solve run inside
     this block (``box["fast"]``), so an entry point can skip its boundary work on the
-    next call with the same shapes and options."""
-    box: dict = {}
+    next call with the same shapes and options. ``covariance``: a host-driver solve in
+    the block computes ``(J^T J)^+`` in its final program (``box["cov"]``, NumPy)."""
+    box: dict = {"want_cov": covariance}
     prev = getattr(_tls, "box", None)
     _tls.box = box
     try:
@@ -394,6 +395,19 @@ def offer(fast) -> None:
     box = getattr(_tls, "box", None)
     if box is not None:
         box["fast"] = fast
+
+
+def wants_covariance() -> bool:
+    """Whether the innermost :func:`capture` block asked for the covariance."""
+    box = getattr(_tls, "box", None)
+    return bool(box and box["want_cov"])
+
+
+def offer_covariance(cov) -> None:
+    """Hand the final program's ``(J^T J)^+`` to the innermost :func:`capture` block."""
+    box = getattr(_tls, "box", None)
+    if box is not None:
+        box["cov"] = cov
 
 
 def remember_plan(key, plan) -> None:

@@ -443,17 +443,18 @@ def _covariance_jit():
     return cpu_jit(_covariance, optimise=False, static_argnums=1)
 
 
-def _covariance_svd(J, null_tol, xnp=jnp):
+def _covariance_svd(J, null_tol, xnp=jnp, m=None):
     """scipy's route: SVD of J (through the triangular factor of a QR when tall).
 
     ``xnp`` is ``jax.numpy`` (traceable) or ``numpy`` (an eager curve_fit: no compilation
-    per data length); the two give the same formula."""
-    m, n = J.shape
+    per data length); the two give the same formula. ``m``: the point count of the rank
+    threshold where ``J`` has zero padding rows (traced or int; default its rows)."""
+    M, n = J.shape
     eps = xnp.finfo(J.dtype).eps
-    A = J if m >= n else xnp.concatenate([J, xnp.zeros((n - m, n), J.dtype)])
-    R = xnp.linalg.qr(A, mode="r")[:n] if m > 2 * n else A
+    A = J if M >= n else xnp.concatenate([J, xnp.zeros((n - M, n), J.dtype)])
+    R = xnp.linalg.qr(A, mode="r")[:n] if M > 2 * n else A
     _, s, VT = xnp.linalg.svd(R, full_matrices=False)
-    keep = s > eps * max(m, n) * s[0]
+    keep = s > eps * (max(M, n) if m is None else xnp.maximum(m, n)) * s[0]
     inv_s2 = xnp.where(keep, 1.0 / xnp.where(keep, s, 1.0) ** 2, 0.0)
     cov = (VT.T * inv_s2) @ VT
     null_weight = xnp.sum(xnp.where(keep[:, None], 0.0, VT ** 2), axis=0)

@@ -140,7 +140,9 @@ def _jac_for(jac: Callable, kind: str) -> Callable:
     return J
 
 
-#: Below this many points an eager curve_fit computes pcov with NumPy (scipy's route).
+#: Below this many points an eager curve_fit's pcov is scipy's SVD route on the host
+#: driver: in its final program (``_host._final_program``), or in NumPy where the solve
+#: did not run there (no compilation per data length either way).
 _NUMPY_COVARIANCE_MAX_M = 4096
 
 
@@ -171,10 +173,15 @@ _EPS64 = float(np.finfo(np.float64).eps)
 def _pcov_numpy(J, cost, n: int, lm_rule: bool, absolute_sigma: bool):
     """pcov from the Jacobian at the solution, in NumPy (scipy's rules: lm's all-inf
     pcov, the reduced chi-square scaling unless ``absolute_sigma``)."""
-    pcov = covariance_numpy(J)
+    return _scale_pcov(covariance_numpy(J), cost, J.shape[0], n, lm_rule, absolute_sigma)
+
+
+def _scale_pcov(pcov, cost, m: int, n: int, lm_rule: bool, absolute_sigma: bool):
+    """scipy's rules on ``(J^T J)^+`` (NumPy): lm's all-inf pcov where a parameter is not
+    identifiable, the reduced chi-square scaling unless ``absolute_sigma``."""
     if lm_rule and np.any(np.isinf(pcov)):
         pcov = np.full_like(pcov, np.inf)
-    dof = J.shape[0] - n
+    dof = m - n
     if absolute_sigma:
         return pcov
     if dof > 0:
@@ -259,10 +266,14 @@ class _Plan:
         if x0.shape != (self.n,) or not np.isfinite(x0).all() or \
                 (x0 < self.lb).any() or (x0 > self.ub).any():
             return None
-        x, cost, J, status = self.fast(x0, args)
+        x, cost, J_or_cov, status = self.fast(x0, args)
         if not int(status) > 0:
             return None
-        pcov = _pcov_numpy(J, cost, self.n, self.lm_rule, self.absolute_sigma)
+        if self.fast.has_cov:  # computed in the program, as the full path's first fit
+            pcov = _scale_pcov(J_or_cov, cost, self.m, self.n, self.lm_rule,
+                               self.absolute_sigma)
+        else:
+            pcov = _pcov_numpy(J_or_cov, cost, self.n, self.lm_rule, self.absolute_sigma)
         if np.isinf(pcov).any():
             return None
         return np.array(x), pcov
@@ -454,7 +465,9 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
         # scipy's 2-point where diff_step / epsfcn / jac_sparsity ask for differences
         jac_arg = jac
     try:
-        with _promote.capture() as box:  # a promoted solve hands back its fast path
+        # a host-driver solve hands back its covariance (computed in its final program)
+        # and, when promoted, its fast path
+        with _promote.capture(covariance=m < _NUMPY_COVARIANCE_MAX_M) as box:
             res = solve_nlsq(residual, p0, args=(xdata, ydata, *extra), bounds=bounds,
                              method=method, jac=jac_arg, **{**kwargs, "chunk_size": False})
     except ValueError as exc:
@@ -475,7 +488,9 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
     lm_rule = method == "lm" or (method is None and unbounded)
     # the point count is the residual's size (a scalar ydata broadcasts against f)
     m = int(res.fun.size)
-    if is_concrete((res.jac, res.cost)) and m < _NUMPY_COVARIANCE_MAX_M:
+    if "cov" in box:  # the host driver's final program computed (J^T J)^+
+        pcov = _scale_pcov(box["cov"], res.cost, m, n, lm_rule, absolute_sigma)
+    elif is_concrete((res.jac, res.cost)) and m < _NUMPY_COVARIANCE_MAX_M:
         # NumPy: no compilation per data length
         pcov = _pcov_numpy(np.asarray(res.jac), res.cost, n, lm_rule, absolute_sigma)
     else:
