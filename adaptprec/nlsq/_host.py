@@ -412,7 +412,7 @@ def _whole_fn(sp: StepPrograms, evaluate, final, M: int, is_padded: bool):
                     active_mask=active, nfev=st.nfev, njev=st.njev + 1, nit=st.nit,
                     status=st.status, rung=st.rung, escalations=st.escalations,
                     rung_entered=st.rung_entered, rung_nfev=st.rung_nfev,
-                    escalation_reason=st.esc_reason, **dict(zip(["cov"], cov)))
+                    escalation_reason=st.esc_reason, **({"cov": cov[0]} if cov else {}))
 
     return whole
 
@@ -573,4 +573,4 @@ def _solve_host_loop(sp, evaluate, final, x0, ctx, consts, args, m_arr, M, is_pa
                 active_mask=active, nfev=st.nfev, njev=st.njev + np.ones_like(st.njev),
                 nit=st.nit, status=st.status, rung=st.rung, escalations=st.escalations,
                 rung_entered=st.rung_entered, rung_nfev=st.rung_nfev,
-                escalation_reason=st.esc_reason, **dict(zip(["cov"], cov)))
+                escalation_reason=st.esc_reason, **({"cov": cov[0]} if cov else {}))
