@@ -54,10 +54,6 @@ def test_promoted_solve_has_the_host_loops_bits(promote, monkeypatch, name):
     assert isinstance(whole.x, jax.Array)    # solve_nlsq with x64 on: JAX arrays, as before
 
 
-def promote_plans():
-    return list(_promote.plans.values())
-
-
 @pytest.fixture(scope="module")
 def expo_promoted():
     """``_expo`` promoted once for 60 points (bucket 64) with 1-D sigma (module scope:
@@ -87,7 +83,7 @@ def test_curve_fit_repeat_path_same_bits_no_compiles(expo_promoted, monkeypatch)
         popt, pcov = ap.curve_fit(_expo, t, y, p0=[1.0, 1.0, 0.0], sigma=sig)
         popt2, pcov2 = ap.curve_fit(_expo, t, y + 0.01, p0=[1.0, 1.0, 0.0], sigma=sig)
     assert len(seen) == 0 and len(calls) == 2
-    assert all(p.fast.has_cov for p in promote_plans())  # pcov computed in the program
+    assert all(p.fast.has_cov for p in _promote.plans.values())  # pcov from the program
     for p_, c_ in first:                   # host loop (first calls) == repeat path
         np.testing.assert_array_equal(p_, popt)
         np.testing.assert_array_equal(c_, pcov)

@@ -20,7 +20,7 @@ import jax
 from .._lapack_init import ensure_lapack
 from .._tracing import is_eager
 
-__all__ = ["cpu_jit", "tuned_jit"]
+__all__ = ["cpu_jit", "cpu_options", "tuned_jit"]
 
 _CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False,
                          "xla_cpu_parallel_codegen_split_count": 1}
@@ -81,9 +81,11 @@ def cpu_jit(fn, *, optimise: bool = True, **jit_kwargs):
         >>> float(f(jnp.asarray(1.5)))
         3.0
     """
-    opts = None
-    if jax.default_backend() == "cpu":
-        opts = dict(_CPU_COMPILER_OPTIONS)
-        if not optimise:
-            opts.update(_CPU_UNOPTIMISED)
-    return tuned_jit(fn, opts, **jit_kwargs)
+    return tuned_jit(fn, cpu_options(optimise), **jit_kwargs)
+
+
+def cpu_options(optimise: bool = True) -> dict | None:
+    """The compiler options :func:`cpu_jit` uses (a fresh dict), ``None`` off CPU."""
+    if jax.default_backend() != "cpu":
+        return None
+    return {**_CPU_COMPILER_OPTIONS, **({} if optimise else _CPU_UNOPTIMISED)}

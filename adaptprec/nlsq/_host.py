@@ -496,14 +496,14 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
         except TypeError:  # arguments it was not compiled for: the host loop serves
             _promote.discard(pkey)
         if fields is not None and x0_shape is not None:
-            _promote.offer(FastSolve(whole, ctx, consts, pad, m, x0_shape))
+            _promote.offer(fast=FastSolve(whole, ctx, consts, pad, m, x0_shape))
     if fields is None:
         t0 = time.perf_counter()
         fields = _solve_host_loop(sp, evaluate, final, arr(x0), ctx, consts, args, m_arr,
                                   M, is_padded, fs, lb, ub, xtol)
         _promote.record(pkey, make_build, time.perf_counter() - t0)
     if "cov" in fields:
-        _promote.offer_covariance(fields.pop("cov"))
+        _promote.offer(cov=fields.pop("cov"))
     if is_padded:
         fields["fun"], fields["jac"] = fields["fun"][:m], fields["jac"][:m]
     if x0_shape is not None:
@@ -533,8 +533,7 @@ class FastSolve:
         self.prefix, self.top = vec[:vec.size - n], vec.dtype
         if pad is not None:
             self.idx = np.minimum(np.arange(pad[1]), m - 1)
-        fields = jax.tree.unflatten(whole.out.treedef, [None] * len(whole.out.slots))
-        self.has_cov = "cov" in fields
+        self.has_cov = "cov" in _promote.field_index(whole.out)
         self.read = _promote.reader(whole.out, ("x", "cost", "cov" if self.has_cov else
                                                 "jac", "status"))
 

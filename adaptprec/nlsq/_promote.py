@@ -49,7 +49,7 @@ import jax
 import numpy as np
 
 from .. import _disk_cache
-from ._compile import cpu_jit, tuned_jit
+from ._compile import cpu_options, tuned_jit
 from ._pack import Packer
 
 __all__ = ["PROMOTE_AFTER", "PROMOTE_SECONDS", "mode", "Whole", "lookup", "record",
@@ -148,15 +148,16 @@ class Build(NamedTuple):
 
 
 def _jit(fn):
-    jitted = cpu_jit(fn, optimise=OPTIMISE)
-    if OPTIMISE or not jitted.options:  # (no options off CPU)
-        return jitted
-    return tuned_jit(fn, {**jitted.options, "xla_disable_hlo_passes": NO_HOIST_PASSES})
+    return tuned_jit(fn, _options())
 
 
-def _options():
-    """The compiler options of a whole-solve program."""
-    return _jit(_options).options
+def _options() -> dict | None:
+    """The compiler options of a whole-solve program (``None`` off CPU): the host
+    programs', without loop-invariant code motion unless :data:`OPTIMISE`."""
+    opts = cpu_options(optimise=OPTIMISE)
+    if opts is not None and not OPTIMISE:
+        opts["xla_disable_hlo_passes"] = NO_HOIST_PASSES
+    return opts
 
 
 def _layout_key(key):
@@ -390,24 +391,18 @@ def capture(covariance: bool = False):
         _tls.box = prev
 
 
-def offer(fast) -> None:
-    """Hand ``fast`` to the innermost :func:`capture` block, if any."""
+def offer(**items) -> None:
+    """Hand ``items`` (``fast=``, ``cov=``) to the innermost :func:`capture` block, if
+    any."""
     box = getattr(_tls, "box", None)
     if box is not None:
-        box["fast"] = fast
+        box.update(items)
 
 
 def wants_covariance() -> bool:
     """Whether the innermost :func:`capture` block asked for the covariance."""
     box = getattr(_tls, "box", None)
     return bool(box and box["want_cov"])
-
-
-def offer_covariance(cov) -> None:
-    """Hand the final program's ``(J^T J)^+`` to the innermost :func:`capture` block."""
-    box = getattr(_tls, "box", None)
-    if box is not None:
-        box["cov"] = cov
 
 
 def remember_plan(key, plan) -> None:
@@ -417,10 +412,15 @@ def remember_plan(key, plan) -> None:
             plans.popitem(last=False)
 
 
+def field_index(out: Packer) -> dict:
+    """The packed results' field names, each with its slot number."""
+    return jax.tree.unflatten(out.treedef, list(range(len(out.slots))))
+
+
 def reader(out: Packer, names):
     """``read(packed) -> tuple`` of the result fields ``names`` as NumPy (one read-back
     per vector; views, no other field unpacked)."""
-    index = jax.tree.unflatten(out.treedef, list(range(len(out.slots))))
+    index = field_index(out)
     slots = [(out.slots[index[k]], out.bools[index[k]]) for k in names]
 
     def read(packed):

@@ -266,14 +266,10 @@ class _Plan:
         if x0.shape != (self.n,) or not np.isfinite(x0).all() or \
                 (x0 < self.lb).any() or (x0 > self.ub).any():
             return None
-        x, cost, J_or_cov, status = self.fast(x0, args)
+        x, cost, cov, status = self.fast(x0, args)  # (J^T J)^+ from the program
         if not int(status) > 0:
             return None
-        if self.fast.has_cov:  # computed in the program, as the full path's first fit
-            pcov = _scale_pcov(J_or_cov, cost, self.m, self.n, self.lm_rule,
-                               self.absolute_sigma)
-        else:
-            pcov = _pcov_numpy(J_or_cov, cost, self.n, self.lm_rule, self.absolute_sigma)
+        pcov = _scale_pcov(cov, cost, self.m, self.n, self.lm_rule, self.absolute_sigma)
         if np.isinf(pcov).any():
             return None
         return np.array(x), pcov
@@ -504,7 +500,8 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
             pcov = pcov * (2.0 * jnp.asarray(res.cost) / dof)
         else:
             pcov = jnp.full_like(pcov, np.inf)
-    if _plan_key is not None and "fast" in box and not full_output:
+    # a plan only where the first fit's pcov came from the program too (the same bits)
+    if _plan_key is not None and "fast" in box and "cov" in box and not full_output:
         _promote.remember_plan(_plan_key, _Plan(
             box["fast"], n, m, kind, lm_rule, bool(absolute_sigma),
             _broadcast_bounds(bounds, n, np.float64), p0,
