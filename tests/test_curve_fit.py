@@ -99,6 +99,23 @@ def test_non_identifiable_parameter_is_inf():
     assert np.isfinite(sc[3, 3])
 
 
+@pytest.mark.parametrize("method", [None, "trf"])
+def test_exact_fit_of_a_non_identifiable_model_is_inf_not_nan(method):
+    # newcomer audit: y = 2x fitted by a * b * x has cost 0, and the reduced chi-square
+    # scaling turned the inf pcov into NaN (inf * 0) with a RuntimeWarning and no
+    # OptimizeWarning; scipy leaves an indeterminate pcov inf
+    x = np.linspace(0.0, 4.0, 50)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with pytest.warns(OptimizeWarning):
+            popt, pcov = ap.curve_fit(lambda x, a, b: a * b * x, x, 2.0 * x, method=method)
+    assert np.all(np.isinf(pcov))
+    assert abs(popt[0] * popt[1] - 2.0) < 1e-8
+    # an exact fit of an identifiable model: pcov 0, as scipy's
+    _, pcov = ap.curve_fit(lambda x, a, b: a * x + b, x, 2.0 * x + 1.0, method=method)
+    assert np.all(np.asarray(pcov) == 0.0)
+
+
 def test_bounds_match_scipy():
     bounds = ([0.0, 0.0, 0.55], [10.0, 10.0, 1.0])
     p0 = [1.0, 1.0, 0.7]

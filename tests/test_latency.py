@@ -4,6 +4,7 @@ code, float64 without setup, migration errors. Timings are in
 benchmarks/bench_latency.py, not here."""
 
 import contextlib
+import math
 
 import jax
 import jax.numpy as jnp
@@ -162,6 +163,9 @@ def test_migration_errors_name_the_construct_and_the_fix():
         ap.curve_fit(lambda t, a, k: a * np.exp(-k * t), t, np.exp(-t), p0=[1.0, 1.0])
     with pytest.raises(TypeError, match="jnp.where"):
         ap.curve_fit(lambda t, a, k: a * t if k > 0 else t, t, t, p0=[1.0, 1.0])
+    # Python's math module on a parameter (newcomer audit: only "control flow" was named)
+    with pytest.raises(TypeError, match="math.exp"):
+        ap.curve_fit(lambda t, a, k: a * math.exp(-k) + 0 * t, t, t, p0=[1.0, 1.0])
 
     class Mine(Exception):
         pass

@@ -32,10 +32,11 @@ _NUMPY = (
     "data as well.")
 _CONTROL = (
     "the model uses Python control flow on a parameter (`if k > 0:`, `while`, `and`/`or`, "
-    "bool/int/float(...)). The parameters are JAX tracers with no value while the model is "
-    "compiled: replace `a if cond else b` by jnp.where(cond, a, b) (both sides are "
-    "computed; keep them finite), or use jax.lax.cond; min/max of parameters: jnp.minimum "
-    "/ jnp.maximum / jnp.clip.")
+    "bool/int/float(...)) or a function of Python's math module (math.exp(k), "
+    "math.sqrt(a): write jnp.exp, jnp.sqrt). The parameters are JAX tracers with no value "
+    "while the model is compiled: replace `a if cond else b` by jnp.where(cond, a, b) "
+    "(both sides are computed; keep them finite), or use jax.lax.cond; min/max of "
+    "parameters: jnp.minimum / jnp.maximum / jnp.clip.")
 _LOSS = (
     "the loss callable rho(z) uses NumPy or Python control flow on z (np.log1p(z), "
     "np.empty and item assignment, `if z > 1:`). adaptprec compiles the loss with JAX, so "

@@ -178,14 +178,17 @@ def _pcov_numpy(J, cost, n: int, lm_rule: bool, absolute_sigma: bool):
 
 def _scale_pcov(pcov, cost, m: int, n: int, lm_rule: bool, absolute_sigma: bool):
     """scipy's rules on ``(J^T J)^+`` (NumPy): lm's all-inf pcov where a parameter is not
-    identifiable, the reduced chi-square scaling unless ``absolute_sigma``."""
+    identifiable, the reduced chi-square scaling unless ``absolute_sigma``. An inf entry
+    stays inf under the scaling, also for an exact fit (cost 0), as scipy leaves an
+    indeterminate pcov unscaled (inf * 0 gave NaN: newcomer audit, ``a * b * x``)."""
     if lm_rule and np.any(np.isinf(pcov)):
         pcov = np.full_like(pcov, np.inf)
     dof = m - n
     if absolute_sigma:
         return pcov
     if dof > 0:
-        return pcov * (2.0 * np.asarray(cost) / dof)
+        with np.errstate(invalid="ignore"):  # inf * 0, discarded
+            return np.where(np.isinf(pcov), pcov, pcov * (2.0 * np.asarray(cost) / dof))
     return np.full_like(pcov, np.inf)
 
 
@@ -496,8 +499,8 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
         dof = m - n
         if absolute_sigma:
             pass
-        elif dof > 0:
-            pcov = pcov * (2.0 * jnp.asarray(res.cost) / dof)
+        elif dof > 0:  # (inf stays inf, as in _scale_pcov)
+            pcov = jnp.where(jnp.isinf(pcov), pcov, pcov * (2.0 * jnp.asarray(res.cost) / dof))
         else:
             pcov = jnp.full_like(pcov, np.inf)
     # a plan only where the first fit's pcov came from the program too (the same bits)
