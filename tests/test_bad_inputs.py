@@ -34,7 +34,11 @@ CASES = [
     ("solve_nlsq: complex x0", lambda: ap.solve_nlsq(residual, [1j, 1.0], (T, T)),
      ValueError, "x0` must be real"),
     ("solve_nlsq: NaN x0", lambda: ap.solve_nlsq(residual, [np.nan, 1.0], (T, T)),
-     ValueError, "x0 contains NaN"),
+     ValueError, "x0 contains NaN.*finite starting point"),
+    # newcomer audit: scipy passes any args; a str failed inside JAX
+    ("solve_nlsq: str in args", lambda: ap.solve_nlsq(
+        lambda p, t, y, mode: residual(p, t, y), [1.0, 1.0], (T, T, "fast")),
+     TypeError, r"args\[2\] is a str.*functools.partial"),
     ("solve_nlsq: jac wrong shape", lambda: ap.solve_nlsq(
         residual, [1.0, 1.0], (T, T), jac=lambda p, t, y: jnp.ones((2, 8))),
      ValueError, r"`jac` has wrong shape: expected \(8, 2\)"),
@@ -185,3 +189,14 @@ def test_multistart_refuses_options_it_cannot_carry(option):
 
     with pytest.raises(OptionNotOffered, match=next(iter(option))):
         ap.solve_nlsq(lambda x: x - 1.0, np.zeros(2), starts=3, **option)
+
+
+def test_args_lists_of_numbers_are_arrays():
+    # newcomer audit: scipy code passes args=(list(x), list(y)); to JAX a list is a pytree
+    # of scalars and the residual got a Python list (tracer - list failed)
+    res = ap.solve_nlsq(residual, np.array([1.0, 1.0]), args=(list(T), list(2.0 * np.exp(-T))))
+    np.testing.assert_allclose(np.asarray(res.x), [2.0, 1.0], rtol=1e-8)
+    # a list of arrays stays a list (a pytree the residual indexes)
+    res = ap.solve_nlsq(lambda p, ty: residual(p, ty[0], ty[1]), np.array([1.0, 1.0]),
+                        args=([T, 2.0 * np.exp(-T)],))
+    np.testing.assert_allclose(np.asarray(res.x), [2.0, 1.0], rtol=1e-8)

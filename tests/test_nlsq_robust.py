@@ -216,6 +216,11 @@ def test_multistart_box_is_the_same_under_jit():
     jitted = jax.jit(lambda x0: ap.solve_nlsq(f, x0, **kw))(jnp.array([1.0]))
     assert float(eager.cost) < 1e-8
     np.testing.assert_allclose(np.asarray(jitted.x), np.asarray(eager.x), rtol=1e-8)
+    # nfev counts the work of all 16 starts, not only the returned solve's (newcomer
+    # audit: starts=4 reported nfev 1, the polish of a converged start)
+    single = ap.solve_nlsq(f, jnp.array([1.0]), args=(t, y), bounds=(0.5, 5.0),
+                           precision="f64")
+    assert int(eager.nfev) >= int(single.nfev) + 16 and int(jitted.nfev) == int(eager.nfev)
 
 
 # --------------------------------------------------------------------------- multi-start

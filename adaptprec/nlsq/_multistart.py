@@ -9,7 +9,8 @@ the start with the lowest cost among those that converged (the lowest finite cos
 did) is polished by :func:`solve_nlsq` (so the answer carries solve_nlsq's top-rung
 verification and status), and the plain solve from ``x0`` is kept instead when it ends
 at a lower cost. So ``starts=K`` is never worse than ``starts=1``; it costs one batched
-solve of ``K`` fits plus one extra ``solve_nlsq``.
+solve of ``K`` fits plus one extra ``solve_nlsq``. ``nfev``, ``njev`` and ``nit`` of the
+result count all of that work (the plain solve, every start, the polish).
 
 Example:
     >>> import jax.numpy as jnp
@@ -175,4 +176,12 @@ def _solve_multistart(residual, x0, args, *, starts, seed, spread, **kw):
         runaway, jnp.asarray(int(Status.RUNAWAY), status.dtype), status))
     better = (polished.success & ~single.success) | (
         (polished.success == single.success) & (polished.cost < single.cost))
-    return jax.tree.map(lambda a, b: jnp.where(better, a, b), polished, single)
+    out = jax.tree.map(lambda a, b: jnp.where(better, a, b), polished, single)
+    # the work done is every solve's, not the returned one's (newcomer audit: starts=4
+    # reported nfev 1, the polish of a start that had already converged)
+    total = {k: getattr(single, k) + jnp.sum(getattr(batch, k)) + getattr(polished, k)
+             for k in ("nfev", "njev", "nit")
+             if getattr(single, k, None) is not None and getattr(batch, k, None) is not None
+             and getattr(polished, k, None) is not None}
+    return dataclasses.replace(out, **{k: jnp.asarray(v, jnp.asarray(getattr(out, k)).dtype)
+                                       for k, v in total.items()})

@@ -139,15 +139,47 @@ def resolve_ladder(precision) -> Ladder:
     return Ladder([canonical_dtype(precision)])
 
 
-def _check_finite_tree(tree, what: str) -> None:
+def _check_finite_tree(tree, what: str, fix: str = "clean the data first (curve_fit can "
+                       "drop NaN points with nan_policy='omit')") -> None:
     if not is_concrete(tree):
         return
     for leaf in jax.tree.leaves(tree):
         a = np.asarray(leaf)
         if np.issubdtype(a.dtype, np.inexact) and not np.all(np.isfinite(a)):
             raise ValueError(f"{what} contains NaN or Inf ({int(np.sum(~np.isfinite(a)))} "
-                             "non-finite value(s)); clean the data first (curve_fit can "
-                             "drop NaN points with nan_policy='omit').")
+                             f"non-finite value(s)); {fix}.")
+
+
+def _lists_as_arrays(args):
+    """Top-level ``args`` that are (nested) lists of numbers, as NumPy arrays: scipy passes
+    ``args`` as they are and NumPy arithmetic takes a list of numbers as an array, but to
+    JAX a list is a pytree, and the residual got a Python list of scalars
+    (``tracer - list``: newcomer audit)."""
+    if not isinstance(args, tuple):
+        return args
+    return tuple(np.asarray(a) if isinstance(a, list) and a and all(
+        isinstance(v, (bool, int, float)) for v in jax.tree.leaves(a)) else a for a in args)
+
+
+def _check_array_leaves(args) -> None:
+    """``args`` reach the residual through ``jit``: every leaf must be an array or a
+    number (scipy's ``least_squares`` passes anything; a str there failed inside JAX with
+    "Error interpreting argument ... as an abstract array": newcomer audit)."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(args)[0]:
+        if isinstance(leaf, (jax.Array, np.ndarray, np.generic, bool, int, float, complex)) \
+                or hasattr(leaf, "__jax_array__") or isinstance(leaf, jax.core.Tracer):
+            continue
+        try:  # array-likes (lists of numbers, memoryviews) are fine
+            if np.asarray(leaf).dtype.kind in "biufc":
+                continue
+        except Exception:  # noqa: BLE001 - any failure means "not an array"
+            pass
+        raise TypeError(
+            f"args{jax.tree_util.keystr(path)} is a {type(leaf).__name__}, not an array or a "
+            "number: args are passed to the residual through jax.jit, so they must be "
+            "arrays (or pytrees of arrays). Pass other settings through a closure or "
+            "functools.partial, e.g. solve_nlsq(functools.partial(residual, mode='a'), x0, "
+            "args=(x, y)).")
 
 
 def _broadcast_bounds(bounds, n, dtype):
@@ -431,7 +463,8 @@ def solve_nlsq(
         the same iterates up to rounding.
       starts: multi-start (:mod:`adaptprec.nlsq._multistart`): ``K > 1`` runs ``x0`` and
         ``K - 1`` Latin-hypercube starts (in the box, or around ``x0`` by its scale) on the
-        batched engine and polishes the best; never worse than ``starts=1``.
+        batched engine and polishes the best; never worse than ``starts=1``. ``nfev``,
+        ``njev`` and ``nit`` then count every start's work.
       chunk_size: stream the data through the normal equations in chunks of this many
         points (:mod:`adaptprec.nlsq._stream`): ``args`` may then hold host NumPy arrays
         or ``np.memmap`` (never copied whole), or be an :class:`~adaptprec.Chunks`
@@ -456,6 +489,7 @@ def solve_nlsq(
         >>> ap.solve_nlsq(rosen, jnp.array([-1.2, 1.0]), precision="f32,f64").escalations
         Array(1, dtype=int32)
     """
+    args = _lists_as_arrays(args)
     if chunk_size is not False and (chunk_size is not None or
                                     _stream.wants_stream(args)):  # larger than memory
         res = _stream.solve_stream(
@@ -560,7 +594,8 @@ def solve_nlsq(
         raise ValueError("x0 has no elements; give at least one parameter")
     if not jnp.issubdtype(x0_flat.dtype, jnp.floating):
         x0_flat = x0_flat.astype(top_dt)
-    _check_finite_tree(x0_flat, "x0")
+    _check_finite_tree(x0_flat, "x0", "give a finite starting point")
+    _check_array_leaves(args)
     _check_finite_tree(args, "the data in args")
     n = int(x0_flat.size)
 
