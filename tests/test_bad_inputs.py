@@ -200,3 +200,6 @@ def test_args_lists_of_numbers_are_arrays():
     res = ap.solve_nlsq(lambda p, ty: residual(p, ty[0], ty[1]), np.array([1.0, 1.0]),
                         args=([T, 2.0 * np.exp(-T)],))
     np.testing.assert_allclose(np.asarray(res.x), [2.0, 1.0], rtol=1e-8)
+    # and in a batch: Y.tolist() is the (B, m) data, not a pytree of B * m scalars
+    b = ap.solve_nlsq_batch(residual, np.ones((4, 2)), (T, YB.tolist()), in_axes=(None, 0))
+    np.testing.assert_allclose(np.asarray(b.x), [[2.0, 1.0]] * 4, rtol=1e-6)

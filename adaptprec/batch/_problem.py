@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._tracing import is_traced
+from ..nlsq._inputs import lists_as_arrays
 from ._pytree import BatchedTreeSpec, TreeResidual, is_array_like
 
 __all__ = ["Residual", "Problem", "build_problem"]
@@ -196,6 +197,7 @@ def build_problem(fun, x0, args, in_axes, ydata, sigma, bounds=None) -> Problem:
         x0 = x0.astype(np.float64 if jax.config.read("jax_enable_x64") else np.float32)
     if not isinstance(args, tuple):
         args = (args,) if not isinstance(args, list) else tuple(args)
+    args = lists_as_arrays(args)  # (Y.tolist(): an array, not a pytree of scalars)
     if isinstance(in_axes, (int, type(None))):
         axes = (in_axes,) * len(args)
     else:

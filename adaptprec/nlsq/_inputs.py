@@ -31,7 +31,7 @@ from .._tracing import is_concrete
 __all__ = ["OptionNotOffered", "as_x0", "as_bounds", "check_tolerances", "check_max_nfev",
            "initialize_feasible", "as_data", "FD_METHODS", "check_jac_option",
            "normalize_jac_output", "check_jac_shape", "check_unsupported", "leastsq_kwargs",
-           "default_x_scale"]
+           "default_x_scale", "lists_as_arrays", "check_array_leaves"]
 
 EPS = float(np.finfo(np.float64).eps)
 #: finite-difference schemes (scipy's names); see :mod:`._finite_diff`.
@@ -260,6 +260,56 @@ def initialize_feasible(lb, ub):
     p0[lf & ~uf] = lb[lf & ~uf] + 1
     p0[~lf & uf] = ub[~lf & uf] - 1
     return p0
+
+
+def lists_as_arrays(args):
+    """Top-level ``args`` that are (nested) lists of numbers, as NumPy arrays: scipy passes
+    ``args`` as they are and NumPy arithmetic takes a list of numbers as an array, but to
+    JAX a list is a pytree, and the residual got a Python list of scalars
+    (``tracer - list``: newcomer audit).
+
+    Example:
+        >>> import numpy as np
+        >>> from adaptprec.nlsq._inputs import lists_as_arrays
+        >>> x, ys = lists_as_arrays(([1.0, 2.0], [np.ones(2)]))
+        >>> type(x).__name__, type(ys).__name__
+        ('ndarray', 'list')
+    """
+    if not isinstance(args, tuple):
+        return args
+    return tuple(np.asarray(a) if isinstance(a, list) and a and all(
+        isinstance(v, (bool, int, float)) for v in jax.tree.leaves(a)) else a for a in args)
+
+
+def check_array_leaves(args) -> None:
+    """``args`` reach the residual through ``jit``: every leaf must be an array or a
+    number (scipy's ``least_squares`` passes anything; a str there failed inside JAX with
+    "Error interpreting argument ... as an abstract array": newcomer audit).
+
+    Example:
+        >>> from adaptprec.nlsq._inputs import check_array_leaves
+        >>> check_array_leaves(([1.0], 2))
+        >>> try:
+        ...     check_array_leaves((1.0, "fast"))
+        ... except TypeError as e:
+        ...     str(e)[:22]
+        'args[1] is a str, not '
+    """
+    for path, leaf in jax.tree_util.tree_flatten_with_path(args)[0]:
+        if isinstance(leaf, (jax.Array, np.ndarray, np.generic, bool, int, float, complex)) \
+                or hasattr(leaf, "__jax_array__") or isinstance(leaf, jax.core.Tracer):
+            continue
+        try:  # array-likes (memoryviews, lists of numbers) are fine
+            if np.asarray(leaf).dtype.kind in "biufc":
+                continue
+        except Exception:  # noqa: BLE001 - any failure means "not an array"
+            pass
+        raise TypeError(
+            f"args{jax.tree_util.keystr(path)} is a {type(leaf).__name__}, not an array or a "
+            "number: args are passed to the residual through jax.jit, so they must be "
+            "arrays (or pytrees of arrays). Pass other settings through a closure or "
+            "functools.partial, e.g. solve_nlsq(functools.partial(residual, mode='a'), x0, "
+            "args=(x, y)).")
 
 
 def as_data(x, name: str, dtype=float):

@@ -54,8 +54,9 @@ from ._sparse_jac import as_user_format, host_jac, probe_host_jac
 from ._lsmr import check_tr_options
 from .dogbox import dogbox_delta0, dogbox_gnorm, dogbox_step, on_bound
 from ._inputs import (FD_METHODS, OptionNotOffered, as_bounds, as_max_steps, as_scale_inv,
-                      as_x0, check_jac_option, check_max_nfev, check_tolerances,
-                      check_unsupported, check_jac_shape, default_x_scale, wrap_jac)
+                      as_x0, check_array_leaves, check_jac_option, check_max_nfev,
+                      check_tolerances, check_unsupported, check_jac_shape,
+                      default_x_scale, lists_as_arrays, wrap_jac)
 
 __all__ = ["solve_nlsq", "resolve_ladder", "clear_cache", "cache_info"]
 
@@ -148,38 +149,6 @@ def _check_finite_tree(tree, what: str, fix: str = "clean the data first (curve_
         if np.issubdtype(a.dtype, np.inexact) and not np.all(np.isfinite(a)):
             raise ValueError(f"{what} contains NaN or Inf ({int(np.sum(~np.isfinite(a)))} "
                              f"non-finite value(s)); {fix}.")
-
-
-def _lists_as_arrays(args):
-    """Top-level ``args`` that are (nested) lists of numbers, as NumPy arrays: scipy passes
-    ``args`` as they are and NumPy arithmetic takes a list of numbers as an array, but to
-    JAX a list is a pytree, and the residual got a Python list of scalars
-    (``tracer - list``: newcomer audit)."""
-    if not isinstance(args, tuple):
-        return args
-    return tuple(np.asarray(a) if isinstance(a, list) and a and all(
-        isinstance(v, (bool, int, float)) for v in jax.tree.leaves(a)) else a for a in args)
-
-
-def _check_array_leaves(args) -> None:
-    """``args`` reach the residual through ``jit``: every leaf must be an array or a
-    number (scipy's ``least_squares`` passes anything; a str there failed inside JAX with
-    "Error interpreting argument ... as an abstract array": newcomer audit)."""
-    for path, leaf in jax.tree_util.tree_flatten_with_path(args)[0]:
-        if isinstance(leaf, (jax.Array, np.ndarray, np.generic, bool, int, float, complex)) \
-                or hasattr(leaf, "__jax_array__") or isinstance(leaf, jax.core.Tracer):
-            continue
-        try:  # array-likes (lists of numbers, memoryviews) are fine
-            if np.asarray(leaf).dtype.kind in "biufc":
-                continue
-        except Exception:  # noqa: BLE001 - any failure means "not an array"
-            pass
-        raise TypeError(
-            f"args{jax.tree_util.keystr(path)} is a {type(leaf).__name__}, not an array or a "
-            "number: args are passed to the residual through jax.jit, so they must be "
-            "arrays (or pytrees of arrays). Pass other settings through a closure or "
-            "functools.partial, e.g. solve_nlsq(functools.partial(residual, mode='a'), x0, "
-            "args=(x, y)).")
 
 
 def _broadcast_bounds(bounds, n, dtype):
@@ -489,7 +458,7 @@ def solve_nlsq(
         >>> ap.solve_nlsq(rosen, jnp.array([-1.2, 1.0]), precision="f32,f64").escalations
         Array(1, dtype=int32)
     """
-    args = _lists_as_arrays(args)
+    args = lists_as_arrays(args)
     if chunk_size is not False and (chunk_size is not None or
                                     _stream.wants_stream(args)):  # larger than memory
         res = _stream.solve_stream(
@@ -595,7 +564,7 @@ def solve_nlsq(
     if not jnp.issubdtype(x0_flat.dtype, jnp.floating):
         x0_flat = x0_flat.astype(top_dt)
     _check_finite_tree(x0_flat, "x0", "give a finite starting point")
-    _check_array_leaves(args)
+    check_array_leaves(args)
     _check_finite_tree(args, "the data in args")
     n = int(x0_flat.size)
 
