@@ -199,6 +199,8 @@ def test_chunked_blocked_streamed_equal_unchunked(decay64):
     assert "20/20 fits" in buf.getvalue()
 
 
+# (slow: ~7s; CI runs the slow job too: keeps the default run near 10 min on 2 cores)
+@pytest.mark.slow
 def test_adaptive_bits_do_not_depend_on_blocks_chunks_or_batch_size():
     """docs/batch.md promises per-fit bits independent of block and buffer sizes. With
     1-3 lanes XLA:CPU rounded the float32 rung differently (newcomer audit 4: up to 4e-11

@@ -79,6 +79,8 @@ def test_direct_getrf_is_bit_identical_to_lax_lu(dtype):
     assert bool(jnp.all(lu_factor(s)[0] == lax.linalg.lu(s)[0]))
 
 
+# (slow: ~12s; CI runs the slow job too: keeps the default run near 10 min on 2 cores)
+@pytest.mark.slow
 def test_deferred_estimate_equals_eager_estimate():
     A, b = _system(batch=(3,), seed=2)
     lazy = jax.jit(lambda A, b: ap.linalg.solve(A, b))

@@ -257,7 +257,9 @@ def test_auto_is_float32_lu_on_cpu():
     assert "f32[1,16,16]" in jaxpr and "bf16" not in jaxpr and "f16[" not in jaxpr
 
 
-@pytest.mark.parametrize("low", [jnp.bfloat16, jnp.float16])
+# (slow: ~6s; CI runs the slow job too: keeps the default run near 10 min on 2 cores)
+@pytest.mark.parametrize("low", [pytest.param(jnp.bfloat16, marks=pytest.mark.slow),
+                                 jnp.float16])
 def test_blocked_lu_has_half_precision_backward_error(low):
     a = jnp.asarray(np.random.default_rng(8).standard_normal((64, 64)), jnp.float32)
     lu, perm = jax.jit(lambda a: blocked_lu(a, low=low, block=16))(a)
@@ -273,7 +275,9 @@ def test_blocked_lu_has_half_precision_backward_error(low):
     np.testing.assert_allclose(lu32, ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("backend, low", [("gpu", "float16"), ("tpu", "bfloat16")])
+# (slow: ~7s; CI runs the slow job too: keeps the default run near 10 min on 2 cores)
+@pytest.mark.parametrize("backend, low", [("gpu", "float16"), pytest.param(
+    "tpu", "bfloat16", marks=pytest.mark.slow)])
 def test_accelerator_auto_path_half_factors_gmres_ir(monkeypatch, backend, low):
     monkeypatch.setattr(solve_mod, "_backend", lambda: backend)
     A = prescribed(1e3, n=64, seed=9)
@@ -313,6 +317,8 @@ def _qr_shapes(jaxpr, inside_switch=False, out=None):
     return out
 
 
+# (slow: ~6s; CI runs the slow job too: keeps the default run near 10 min on 2 cores)
+@pytest.mark.slow
 def test_lstsq_vmap_one_of_64_falls_back_alone_and_compacted():
     A = np.stack([_tall(1e2, seed=s) for s in range(64)])
     A[37] = _tall(1e12, seed=999)                 # f32 QR refinement cannot converge
