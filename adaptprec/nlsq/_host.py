@@ -495,7 +495,8 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
             fields = _promote.as_numpy(whole.out, whole.exe(ctx, consts, args, m_arr))
         except TypeError:  # arguments it was not compiled for: the host loop serves
             _promote.discard(pkey)
-        if fields is not None and x0_shape is not None:
+        # (curve_fit's repeat path, the only taker, needs the covariance from the program)
+        if fields is not None and x0_shape is not None and covariance:
             _promote.offer(fast=FastSolve(whole, ctx, consts, pad, m, x0_shape))
     if fields is None:
         t0 = time.perf_counter()
@@ -517,15 +518,14 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
 
 class FastSolve:
     """A promoted solve with everything but ``x0`` and the data fixed:
-    ``fast(x0, args) -> (x, cost, jac, status)`` (NumPy; ``jac`` unpadded, ``x`` in
-    ``x0``'s shape), or ``(x, cost, cov, status)`` where the program computes the
-    covariance (``has_cov``; :func:`_final_program`). For entry points that validated one
-    call and see the same shapes and options again (:func:`adaptprec.curve_fit`'s repeat
-    path): no tracing, no lookups, one executable call, and only the fields it needs read
-    out."""
+    ``fast(x0, args) -> (x, cost, cov, status)`` (NumPy; ``x`` in ``x0``'s shape, ``cov``
+    the ``(J^T J)^+`` of a program that computes it, :func:`_final_program`). For entry
+    points that validated one call and see the same shapes and options again
+    (:func:`adaptprec.curve_fit`'s repeat path): no tracing, no lookups, one executable
+    call, and only the fields it needs read out."""
 
     def __init__(self, whole, ctx, consts, pad, m: int, x0_shape):
-        self.whole, self.consts, self.pad, self.m = whole, consts, pad, m
+        self.whole, self.consts, self.pad = whole, consts, pad
         self.m_arr = np.asarray(m, np.int32)
         self.x0_shape = x0_shape
         (vec,) = ctx  # the per-solve constants, x0 last (one top-dtype vector)
@@ -533,9 +533,8 @@ class FastSolve:
         self.prefix, self.top = vec[:vec.size - n], vec.dtype
         if pad is not None:
             self.idx = np.minimum(np.arange(pad[1]), m - 1)
-        self.has_cov = "cov" in _promote.field_index(whole.out)
-        self.read = _promote.reader(whole.out, ("x", "cost", "cov" if self.has_cov else
-                                                "jac", "status"))
+        self.has_cov = "cov" in _promote.field_index(whole.out)  # (always, as offered)
+        self.read = _promote.reader(whole.out, ("x", "cost", "cov", "status"))
 
     def __call__(self, x0, args):
         ctx = (np.concatenate((self.prefix, np.ravel(np.asarray(x0, self.top)))),)
@@ -544,10 +543,9 @@ class FastSolve:
             args = jax.tree.unflatten(treedef, [
                 a if ax is None else np.take(np.asarray(a), self.idx, axis=ax)
                 for a, ax in zip(leaves, self.pad[0])])
-        x, cost, third, status = self.read(self.whole.exe(ctx, self.consts, args,
-                                                          self.m_arr))
-        return x.reshape(self.x0_shape), cost, third if self.has_cov else \
-            third[:self.m], status
+        x, cost, cov, status = self.read(self.whole.exe(ctx, self.consts, args,
+                                                        self.m_arr))
+        return x.reshape(self.x0_shape), cost, cov, status
 
 
 def _solve_host_loop(sp, evaluate, final, x0, ctx, consts, args, m_arr, M, is_padded, fs,

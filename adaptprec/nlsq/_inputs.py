@@ -296,8 +296,9 @@ def check_array_leaves(args) -> None:
         'args[1] is a str, not '
     """
     for path, leaf in jax.tree_util.tree_flatten_with_path(args)[0]:
+        # (tracers are jax.Array instances too)
         if isinstance(leaf, (jax.Array, np.ndarray, np.generic, bool, int, float, complex)) \
-                or hasattr(leaf, "__jax_array__") or isinstance(leaf, jax.core.Tracer):
+                or hasattr(leaf, "__jax_array__"):
             continue
         try:  # array-likes (memoryviews, lists of numbers) are fine
             if np.asarray(leaf).dtype.kind in "biufc":

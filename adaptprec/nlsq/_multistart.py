@@ -179,9 +179,8 @@ def _solve_multistart(residual, x0, args, *, starts, seed, spread, **kw):
     out = jax.tree.map(lambda a, b: jnp.where(better, a, b), polished, single)
     # the work done is every solve's, not the returned one's (newcomer audit: starts=4
     # reported nfev 1, the polish of a start that had already converged)
-    total = {k: getattr(single, k) + jnp.sum(getattr(batch, k)) + getattr(polished, k)
-             for k in ("nfev", "njev", "nit")
-             if getattr(single, k, None) is not None and getattr(batch, k, None) is not None
-             and getattr(polished, k, None) is not None}
-    return dataclasses.replace(out, **{k: jnp.asarray(v, jnp.asarray(getattr(out, k)).dtype)
-                                       for k, v in total.items()})
+    # (njev is None for lm, in both solves alike; the batch counts every field)
+    return dataclasses.replace(out, **{
+        k: jnp.asarray(getattr(single, k) + jnp.sum(getattr(batch, k)) + getattr(polished, k),
+                       jnp.asarray(getattr(out, k)).dtype)
+        for k in ("nfev", "njev", "nit") if getattr(out, k) is not None})

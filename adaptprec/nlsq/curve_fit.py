@@ -176,20 +176,21 @@ def _pcov_numpy(J, cost, n: int, lm_rule: bool, absolute_sigma: bool):
     return _scale_pcov(covariance_numpy(J), cost, J.shape[0], n, lm_rule, absolute_sigma)
 
 
-def _scale_pcov(pcov, cost, m: int, n: int, lm_rule: bool, absolute_sigma: bool):
-    """scipy's rules on ``(J^T J)^+`` (NumPy): lm's all-inf pcov where a parameter is not
+def _scale_pcov(pcov, cost, m: int, n: int, lm_rule: bool, absolute_sigma: bool, xnp=np):
+    """scipy's rules on ``(J^T J)^+``: lm's all-inf pcov where a parameter is not
     identifiable, the reduced chi-square scaling unless ``absolute_sigma``. An inf entry
     stays inf under the scaling, also for an exact fit (cost 0), as scipy leaves an
-    indeterminate pcov unscaled (inf * 0 gave NaN: newcomer audit, ``a * b * x``)."""
-    if lm_rule and np.any(np.isinf(pcov)):
-        pcov = np.full_like(pcov, np.inf)
+    indeterminate pcov unscaled (inf * 0 gave NaN: newcomer audit, ``a * b * x``).
+    ``xnp``: ``numpy``, or ``jax.numpy`` for traced values."""
+    if lm_rule:
+        pcov = xnp.where(xnp.any(xnp.isinf(pcov)), xnp.inf, pcov)
     dof = m - n
     if absolute_sigma:
         return pcov
     if dof > 0:
         with np.errstate(invalid="ignore"):  # inf * 0, discarded
-            return np.where(np.isinf(pcov), pcov, pcov * (2.0 * np.asarray(cost) / dof))
-    return np.full_like(pcov, np.inf)
+            return xnp.where(xnp.isinf(pcov), pcov, pcov * (2.0 * xnp.asarray(cost) / dof))
+    return xnp.full_like(pcov, xnp.inf)
 
 
 def _plan_key(f, xdata, ydata, p0, sigma, absolute_sigma, check_finite, bounds, method,
@@ -493,18 +494,11 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
         # NumPy: no compilation per data length
         pcov = _pcov_numpy(np.asarray(res.jac), res.cost, n, lm_rule, absolute_sigma)
     else:
-        pcov, _ = covariance_from_jac(res.jac)
-        if lm_rule:
-            pcov = jnp.where(jnp.any(jnp.isinf(pcov)), jnp.inf, pcov)
-        dof = m - n
-        if absolute_sigma:
-            pass
-        elif dof > 0:  # (inf stays inf, as in _scale_pcov)
-            pcov = jnp.where(jnp.isinf(pcov), pcov, pcov * (2.0 * jnp.asarray(res.cost) / dof))
-        else:
-            pcov = jnp.full_like(pcov, np.inf)
+        pcov = _scale_pcov(covariance_from_jac(res.jac)[0], res.cost, m, n, lm_rule,
+                           absolute_sigma, xnp=jnp)
     # a plan only where the first fit's pcov came from the program too (the same bits)
-    if _plan_key is not None and "fast" in box and "cov" in box and not full_output:
+    # (a fast path is offered with its covariance only: _host.host_solve)
+    if _plan_key is not None and "fast" in box and not full_output:
         _promote.remember_plan(_plan_key, _Plan(
             box["fast"], n, m, kind, lm_rule, bool(absolute_sigma),
             _broadcast_bounds(bounds, n, np.float64), p0,
