@@ -44,6 +44,7 @@ known values instead.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 import statistics
@@ -55,6 +56,7 @@ import jax
 import numpy as np
 
 from ._policy import _is_floating_array, cast_floating
+from ._user_fn import returns_arrays
 from .precision import Ladder, canonical_dtype, dtype_name, require_x64, x64_enabled
 
 __all__ = ["Profile", "ProfileRow", "profile"]
@@ -406,6 +408,16 @@ class _Args:
         return jax.tree_util.tree_unflatten(self.treedef, full)
 
 
+def _checked(fn: Callable) -> Callable:
+    """``fn`` whose output is checked to be arrays: an error names ``fn``, not this
+    module's wrapper lambdas (issue 34, bug 2)."""
+    @functools.wraps(fn)
+    def checked(*args):
+        return returns_arrays(fn, fn(*args), "profiled function")
+
+    return checked
+
+
 def _program(fn: Callable, cfg: _Config, a: _Args):
     """``(g, dyn, has_report)``: a function of the array leaves and the leaves to pass."""
     from ._autocast import autocast
@@ -544,10 +556,11 @@ def profile(fn: Callable, *args, configs: Sequence[Any] | None = None,
     if int(repeats) < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats!r}")
     a = _Args(args)
+    label = name or getattr(fn, "__name__", type(fn).__name__)
+    fn = _checked(fn)
     if reference is None:
         ref, ref_name = _reference(fn, a), "f64"
     else:
         ref, ref_name = jax.tree_util.tree_map(np.asarray, reference), "given"
     rows = [_profile_one(fn, c, a, ref, int(repeats), float(min_time)) for c in cfgs]
-    label = name or getattr(fn, "__name__", type(fn).__name__)
     return Profile(function=label, reference=ref_name, rows=rows)

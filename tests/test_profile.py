@@ -252,7 +252,8 @@ def test_cli_profile_prints_the_table_and_writes_plot_and_json(tmp_path):
                "--repeats", "1", "--plot", "p.png", "--json", "p.json", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0] == "profile of setup (reference: f64)"
+    # the profiled kernel (a lambda here) and where it came from (issue 34, bug 5)
+    assert lines[0] == "profile of <lambda> (from kernmod:setup) (reference: f64)"
     assert [ln.split()[0] for ln in lines[3:6]] == ["bf16", "f32", "f32,f64"]
     assert (tmp_path / "p.png").stat().st_size > 1000
     d = json.loads((tmp_path / "p.json").read_text())
