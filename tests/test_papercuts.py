@@ -200,3 +200,59 @@ def test_cli_profile_title_names_the_kernel(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     title = [ln for ln in out.stdout.splitlines() if ln.startswith("TITLE ")]
     assert title and "dot_kernel" in title[0], out.stdout
+
+
+# ------------------------------------------------ 4. the API reference's entries
+
+_NLSQ_CONSTANTS = {"adaptprec.nlsq.common.STATUS_MESSAGES", "adaptprec.nlsq.common.LOSSES",
+                   "adaptprec.nlsq.result.ESCALATION_REASONS"}
+
+
+def _reference_objects():
+    """Every ``::: path`` entry of the API page, loaded as mkdocstrings loads it (griffe,
+    with the site's extensions)."""
+    import importlib.util
+    import pathlib
+    import re
+
+    griffe = pytest.importorskip("griffe")
+    root = pathlib.Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("docs_hooks", root / "tools" / "docs_hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    paths = re.findall(r"^::: ([\w.]+)\s*$", hooks.reference(), flags=re.M)
+    ext = griffe.load_extensions(f"{root / 'tools' / 'griffe_shadowed.py'}:ShadowedFunctions")
+    loader = griffe.GriffeLoader(search_paths=[str(root)], extensions=ext)
+    loader.load("adaptprec")
+    loader.resolve_aliases(implicit=False, external=False)
+    return {p: loader.modules_collection.get_member(p) for p in paths}
+
+
+@pytest.fixture(scope="module")
+def reference_objects():
+    return _reference_objects()
+
+
+def test_every_api_entry_has_a_docstring(reference_objects):
+    empty = [p for p, obj in reference_objects.items()
+             if p not in _NLSQ_CONSTANTS and not (obj.docstring and obj.docstring.value.strip())]
+    assert not empty, f"API entries without a docstring: {empty}"
+
+
+@pytest.mark.xfail(strict=True, reason="nlsq constants: docstrings added by the lead "
+                   "after the nlsq restructure")
+def test_nlsq_constants_have_docstrings(reference_objects):
+    empty = [p for p in sorted(_NLSQ_CONSTANTS) if not reference_objects[p].docstring]
+    assert not empty, empty
+
+
+def test_shadowed_functions_are_documented_as_functions(reference_objects):
+    for name in ("curve_fit", "explain"):
+        obj = reference_objects[f"adaptprec.{name}"]
+        assert obj.is_function, (name, obj.kind)
+        assert obj.final_target.path.endswith(f".{name}.{name}"), obj.final_target.path
+    # no top-level entry documents a module other than the public modules
+    modules = [p for p, obj in reference_objects.items()
+               if p.count(".") == 1 and obj.is_module]
+    assert sorted(modules) == ["adaptprec.guards", "adaptprec.linalg", "adaptprec.nlsq",
+                               "adaptprec.schedule"], modules

@@ -61,11 +61,11 @@ from .cond import inverse_norm1
 
 __all__ = ["solve", "SolveInfo", "STATUS_MESSAGES"]
 
-#: ``{code: message}`` of the unified :class:`adaptprec.Status` (the same table as
-#: ``adaptprec.nlsq.STATUS_MESSAGES``). Linear solves end with ``CONVERGED`` (5),
-#: ``SINGULAR`` (-7), ``NONFINITE_INPUT`` (-8), ``ILL_CONDITIONED`` (-9) or
-#: ``NOT_POSITIVE_DEFINITE`` (-12).
 STATUS_MESSAGES = {int(s): s.message for s in Status}
+"""``{code: message}`` of the unified :class:`adaptprec.Status` (the same table as
+``adaptprec.nlsq.STATUS_MESSAGES``). Linear solves end with ``CONVERGED`` (5),
+``SINGULAR`` (-7), ``NONFINITE_INPUT`` (-8), ``ILL_CONDITIONED`` (-9),
+``NOT_POSITIVE_DEFINITE`` (-12) or ``INACCURATE`` (-13)."""
 
 _GMRES_RESTART = 30
 _GMRES_TOL = 1e-4
@@ -77,10 +77,11 @@ _SPLIT_COLUMNS = 3
 _F16_HEADROOM = 2.0 ** -4
 _ASSUME_A = {"gen": "lu", "general": "lu", "pos": "chol", "positive definite": "chol"}
 
-#: ``factor="auto"`` / ``refine="auto"`` per backend. CPU: XLA:CPU has no faster-than-f32
-#: LU (bf16 is upcast), so float32 factors + LU-IR; accelerators: half-precision factors
-#: (tensor-core GEMM updates) + GMRES-IR, as cuSOLVER IRS / Haidar et al. (SC18).
 AUTO_FACTOR = {"cpu": ("f32", "lu"), "gpu": ("f16", "gmres"), "tpu": ("bf16", "gmres")}
+"""``factor="auto"`` / ``refine="auto"`` per backend: ``{backend: (factor dtype,
+refinement)}``. CPU: XLA:CPU has no faster-than-f32 LU (bf16 is upcast), so float32
+factors + LU-IR; accelerators: half-precision factors (tensor-core GEMM updates) +
+GMRES-IR, as cuSOLVER IRS / Haidar et al. (SC18)."""
 
 _S_CONVERGED = int(Status.CONVERGED)
 
