@@ -221,7 +221,10 @@ def _reference_objects():
     hooks = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hooks)
     paths = re.findall(r"^::: ([\w.]+)\s*$", hooks.reference(), flags=re.M)
-    ext = griffe.load_extensions(f"{root / 'tools' / 'griffe_shadowed.py'}:ShadowedFunctions")
+    # the griffe extensions the site uses (mkdocs.yml), from the checkout
+    names = re.findall(r"^\s*- (tools/[\w/]+\.py:\w+)\s*$",
+                       (root / "mkdocs.yml").read_text(), flags=re.M)
+    ext = griffe.load_extensions(*(str(root / n) for n in names))
     loader = griffe.GriffeLoader(search_paths=[str(root)], extensions=ext)
     loader.load("adaptprec")
     loader.resolve_aliases(implicit=False, external=False)
