@@ -259,3 +259,48 @@ def test_shadowed_functions_are_documented_as_functions(reference_objects):
                if p.count(".") == 1 and obj.is_module]
     assert sorted(modules) == ["adaptprec.guards", "adaptprec.linalg", "adaptprec.nlsq",
                                "adaptprec.schedule"], modules
+
+
+# ------------------------------------------- rank-deficient linalg.solve: not a certificate
+
+# row 0 + row 1 = row 2, b inconsistent: LU finds a tiny (not zero) pivot in float64
+RANK_DEFICIENT = np.array([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6], [0.5, 0.7, 0.9]])
+INCONSISTENT_B = np.array([1.0, 2.0, 4.0])
+
+
+def test_rank_deficient_solve_info_is_not_a_certificate():
+    A, b = jnp.asarray(RANK_DEFICIENT), jnp.asarray(INCONSISTENT_B)
+    x, info = ap.linalg.solve(A, b)
+    xn = np.asarray(x)
+    true_rel = np.max(np.abs(INCONSISTENT_B - RANK_DEFICIENT @ xn)) / np.max(
+        np.abs(INCONSISTENT_B))
+    assert np.all(np.isfinite(xn)) and np.max(np.abs(xn)) > 1e12
+    assert float(info.backward_error) < 1e-14            # small: x is huge
+    assert ap.Status(int(info.status)) == ap.Status.ILL_CONDITIONED
+    np.testing.assert_allclose(float(info.residual_norm), true_rel, rtol=1e-6)
+    assert float(info.residual_norm) > 1e-2 and bool(info.huge_x)
+    assert "small only because ||x|| is huge" in repr(info)
+    assert "small only because ||x|| is huge" in info.message
+
+
+def test_well_posed_solve_info_has_no_note():
+    A = jnp.asarray(np.random.default_rng(0).standard_normal((6, 6))) + 4 * jnp.eye(6)
+    x, info = ap.linalg.solve(A, jnp.ones(6))
+    assert float(info.residual_norm) < 1e-14 and not bool(info.huge_x)
+    assert "huge" not in repr(info) and "huge" not in info.message
+    # an inconsistent least-squares problem has a residual, and that is no warning
+    _, linfo = ap.linalg.lstsq(jnp.asarray(np.random.default_rng(1).standard_normal((8, 3))),
+                               jnp.ones(8))
+    assert float(linfo.residual_norm) > 0.1 and not bool(linfo.huge_x)
+    assert "huge" not in repr(linfo)
+
+
+def test_residual_norm_under_jit_and_vmap():
+    import jax
+
+    As = jnp.stack([jnp.asarray(RANK_DEFICIENT), jnp.eye(3)])
+    bs = jnp.stack([jnp.asarray(INCONSISTENT_B)] * 2)
+    _, info = jax.jit(jax.vmap(ap.linalg.solve))(As, bs)
+    assert info.residual_norm.shape == (2,)
+    assert np.asarray(info.huge_x).tolist() == [True, False]
+    assert "system(s) [[0]]" in repr(info)
