@@ -36,8 +36,8 @@ Configurations (``configs=[...]``):
 
 The float64 reference, and every configuration that computes in float64, run inside JAX's
 thread-local ``jax.enable_x64(True)`` scope, so profiling works with ``jax_enable_x64``
-off (the one x64 rule of every entry point: :mod:`adaptprec._x64_rule`). Pass ``reference=`` (a pytree like ``fn``'s output) to compare against
-known values instead.
+off (the one x64 rule of every entry point: :mod:`adaptprec._x64_rule`). Pass
+``reference=`` (a pytree like ``fn``'s output) to compare against known values instead.
 """
 
 from __future__ import annotations

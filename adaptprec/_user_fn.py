@@ -15,8 +15,10 @@ Example:
     >>> try:
     ...     returns_arrays(residual, residual(1.0), "residual")
     ... except TypeError as e:
-    ...     print(str(e).replace(describe(residual), "residual (file:line)"))
-    residual residual (file:line) must return an array (or a pytree of arrays): it returned the str 'oops'. Fix: return a jax.numpy array, e.g. jnp.asarray(...) of the residual's values, computed with jax.numpy from the parameters.
+    ...     msg = str(e).replace(describe(residual), "residual (file:line)")
+    ...     print(msg[:54]); print(msg[55:102])
+    residual residual (file:line) must return an array (or
+    a pytree of arrays): it returned the str 'oops'
 """
 
 from __future__ import annotations
