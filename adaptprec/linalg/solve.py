@@ -142,10 +142,10 @@ class SolveInfo(Module):
     A small ``backward_error`` is not a certificate by itself. It says that ``x`` solves
     a nearby system, relative to ``||A|| ||x||``: when ``x`` is huge (a singular or
     nearly singular ``A``: ``ILL_CONDITIONED``), the backward error is tiny even though
-    ``A x`` is far from ``b``. ``residual_norm`` shows that directly: a rank-deficient
-    ``A`` (row 0 + row 1 = row 2) with an inconsistent ``b`` returns ``x`` with entries
-    near ``1e15``, ``backward_error`` about ``1e-16`` and ``residual_norm`` in the
-    hundreds. The info's ``repr`` and :attr:`message` then say that the backward error
+    ``A x`` is far from ``b``. ``residual_norm`` shows that directly: the rank-deficient
+    ``A = [[.1, .2, .3], [.4, .5, .6], [.5, .7, .9]]`` (row 0 + row 1 = row 2) with the
+    inconsistent ``b = [1, 2, 4]`` returns ``x`` with entries near ``4.5e15``,
+    ``backward_error`` 2e-17 and ``residual_norm`` 0.1. The info's ``repr`` and :attr:`message` then say that the backward error
     is small only because ``||x||`` is huge (see :attr:`huge_x`). Trust ``x`` when
     ``success`` is True.
 
