@@ -292,28 +292,35 @@ def _leaves(x):
 
 # ------------------------------------------------------------------- plot_profile
 
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">", "p")
+
+
 def plot_profile(prof, ax=None):
     """Time against digits, one point per configuration; the Pareto front is joined.
 
+    Each configuration has its own marker and colour, named in a legend beside the axes
+    (``"config -> rung"`` where they differ): configurations with nearly the same time
+    and digits (``f32`` and ``auto_mixed_bf16``) sit on top of each other, and labels
+    written next to the points overlapped there. The title names the profiled function.
     Returns the ``Figure`` (``prof.plot()`` calls this).
     """
     if ax is None:
-        fig, (ax,) = _figure(1, width=5.5, height=4.0)
+        fig, (ax,) = _figure(1, width=7.5, height=4.0)
     else:
         fig = ax.figure
     front = prof.pareto()
     for k, r in enumerate(prof.rows):
         on = r.config in front
-        ax.plot(r.time_s, r.digits, "o", ms=7 if on else 5,
-                color=_rung_color(k), alpha=1.0 if on else 0.6)
         label = r.config if r.rung == r.config else f"{r.config} -> {r.rung}"
-        ax.annotate(label, (r.time_s, r.digits),
-                    textcoords="offset points", xytext=(5, 4), fontsize="small")
+        ax.plot(r.time_s, r.digits, _MARKERS[k % len(_MARKERS)], ms=8 if on else 6,
+                color=_rung_color(k), alpha=1.0 if on else 0.6, label=label,
+                mec="black" if on else "none", mew=0.6)
     pts = sorted((prof[c].time_s, prof[c].digits) for c in front)
     if len(pts) > 1:
         ax.step([p[0] for p in pts], [p[1] for p in pts], where="post", color="0.5",
                 lw=1, ls="--", label="Pareto front")
-        ax.legend(loc="best", fontsize="small")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small",
+              title="config -> rung", title_fontsize="small", frameon=False)
     ax.set_xscale("log")
     ax.margins(x=0.3, y=0.12)
     ax.set_xlabel("run time per call (s)")

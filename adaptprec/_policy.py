@@ -209,9 +209,9 @@ class SemanticDType(enum.Enum):
         return getattr(pol, self.value)
 
 
-#: A dtype alias/dtype, a :class:`SemanticDType`, or one of the strings
-#: ``"param"``/``"compute"``/``"output"`` (resolved against a policy).
 DTypeish = Union[DTypeLike, SemanticDType]
+"""A dtype alias/dtype, a :class:`SemanticDType`, or one of the strings
+``"param"``/``"compute"``/``"output"`` (resolved against a policy)."""
 
 _SEMANTIC_NAMES = {"param": SemanticDType.PARAM, "params": SemanticDType.PARAM,
                    "compute": SemanticDType.COMPUTE, "output": SemanticDType.OUTPUT}

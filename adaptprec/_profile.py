@@ -34,16 +34,16 @@ Configurations (``configs=[...]``):
 ``"rtol": 1e-3}``                        ``bf16,f32,f64``). A dict's other keys are passed
                                          to :func:`~adaptprec.adaptive` too.
 
-The float64 reference runs inside JAX's thread-local ``jax.enable_x64(True)`` scope, so
-profiling float32/bfloat16 configurations works with ``jax_enable_x64`` off; a
-configuration that itself computes in float64 needs ``jax_enable_x64`` on (the usual
-error otherwise). Pass ``reference=`` (a pytree like ``fn``'s output) to compare against
-known values instead.
+The float64 reference, and every configuration that computes in float64, run inside JAX's
+thread-local ``jax.enable_x64(True)`` scope, so profiling works with ``jax_enable_x64``
+off (the one x64 rule of every entry point: :mod:`adaptprec._x64_rule`). Pass
+``reference=`` (a pytree like ``fn``'s output) to compare against known values instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 import statistics
@@ -55,7 +55,11 @@ import jax
 import numpy as np
 
 from ._policy import _is_floating_array, cast_floating
-from .precision import Ladder, canonical_dtype, dtype_name, require_x64, x64_enabled
+from ._user_fn import returns_arrays
+from ._tracing import is_eager
+from ._x64_rule import traced_x64_error
+from ._x64_scope import float64_scope
+from .precision import Ladder, canonical_dtype, dtype_name, x64_enabled
 
 __all__ = ["Profile", "ProfileRow", "profile"]
 
@@ -406,6 +410,16 @@ class _Args:
         return jax.tree_util.tree_unflatten(self.treedef, full)
 
 
+def _checked(fn: Callable) -> Callable:
+    """``fn`` whose output is checked to be arrays: an error names ``fn``, not this
+    module's wrapper lambdas (issue 34, bug 2)."""
+    @functools.wraps(fn)
+    def checked(*args):
+        return returns_arrays(fn, fn(*args), "profiled function")
+
+    return checked
+
+
 def _program(fn: Callable, cfg: _Config, a: _Args):
     """``(g, dyn, has_report)``: a function of the array leaves and the leaves to pass."""
     from ._autocast import autocast
@@ -456,11 +470,13 @@ def _report_fields(report) -> dict:
 
 def _profile_one(fn, cfg: _Config, a: _Args, ref, repeats: int, min_time: float):
     if _needs_x64(cfg) and not x64_enabled():
-        try:
-            require_x64("f64")
-        except ValueError as exc:
-            raise ValueError(f"profile config {cfg.name!r} computes in float64: {exc}") \
-                from None
+        # the x64 rule (adaptprec._x64_rule): a float64 configuration is compiled, timed
+        # and run inside JAX's thread-local x64 scope; under a trace it cannot be
+        if not is_eager(a.dyn):
+            raise traced_x64_error("profile", "configs", cfg.name,
+                                   "float32 configurations (e.g. configs=['bf16', 'f32'])")
+        with float64_scope():
+            return _profile_one(fn, cfg, a, ref, repeats, min_time)
     g, dyn, has_report = _program(fn, cfg, a)
     t0 = time.perf_counter()
     compiled = jax.jit(g).lower(*dyn).compile()
@@ -486,7 +502,6 @@ def _profile_one(fn, cfg: _Config, a: _Args, ref, repeats: int, min_time: float)
 
 
 _DEFAULT_CONFIGS = ("bf16", "f32", "f64", "bf16,f32,f64", "auto_mixed_bf16")
-_DEFAULT_CONFIGS_X32 = ("bf16", "f32", "auto_mixed_bf16")
 
 
 def profile(fn: Callable, *args, configs: Sequence[Any] | None = None,
@@ -501,8 +516,9 @@ def profile(fn: Callable, *args, configs: Sequence[Any] | None = None,
             (``"auto_mixed_bf16"`` or a :class:`~adaptprec.PrecisionPolicy`) and adaptive
             settings with ``rtol`` (``"bf16,f32,f64;rtol=1e-3"`` or a dict of
             :func:`~adaptprec.adaptive` keyword arguments). See the module docs.
-            Default: ``bf16, f32, f64, bf16,f32,f64, auto_mixed_bf16``, without the
-            float64 ones when ``jax_enable_x64`` is off.
+            Default: ``bf16, f32, f64, bf16,f32,f64, auto_mixed_bf16``. With
+            ``jax_enable_x64`` off, the float64 ones are compiled, timed and run inside
+            JAX's thread-local x64 scope (:mod:`adaptprec._x64_rule`).
         repeats: timed repeats; ``time_s`` is their median.
         min_time: each repeat runs the compiled function enough times to last this long
             (seconds), for a stable reading on fast kernels.
@@ -512,7 +528,8 @@ def profile(fn: Callable, *args, configs: Sequence[Any] | None = None,
 
     Raises:
         ValueError: an empty or duplicated config list, a config string that is none of
-            the above, ``repeats < 1``, a float64 config with ``jax_enable_x64`` off.
+            the above, ``repeats < 1``, a float64 config under a trace with
+            ``jax_enable_x64`` off.
         TypeError: ``fn`` is not callable, or a config of an unknown type.
 
     Example:
@@ -531,7 +548,7 @@ def profile(fn: Callable, *args, configs: Sequence[Any] | None = None,
     if not callable(fn):
         raise TypeError(f"profile needs a callable, got {fn!r}")
     if configs is None:
-        configs = _DEFAULT_CONFIGS if x64_enabled() else _DEFAULT_CONFIGS_X32
+        configs = _DEFAULT_CONFIGS
     if isinstance(configs, (str, Mapping)) or not isinstance(configs, Sequence):
         configs = [configs]
     cfgs = [_config(c) for c in configs]
@@ -544,10 +561,11 @@ def profile(fn: Callable, *args, configs: Sequence[Any] | None = None,
     if int(repeats) < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats!r}")
     a = _Args(args)
+    label = name or getattr(fn, "__name__", type(fn).__name__)
+    fn = _checked(fn)
     if reference is None:
         ref, ref_name = _reference(fn, a), "f64"
     else:
         ref, ref_name = jax.tree_util.tree_map(np.asarray, reference), "given"
     rows = [_profile_one(fn, c, a, ref, int(repeats), float(min_time)) for c in cfgs]
-    label = name or getattr(fn, "__name__", type(fn).__name__)
     return Profile(function=label, reference=ref_name, rows=rows)

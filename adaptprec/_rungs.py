@@ -43,12 +43,15 @@ def is_rung_object(r: Any) -> bool:
         getattr(r, "wrap", None))
 
 
-def normalize_ladder(ladder: Any, *, min_rungs: int = 1) -> tuple[tuple[Any, ...], Ladder]:
-    """``(rungs, Ladder of their dtypes)``; rungs keep Rung objects, dtypes are resolved."""
+def normalize_ladder(ladder: Any, *, min_rungs: int = 1,
+                     check_x64: bool = True) -> tuple[tuple[Any, ...], Ladder]:
+    """``(rungs, Ladder of their dtypes)``; rungs keep Rung objects, dtypes are resolved.
+    ``check_x64=False``: a float64 rung with x64 off is the caller's to handle (the
+    runtime applies :mod:`adaptprec._x64_rule` when the kernel runs)."""
     if isinstance(ladder, Ladder):
         rungs: tuple[Any, ...] = ladder.rungs
     elif isinstance(ladder, str):
-        rungs = Ladder.parse(ladder).rungs
+        rungs = Ladder.parse(ladder, check_x64=check_x64).rungs
     elif is_rung_object(ladder):
         rungs = (ladder,)
     elif isinstance(ladder, Sequence):
@@ -61,13 +64,13 @@ def normalize_ladder(ladder: Any, *, min_rungs: int = 1) -> tuple[tuple[Any, ...
     out = []
     for r in rungs:
         if is_rung_object(r):
-            dtypes.append(canonical_dtype(r.dtype))
+            dtypes.append(canonical_dtype(r.dtype, check_x64=check_x64))
             out.append(r)
         else:
-            d = canonical_dtype(r)
+            d = canonical_dtype(r, check_x64=check_x64)
             dtypes.append(d)
             out.append(d)
-    lad = Ladder(dtypes)
+    lad = Ladder(dtypes, check_x64=check_x64)
     if len(lad) < min_rungs:
         raise ValueError(
             f"this ladder has {len(lad)} rung(s) ({lad}) but at least {min_rungs} are needed: "

@@ -1,7 +1,7 @@
 """JAX's thread-local float64 scope, made safe for NumPy constants.
 
-The entry points that give float64 without setup (:mod:`adaptprec.nlsq._x64`,
-:func:`adaptprec.profile`) run inside ``jax.enable_x64(True)`` while the program's
+The entry points that give float64 without setup (every one, by the rule of
+:mod:`adaptprec._x64_rule`) run inside ``jax.enable_x64(True)`` while the program's
 ``jax_enable_x64`` stays off. JAX converts a NumPy array that a traced function closes
 over (``lambda p: model(x, *p) - y``) to a canonical host array once and caches the
 result per array object, whatever the x64 setting at the time (jaxlib 0.10's

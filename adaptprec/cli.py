@@ -82,14 +82,29 @@ def _load(target: str):
     return fn, (args if isinstance(args, tuple) else (args,))
 
 
+def _require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ImportError("--plot needs matplotlib, which is not installed: "
+                          "pip install 'adaptprec[plot]' (or drop --plot)") from None
+
+
 def profile(target: str, configs: list[str], plot: str | None, repeats: int,
             json_path: str | None) -> int:
     from ._profile import profile as run_profile
 
     try:
+        if plot:
+            # before minutes of profiling, and as one error line, not a traceback after
+            # the table (issue 34, bug 3)
+            _require_matplotlib()
         fn, args = _load(target)
+        # the table and plot name the profiled kernel, and where it came from (not the
+        # setup function alone: issue 34, bug 5)
+        kernel = getattr(fn, "__name__", None) or type(fn).__name__
         prof = run_profile(fn, *args, configs=configs, repeats=repeats,
-                           name=target.rpartition(":")[2])
+                           name=f"{kernel} (from {target})")
     except (ValueError, TypeError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -101,7 +116,11 @@ def profile(target: str, configs: list[str], plot: str | None, repeats: int,
             json.dump(prof.to_dict(), fh, indent=2, default=float)
         print(f"wrote {json_path}")
     if plot:
-        prof.plot().savefig(plot, dpi=120)
+        try:
+            prof.plot().savefig(plot, dpi=120)
+        except (ImportError, OSError) as exc:   # a matplotlib part missing, a bad path
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         print(f"wrote {plot}")
     return 0
 

@@ -99,17 +99,36 @@ __all__ = [
 #: Reason codes carried by :class:`GuardResult` (0 means the guard passed): the values of
 #: :class:`adaptprec.Reason`, the one reason vocabulary of runtime, nlsq, batch and linalg.
 OK = Reason.NONE
+"""0: the guard passed (``Reason.NONE``)."""
 NONFINITE = Reason.NONFINITE
+"""1: a NaN or Inf in the checked values (:func:`finite`)."""
 OVERFLOW = Reason.OVERFLOW
+"""2: an output used more than ``fraction`` of the rung's range, so the next
+operation could overflow (:func:`headroom`)."""
 UNDERFLOW = Reason.UNDERFLOW
+"""3: a nonzero input was flushed to zero by the cast to the rung (:func:`headroom`)."""
 ILL_CONDITIONED = Reason.ILL_CONDITIONED
+"""4: the function's condition estimate times the rung's unit roundoff is
+above ``tol`` (:func:`condition`, :func:`conditioned`)."""
 MATRIX_ILL_CONDITIONED = Reason.MATRIX_ILL_CONDITIONED
+"""5: a matrix argument's condition estimate (Hager–Higham) times the
+unit roundoff is above ``tol`` (:func:`matrix_condition`)."""
 RESIDUAL = Reason.RESIDUAL
+"""6: the user's residual check of the output is above ``tol`` (:func:`residual`)."""
 BACKWARD_ERROR = Reason.BACKWARD_ERROR
+"""7: the normwise backward error of a linear solve's ``x`` is above ``tol``
+(:func:`backward_error`)."""
 PREDICATE = Reason.PREDICATE
+"""8: the user's predicate returned false (:func:`predicate`)."""
 INACCURATE = Reason.INACCURATE
+"""9: the estimated rounding error of the output is above ``rtol``
+(:func:`accuracy`, Monte Carlo arithmetic)."""
 CANCELLATION = Reason.CANCELLATION
+"""10: as :data:`INACCURATE`, and the error comes from an unstable cancellation
+(an add/sub amplifying rounding by more than ``rtol``) (:func:`accuracy`)."""
 SPOT_CHECK = Reason.SPOT_CHECK
+"""11: a sample of the output disagrees with the next rung's by more than ``rtol``
+(:func:`spot_check`)."""
 
 
 def code_name(code: int) -> str:

@@ -55,6 +55,8 @@ __all__ = [
 ]
 
 DTypeLike = Union[str, np.dtype, type, Any]
+"""What a dtype argument accepts: an alias (``"bf16"``, ``"f32"``, ``"half"``...), a NumPy
+dtype, a scalar type (``jnp.float32``) or anything ``np.dtype`` reads."""
 
 # Ordered from least to most precise (by unit roundoff). float16 is more precise than
 # bfloat16 but has a far smaller range; the ordering is by precision, which is what
@@ -65,6 +67,8 @@ FLOATING_DTYPES: tuple[np.dtype, ...] = (
     np.dtype(np.float32),
     np.dtype(np.float64),
 )
+"""The floating dtypes a ladder can hold, from least to most precise (by unit roundoff):
+bfloat16, float16, float32, float64."""
 
 ALIASES: dict[str, np.dtype] = {
     "bf16": np.dtype(ml_dtypes.bfloat16),
@@ -81,6 +85,9 @@ ALIASES: dict[str, np.dtype] = {
     "double": np.dtype(np.float64),
     "64": np.dtype(np.float64),
 }
+"""Alias -> dtype for every string precision argument (``"bf16"``, ``"f32"``, ``"double"``,
+``"full"``...). ``"half"``/``"h"``/``"16"`` are resolved per backend at call time
+(:func:`half_dtype`: bfloat16 on TPU, float16 elsewhere), as jmp does."""
 # Resolved per backend at call time, as jmp's ``half_dtype`` does.
 _HALF_ALIASES = ("half", "h", "16")
 

@@ -48,6 +48,7 @@ from .guards import (SPOT_CHECK, Guard, GuardContext, accuracy, as_guard, finite
 from ._policy import Policy, _is_floating_array, cast_floating
 from .precision import dtype_name, unit_roundoff
 from .report import Report, _reason
+from ._x64_rule import float64_call
 
 __all__ = ["MixedPrecisionManager", "adaptive", "AdaptiveFunction", "Rung"]
 
@@ -189,7 +190,8 @@ class MixedPrecisionManager:
             raise ValueError("an adaptive kernel needs at least one guard, e.g. "
                              "guards=[adaptprec.guards.finite()]")
         self.rtol = rtol
-        self.rungs, self.ladder = normalize_ladder(ladder, min_rungs=2)
+        # (float64 rungs with x64 off: the x64 rule applies per call, see run)
+        self.rungs, self.ladder = normalize_ladder(ladder, min_rungs=2, check_x64=False)
         self.policy = None if policy is None else Policy.parse(policy)
         self.batch, self.capacity, self.on_failure, self.name = (
             batch, capacity, on_failure, name)
@@ -210,11 +212,24 @@ class MixedPrecisionManager:
     def _capacity(self, m: int) -> int:
         return _compaction.capacity_for(self.capacity, m)
 
+    def _x64_need(self, fn, *args, **kwargs):
+        """For :func:`adaptprec._x64_rule.float64_call`: a float64 rung needs float64."""
+        if not any(np.dtype(d) == np.float64 for d in self.ladder):
+            return None
+        name = self.name or getattr(fn, "__name__", type(fn).__name__)
+        return (f"adaptive kernel {name!r}", "ladder", ",".join(self.rung_names),
+                "a ladder without float64 (e.g. ladder='bf16,f32')", (args, kwargs))
+
+    @functools.partial(float64_call, describe=_x64_need)
     def run(self, fn: Callable, *args, **kwargs) -> tuple[Any, Report]:
         """Run ``fn(*args, **kwargs)`` adaptively; returns ``(out, Report)``.
 
         Array leaves of the arguments are traced; other leaves (Python numbers, strings,
         ...) are static. Works under ``jit``, ``vmap`` and ``grad``.
+
+        With ``jax_enable_x64`` off and a float64 rung, an eager call computes inside
+        JAX's thread-local x64 scope and returns float64 results as NumPy arrays; a
+        traced call raises the one x64 error (:mod:`adaptprec._x64_rule`).
         """
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")

@@ -118,8 +118,8 @@ def test_profile_plot_is_a_pareto_chart(tmp_path):
     fig = prof.plot()
     (ax,) = fig.axes
     assert ax.get_xscale() == "log"
-    labels = [t.get_text() for t in ax.texts]
-    assert labels == ["bf16", "f32", "f64", "slow"]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["bf16", "f32", "f64", "slow", "Pareto front"]
     front = [ln for ln in ax.get_lines() if ln.get_label() == "Pareto front"]
     assert len(front) == 1
     np.testing.assert_allclose(front[0].get_xdata(), [1e-4, 2e-4, 4e-4])
@@ -130,7 +130,9 @@ def test_real_profile_plot(tmp_path):
     prof = ap.profile(jnp.sin, jnp.linspace(0, 1, 256), configs=["bf16", "f32"],
                       repeats=1, min_time=1e-4)
     fig = prof.plot()
-    assert len(fig.axes[0].texts) == 2
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()][:2] == [
+        "bf16", "f32"]
+    assert fig.axes[0].get_title() == "profile of sin"
     _render(fig, tmp_path, "p.png")
 
 

@@ -365,11 +365,14 @@ def test_forward_mode_hessian_and_two_shapes_in_one_trace():
 def test_float64_rung_with_x64_off_says_how_to_fix():
     from _subprocess import run_python
 
-    code = ("import adaptprec as ap, jax.numpy as jnp\n"
+    # the x64 rule (tests/test_x64_rule.py): a float64 rung works eagerly (thread-local
+    # x64 scope); under jit it raises the one error, which says how to fix it
+    code = ("import jax, adaptprec as ap, jax.numpy as jnp\n"
             "f = ap.adaptive(jnp.exp, ladder='bf16,f32')\n"
             "assert f(jnp.ones(2)).dtype == jnp.float32\n"
+            "g = ap.adaptive(jnp.exp, ladder='f32,f64')\n"
             "try:\n"
-            "    ap.adaptive(jnp.exp, ladder='f32,f64')\n"
+            "    jax.jit(g)(jnp.ones(2))\n"
             "except ValueError as e:\n"
             "    print('ERR', e)\n")
     proc = run_python(code, x64=False, timeout=300)

@@ -132,8 +132,9 @@ def _table() -> dict[str, OpKind]:
     return {name: kind for kind, names in groups.items() for name in names.split()}
 
 
-#: Primitive name -> :class:`OpKind`, read-only.
 PRIMITIVE_KINDS = MappingProxyType(_table())
+"""JAX primitive name -> :class:`OpKind` (read-only): how autocast classifies each
+primitive (``"dot_general"`` is ``OpKind.COMPUTE``, ``"exp"`` ``OpKind.TRANSCENDENTAL``...)."""
 
 #: Reductions that are exact in any floating precision (max/min/arg*), so "accumulate in
 #: float32" needs no cast for them.

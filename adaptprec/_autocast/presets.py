@@ -444,21 +444,25 @@ def _always(dtype: str) -> PrecisionPolicy:
     return PrecisionPolicy(dtype, low, accumulate=dtype, preferred_element_type=None)
 
 
-#: Every op, loop carry and input in float32.
 ALWAYS_F32 = _always("f32")
-#: Every op in float16, including reductions (no float32 accumulation).
+"""Every op, loop carry and input in float32 (``"always_f32"``)."""
 ALWAYS_F16 = _always("f16")
-#: Every op in bfloat16, including reductions (no float32 accumulation).
+"""Every op in float16, including reductions (no float32 accumulation;
+``"always_f16"``)."""
 ALWAYS_BF16 = _always("bf16")
-#: float16 with every reduction and transcendental cast up to float32 and back.
+"""Every op in bfloat16, including reductions (no float32 accumulation;
+``"always_bf16"``)."""
 AUTO_MIXED_CONSERVATIVE = PrecisionPolicy("f16", {"reduction": Rule.HIGH},
                                           cast_back=True)
-#: float16 dots with float32 accumulation; sums, transcendentals, linalg in float32.
+"""float16 with every reduction and transcendental cast up to float32 and back
+(``"auto_mixed_conservative"``)."""
 AUTO_MIXED = PrecisionPolicy("f16")
-#: ``AUTO_MIXED`` with bfloat16 as the low dtype.
+"""float16 dots with float32 accumulation; sums, transcendentals and linalg in float32
+(``"auto_mixed"``)."""
 AUTO_MIXED_BF16 = PrecisionPolicy("bf16")
+"""``AUTO_MIXED`` with bfloat16 as the low dtype: bfloat16 dots (float32 accumulation),
+float32 sums, transcendentals and linalg (``"auto_mixed_bf16"``)."""
 
-#: Preset name -> policy.
 PRESETS: dict[str, PrecisionPolicy] = {
     "always_f32": ALWAYS_F32,
     "always_f16": ALWAYS_F16,
@@ -467,3 +471,5 @@ PRESETS: dict[str, PrecisionPolicy] = {
     "auto_mixed": AUTO_MIXED,
     "auto_mixed_bf16": AUTO_MIXED_BF16,
 }
+"""Preset name -> policy: the names accepted where a policy may be a string
+(``autocast(fn, "auto_mixed_bf16")`` is ``autocast(fn, AUTO_MIXED_BF16)``)."""

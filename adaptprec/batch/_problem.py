@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._tracing import is_traced
-from ..nlsq._inputs import lists_as_arrays
+from .._user_fn import returns_arrays
+from ..nlsq._inputs import check_array_leaves, lists_as_arrays
 from ._pytree import BatchedTreeSpec, TreeResidual, is_array_like
 
 __all__ = ["Residual", "Problem", "build_problem"]
@@ -48,7 +49,9 @@ class Residual:
             full[p] = a
         for p, a in zip(self.shared_pos, sargs):
             full[p] = a
-        out = jnp.asarray(self.fun(x, *full))
+        user = self.fun.fun if isinstance(self.fun, TreeResidual) else self.fun
+        out = jnp.asarray(returns_arrays(user, self.fun(x, *full),
+                                         "model" if self.has_ydata else "residual"))
         if not self.has_ydata:
             return out
         extra_b = list(bargs[len(self.batched_pos):])
@@ -121,14 +124,14 @@ def _bounds_matrix(limit, size: int, n: int, dtype, spec, which: str):
                              "like x0")
         cols = []
         for leaf, shape in zip(leaves, spec.shapes):
-            a = jnp.asarray(leaf, dtype)
+            a = jnp.asarray(numeric_data(leaf, f"bounds: the {which} bound"), dtype)
             if a.shape not in ((), shape, (size,) + shape):
                 raise ValueError(f"bounds: a {which}-bound leaf of shape {a.shape} does not "
                                  f"fit a parameter of per-fit shape {shape} (give (), "
                                  f"{shape} or {(size,) + shape})")
             cols.append(jnp.broadcast_to(a, (size,) + shape).reshape(size, -1))
         return jnp.concatenate(cols, axis=1)
-    a = jnp.asarray(limit, dtype)
+    a = jnp.asarray(numeric_data(limit, f"bounds: the {which} bound"), dtype)
     if a.shape not in ((), (n,), (size, n)):
         raise ValueError(f"bounds: the {which} bound has shape {a.shape}; give a scalar, "
                          f"(n,) = ({n},) shared by all fits, or (B, n) = ({size}, {n}) per fit")
@@ -161,6 +164,61 @@ def _bounds_error(rows, x_, lo_, hi_) -> Optional[ValueError]:
                           f"outside [{lo_[j, i]}, {hi_[j, i]}] ({len(out)} such entries); "
                           "clip the starts into the bounds, e.g. np.clip(x0, lb, ub)")
     return None
+
+
+#: dtype kinds that are not numbers (str, bytes, objects, dates, void)
+_NOT_NUMBERS = "USOMmV"
+
+
+def numeric_data(x, name: str):
+    """``ydata``/``sigma``/a bound as an array of numbers: JAX arrays pass through, NumPy
+    arrays and array-likes (lists, memoryviews) become NumPy arrays; strings, objects and
+    dates raise ``ValueError`` naming the argument, as ``curve_fit`` does (they failed
+    inside JAX with "Error interpreting argument ... at path bargs[0]": issue 34).
+
+    Example:
+        >>> from adaptprec.batch._problem import numeric_data
+        >>> numeric_data([[1, 2]], "ydata").shape
+        (1, 2)
+        >>> try:
+        ...     numeric_data([["x"] * 3], "ydata")
+        ... except ValueError as e:
+        ...     print(e)
+        ydata must be numbers, got dtype <U1
+    """
+    if x is None or isinstance(x, jax.Array):
+        return x
+    if isinstance(x, (str, bytes)):
+        raise ValueError(f"{name} must be numbers, got the string {x!r}")
+    try:
+        a = np.asarray(x)
+    except Exception as exc:  # noqa: BLE001 - re-raised with the argument's name
+        raise ValueError(f"{name} could not be read as an array of numbers: {exc}") from exc
+    if a.dtype.kind in _NOT_NUMBERS:
+        raise ValueError(f"{name} must be numbers, got dtype {a.dtype}")
+    return a
+
+
+def check_numeric_args(args: tuple) -> None:
+    """Every leaf of ``args`` is an array of numbers or a number: ``ValueError`` naming
+    the argument for strings and arrays of strings/objects (a list of strings is one
+    argument, not a pytree of them), ``TypeError`` for other non-array leaves."""
+    for i, a in enumerate(args):
+        if isinstance(a, list) and a:
+            try:
+                kind = np.asarray(a).dtype.kind
+            except Exception:  # noqa: BLE001 - a ragged list is a pytree: leaves below
+                kind = None
+            if kind in ("U", "S"):
+                raise ValueError(f"args[{i}] must be numbers, got dtype {np.asarray(a).dtype}")
+    for path, leaf in jax.tree_util.tree_flatten_with_path(args)[0]:
+        where = f"args{jax.tree_util.keystr(path)}"
+        if isinstance(leaf, (str, bytes)):
+            raise ValueError(f"{where} must be numbers, got the string {leaf!r}; pass "
+                             "settings through a closure or functools.partial")
+        if isinstance(leaf, (np.ndarray, np.generic)) and leaf.dtype.kind in _NOT_NUMBERS:
+            raise ValueError(f"{where} must be numbers, got dtype {leaf.dtype}")
+    check_array_leaves(args)
 
 
 def build_problem(fun, x0, args, in_axes, ydata, sigma, bounds=None) -> Problem:
@@ -197,6 +255,7 @@ def build_problem(fun, x0, args, in_axes, ydata, sigma, bounds=None) -> Problem:
         x0 = x0.astype(np.float64 if jax.config.read("jax_enable_x64") else np.float32)
     if not isinstance(args, tuple):
         args = (args,) if not isinstance(args, list) else tuple(args)
+    check_numeric_args(args)
     args = lists_as_arrays(args)  # (Y.tolist(): an array, not a pytree of scalars)
     if isinstance(in_axes, (int, type(None))):
         axes = (in_axes,) * len(args)
@@ -225,13 +284,13 @@ def build_problem(fun, x0, args, in_axes, ydata, sigma, bounds=None) -> Problem:
             sargs.append(a)
     weights_shared = False
     if ydata is not None:
-        ydata = ydata if isinstance(ydata, jax.Array) else np.asarray(ydata)
+        ydata = numeric_data(ydata, "ydata")
         if ydata.ndim != 2 or ydata.shape[0] != size:
             raise ValueError(f"ydata must have shape (B, m) with B = {size} (the rows of "
                              f"x0); got {ydata.shape}")
         bargs.append(ydata)
         if sigma is not None:
-            sigma = sigma if isinstance(sigma, jax.Array) else np.asarray(sigma)
+            sigma = numeric_data(sigma, "sigma")
             if sigma.shape == ydata.shape[1:]:
                 weights_shared = True
                 sargs.append(1.0 / sigma)

@@ -16,9 +16,61 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._tracing import is_concrete
+from .._x64_rule import wants_float64
 from ..precision import canonical_dtype, dtype_name, unit_roundoff
 
 __all__: list[str] = []
+
+
+def _is_float64(x) -> bool:
+    return hasattr(x, "dtype") and np.dtype(x.dtype) == np.float64
+
+
+def policy_wants_float64(policy) -> bool:
+    """Whether a policy (string or :class:`~adaptprec.Policy`) names float64, read
+    without the x64 check.
+
+    Example:
+        >>> from adaptprec.linalg._common import policy_wants_float64
+        >>> policy_wants_float64("c=bf16,o=f64"), policy_wants_float64("c=bf16,o=f32")
+        (True, False)
+    """
+    if isinstance(policy, str):
+        return any(wants_float64(part.split("=")[-1].strip())
+                   for part in policy.split(",") if part.strip())
+    return any(np.dtype(getattr(policy, f, np.float32)) == np.float64
+               for f in ("param", "compute", "output"))
+
+
+def x64_need_arrays(entry: str, arrays, *, policy=None, trees=()):
+    """``describe`` result for an entry point whose float64 comes from its arrays (a
+    float64 NumPy array with x64 off) or a float64 policy; ``None`` when none asks."""
+    if policy is not None and policy_wants_float64(policy):
+        return (f"linalg.{entry}", "policy", str(policy),
+                "a float32 policy (e.g. policy='c=bf16,o=f32')", trees)
+    if any(_is_float64(a) for a in arrays):
+        return (f"linalg.{entry}", "input dtype", "float64",
+                "float32 inputs (x.astype(np.float32))", trees)
+    return None
+
+
+def x64_need(entry: str, factor_default):
+    """``describe`` for :func:`adaptprec._x64_rule.float64_call` on ``solve``/``lstsq``:
+    a float64 ``working`` (the default) or ``factor`` precision needs float64."""
+
+    def describe(*args, **kwargs):
+        working = kwargs.get("working", "f64")
+        factor = kwargs.get("factor", factor_default)
+        if wants_float64(working):
+            arg, value = "working", working
+        elif wants_float64(factor):
+            arg, value = "factor", factor
+        else:
+            return None
+        return (f"linalg.{entry}", arg, value, "working='f32', factor='bf16'",
+                (args, kwargs))
+
+    return describe
 
 
 def resolve_precisions(factor, working, *, what: str = "solve"):

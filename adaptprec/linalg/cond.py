@@ -20,8 +20,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._normest import norm1_estimate
+from functools import partial
+
 from .._tracing import is_concrete
-from ._common import check_array, matrix_norms, scaled_lowsolve, zero_pivot
+from .._x64_rule import float64_call
+from ._common import check_array, matrix_norms, scaled_lowsolve, x64_need_arrays, zero_pivot
 
 __all__ = ["cond_estimate"]
 
@@ -54,6 +57,8 @@ def _norm_arg(norm) -> bool:
     raise ValueError(f"cond_estimate: norm must be 1 or numpy.inf ('inf'), got {norm!r}")
 
 
+@partial(float64_call, describe=lambda A, *, lu=None, norm=1: x64_need_arrays(
+    "cond_estimate", (A,), trees=(A, lu)))
 def cond_estimate(A, *, lu=None, norm=1):
     r"""Estimate the 1-norm (or infinity-norm) condition number of square ``A``.
 

@@ -36,10 +36,11 @@ from jax.custom_batching import custom_vmap
 from .._compaction import capacity_for, recompute_rows
 from .._normest import norm1_estimate
 from .._status import Reason, Status
+from .._x64_rule import float64_call
 from ..precision import max_value, unit_roundoff
 from ._common import (check_array, check_options, pow2_scale, prepare_system,
-                      resolve_precisions)
-from .solve import SolveInfo, _inaccurate_above
+                      resolve_precisions, x64_need)
+from .solve import SolveInfo, _colnorm, _inaccurate_above, relative_residual
 
 __all__ = ["lstsq"]
 
@@ -203,9 +204,12 @@ def _lstsq_core(A, B, *, storage, compute, max_iters, tol, capacity):
     status = jnp.where((status == int(Status.CONVERGED))
                        & ~(jnp.max(e, axis=1) <= _inaccurate_above(tol, max(A.shape[1:]), w)),
                        int(Status.INACCURATE), status).astype(jnp.int32)
+    res = B - jnp.matmul(A, x)         # one O(m n k) product for the info's residual
     info = SolveInfo(iterations=its, backward_error=jnp.max(e, axis=1),
                      fell_back=need, cond_value=jnp.where(need, kappa_f, kappa_low),
-                     status=status, reason=reason)
+                     status=status, reason=reason,
+                     residual_norm=relative_residual(_colnorm(res), _colnorm(B)).astype(w),
+                     kind="lstsq")
     return x, info
 
 
@@ -233,6 +237,7 @@ def _lstsq_batched(A, B, **kw):
     return run(A, B)
 
 
+@partial(float64_call, describe=x64_need("lstsq", "f32"))
 def lstsq(A, b, *, factor="f32", working="f64", max_iters=30, tol=None,
           fallback_capacity=0.125):
     r"""Least-squares solution of a tall system by low-precision QR plus refinement.

@@ -15,9 +15,12 @@ import numpy as np
 
 import jax.numpy as jnp
 
+from functools import partial
+
 from .._policy import Policy
-from ..precision import require_x64, unit_roundoff
-from ._common import check_array
+from .._x64_rule import float64_call
+from ..precision import unit_roundoff
+from ._common import check_array, x64_need_arrays
 
 __all__ = ["matmul", "pad_to_multiple"]
 
@@ -29,6 +32,8 @@ def _accumulator(dtype: np.dtype) -> np.dtype:
     return np.dtype(dtype)
 
 
+@partial(float64_call, describe=lambda a, b, *, policy=None, precision=None: x64_need_arrays(
+    "matmul", (a, b), policy=policy, trees=(a, b)))
 def matmul(a, b, *, policy=None, precision=None):
     """``a @ b`` with inputs in a compute dtype and accumulation in float32 or wider.
 
@@ -59,11 +64,8 @@ def matmul(a, b, *, policy=None, precision=None):
         pol = Policy.parse(policy)
         compute, output = pol.compute, pol.output
     else:
-        # float64 NumPy inputs with x64 off: JAX would compute (and return) float32
-        # silently; "never lowers float64" means the library's x64 error (newcomer audit)
-        for x in (a, b):
-            if np.dtype(x.dtype) == np.float64:
-                require_x64(np.float64)
+        # (float64 NumPy inputs with x64 off: JAX would compute and return float32
+        # silently; the x64 rule runs this call in the float64 scope instead)
         compute = output = np.dtype(jnp.result_type(a.dtype, b.dtype))
     acc = _accumulator(compute)
     out = jnp.matmul(jnp.asarray(a, compute), jnp.asarray(b, compute), precision=precision,

@@ -43,11 +43,13 @@ from .._compaction import capacity_for, recompute_rows
 from .._normest import norm1_estimate
 from .._pytree import Module, field
 from .._status import Reason, Status
+from .._x64_rule import float64_call
 from ..precision import canonical_dtype, max_value, unit_roundoff
 from ._common import (
     apply,
     check_array,
     check_options,
+    x64_need,
     pow2_scale,
     prepare_system,
     lu_solve,
@@ -61,11 +63,11 @@ from .cond import inverse_norm1
 
 __all__ = ["solve", "SolveInfo", "STATUS_MESSAGES"]
 
-#: ``{code: message}`` of the unified :class:`adaptprec.Status` (the same table as
-#: ``adaptprec.nlsq.STATUS_MESSAGES``). Linear solves end with ``CONVERGED`` (5),
-#: ``SINGULAR`` (-7), ``NONFINITE_INPUT`` (-8), ``ILL_CONDITIONED`` (-9) or
-#: ``NOT_POSITIVE_DEFINITE`` (-12).
 STATUS_MESSAGES = {int(s): s.message for s in Status}
+"""``{code: message}`` of the unified :class:`adaptprec.Status` (the same table as
+``adaptprec.nlsq.STATUS_MESSAGES``). Linear solves end with ``CONVERGED`` (5),
+``SINGULAR`` (-7), ``NONFINITE_INPUT`` (-8), ``ILL_CONDITIONED`` (-9),
+``NOT_POSITIVE_DEFINITE`` (-12) or ``INACCURATE`` (-13)."""
 
 _GMRES_RESTART = 30
 _GMRES_TOL = 1e-4
@@ -77,12 +79,16 @@ _SPLIT_COLUMNS = 3
 _F16_HEADROOM = 2.0 ** -4
 _ASSUME_A = {"gen": "lu", "general": "lu", "pos": "chol", "positive definite": "chol"}
 
-#: ``factor="auto"`` / ``refine="auto"`` per backend. CPU: XLA:CPU has no faster-than-f32
-#: LU (bf16 is upcast), so float32 factors + LU-IR; accelerators: half-precision factors
-#: (tensor-core GEMM updates) + GMRES-IR, as cuSOLVER IRS / Haidar et al. (SC18).
 AUTO_FACTOR = {"cpu": ("f32", "lu"), "gpu": ("f16", "gmres"), "tpu": ("bf16", "gmres")}
+"""``factor="auto"`` / ``refine="auto"`` per backend: ``{backend: (factor dtype,
+refinement)}``. CPU: XLA:CPU has no faster-than-f32 LU (bf16 is upcast), so float32
+factors + LU-IR; accelerators: half-precision factors (tensor-core GEMM updates) +
+GMRES-IR, as cuSOLVER IRS / Haidar et al. (SC18)."""
 
 _S_CONVERGED = int(Status.CONVERGED)
+#: SolveInfo.huge_x: residual_norm / backward_error (about ||A|| ||x|| / ||b||) above
+#: this says x is huge for its data
+_HUGE_X = 1e6
 
 
 def _backend() -> str:
@@ -127,6 +133,21 @@ class SolveInfo(Module):
             precision overflowed), ``SINGULAR_FACTOR`` (zero pivot or Cholesky breakdown
             in the factor precision), ``STAGNATION`` (refinement stagnated or reached
             ``max_iters``), ``NONFINITE`` (NaN/Inf input).
+        residual_norm: relative residual of the returned ``x`` in the working precision,
+            maximised over right-hand sides: ``||b - A x||_inf / ||b||_inf`` (``inf``
+            for a nonzero residual of ``b = 0``). For :func:`lstsq` the least-squares
+            residual ``||b - A x|| / ||b||``, which is not 0 at the solution of an
+            inconsistent system.
+
+    A small ``backward_error`` is not a certificate by itself. It says that ``x`` solves
+    a nearby system, relative to ``||A|| ||x||``: when ``x`` is huge (a singular or
+    nearly singular ``A``: ``ILL_CONDITIONED``), the backward error is tiny even though
+    ``A x`` is far from ``b``. ``residual_norm`` shows that directly: the rank-deficient
+    ``A = [[.1, .2, .3], [.4, .5, .6], [.5, .7, .9]]`` (row 0 + row 1 = row 2) with the
+    inconsistent ``b = [1, 2, 4]`` returns ``x`` with entries near ``4.5e15``,
+    ``backward_error`` 2e-17 and ``residual_norm`` 0.1. The info's ``repr`` and :attr:`message` then say that the backward error
+    is small only because ``||x||`` is huge (see :attr:`huge_x`). Trust ``x`` when
+    ``success`` is True.
 
     Example:
         >>> import jax.numpy as jnp
@@ -144,7 +165,61 @@ class SolveInfo(Module):
     cond_value: jax.Array
     status: jax.Array
     reason: jax.Array
+    residual_norm: jax.Array | None = None
     cond_factors: "_CondFactors | None" = field(default=None, repr=False)
+    #: "solve" or "lstsq" (static): an lstsq residual is not 0 at the solution
+    kind: str = field(static=True, default="solve")
+
+    @property
+    def huge_x(self) -> jax.Array:
+        """Boolean array: the backward error is small only because ``||x||`` is huge.
+
+        True where ``residual_norm`` exceeds ``sqrt(eps)`` of the working precision *and*
+        ``_HUGE_X`` times ``backward_error``: ``residual_norm / backward_error`` is about
+        ``||A|| ||x|| / ||b||``, at most ``kappa(A)`` for a system with a solution
+        near ``x``, so a ratio this large with a visible residual means ``x`` grew to
+        make the backward error small (a singular or nearly singular ``A``). Always
+        False for :func:`lstsq` (its residual need not vanish)."""
+        if self.residual_norm is None or self.kind != "solve":
+            return jnp.zeros_like(self.status, dtype=bool)
+        rn = self.residual_norm
+        eps = jnp.finfo(rn.dtype).eps
+        return (rn > jnp.sqrt(eps)) & (rn > _HUGE_X * self.backward_error)
+
+    def _note(self, huge) -> str:
+        which = "" if huge.ndim == 0 else f"system(s) {np.argwhere(huge).tolist()}: "
+        return (which + "backward_error is small only because ||x|| is huge: x solves a nearby "
+                "system relative to ||A|| ||x||, but ||b - A x|| / ||b|| is "
+                f"{float(np.max(np.asarray(self.residual_norm)[huge])):.3g}; "
+                "A is (nearly) singular, x is not a solution of A x = b.")
+
+    def __repr__(self) -> str:
+        fields = ("status", "backward_error", "residual_norm", "fell_back", "iterations",
+                  "reason", "cond_value")
+        values = {f: getattr(self, f) for f in fields}
+        if any(isinstance(v, jax.core.Tracer) for v in values.values()):
+            inner = ", ".join(f"{f}={v!r}" for f, v in values.items())
+            return f"SolveInfo({inner})"
+
+        def show(f, v):
+            if v is None:
+                return f"{f}=None"
+            a = np.asarray(v)
+            if f == "status" and a.ndim == 0:
+                return f"status={Status(int(a)).name}"
+            if f == "reason" and a.ndim == 0:
+                return f"reason={Reason(int(a)).name}"
+            if a.ndim == 0 and a.dtype.kind == "f":
+                return f"{f}={float(a):.3g}"
+            if a.ndim == 0:
+                return f"{f}={a.item()!r}"
+            return f"{f}={np.array2string(a, precision=3, threshold=8)}"
+
+        text = "SolveInfo(" + ", ".join(show(f, v) for f, v in values.items()) + ")"
+        huge = np.asarray(self.huge_x)
+        if huge.any():
+            text += "\n  note: " + self._note(huge)
+        return text
 
     @property
     def cond_estimate(self) -> jax.Array:
@@ -171,16 +246,22 @@ class SolveInfo(Module):
                 "read .message outside, or use ap.status_message(int(status))"
             )
 
-        def text(code, why):
+        def text(code, why, huge, rn):
             msg = Status(int(code)).message
             if int(why) != int(Reason.NONE):
                 msg += f" Fell back to the working precision: {Reason(int(why)).describe()}."
+            if huge:
+                msg += (" The backward error is small only because ||x|| is huge: "
+                        f"||b - A x|| / ||b|| = {float(rn):.3g}.")
             return msg
 
         codes, whys = np.asarray(self.status), np.asarray(self.reason)
+        huge = np.asarray(self.huge_x)
+        rn = (np.asarray(self.residual_norm) if self.residual_norm is not None
+              else np.zeros(codes.shape))
         if codes.ndim == 0:
-            return text(codes, whys)
-        return np.vectorize(text, otypes=[object])(codes, whys).tolist()
+            return text(codes, whys, huge, rn)
+        return np.vectorize(text, otypes=[object])(codes, whys, huge, rn).tolist()
 
 
 class _Factors(Module):
@@ -372,6 +453,21 @@ def _use_panels(fac: _Factors, refine: str) -> bool:
     return (fac.perm is not None and refine == "lu" and fac.lu.shape[-1] >= 2 * BLOCK
             and fac.lu.size * fac.lu.dtype.itemsize <= _PANEL_MAX_BYTES
             and jax.default_backend() == "cpu")
+
+
+def relative_residual(rn, bn):
+    """``max_k rn_k / bn_k`` over right-hand sides ``(m, k) -> (m,)``: 0 for a zero
+    residual, ``inf`` for a nonzero residual of ``b = 0`` or a non-finite residual.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.linalg.solve import relative_residual
+        >>> relative_residual(jnp.array([[1.0, 0.0]]), jnp.array([[4.0, 0.0]])).tolist()
+        [0.25]
+    """
+    rel = jnp.where(bn > 0, rn / jnp.where(bn > 0, bn, 1), jnp.where(rn > 0, jnp.inf, 0))
+    rel = jnp.where(jnp.isfinite(rn), rel, jnp.inf)
+    return jnp.max(rel, axis=-1)
 
 
 def backward_error(anrm, xn, rn, bn):
@@ -585,7 +681,8 @@ def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol, estimate_
         need, fallback, (A, B, fac.cast_ok, fac.factor_ok), current,
         capacity=capacity_for(capacity, m))
 
-    eta = backward_error(anrm, _colnorm(x), _colnorm(r), _colnorm(B))
+    rn, bn = _colnorm(r), _colnorm(B)
+    eta = backward_error(anrm, _colnorm(x), rn, bn)
     eta_max = jnp.max(eta, axis=1)
     # "CONVERGED" only with a working-precision backward error: a fallback is not
     # checked by the refinement's stopping rule (newcomer audit 5: a non-symmetric A
@@ -594,6 +691,7 @@ def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol, estimate_
                        int(Status.INACCURATE), status).astype(jnp.int32)
     info = SolveInfo(iterations=its, backward_error=eta_max.astype(w),
                      fell_back=need, cond_value=kappa, status=status, reason=reason,
+                     residual_norm=relative_residual(rn, bn).astype(w),
                      cond_factors=cond_factors)
     return x, info
 
@@ -677,6 +775,7 @@ def _resolve_auto(factor, refine, what):
     return factor, refine
 
 
+@partial(float64_call, describe=x64_need("solve", "auto"))
 def solve(A, b, *, assume_a="gen", factor="auto", working="f64", refine="auto",
           max_iters=30, tol=None, estimate_cond="lazy", fallback_capacity=0.125):
     r"""Solve ``A x = b`` by low-precision factors and working-precision refinement.

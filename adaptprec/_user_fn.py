@@ -1,0 +1,108 @@
+"""The user's function, named in errors about what it returned.
+
+Entry points call the user's function inside their own wrappers (``lambda x, a:
+residual(unravel(x), *a)``), so when it returns something that is not an array JAX's
+error names the wrapper: "function <lambda> at .../nlsq/solve.py:237 traced for jit
+returned a value of type <class 'str'>" (issue 34, bug 2). :func:`returns_arrays` checks
+the output's Python types where the entry point gets it (it reads no values, so it works
+inside ``jit``/``vmap``/``grad`` traces) and raises a ``TypeError`` that names the user's
+function, where it is defined, what it returned, and the fix.
+
+Example:
+    >>> from adaptprec._user_fn import describe, returns_arrays
+    >>> def residual(p):
+    ...     return "oops"
+    >>> try:
+    ...     returns_arrays(residual, residual(1.0), "residual")
+    ... except TypeError as e:
+    ...     msg = str(e).replace(describe(residual), "residual (file:line)")
+    ...     print(msg[:54]); print(msg[55:102])
+    residual residual (file:line) must return an array (or
+    a pytree of arrays): it returned the str 'oops'
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import numbers
+
+import jax
+import numpy as np
+
+__all__ = ["describe", "returns_arrays"]
+
+
+def describe(fn) -> str:
+    """``fn``'s ``__qualname__`` and ``file:line`` of its definition, as far as known
+    (``functools.partial`` and callable objects are unwrapped to what they call).
+
+    Example:
+        >>> from adaptprec._user_fn import describe
+        >>> describe(len)
+        'len'
+    """
+    target = fn
+    while isinstance(target, functools.partial):
+        target = target.func
+    target = inspect.unwrap(target) if callable(target) else target
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    if name is None:                           # a callable object: its class's __call__
+        name = type(target).__qualname__
+        target = getattr(type(target), "__call__", target)
+    code = getattr(target, "__code__", None)
+    if code is None:
+        return name
+    return f"{name} ({code.co_filename}:{code.co_firstlineno})"
+
+
+def _is_array_leaf(x) -> bool:
+    # (tracers are jax.Array instances too; NumPy arrays of numbers, NumPy scalars and
+    # Python numbers are arrays to JAX; strings, None and other objects are not)
+    if isinstance(x, jax.Array) or hasattr(x, "__jax_array__"):
+        return True
+    if isinstance(x, (np.ndarray, np.generic)):
+        return x.dtype == np.bool_ or jax.numpy.issubdtype(x.dtype, np.number)
+    return isinstance(x, numbers.Number)
+
+
+def _shown(value) -> str:
+    if value is None:
+        return "None"
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    kind = type(value).__name__
+    if isinstance(value, (np.ndarray, np.generic)):
+        return f"a NumPy array of dtype {value.dtype}"
+    return f"the {kind} {text}"
+
+
+def returns_arrays(fn, out, role: str = "function", fix: str | None = None):
+    """``out`` (what ``fn`` returned) unchanged if it is an array or a pytree of arrays;
+    otherwise a ``TypeError`` naming ``fn`` (``__qualname__``, file:line), what it
+    returned, and ``fix``.
+
+    Args:
+        fn: the user's function (only its name and location are read).
+        out: its output.
+        role: what the entry point calls it (``"residual"``, ``"model"``, ``"profiled
+            function"``).
+        fix: the remedy; default: return a ``jax.numpy`` array.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec._user_fn import returns_arrays
+        >>> returns_arrays(len, jnp.ones(2), "residual").shape
+        (2,)
+    """
+    leaves = jax.tree_util.tree_leaves(out, is_leaf=lambda x: x is None)
+    bad = [x for x in leaves if not _is_array_leaf(x)]
+    if out is None or not leaves or bad:
+        got = out if out is None or not leaves or not bad or bad[0] is out else bad[0]
+        where = "" if got is out else " (inside what it returned)"
+        fix = fix or (f"return a jax.numpy array, e.g. jnp.asarray(...) of the {role}'s "
+                      "values, computed with jax.numpy from the parameters")
+        raise TypeError(f"{role} {describe(fn)} must return an array (or a pytree of "
+                        f"arrays): it returned {_shown(got)}{where}. Fix: {fix}.")
+    return out
