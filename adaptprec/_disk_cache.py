@@ -54,6 +54,7 @@ import hashlib
 import os
 import pickle
 import platform
+import re
 import tempfile
 import threading
 
@@ -106,6 +107,59 @@ def clear_memory() -> None:
         _pending.clear()
         for k in _stats:
             _stats[k] = 0
+
+
+_ENTRY_NAME = re.compile(r"^[0-9a-f]{40}\.xla$|^\.tmp-")
+
+
+def disk_info() -> dict:
+    """What the cache holds on disk: ``directory`` (``None`` when off), ``entries``
+    (compiled programs and stored metadata), ``bytes`` and ``max_bytes``; the
+    ``python -m adaptprec cache info`` command prints it.
+
+    Example:
+        >>> import os, tempfile
+        >>> from adaptprec import _disk_cache as dc
+        >>> saved, os.environ["ADAPTPREC_CACHE_DIR"] = os.environ.get("ADAPTPREC_CACHE_DIR"), tempfile.mkdtemp()
+        >>> dc.disk_info()["entries"], dc.disk_info()["bytes"]
+        (0, 0)
+        >>> _ = (os.environ.pop("ADAPTPREC_CACHE_DIR") if saved is None
+        ...      else os.environ.update(ADAPTPREC_CACHE_DIR=saved))
+    """
+    directory = cache_dir()
+    info = {"directory": directory, "entries": 0, "bytes": 0, "max_bytes": _max_bytes()}
+    if directory is None:
+        return info
+    try:
+        for e in os.scandir(directory):
+            if _ENTRY_NAME.match(e.name) and e.is_file(follow_symlinks=False):
+                info["entries"] += 1
+                info["bytes"] += e.stat().st_size
+    except FileNotFoundError:
+        pass
+    return info
+
+
+def clear_disk() -> int:
+    """Delete the cache's entries from disk (only files the cache wrote: ``<hash>.xla``
+    and its temporary files; anything else in the directory is left alone) and forget the
+    programs held in memory. Returns the number of files deleted."""
+    directory = cache_dir()
+    clear_memory()
+    if directory is None:
+        return 0
+    removed = 0
+    try:
+        for e in os.scandir(directory):
+            if _ENTRY_NAME.match(e.name) and e.is_file(follow_symlinks=False):
+                try:
+                    os.remove(e.path)
+                    removed += 1
+                except OSError:
+                    pass
+    except FileNotFoundError:
+        pass
+    return removed
 
 
 def _source_hash() -> str:

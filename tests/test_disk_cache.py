@@ -7,6 +7,7 @@ import json
 import os
 import pickle
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -205,3 +206,25 @@ def test_unwritable_directory_warns_once_and_fits(tmp_path):
     """, x64=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split(maxsplit=1) == ["1", "[2.5, 1.3, 0.5]\n"]
+
+
+def test_cache_command_info_and_clear_touch_only_the_cache_entries(tmp_path, monkeypatch,
+                                                                    capsys):
+    """``python -m adaptprec cache``: info names the directory and counts the entries;
+    clear deletes the programs (issue 32, item 5) and nothing else a user left there."""
+    from adaptprec import _disk_cache as dc
+    from adaptprec.cli import main
+
+    monkeypatch.setenv("ADAPTPREC_CACHE_DIR", str(tmp_path))
+    f = jax.jit(lambda x: 3.0 * x)
+    dc.compiled(f, ("test", "cache-cli"), (jnp.ones(2),))
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main(["cache", "info"]) == 0
+    out = capsys.readouterr().out
+    assert str(tmp_path) in out and "entries:   1" in out
+    assert main(["cache", "clear"]) == 0
+    assert "deleted 1 cached programs" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    assert dc.disk_info()["entries"] == 0
+    monkeypatch.setenv("ADAPTPREC_CACHE_DIR", "off")
+    assert main(["cache"]) == 0 and "off" in capsys.readouterr().out
