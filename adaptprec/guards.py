@@ -161,6 +161,10 @@ class GuardContext(NamedTuple):
             output leaves recomputed on the next rung (cast like ``cast_out``).
         batched: whether the runtime evaluates this guard per element of a vmapped batch.
         cast_out: the output leaves cast to the runtime's output dtype (or ``None``).
+        check: how an accuracy guard checks this rung, chosen by the runtime's cost
+            model (:mod:`adaptprec._cost`): ``"mca"`` (Monte Carlo arithmetic, the
+            default), ``"first_order"`` (first-order error bound at the working
+            precision) or ``"screen"`` (cancellation screen only, top rung).
 
     Example:
         >>> import jax.numpy as jnp
@@ -183,6 +187,7 @@ class GuardContext(NamedTuple):
     next_rung: Callable | None = None
     batched: bool = False
     cast_out: tuple | None = None
+    check: str | None = None
 
 
 def _check_scalar(x, what: str, name: str) -> jax.Array:
@@ -744,7 +749,42 @@ class _Accuracy(Guard):
     label = "accuracy({self.rtol:g})"
 
     def check(self, ctx):
+        if ctx.check == "first_order":
+            return self.first_order(ctx)
+        if ctx.check == "screen":
+            return self.screen(ctx)
         return self.estimate(ctx, self.seed)
+
+    def _floor(self, ctx) -> float:
+        return max(ctx.u, _output_roundoff(ctx))
+
+    def first_order(self, ctx) -> GuardResult:
+        """The check by a first-order error bound at the rung's own precision
+        (:mod:`adaptprec._first_order`): no wider dtype, about one cheap pass over the
+        kernel's values; an unstable decision (comparison, argmax) fails it."""
+        from ._first_order import first_order, relative_bound
+        res = first_order(ctx.fn, ctx.args, ctx.kwargs, ctx.inputs, ctx.dtype)
+        est = relative_bound(res.outs, res.errs, self.componentwise)
+        err = jnp.maximum(est, jnp.float32(self._floor(ctx)))
+        err = jnp.where(res.unstable > 0, jnp.inf, err)
+        return GuardResult.make(err <= self.rtol, INACCURATE, digits_from_error(err, ctx.u))
+
+    def screen(self, ctx) -> GuardResult:
+        """Top rung, when no estimate pays: the cancellation screen alone (CADNA's
+        unstable cancellation, normwise, and an output 0 from cancelled operands)."""
+        from ._first_order import cancellation_screen
+        ratio, zero_cancel = cancellation_screen(ctx.fn, ctx.args, ctx.kwargs, ctx.dtype,
+                                                 self.componentwise)
+        zero_out = jnp.asarray(False)
+        for y0 in jax.tree_util.tree_leaves(ctx.out):
+            if _is_floating_array(y0):
+                zero_out = zero_out | jnp.all(jnp.asarray(y0) == 0)
+        lost = zero_out & zero_cancel
+        err = jnp.maximum(ratio, jnp.float32(self._floor(ctx)))
+        err = jnp.where(lost, jnp.inf, err)
+        cancels = ((ratio > self.rtol) & (ratio > 2.0 * ctx.u)) | lost
+        code = jnp.where(cancels, CANCELLATION, INACCURATE)
+        return GuardResult.make(err <= self.rtol, code, digits_from_error(err, ctx.u))
 
     def estimate(self, ctx, seed) -> GuardResult:
         """The check with an explicit (possibly traced) ``seed``."""
