@@ -34,12 +34,19 @@ import numpy as np
 
 from . import _jaxpr as jx
 
-__all__ = ["Throughput", "THROUGHPUT", "Cost", "program_cost", "throughput_for", "FLOOR"]
+__all__ = ["Throughput", "THROUGHPUT", "Cost", "program_cost", "throughput_for", "FLOOR",
+           "measure", "MEASURE"]
 
 #: Modelled seconds below which work is "free": an eager call's fixed overhead on CPU
 #: (dispatch, the report's arrays) is ~30-100 us, so kernels whose rungs together model
 #: below this keep the thorough plan, and a top-rung check below it always runs.
 FLOOR = 5e-5
+
+#: Above the floor, price the candidate programs by one-time measurement (compiled, run
+#: on sample data, cached with the plan) instead of the throughput table. The table
+#: still decides "small" and prices the Monte Carlo check (at least two evaluations one
+#: dtype wider: never close on CPU, so it is not worth compiling to find out).
+MEASURE = True
 
 
 class Throughput(NamedTuple):
@@ -141,6 +148,37 @@ def program_cost(fn: Callable, avals, table: Throughput, dtype) -> Cost:
                + other / table.elementwise.get(dtype, table.elementwise["float32"])
                + trans / table.transcendental.get(dtype, table.transcendental["float32"]))
     return Cost(dot_flops, other, trans, seconds)
+
+
+def _sample_inputs(avals, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for a in avals:
+        dt = np.dtype(a.dtype)
+        if np.issubdtype(dt, np.floating) or dt.name == "bfloat16":
+            out.append(rng.uniform(0.5, 1.5, a.shape).astype(dt))
+        elif dt == np.bool_:
+            out.append(np.zeros(a.shape, dt))
+        else:
+            out.append(np.ones(a.shape, dt))
+    return out
+
+
+def measure(fn: Callable, avals, repeats: int = 3) -> float:
+    """Seconds of one call of compiled ``fn`` on sample data (the minimum of
+    ``repeats`` after a warm-up: on a loaded machine the minimum is the least noisy)."""
+    import time
+    compiled = jax.jit(fn).lower(*avals).compile()
+    # concrete even when the plan is chosen while an outer function is being traced
+    with jax.ensure_compile_time_eval():
+        args = [jax.device_put(x) for x in _sample_inputs(avals)]
+        jax.block_until_ready(compiled(*args))
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            jax.block_until_ready(compiled(*args))
+            best = min(best, time.perf_counter() - t)
+    return best
 
 
 def longest_accumulation(jaxpr) -> int:

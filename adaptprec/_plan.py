@@ -59,30 +59,50 @@ def _fmt(s: float) -> str:
     return f"{s * 1e3:.3g} ms" if s >= 1e-4 else f"{s * 1e6:.3g} us"
 
 
+_WHAT = {"mca": "Monte Carlo check", "first_order": "first-order error bound",
+         "sample": "sampled check (256 entries re-evaluated in the widest dtype; "
+                   "statistical)", "screen": "screens only (cancellation, finite)",
+         "none": "finite only: accuracy not checked"}
+
+
 def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
-                scale: float = 1.0, backend: str | None = None) -> Plan:
+                scale: float = 1.0, backend: str | None = None,
+                entrywise: bool = False) -> Plan:
     """The cheapest plan that still checks every answer it returns.
 
     ``rung_fn(k)``: a function of the arrays computing rung ``k``'s outputs;
     ``check_fn(k, method)``: the same plus the accuracy check by ``method`` (raises
     :class:`~adaptprec._first_order.Unsupported` when the method cannot model the
     kernel). ``avals``: ShapeDtypeStructs of the arrays; ``scale``: multiplies every cost
-    (the batch size when planned per element under ``vmap``).
+    (the batch size when planned per element under ``vmap``); ``entrywise``: the kernel
+    may be checked on a sample of entries.
     """
     table = _cost.throughput_for(backend)
     top = n_rungs - 1
-    cost = [_cost.program_cost(rung_fn(k), avals, table, dtypes[k]).seconds * scale
-            for k in range(n_rungs)]
-    if sum(cost) < _cost.FLOOR:
-        return all_rungs(n_rungs, f"small kernel (~{_fmt(sum(cost))} for all rungs, "
+    modelled = [_cost.program_cost(rung_fn(k), avals, table, dtypes[k]).seconds * scale
+                for k in range(n_rungs)]
+    if sum(modelled) < _cost.FLOOR:
+        return all_rungs(n_rungs, f"small kernel (~{_fmt(sum(modelled))} for all rungs, "
                                   "modelled): every rung tried, Monte Carlo checks")
+    measured = _cost.MEASURE and scale == 1.0
+    how = "measured once" if measured else "modelled"
+    if measured:
+        cost = [_cost.measure(rung_fn(k), avals) for k in range(n_rungs)]
+    else:
+        cost = modelled
 
     def check_cost(k, method):
         try:
-            full = _cost.program_cost(check_fn(k, method), avals, table, dtypes[k])
+            if measured and method != "mca":
+                full = _cost.measure(check_fn(k, method), avals)
+            else:
+                full = _cost.program_cost(check_fn(k, method), avals, table,
+                                          dtypes[k]).seconds * scale
+                if measured:     # the table's rung cost, so the difference is the model's
+                    full -= modelled[k] - cost[k]
         except Unsupported:
             return None
-        return max(full.seconds * scale - cost[k], 0.0)
+        return max(full - cost[k], 0.0)
 
     attempt = [False] * n_rungs
     check = [None] * n_rungs
@@ -91,22 +111,24 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
 
     # the top rung: always run; the most thorough check that fits the budget
     budget = max(_cost.FLOOR, TOP_BUDGET * cost[top])
-    mca = check_cost(top, "mca")
-    fo = check_cost(top, "first_order")
     attempt[top] = True
-    if mca is not None and mca <= budget:
-        check[top], c = "mca", mca
-        note[top] = "Monte Carlo check"
-    elif fo is not None and fo <= budget:
-        check[top], c = "first_order", fo
-        note[top] = "first-order error bound"
+    tried = {}
+    for method in ("mca", "first_order", "screen"):
+        c = check_cost(top, method)
+        tried[method] = c
+        if c is not None and c <= budget:
+            check[top] = method
+            break
+    if check[top] is None:
+        check[top], c = "none", 0.0
+        best = min(x for x in list(tried.values()) + [float("inf")] if x is not None)
+        note[top] = (f"finite only: accuracy not checked (the cheapest screen costs "
+                     f"{_fmt(best)} > {TOP_BUDGET:.0%} of the rung's {_fmt(cost[top])}, "
+                     f"{how})")
     else:
-        check[top], c = "screen", check_cost(top, "screen") or 0.0
-        best = min(x for x in (mca, fo, float("inf")) if x is not None)
-        note[top] = (f"screens only (cancellation, finite): an error estimate would cost "
-                     f"{_fmt(best)} > {TOP_BUDGET:.0%} of the rung's {_fmt(cost[top])}")
-    share[top] = c / (cost[top] + c) if cost[top] + c > 0 else 0.0
-    note[top] += f" (check ~{share[top]:.0%} of the rung's time, modelled)"
+        share[top] = c / (cost[top] + c) if cost[top] + c > 0 else 0.0
+        note[top] = (f"{_WHAT[check[top]]} (check ~{share[top]:.0%} of the rung's time, "
+                     f"{how})")
     next_total = cost[top] + c
 
     jaxpr = jax.make_jaxpr(rung_fn(0))(*avals).jaxpr
@@ -118,17 +140,23 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
             note[k] = (f"skipped: a-priori error u*sqrt({n_acc}) = {prior:.2g} > rtol "
                        f"{rtol:g}")
             continue
-        fo = check_cost(k, "first_order")
-        method, c = ("first_order", fo) if fo is not None else ("mca",
-                                                                check_cost(k, "mca"))
         saving = next_total - cost[k]
+        if saving <= 0:
+            note[k] = (f"skipped: not faster than the rung above ({_fmt(cost[k])} vs "
+                       f"{_fmt(next_total)} with its check, {how})")
+            continue
+        method, c = None, None
+        for m in (("sample",) if entrywise else ()) + ("first_order", "mca"):
+            cm = check_cost(k, m)
+            if cm is not None:
+                method, c = m, cm
+                break
         if c is None or c >= saving:
             note[k] = (f"skipped: its check ({_fmt(c or 0.0)}) would cost more than it "
-                       f"saves ({_fmt(max(saving, 0.0))}), modelled")
+                       f"saves ({_fmt(max(saving, 0.0))}), {how}")
             continue
         attempt[k], check[k] = True, method
         share[k] = c / (cost[k] + c) if cost[k] + c > 0 else 0.0
-        what = "first-order error bound" if method == "first_order" else "Monte Carlo check"
-        note[k] = f"{what} (check ~{share[k]:.0%} of the rung's time, modelled)"
+        note[k] = f"{_WHAT[method]} (check ~{share[k]:.0%} of the rung's time, {how})"
         next_total = cost[k] + c
     return Plan(tuple(attempt), tuple(check), tuple(note), tuple(share))

@@ -128,6 +128,9 @@ class Report(Module):
             low = "" if ok.ndim == 0 else "min "
             used = {self.checks[r] for r in np.unique(np.asarray(self.rung)).tolist()} \
                 if self.checks else {"mca"}
+            if used == {"none"}:
+                return ("finite only on the top rung: accuracy not checked (the plan "
+                        "found no check within budget, see plan)")
             if used == {"screen"}:
                 return (f"screened only (cancellation {low}~{d:.1f} digits, finite; rtol "
                         f"{rtols[i]:g}): rounding error not estimated, see plan")

@@ -288,10 +288,23 @@ class _Program:
                 plan = _plan.all_rungs(self.n_rungs)
             else:
                 plan = _plan.choose_plan(self.n_rungs, tuple(self.mgr.ladder), g.rtol,
-                                         self._rung_fn, self._check_fn, avals, size)
+                                         self._rung_fn, self._check_fn, avals, size,
+                                         entrywise=self._entrywise(avals))
             self._plans[key] = plan
         self.plan = plan
         return plan
+
+    def _entrywise(self, avals) -> bool:
+        """Plain-dtype rungs and an entrywise kernel: checkable on a sample of entries."""
+        if any(is_rung_object(r) for r in self.mgr.rungs):
+            return False
+        from ._first_order import is_entrywise
+
+        def flat(*d):
+            args, kwargs = self.rebuild(d)
+            return jax.tree_util.tree_leaves(self.fn(*args, **kwargs))
+
+        return is_entrywise(flat, avals)
 
     def _rung_fn(self, k):
         def rung(*d):
