@@ -164,7 +164,7 @@ def _sample_inputs(avals, seed: int = 0):
     return out
 
 
-def measure(fn: Callable, avals, repeats: int = 3) -> float:
+def measure(fn: Callable, avals, repeats: int = 5) -> float:
     """Seconds of one call of compiled ``fn`` on sample data (the minimum of
     ``repeats`` after a warm-up: on a loaded machine the minimum is the least noisy)."""
     import time

@@ -308,10 +308,18 @@ class _Finite(Guard):
     def check(self, ctx):
         # the value returned is the output cast to the output dtype: e^100 is finite on
         # float64 and inf in the float32 the caller gets (newcomer audit 3)
-        raw = finite_values(ctx.out)
         if ctx.cast_out is None:
-            return raw
+            return finite_values(ctx.out)
         cast = finite_values(tuple(ctx.cast_out))
+        raw_leaves = _float_leaves(ctx.out)
+        cast_leaves = _float_leaves(tuple(ctx.cast_out))
+        if len(raw_leaves) == len(cast_leaves) and all(
+                jnp.finfo(c.dtype).maxexp >= jnp.finfo(r.dtype).maxexp
+                for r, c in zip(raw_leaves, cast_leaves)):
+            # a cast to an equal or wider range keeps finite values finite and non-finite
+            # ones non-finite: one pass over the output is enough (issue 31)
+            return cast
+        raw = finite_values(ctx.out)
         # value: the non-finite entries of the output (raw or as returned, the larger)
         return GuardResult.make(raw.ok & cast.ok, NONFINITE,
                                 jnp.maximum(raw.value, cast.value))
