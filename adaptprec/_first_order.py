@@ -415,12 +415,15 @@ class _Walk:
 
         def norms(m, contract, batch):
             free = [d for d in range(m.ndim) if d not in contract and d not in batch]
-            m = jnp.transpose(m, tuple(batch) + tuple(free) + tuple(contract))
-            m = m.astype(w)
-            nb, nf = len(batch), len(free)
-            axes = tuple(range(nb + nf, m.ndim))
-            n = materialized(lambda m: jnp.sqrt(jnp.sum(m * m, axis=axes)), m)
-            return n, nb, nf
+            kept = [d for d in range(m.ndim) if d not in contract]
+            # reduce in place (no transpose of the big operand), then order the small
+            # result as (batch..., free...)
+            n = materialized(lambda m: jnp.sqrt(jnp.sum(jnp.square(m.astype(w)),
+                                                        axis=tuple(contract))), m)
+            order = [kept.index(d) for d in tuple(batch) + tuple(free)]
+            if order != sorted(order):
+                n = jnp.transpose(n, order)
+            return n, len(batch), len(free)
 
         def outer(na, nb_):
             (x, nbat, nfa), (z, _, nfb) = na, nb_
