@@ -18,6 +18,7 @@ Usage::
     python benchmarks/bench_value.py --solve         # plus linalg.solve at n = 2048
     python benchmarks/bench_value.py --rounds 15 --only mlp,elementwise
     python benchmarks/bench_value.py --throughput    # the cost model's CPU table
+    python benchmarks/bench_value.py --gpu-paper     # plans under the GPU table (unmeasured)
 
 Needs float64 (turned on here: a benchmark is an application).
 """
@@ -176,6 +177,32 @@ def run_solve(rounds, n=2048):
     return float(np.median(ta)), float(np.median(tf))
 
 
+def gpu_paper(ks):
+    """The plan the cost model would choose with the GPU table (vendor peaks, unmeasured):
+    rung costs and check costs from XLA's cost analysis of the same programs."""
+    from adaptprec import _cost, _plan
+    floor, measure = _cost.FLOOR, _cost.MEASURE
+    _cost.FLOOR, _cost.MEASURE = 5e-6, False      # a GPU launch is ~5 us
+    try:
+        print(f"{'kernel':22s} {'bf16/f64':>8s} {'f32/f64':>8s}  plan (GPU table, unmeasured)")
+        for name, (fn, inputs, rtol, _) in ks.items():
+            x64 = tuple(jnp.asarray(x) for x in inputs)
+            ad = ap.adaptive(fn, rtol=rtol)
+            ad.with_report(*x64)
+            prog = next(iter(ad.manager._cache.values()))[2]
+            avals = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in x64)
+            table = _cost.throughput_for("gpu")
+            cost = [_cost.program_cost(prog._rung_fn(k), avals, table,
+                                       prog.mgr.ladder[k]).seconds for k in range(3)]
+            plan = _plan.choose_plan(3, tuple(prog.mgr.ladder), rtol, prog._rung_fn,
+                                     prog._check_fn, avals, backend="gpu",
+                                     entrywise=prog._entrywise(avals))
+            print(f"{name:22s} {cost[0] / cost[2]:8.3f} {cost[1] / cost[2]:8.3f}  "
+                  f"{','.join((c or 'mca') if a else 'skipped' for a, c in zip(plan.attempt, plan.check))}")
+    finally:
+        _cost.FLOOR, _cost.MEASURE = floor, measure
+
+
 def throughput():
     def bench(f, *a, n=7):
         f = jax.jit(f)
@@ -197,6 +224,8 @@ def main():
     p.add_argument("--only", default="")
     p.add_argument("--solve", action="store_true")
     p.add_argument("--throughput", action="store_true")
+    p.add_argument("--gpu-paper", action="store_true",
+                   help="print the plans the GPU throughput table would choose")
     p.add_argument("--verbose", action="store_true", help="print each report's summary")
     args = p.parse_args()
     if args.throughput:
@@ -205,6 +234,9 @@ def main():
     ks = kernels(np.random.default_rng(0))
     if args.only:
         ks = {k: v for k, v in ks.items() if k in args.only.split(",")}
+    if args.gpu_paper:
+        gpu_paper(ks)
+        return
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, {os.cpu_count()} cpus; "
           f"median of {args.rounds} interleaved rounds")
     print(f"{'kernel':22s} {'rtol':>6s} {'ad/f64':>7s} {'f32/f64':>7s} {'rung':>5s} "
