@@ -66,7 +66,7 @@ def _u(dtype) -> float:
 
 
 # ops whose result is exact given exact operands (error = propagated only)
-_EXACT_UNARY = frozenset("neg abs stop_gradient real copy copy_p reduce_precision".split())
+_EXACT_UNARY = frozenset("neg abs stop_gradient real copy copy_p".split())
 _MOVE = frozenset(
     "reshape transpose broadcast_in_dim slice squeeze expand_dims rev copy copy_p "
     "dynamic_slice gather sharding_constraint optimization_barrier".split())
@@ -111,6 +111,17 @@ def _count(flags: Callable, *xs) -> jax.Array:
         return jnp.sum(jnp.where(flags(*full), 1.0, 0.0).astype(jnp.float32))
 
     return materialized(run, *[xs[i] for i in idx])
+
+
+class _Rel:
+    """An error bound that is ``scale * |value|`` (an input's rounding, ``u |x|``), kept
+    symbolic: data movement keeps it, a contraction takes its norms from the value's
+    (``||e_i|| = scale ||x_i||``: no pass over the error), anything else materializes it."""
+
+    __slots__ = ("scale",)
+
+    def __init__(self, scale: float):
+        self.scale = scale
 
 
 class FirstOrderResult:
@@ -166,6 +177,10 @@ class _Walk:
         if jx.has_sub_jaxpr(eqn) or name in ("while", "scan", "cond"):
             raise Unsupported(name)
         outs = jx.bind(eqn, vals)
+        if errs and isinstance(errs[0], _Rel) and (name in _MOVE or name in _EXACT_UNARY):
+            return [(outs[0], errs[0])]        # scale * |moved value|: still relative
+        if name not in ("dot_general", "conv_general_dilated"):
+            errs = [self.dense(e, v) for e, v in zip(errs, vals)]
         fl_in = [i for i, v in enumerate(vals) if _is_float(jnp.result_type(v))]
         if name in _EXACT_OPS and all(errs[i] is None for i in fl_in):
             return [(o, None) for o in outs]
@@ -191,7 +206,15 @@ class _Walk:
 
     # ------------------------------------------------------------------- helpers
     def err(self, e, v):
-        return self.zeros_like(v) if e is None else e
+        return self.zeros_like(v) if e is None else self.dense(e, v)
+
+    def dense(self, e, v):
+        """``e`` as an array (a :class:`_Rel` bound materialized; ``None`` stays)."""
+        if isinstance(e, _Rel):
+            a = jnp.abs(jnp.asarray(v))
+            a = a.astype(self.edt(a.dtype))
+            return a * a.dtype.type(e.scale)
+        return e
 
     def move(self, eqn, vals, errs, outs):
         """Apply the data-movement primitive to the errors (float operand 0)."""
@@ -432,13 +455,21 @@ class _Walk:
             return x * z
 
         na, nbn = norms(a, ca, ba), norms(b, cb, bb)
+
+        def err_norms(e, base, m, contract, batch):
+            if isinstance(e, _Rel):        # ||scale |m|_i|| = scale ||m_i||
+                return (base[0] * base[0].dtype.type(e.scale),) + base[1:]
+            return norms(e, contract, batch)
+
         e = outer(na, nbn) * w.type(math.sqrt(k) * _u(y.dtype)) + self.local(y)
-        if ea is not None:
-            e = e + outer(norms(ea, ca, ba), nbn)
-        if eb is not None:
-            e = e + outer(na, norms(eb, cb, bb))
-        if ea is not None and eb is not None:
-            e = e + outer(norms(ea, ca, ba), norms(eb, cb, bb))
+        nea = err_norms(ea, na, a, ca, ba) if ea is not None else None
+        neb = err_norms(eb, nbn, b, cb, bb) if eb is not None else None
+        if nea is not None:
+            e = e + outer(nea, nbn)
+        if neb is not None:
+            e = e + outer(na, neb)
+        if nea is not None and neb is not None:
+            e = e + outer(nea, neb)
         return [(y, e.reshape(y.shape))]
 
     def p_conv_general_dilated(self, eqn, vals, errs, outs):
@@ -473,12 +504,15 @@ class _Walk:
         kk = int(np.prod(k.shape)) // k.shape[o_dim]
         px, nk = patch_norm(x), kern_norm(k)
         e = px * nk * w.type(math.sqrt(kk) * _u(y.dtype)) + self.local(y)
+        pex = nek = None
         if ex is not None:
-            e = e + patch_norm(ex) * nk
+            pex = px * w.type(ex.scale) if isinstance(ex, _Rel) else patch_norm(ex)
+            e = e + pex * nk
         if ek is not None:
-            e = e + px * kern_norm(ek)
-        if ex is not None and ek is not None:
-            e = e + patch_norm(ex) * kern_norm(ek)
+            nek = nk * w.type(ek.scale) if isinstance(ek, _Rel) else kern_norm(ek)
+            e = e + px * nek
+        if pex is not None and nek is not None:
+            e = e + pex * nek
         return [(y, jnp.broadcast_to(e, y.shape))]
 
 
@@ -499,14 +533,15 @@ def first_order(fn: Callable, args: tuple, kwargs: dict, inputs: tuple | None,
     for x, o in zip(dyn, originals):
         if _is_float(x.dtype) and _is_float(getattr(o, "dtype", None)) and \
                 jnp.finfo(o.dtype).nmant > jnp.finfo(x.dtype).nmant:
-            errs.append(walk.local(lax.stop_gradient(x)))
+            errs.append(_Rel(_u(x.dtype)))          # the input cast's rounding
         else:
             errs.append(None)
     dyn = [lax.stop_gradient(x) for x in dyn]
     consts = [lax.stop_gradient(jnp.asarray(c)) for c in closed.consts]
     res = walk.run(closed.jaxpr, consts, dyn, errs)
     unstable = sum(walk.unstable, jnp.float32(0))
-    return FirstOrderResult([v for v, _ in res], [e for _, e in res], unstable)
+    return FirstOrderResult([v for v, _ in res], [walk.dense(e, v) for v, e in res],
+                            unstable)
 
 
 def relative_bound(outs, errs, componentwise: bool = False) -> jax.Array:
