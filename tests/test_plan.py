@@ -190,3 +190,18 @@ def test_first_order_contraction_bound_per_entry(spec, sa, sb):
     y, e = np.asarray(r.outs[0], np.float64), np.asarray(r.errs[0])
     assert e.shape == y.shape
     assert np.all(np.abs(y - np.asarray(f(a, b))) <= e)
+
+
+def test_first_order_convolution_bound_per_entry():
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(2, 16, 16, 8)))
+    k = jnp.asarray(rng.normal(size=(3, 3, 8, 4)) / 8)
+
+    def f(x, k):
+        return jax.lax.conv_general_dilated(x, k, (1, 1), "SAME",
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    r = first_order(f, (x.astype(jnp.bfloat16), k.astype(jnp.bfloat16)), {},
+                    ((x, k), {}), jnp.bfloat16)
+    y, e = np.asarray(r.outs[0], np.float64), np.asarray(r.errs[0])
+    assert e.shape == y.shape and np.all(np.abs(y - np.asarray(f(x, k))) <= e)
