@@ -134,6 +134,10 @@ class Report(Module):
             if used == {"screen"}:
                 return (f"screened only (cancellation {low}~{d:.1f} digits, finite; rtol "
                         f"{rtols[i]:g}): rounding error not estimated, see plan")
+            if used == {"sample"}:
+                return (f"{low}~{d:.1f} digits verified on sampled entries (rtol "
+                        f"{rtols[i]:g}; statistical: entries between the samples are not "
+                        "checked)")
             how = "" if used == {"mca"} else (
                 "; first-order bound" if used == {"first_order"} else
                 "; " + "/".join(sorted(used)))
