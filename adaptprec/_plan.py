@@ -14,9 +14,9 @@ with ``jit``, ``vmap`` and ``grad``. Rules, for a kernel with an accuracy guard:
   cancellation screen alone ("screened only": the report says so).
 * **Lower rungs**, top down: rung ``r`` is skipped when its a-priori probabilistic error
   ``u_r * sqrt(n)`` (``n`` the longest accumulation: a contraction or a sum; Higham &
-  Mary 2019) exceeds ``rtol`` (it would almost surely fail), or when its check costs at
-  least what passing it would save: ``check(r) >= cost(s) + check(s) - cost(r)``, ``s``
-  the next rung tried above it.
+  Mary 2019) exceeds ``rtol`` (it would almost surely fail), or when it and its check
+  cost more than ``MARGIN`` of the plan above it: ``cost(r) + check(r) > MARGIN *
+  (cost(s) + check(s))``, ``s`` the next rung tried above it.
 
 Without an accuracy guard (finite-only and custom guards, which cost ~nothing) or with
 ``plan="all"`` every rung is tried with Monte Carlo checks, as before the cost model.
@@ -37,6 +37,11 @@ __all__ = ["Plan", "choose_plan", "all_rungs", "TOP_BUDGET"]
 #: The share of the top rung's time its check may add when nothing below can pay for it
 #: (the issue's target: adaptive <= 1.25x plain float64 on every kernel).
 TOP_BUDGET = 0.25
+
+#: A lower rung is tried only when it and its check cost at most this share of the plan
+#: above it: a margin for the noise of one-time measurements on a loaded machine and for
+#: the chance that the rung fails (then its time and its check's are lost).
+MARGIN = 0.8
 
 
 class Plan(NamedTuple):
@@ -151,9 +156,11 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
             if cm is not None:
                 method, c = m, cm
                 break
-        if c is None or c >= saving:
-            note[k] = (f"skipped: its check ({_fmt(c or 0.0)}) would cost more than it "
-                       f"saves ({_fmt(max(saving, 0.0))}), {how}")
+        if c is None or cost[k] + c > MARGIN * next_total:
+            what = ("no check models it" if c is None else
+                    f"it and its check ({_fmt(cost[k] + c)}) would cost more than "
+                    f"{MARGIN:.0%} of the plan above it ({_fmt(next_total)})")
+            note[k] = f"skipped: {what}, {how}"
             continue
         attempt[k], check[k] = True, method
         share[k] = c / (cost[k] + c) if cost[k] + c > 0 else 0.0
