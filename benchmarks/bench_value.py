@@ -197,8 +197,9 @@ def gpu_paper(ks):
             plan = _plan.choose_plan(3, tuple(prog.mgr.ladder), rtol, prog._rung_fn,
                                      prog._check_fn, avals, backend="gpu",
                                      entrywise=prog._entrywise(avals))
-            print(f"{name:22s} {cost[0] / cost[2]:8.3f} {cost[1] / cost[2]:8.3f}  "
-                  f"{','.join((c or 'mca') if a else 'skipped' for a, c in zip(plan.attempt, plan.check))}")
+            steps = ",".join((c or "mca") if a else "skipped"
+                             for a, c in zip(plan.attempt, plan.check))
+            print(f"{name:22s} {cost[0] / cost[2]:8.3f} {cost[1] / cost[2]:8.3f}  {steps}")
     finally:
         _cost.FLOOR, _cost.MEASURE = floor, measure
 
@@ -213,8 +214,9 @@ def throughput():
         m = jnp.asarray(rng.normal(size=(1024, 1024)), dt)
         x = jnp.asarray(rng.uniform(0.1, 1, size=2 ** 22), dt)
         n = 2 ** 22
-        print(f"{jnp.dtype(dt).name:9s} matmul {2 * 1024 ** 3 / bench(lambda a: a @ a, m) / 1e9:6.1f}"
-              f" GFLOP/s  a*x+b {n / bench(lambda v: v * 1.5 + 0.5, x) / 1e9:5.2f} Gelem/s"
+        gflops = 2 * 1024 ** 3 / bench(lambda a: a @ a, m) / 1e9
+        print(f"{jnp.dtype(dt).name:9s} matmul {gflops:6.1f} GFLOP/s"
+              f"  a*x+b {n / bench(lambda v: v * 1.5 + 0.5, x) / 1e9:5.2f} Gelem/s"
               f"  exp {n / bench(jnp.exp, x) / 1e9:5.2f} Gelem/s")
 
 
