@@ -10,6 +10,10 @@ How it works
       output dtype (the policy's output dtype, else the inputs' floating dtype) so all
       rungs agree.
     * Rung ``k + 1`` runs inside the false branch of a ``lax.cond`` on rung ``k``'s guards.
+    * With an accuracy guard, a plan chosen at trace time by a cost model
+      (:mod:`adaptprec._plan`) may skip rungs whose check would cost more than they save
+      and check the others more cheaply (first-order bound, sampled entries); the report
+      says what ran (``Report.plan``, ``Report.checks``). ``plan="all"`` tries every rung.
     * Under ``vmap`` the decision is made deliberately (``jax.custom_batching.custom_vmap``
       — a batched ``cond`` would silently become a ``select`` that runs every rung):
       ``batch="call"`` escalates the whole batch if any element fails (one scalar
