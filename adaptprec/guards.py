@@ -180,6 +180,10 @@ class GuardContext(NamedTuple):
             output leaves recomputed on the next rung (cast like ``cast_out``).
         batched: whether the runtime evaluates this guard per element of a vmapped batch.
         cast_out: the output leaves cast to the runtime's output dtype (or ``None``).
+        check: how an accuracy guard checks this rung, chosen by the runtime's cost
+            model (:mod:`adaptprec._cost`): ``"mca"`` (Monte Carlo arithmetic, the
+            default), ``"first_order"`` (first-order error bound at the working
+            precision) or ``"screen"`` (cancellation screen only, top rung).
 
     Example:
         >>> import jax.numpy as jnp
@@ -202,6 +206,7 @@ class GuardContext(NamedTuple):
     next_rung: Callable | None = None
     batched: bool = False
     cast_out: tuple | None = None
+    check: str | None = None
 
 
 def _check_scalar(x, what: str, name: str) -> jax.Array:
@@ -322,10 +327,18 @@ class _Finite(Guard):
     def check(self, ctx):
         # the value returned is the output cast to the output dtype: e^100 is finite on
         # float64 and inf in the float32 the caller gets (newcomer audit 3)
-        raw = finite_values(ctx.out)
         if ctx.cast_out is None:
-            return raw
+            return finite_values(ctx.out)
         cast = finite_values(tuple(ctx.cast_out))
+        raw_leaves = _float_leaves(ctx.out)
+        cast_leaves = _float_leaves(tuple(ctx.cast_out))
+        if len(raw_leaves) == len(cast_leaves) and all(
+                jnp.finfo(c.dtype).maxexp >= jnp.finfo(r.dtype).maxexp
+                for r, c in zip(raw_leaves, cast_leaves)):
+            # a cast to an equal or wider range keeps finite values finite and non-finite
+            # ones non-finite: one pass over the output is enough (issue 31)
+            return cast
+        raw = finite_values(ctx.out)
         # value: the non-finite entries of the output (raw or as returned, the larger)
         return GuardResult.make(raw.ok & cast.ok, NONFINITE,
                                 jnp.maximum(raw.value, cast.value))
@@ -344,11 +357,20 @@ def finite_values(values: Any) -> GuardResult:
         (False, 1, 1.0)
     """
     leaves = _float_leaves(values)
-    ok = functools.reduce(jnp.logical_and, (jnp.all(jnp.isfinite(x)) for x in leaves),
-                          jnp.asarray(True))
-    # float32 counts: an int64 sum is ~10x slower than the scan itself on XLA:CPU
-    bad = sum((jnp.sum(~jnp.isfinite(x), dtype=jnp.float32) for x in leaves),
-              jnp.float32(0))
+    # max|x| is finite exactly when every entry is (XLA's max propagates NaN); a float
+    # max is the one reduction XLA:CPU runs at bandwidth (all(isfinite) and a count
+    # were 1-4x the cost of a light kernel: issue 31). The count runs only on failure.
+    from ._first_order import materialized
+    ok = functools.reduce(
+        jnp.logical_and, (jnp.isfinite(materialized(
+            lambda x: jnp.max(jnp.abs(x), initial=0), x)) if x.size else
+            jnp.asarray(True) for x in leaves), jnp.asarray(True))
+
+    def count(xs):
+        return sum((jnp.sum(~jnp.isfinite(x), dtype=jnp.float32) for x in xs),
+                   jnp.float32(0))
+
+    bad = jax.lax.cond(ok, lambda xs: jnp.float32(0), count, leaves)
     return GuardResult.make(ok, NONFINITE, bad)
 
 
@@ -763,7 +785,65 @@ class _Accuracy(Guard):
     label = "accuracy({self.rtol:g})"
 
     def check(self, ctx):
+        if ctx.check == "first_order":
+            return self.first_order(ctx)
+        if ctx.check == "screen":
+            return self.screen(ctx)
+        if ctx.check == "sample":
+            return self.sampled(ctx)
+        if ctx.check == "none":
+            # the plan skipped the top rung's screens (they cost more than the budget):
+            # the report says "not checked"; the finite guard still runs
+            return GuardResult.make(True, INACCURATE, jnp.nan)
         return self.estimate(ctx, self.seed)
+
+    #: entries re-evaluated by the sampled check, and its safety factor on the error
+    #: measured there (the sample's largest error vs the whole array's)
+    SAMPLE, SAMPLE_SAFETY = 256, 4.0
+
+    def sampled(self, ctx) -> GuardResult:
+        """Entrywise kernels: ``SAMPLE`` evenly spaced entries re-evaluated in the
+        widest dtype from the user's inputs; the largest normwise difference, times
+        ``SAMPLE_SAFETY``. Statistical: a few bad entries between the samples are
+        missed (the report says "sampled")."""
+        from ._first_order import sampled_error
+        ref = np.float64 if jax.config.jax_enable_x64 else np.float32
+        err = sampled_error(ctx.fn, ctx.args, ctx.kwargs, ctx.inputs,
+                            ctx.cast_out if ctx.cast_out is not None else
+                            jax.tree_util.tree_leaves(ctx.out), ref, self.SAMPLE, self.seed)
+        err = jnp.maximum(self.SAMPLE_SAFETY * err, jnp.float32(self._floor(ctx)))
+        return GuardResult.make(err <= self.rtol, INACCURATE, digits_from_error(err, ctx.u))
+
+    def _floor(self, ctx) -> float:
+        return max(ctx.u, _output_roundoff(ctx))
+
+    def first_order(self, ctx) -> GuardResult:
+        """The check by a first-order error bound at the rung's own precision
+        (:mod:`adaptprec._first_order`): no wider dtype, about one cheap pass over the
+        kernel's values; an unstable decision (comparison, argmax) fails it."""
+        from ._first_order import first_order, relative_bound
+        res = first_order(ctx.fn, ctx.args, ctx.kwargs, ctx.inputs, ctx.dtype)
+        est = relative_bound(res.outs, res.errs, self.componentwise)
+        err = jnp.maximum(est, jnp.float32(self._floor(ctx)))
+        err = jnp.where(res.unstable > 0, jnp.inf, err)
+        return GuardResult.make(err <= self.rtol, INACCURATE, digits_from_error(err, ctx.u))
+
+    def screen(self, ctx) -> GuardResult:
+        """Top rung, when no estimate pays: the cancellation screen alone (CADNA's
+        unstable cancellation, normwise, and an output 0 from cancelled operands)."""
+        from ._first_order import cancellation_screen
+        ratio, zero_cancel = cancellation_screen(ctx.fn, ctx.args, ctx.kwargs, ctx.dtype,
+                                                 self.componentwise)
+        zero_out = jnp.asarray(False)
+        for y0 in jax.tree_util.tree_leaves(ctx.out):
+            if _is_floating_array(y0):
+                zero_out = zero_out | jnp.all(jnp.asarray(y0) == 0)
+        lost = zero_out & zero_cancel
+        err = jnp.maximum(ratio, jnp.float32(self._floor(ctx)))
+        err = jnp.where(lost, jnp.inf, err)
+        cancels = ((ratio > self.rtol) & (ratio > 2.0 * ctx.u)) | lost
+        code = jnp.where(cancels, CANCELLATION, INACCURATE)
+        return GuardResult.make(err <= self.rtol, code, digits_from_error(err, ctx.u))
 
     def estimate(self, ctx, seed) -> GuardResult:
         """The check with an explicit (possibly traced) ``seed``."""

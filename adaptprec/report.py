@@ -25,7 +25,8 @@ class Report(Module):
 
     Attributes:
         rung: index of the ladder rung whose result was returned.
-        escalations: how many times the call climbed the ladder (equals ``rung``).
+        escalations: how many times the call climbed the ladder: the rungs tried below
+            the returned one (equals ``rung`` unless the plan skipped rungs).
         ok: whether every guard passed on that rung. ``False`` only when the top rung
             failed too (then ``on_failure`` decided what was returned).
         reason: the first failing guard's code at the last rung that failed (why the call
@@ -38,6 +39,15 @@ class Report(Module):
         guard_roles: static, per guard: what it verifies when it passes (``"finite"``,
             ``"accuracy"``, ``"spot_check"`` or ``"other"``); guard_rtols: the ``rtol`` of
             accuracy/spot-check guards (``None`` for others).
+        plan: static, per rung: what the cost model planned for it and why, e.g.
+            ``"skipped: its check (3.1 ms) would cost more than it saves (2.2 ms),
+            modelled"`` or ``"first-order error bound (check ~9% of the rung's time,
+            modelled)"``; empty when the manager has no plan.
+        checks: static, per rung: how the accuracy guard checked it (``"mca"``: Monte
+            Carlo arithmetic, ``"first_order"``: first-order error bound, ``"screen"``:
+            cancellation screen only, ``"skipped"``: the rung did not run by plan).
+        check_shares: static, per rung: the check's modelled share of the rung's time
+            (``None``: not run or not modelled). Estimated, not measured.
 
     A report never calls a result "ok" for finiteness alone: :meth:`summary` and
     :attr:`verified` say what was verified, e.g. ``f32; ~5.2 digits verified (rtol
@@ -70,6 +80,9 @@ class Report(Module):
     guard_names: tuple[str, ...] = field(static=True)
     guard_roles: tuple[str, ...] = field(static=True, default=())
     guard_rtols: tuple[float | None, ...] = field(static=True, default=())
+    plan: tuple[str, ...] = field(static=True, default=())
+    checks: tuple[str, ...] = field(static=True, default=())
+    check_shares: tuple[float | None, ...] = field(static=True, default=())
 
     def _roles(self) -> tuple[str, ...]:
         return self.guard_roles or ("other",) * len(self.guard_names)
@@ -113,7 +126,22 @@ class Report(Module):
             d = np.asarray(self.digits)
             d = float(np.min(d)) if d.size else float("nan")
             low = "" if ok.ndim == 0 else "min "
-            return f"{low}~{d:.1f} digits verified (rtol {rtols[i]:g})"
+            used = {self.checks[r] for r in np.unique(np.asarray(self.rung)).tolist()} \
+                if self.checks else {"mca"}
+            if used == {"none"}:
+                return ("finite only on the top rung: accuracy not checked (the plan "
+                        "found no check within budget, see plan)")
+            if used == {"screen"}:
+                return (f"screened only (cancellation {low}~{d:.1f} digits, finite; rtol "
+                        f"{rtols[i]:g}): rounding error not estimated, see plan")
+            if used == {"sample"}:
+                return (f"{low}~{d:.1f} digits verified on sampled entries (rtol "
+                        f"{rtols[i]:g}; statistical: entries between the samples are not "
+                        "checked)")
+            how = "" if used == {"mca"} else (
+                "; first-order bound" if used == {"first_order"} else
+                "; " + "/".join(sorted(used)))
+            return f"{low}~{d:.1f} digits verified (rtol {rtols[i]:g}{how})"
         if "spot_check" in roles:
             j = roles.index("spot_check")
             top = len(self.rung_names) - 1
@@ -173,7 +201,7 @@ class Report(Module):
                     parts.append(f"{self.rung_names[k]}: " + "; ".join(failed))
             esc = f" after {n_esc} escalation{'s' if n_esc != 1 else ''}" if n_esc else ""
             why = f" ({' | '.join(parts)})" if parts else ""
-            return f"{self.rung_names[r]}{esc}{why}; {self.verified}"
+            return f"{self.rung_names[r]}{esc}{why}; {self.verified}{self._plan_note()}"
         n = rung.size
         counts = collections.Counter(rung.ravel().tolist())
         per_rung = ", ".join(f"{self.rung_names[k]} {counts[k]}" for k in sorted(counts))
@@ -181,16 +209,29 @@ class Report(Module):
         reasons.pop(0, None)
         why = ("; reasons: " + ", ".join(f"{code_name(c)} x{m}" for c, m in
                                          sorted(reasons.items()))) if reasons else ""
-        return f"{n} calls: {per_rung}; ok {int(ok.sum())}/{n}{why}; {self.verified}"
+        return (f"{n} calls: {per_rung}; ok {int(ok.sum())}/{n}{why}; {self.verified}"
+                f"{self._plan_note()}")
+
+    def _plan_note(self) -> str:
+        """``" [plan: ...]"`` when the plan skipped a rung or checked without Monte Carlo
+        arithmetic (nothing for the thorough plan)."""
+        if not self.checks or set(self.checks) <= {"mca", ""}:
+            return ""
+        parts = [f"{name} {note}" for name, note in zip(self.rung_names, self.plan)
+                 if note]
+        return " [plan: " + "; ".join(parts) + "]"
 
     def __str__(self) -> str:
         return self.summary()
 
 
 def _reason(codes, rung, ok):
-    """First failing code at the last rung that failed (0 if none)."""
+    """First failing code at the last rung that failed (0 if none; rungs the plan
+    skipped have no codes)."""
     r_fail = jnp.where(ok, rung - 1, rung)
-    row = codes[jnp.clip(r_fail, 0)]
-    failing = row > 0
-    first = row[jnp.argmax(failing)]
-    return jnp.where((r_fail >= 0) & jnp.any(failing), first, 0).astype(jnp.int32)
+    idx = jnp.arange(codes.shape[0])
+    failed = jnp.any(codes > 0, axis=-1) & (idx <= r_fail)
+    last = jnp.max(jnp.where(failed, idx, -1))
+    row = codes[jnp.clip(last, 0)]
+    first = row[jnp.argmax(row > 0)]
+    return jnp.where(last >= 0, first, 0).astype(jnp.int32)

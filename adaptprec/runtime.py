@@ -10,6 +10,10 @@ How it works
       output dtype (the policy's output dtype, else the inputs' floating dtype) so all
       rungs agree.
     * Rung ``k + 1`` runs inside the false branch of a ``lax.cond`` on rung ``k``'s guards.
+    * With an accuracy guard, a plan chosen at trace time by a cost model
+      (:mod:`adaptprec._plan`) may skip rungs whose check would cost more than they save
+      and check the others more cheaply (first-order bound, sampled entries); the report
+      says what ran (``Report.plan``, ``Report.checks``). ``plan="all"`` tries every rung.
     * Under ``vmap`` the decision is made deliberately (``jax.custom_batching.custom_vmap``
       — a batched ``cond`` would silently become a ``select`` that runs every rung):
       ``batch="call"`` escalates the whole batch if any element fails (one scalar
@@ -40,6 +44,7 @@ from jax.custom_batching import custom_vmap
 from jax.sharding import PartitionSpec
 
 from . import _compaction
+from . import _plan
 from ._monitor import emit as _emit_report
 from ._monitor import enabled as _monitor_enabled
 from ._rungs import Rung, is_rung_object, normalize_ladder
@@ -54,6 +59,7 @@ __all__ = ["MixedPrecisionManager", "adaptive", "AdaptiveFunction", "Rung"]
 
 _BATCH_MODES = ("call", "element")
 _ON_FAILURE = ("return", "raise", "nan")
+_PLANS = ("auto", "all")
 
 
 def _is_dynamic(x) -> bool:
@@ -144,6 +150,12 @@ class MixedPrecisionManager:
             int or a fraction of the batch size (default 0.05).
         on_failure: ``"return"`` (default), ``"nan"`` or ``"raise"`` when the top rung fails.
         name: label used in reports and monitor logs (default: the kernel's name).
+        plan: ``"auto"`` (default): with an accuracy guard, a cost model chooses per
+            kernel, shapes and backend which rungs to try and how to check each (see
+            "When adaptivity pays" in docs/runtime.md): a rung whose check would cost
+            more than it saves is skipped, a cheap first-order error bound replaces Monte
+            Carlo arithmetic where it models the kernel, and the report says what ran
+            (:attr:`Report.plan`). ``"all"``: try every rung with Monte Carlo checks.
 
     Bad configurations raise ``ValueError``/``TypeError`` here; a guard returning the wrong
     type, or a kernel returning non-arrays, raises ``TypeError`` when first called.
@@ -161,12 +173,15 @@ class MixedPrecisionManager:
                  guards: Guard | Callable | Sequence[Guard | Callable] | None = None,
                  policy: Policy | str | None = None, *, rtol: float | None = None,
                  batch: str = "call", capacity: int | float = 0.05,
-                 on_failure: str = "return", name: str | None = None):
+                 on_failure: str = "return", name: str | None = None,
+                 plan: str = "auto"):
         # the options first: with x64 off the default ladder's float64 error would
         # otherwise hide the actual mistake (newcomer audit 3)
         if batch not in _BATCH_MODES:
             raise ValueError(f"batch must be 'call' or 'element', got {batch!r}")
         _compaction.capacity_for(capacity, 1)   # validates (ValueError naming capacity)
+        if plan not in _PLANS:
+            raise ValueError(f"plan must be 'auto' or 'all', got {plan!r}")
         if on_failure not in _ON_FAILURE:
             raise ValueError(f"on_failure must be 'return', 'raise' or 'nan', got "
                              f"{on_failure!r}")
@@ -195,6 +210,7 @@ class MixedPrecisionManager:
         self.policy = None if policy is None else Policy.parse(policy)
         self.batch, self.capacity, self.on_failure, self.name = (
             batch, capacity, on_failure, name)
+        self.plan = plan
         self.rung_names = tuple(
             dtype_name(d) if not is_rung_object(r) else getattr(r, "name", None)
             or f"{type(r).__name__}[{dtype_name(d)}]" for r, d in zip(self.rungs, self.ladder))
@@ -271,6 +287,58 @@ class _Program:
         self.n_rungs, self.n_guards = len(mgr.rungs), len(mgr.guards)
         self.out_treedef = None
         self.name = mgr.name or getattr(fn, "__name__", type(fn).__name__)
+        self._plans: dict = {}
+        self.plan = _plan.all_rungs(self.n_rungs)
+        acc = [g for g in mgr.guards if g.role == "accuracy"]
+        self.accuracy_guard = acc[0] if acc else None
+
+    # ------------------------------------------------------------------------ plan
+
+    def plan_for(self, dyn, flags=None, size: int = 1) -> _plan.Plan:
+        """The plan for these argument shapes (per element under vmap, costs x size)."""
+        flags = flags or [False] * len(dyn)
+        avals = tuple(jax.ShapeDtypeStruct(x.shape[1:] if f else x.shape, x.dtype)
+                      for x, f in zip(dyn, flags))
+        key = (tuple((a.shape, str(a.dtype)) for a in avals), size, jax.default_backend())
+        plan = self._plans.get(key)
+        if plan is None:
+            g = self.accuracy_guard
+            if self.mgr.plan == "all" or g is None:
+                plan = _plan.all_rungs(self.n_rungs)
+            else:
+                plan = _plan.choose_plan(self.n_rungs, tuple(self.mgr.ladder), g.rtol,
+                                         self._rung_fn, self._check_fn, avals, size,
+                                         entrywise=self._entrywise(avals))
+            self._plans[key] = plan
+        self.plan = plan
+        return plan
+
+    def _entrywise(self, avals) -> bool:
+        """Plain-dtype rungs and an entrywise kernel: checkable on a sample of entries."""
+        if any(is_rung_object(r) for r in self.mgr.rungs):
+            return False
+        from ._first_order import is_entrywise
+
+        def flat(*d):
+            args, kwargs = self.rebuild(d)
+            return jax.tree_util.tree_leaves(self.fn(*args, **kwargs))
+
+        return is_entrywise(flat, avals)
+
+    def _rung_fn(self, k):
+        def rung(*d):
+            return tuple(self.call_at(k, d)[4])
+        return rung
+
+    def _check_fn(self, k, method):
+        def checked(*d):
+            call, inputs, (cargs, ckw), out, cast = self.call_at(k, d)
+            dtype = self.mgr.ladder[k]
+            ctx = GuardContext(call, cargs, ckw, inputs, out, dtype, unit_roundoff(dtype),
+                               k, cast_out=tuple(cast), check=method)
+            r = self.accuracy_guard(ctx)
+            return tuple(cast), r.ok, r.value
+        return checked
 
     # ------------------------------------------------------------------ one attempt
 
@@ -331,7 +399,8 @@ class _Program:
             def nxt():
                 return self.call_at(k + 1, dyn)[4]
         ctx = GuardContext(call, cargs, ckw, inputs, out, dtype, unit_roundoff(dtype), k,
-                           next_rung=nxt, batched=batched, cast_out=tuple(cast))
+                           next_rung=nxt, batched=batched, cast_out=tuple(cast),
+                           check=self.plan.check[k])
         results = [g(ctx) for g in self.mgr.guards]
         codes = jnp.stack([r.code for r in results])
         values = jnp.stack([r.value for r in results])
@@ -350,15 +419,18 @@ class _Program:
     # ---------------------------------------------------------------- single call
 
     def single(self, *dyn):
-        rec = self.fresh(0, self.attempt(0, *dyn))
+        plan = self.plan_for(dyn)
+        tried = [k for k in range(self.n_rungs) if plan.attempt[k]]
+        rec = self.fresh(tried[0], self.attempt(tried[0], *dyn))
 
-        def climb(k, rec):
-            if k >= self.n_rungs:
+        def climb(i, rec):
+            if i >= len(tried):
                 return rec
+            k = tried[i]
 
             def go(rec):
                 out, c, v, ok = self.attempt(k, *dyn)
-                return climb(k + 1, (out, _set_rung_row(rec[1], k, c),
+                return climb(i + 1, (out, _set_rung_row(rec[1], k, c),
                                      _set_rung_row(rec[2], k, v),
                                      jnp.asarray(k, jnp.int32), ok))
 
@@ -431,8 +503,10 @@ class _Program:
         return jax.vmap(output_error)(mine, list(ref)).max()
 
     def batched(self, dyn, flags, size):
-        rec = self.fresh(0, self.vattempt(0, dyn, flags), (size,))
-        rec = self.climb_batch(1, dyn, flags, rec, ~rec[4], size)
+        plan = self.plan_for(dyn, flags, size)
+        first = plan.attempt.index(True)
+        rec = self.fresh(first, self.vattempt(first, dyn, flags), (size,))
+        rec = self.climb_batch(first + 1, dyn, flags, rec, ~rec[4], size)
         self.emit(rec)   # once per batch (a callback under vmap would run per element)
         return rec
 
@@ -457,6 +531,8 @@ class _Program:
         """Escalate from rung k on; `compact_ok` is False inside a compacted buffer."""
         if k >= self.n_rungs:
             return rec
+        if not self.plan.attempt[k]:     # skipped by the plan: straight to the next rung
+            return self.climb_batch(k + 1, dyn, flags, rec, need, size, compact_ok)
         whole = functools.partial(self.step_batch, k, dyn, flags, need=need, size=size,
                                   compact_ok=compact_ok)
         cap = self.mgr._capacity(size)
@@ -523,10 +599,18 @@ class _Program:
         reason = _reason
         for _ in range(rung.ndim):
             reason = jax.vmap(reason)
-        return Report(rung=rung, escalations=rung, ok=ok, reason=reason(codes, rung, ok),
+        tried = jnp.asarray(self.plan.attempt)
+        below = jnp.arange(self.n_rungs) < jnp.expand_dims(rung, -1)
+        escalations = jnp.sum(below & tried, axis=-1).astype(jnp.int32)
+        checks = tuple(("skipped" if not a else (c or "mca")) if self.accuracy_guard
+                       is not None else ("skipped" if not a else "")
+                       for a, c in zip(self.plan.attempt, self.plan.check))
+        return Report(rung=rung, escalations=escalations, ok=ok,
+                      reason=reason(codes, rung, ok),
                       codes=codes, values=values, rung_names=self.mgr.rung_names,
                       guard_names=self.mgr.guard_names, guard_roles=self.mgr.guard_roles,
-                      guard_rtols=self.mgr.guard_rtols)
+                      guard_rtols=self.mgr.guard_rtols, plan=tuple(self.plan.note),
+                      checks=checks, check_shares=tuple(self.plan.share))
 
     def emit(self, rec):
         """Send the report to active monitors (nothing is traced when none is active)."""
@@ -588,7 +672,7 @@ def adaptive(fn: Callable | None = None, *, ladder: Any = "bf16,f32,f64",
              guards: Any = None, policy: Policy | str | None = None,
              rtol: float | None = None, batch: str = "call",
              capacity: int | float = 0.05, on_failure: str = "return",
-             name: str | None = None):
+             name: str | None = None, plan: str = "auto"):
     """Make ``fn`` adaptive: cheapest rung first, escalate when a guard fires.
 
     Usable as ``@adaptive`` or ``@adaptive(ladder=..., guards=[...], ...)`` or
@@ -612,7 +696,8 @@ def adaptive(fn: Callable | None = None, *, ladder: Any = "bf16,f32,f64",
     if fn is not None and not callable(fn):   # before the ladder's x64 check
         raise TypeError(f"adaptive wraps a callable, got {fn!r}")
     mgr = MixedPrecisionManager(ladder, guards, policy, rtol=rtol, batch=batch,
-                                capacity=capacity, on_failure=on_failure, name=name)
+                                capacity=capacity, on_failure=on_failure, name=name,
+                                plan=plan)
 
     def wrap(f):
         if not callable(f):

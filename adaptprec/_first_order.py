@@ -1,0 +1,691 @@
+"""First-order rounding-error bounds at the working precision (no wider dtype).
+
+Private engine of the cheap accuracy checks chosen by the runtime's cost model
+(:mod:`adaptprec._cost`). The function is traced to a jaxpr and walked once; every
+floating value ``y`` carries an absolute error bound ``e(y)`` (same shape, at least
+float32) propagated to first order, the running error analysis of Wilkinson and the
+derivative-based propagation of ADAPT (Menon et al., SC'18) and CHEF-FP:
+
+* entrywise op ``y = f(a, b)``: ``e(y) = |df/da| e(a) + |df/db| e(b) + c u |y|`` — the
+  derivative terms by ``jax.jvp`` of the primitive (its tangent rule), with nonnegative
+  tangents so nothing cancels (a worst case, not a random sample); ``c`` is 1 for the
+  basic operations, 2 for transcendentals (their implementations are within ~2 ulp);
+  ``sin``/``cos`` add ``2u`` absolute;
+* ``add``/``sub`` carry ``e(a) + e(b)`` into a result that may be much smaller than the
+  operands: cancellation shows up as a large relative bound with no special case;
+* sums over ``n`` entries: ``sum e + sqrt(n) u sum|x|`` (Higham & Mary's probabilistic
+  ``lambda sqrt(n) u`` with ``lambda = 1``; the worst case ``n u`` is far too pessimistic
+  for blocked/pairwise reductions);
+* contractions (``dot_general``): Cauchy-Schwarz per output entry, ``(|A| |B|)_ij <=
+  ||A_i|| ||B_j||``, so ``e(C) = ||e(A)_i|| ||B_j|| + ||A_i|| ||e(B)_j|| + sqrt(k) u
+  ||A_i|| ||B_j||`` costs O(n^2) for O(n^3) work (row and column norms, an outer
+  product);
+* data movement applies the same primitive to the error arrays;
+* comparisons and ``argmax``/``argmin``: a decision is *unstable* when the operands are
+  closer than their error bounds (the result could flip); counted, and an unstable
+  decision fails the check.
+
+Unsupported (the walk raises :class:`Unsupported`, the caller falls back to Monte Carlo
+arithmetic): loops and branches (``while``/``scan``/``cond``), sorting, scatters,
+float-to-integer casts, and primitives not in the tables below.
+
+The bound is first order: it is reliable when the relative errors are small (well below
+1), which is the only regime in which a result can be accepted anyway. It is not a proof:
+the accumulation terms are probabilistic and a transcendental's ulp constant is the
+library's documented accuracy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from . import _jaxpr as jx
+from ._autocast.interpret import _is_dynamic, _trace
+from ._autocast.opkind import OpKind, classify
+
+__all__ = ["Unsupported", "first_order", "FirstOrderResult", "relative_bound",
+           "cancellation_screen", "is_entrywise", "sampled_error"]
+
+
+class Unsupported(Exception):
+    """The function has an operation the first-order walk does not model."""
+
+
+def _is_float(dtype) -> bool:
+    return dtype is not None and jnp.issubdtype(dtype, jnp.floating)
+
+
+def _u(dtype) -> float:
+    return float(2.0 ** -(int(jnp.finfo(dtype).nmant) + 1))
+
+
+# ops whose result is exact given exact operands (error = propagated only)
+_EXACT_UNARY = frozenset("neg abs stop_gradient real copy copy_p".split())
+_MOVE = frozenset(
+    "reshape transpose broadcast_in_dim slice squeeze expand_dims rev copy copy_p "
+    "dynamic_slice gather sharding_constraint optimization_barrier".split())
+_MULTI_MOVE = frozenset({"concatenate", "dynamic_update_slice", "pad", "select_n"})
+_COMPARE = frozenset("eq ne lt le gt ge".split())
+_TRANS = frozenset(
+    "exp exp2 log log1p expm1 pow logistic erf erfc sqrt rsqrt cbrt tanh tan sinh cosh "
+    "asin acos atan asinh acosh atanh atan2 integer_pow square".split())
+_TRIG = frozenset({"sin", "cos"})
+_INT_SAFE = frozenset(  # integer-valued ops that cannot be affected by float rounding
+    "iota and or not xor shift_left shift_right_arithmetic shift_right_logical "
+    "population_count clz".split())
+# ops that round nothing: with exact operands their results are exact
+_EXACT_OPS = (_MOVE | _MULTI_MOVE | _EXACT_UNARY | _INT_SAFE | _COMPARE | frozenset(
+    "argmax argmin sign max min clamp is_finite floor ceil round reduce_max reduce_min "
+    "reduce_and reduce_or".split()))
+
+
+def materialized(reduce: Callable, *xs):
+    """``reduce(*xs)`` on materialized operands.
+
+    XLA:CPU fuses the elementwise producer of a reduction into the reduction and then
+    runs it ~10x slower than the same producer as a loop plus a separate reduction (a
+    max over an 80-op error chain on 2^20 entries: 15 ms against 1.6 + 0.4 ms). The
+    operands of a ``cond`` must be materialized, so the reduction runs in one whose
+    predicate XLA cannot fold (a barrier on ``True``; unbatched, so under ``vmap`` it
+    stays a ``cond``) and whose branches are the same function.
+    """
+    pred = lax.optimization_barrier(jnp.asarray(True))
+    return lax.cond(pred, reduce, reduce, *xs)
+
+
+def _count(flags: Callable, *xs) -> jax.Array:
+    """How many entries ``flags(*xs)`` sets (float32), as a materialized float sum
+    (boolean reductions are slow on XLA:CPU). ``None`` operands pass through."""
+    idx = [i for i, x in enumerate(xs) if x is not None]
+
+    def run(*vals):
+        full = list(xs)
+        for i, v in zip(idx, vals):
+            full[i] = v
+        return jnp.sum(jnp.where(flags(*full), 1.0, 0.0).astype(jnp.float32))
+
+    return materialized(run, *[xs[i] for i in idx])
+
+
+class _Rel:
+    """An error bound that is ``scale * |value|`` (an input's rounding, ``u |x|``), kept
+    symbolic: data movement keeps it, a contraction takes its norms from the value's
+    (``||e_i|| = scale ||x_i||``: no pass over the error), anything else materializes it."""
+
+    __slots__ = ("scale",)
+
+    def __init__(self, scale: float):
+        self.scale = scale
+
+
+class FirstOrderResult:
+    """Outputs (as the function returns them, flat), their error bounds (``None``: exact)
+    and the number of unstable decisions (float32 scalar)."""
+
+    def __init__(self, outs, errs, unstable):
+        self.outs, self.errs, self.unstable = outs, errs, unstable
+
+
+class _Walk:
+    def __init__(self, rung):
+        self.rung = np.dtype(rung)
+        self.u = _u(self.rung)
+        self.unstable: list = []
+
+    def edt(self, dtype):
+        return np.dtype(jnp.promote_types(dtype, jnp.float32))
+
+    def zeros_like(self, v):
+        return jnp.zeros(jnp.shape(v), self.edt(jnp.result_type(v)))
+
+    def local(self, y, c=1.0):
+        a = jnp.abs(y).astype(self.edt(y.dtype))
+        return a * a.dtype.type(c * _u(y.dtype))
+
+    # -------------------------------------------------------------------- the walk
+    def run(self, jaxpr, consts, vals, errs):
+        env: dict = {}
+
+        def read(atom):
+            if isinstance(atom, jx.Literal):
+                return jx.literal_value(atom), None
+            return env[atom]
+
+        for var, c in zip(jaxpr.constvars, consts):
+            env[var] = (c, None)
+        for var, v, e in zip(jaxpr.invars, vals, errs):
+            env[var] = (v, e)
+        for eqn in jaxpr.eqns:
+            ins = [read(a) for a in eqn.invars]
+            outs = self.step(eqn, [v for v, _ in ins], [e for _, e in ins])
+            for var, ve in zip(eqn.outvars, outs):
+                env[var] = ve
+        return [read(a) for a in jaxpr.outvars]
+
+    def step(self, eqn, vals, errs):
+        name = eqn.primitive.name
+        body = jx.call_body(eqn, remat=True, custom=True)
+        if body is not None:
+            jaxpr, consts = body
+            return self.run(jaxpr, consts, vals, errs)
+        if jx.has_sub_jaxpr(eqn) or name in ("while", "scan", "cond"):
+            raise Unsupported(name)
+        outs = jx.bind(eqn, vals)
+        if errs and isinstance(errs[0], _Rel) and (name in _MOVE or name in _EXACT_UNARY):
+            return [(outs[0], errs[0])]        # scale * |moved value|: still relative
+        if name not in ("dot_general", "conv_general_dilated"):
+            errs = [self.dense(e, v) for e, v in zip(errs, vals)]
+        fl_in = [i for i, v in enumerate(vals) if _is_float(jnp.result_type(v))]
+        if name in _EXACT_OPS and all(errs[i] is None for i in fl_in):
+            return [(o, None) for o in outs]
+        if not fl_in and not any(_is_float(jnp.result_type(o)) for o in outs) and (
+                name in _INT_SAFE or classify(name) in (
+                    OpKind.ELEMENTWISE, OpKind.DATA_MOVEMENT, OpKind.REDUCTION,
+                    OpKind.COMPUTE)):
+            return [(o, None) for o in outs]     # integer arithmetic is exact (wraps)
+        rule = getattr(self, "p_" + name.replace("-", "_"), None)
+        if rule is not None:
+            return rule(eqn, vals, errs, outs)
+        if name in _MOVE:
+            return self.move(eqn, vals, errs, outs)
+        if name in _EXACT_UNARY:
+            return [(outs[0], errs[0])]
+        if name in _TRANS or name in _TRIG:
+            return self.entrywise(eqn, vals, errs, outs)
+        if not fl_in and not any(_is_float(jnp.result_type(o)) for o in outs):
+            if name in _INT_SAFE or classify(name) in (OpKind.ELEMENTWISE,
+                                                       OpKind.DATA_MOVEMENT):
+                return [(o, None) for o in outs]
+        raise Unsupported(name)
+
+    # ------------------------------------------------------------------- helpers
+    def err(self, e, v):
+        return self.zeros_like(v) if e is None else self.dense(e, v)
+
+    def dense(self, e, v):
+        """``e`` as an array (a :class:`_Rel` bound materialized; ``None`` stays)."""
+        if isinstance(e, _Rel):
+            a = jnp.abs(jnp.asarray(v))
+            a = a.astype(self.edt(a.dtype))
+            return a * a.dtype.type(e.scale)
+        return e
+
+    def move(self, eqn, vals, errs, outs):
+        """Apply the data-movement primitive to the errors (float operand 0)."""
+        args = [self.err(errs[0], vals[0])] + list(vals[1:])
+        (eo,) = jx.bind(eqn, args)
+        return [(outs[0], eo)]
+
+    def entrywise(self, eqn, vals, errs, outs):
+        """|f'| e by the primitive's own tangent rule, plus the local rounding."""
+        (y,) = outs
+        name = eqn.primitive.name
+        total = None
+        for i, (v, e) in enumerate(zip(vals, errs)):
+            if e is None or not _is_float(jnp.result_type(v)):
+                continue
+
+            def f(x, i=i):
+                a = list(vals)
+                a[i] = x
+                return jx.bind(eqn, a)[0]
+
+            # the derivative in the wide error dtype: exact-enough and no overflow games
+            t = jax.jvp(f, (v,), (e.astype(jnp.result_type(v)),))[1]
+            t = jnp.abs(t).astype(self.edt(y.dtype))
+            total = t if total is None else total + t
+        c = 1.0 if name in ("square", "integer_pow", "sqrt") else 2.0
+        loc = self.local(y, c)
+        if name in _TRIG:
+            loc = loc + loc.dtype.type(2 * _u(y.dtype))
+        if name == "integer_pow":
+            loc = loc * loc.dtype.type(abs(eqn.params["y"]))
+        return [(y, loc if total is None else total + loc)]
+
+    # -------------------------------------------------------------- arithmetic
+    def p_add(self, eqn, vals, errs, outs):
+        (y,) = outs
+        if not _is_float(y.dtype):
+            return [(y, None)]
+        e = self.local(y)
+        for v, ev in zip(vals, errs):
+            if ev is not None:
+                e = e + ev
+        return [(y, e)]
+
+    p_sub = p_add
+    p_add_any = p_add
+
+    def p_mul(self, eqn, vals, errs, outs):
+        (y,) = outs
+        if not _is_float(y.dtype):
+            return [(y, None)]
+        (a, b), (ea, eb) = vals, errs
+        w = self.edt(y.dtype)
+        e = self.local(y)
+        if ea is not None:
+            e = e + ea * jnp.abs(jnp.asarray(b)).astype(w)
+        if eb is not None:
+            e = e + eb * jnp.abs(jnp.asarray(a)).astype(w)
+        if ea is not None and eb is not None:
+            e = e + ea * eb
+        return [(y, e)]
+
+    def p_div(self, eqn, vals, errs, outs):
+        (y,) = outs
+        if not _is_float(y.dtype):
+            return [(y, None)]
+        (a, b), (ea, eb) = vals, errs
+        w = self.edt(y.dtype)
+        ab = jnp.abs(jnp.asarray(b)).astype(w)
+        num = jnp.zeros((), w)
+        if ea is not None:
+            num = num + ea
+        if eb is not None:
+            num = num + eb * jnp.abs(y).astype(w)
+            # a divisor within its own error of zero: no digit of the quotient is known
+            ab = jnp.where(eb >= ab, 0.0, ab - eb)
+        e = jnp.where(num == 0, 0.0, num / ab) + self.local(y)
+        return [(y, e)]
+
+    def p_max(self, eqn, vals, errs, outs):
+        (y,) = outs
+        if not _is_float(y.dtype):
+            return [(y, None)]
+        es = [self.err(e, v) for v, e in zip(vals, errs)]
+        e = jnp.broadcast_to(jnp.maximum(es[0], es[1]), y.shape)
+        return [(y, e)]
+
+    p_min = p_max
+
+    def p_clamp(self, eqn, vals, errs, outs):
+        (y,) = outs
+        es = [self.err(e, v) for v, e in zip(vals, errs)]
+        e = jnp.maximum(jnp.maximum(es[0], es[1]), es[2])
+        return [(y, jnp.broadcast_to(e, y.shape))]
+
+    def p_is_finite(self, eqn, vals, errs, outs):
+        return [(outs[0], None)]
+
+    def p_sign(self, eqn, vals, errs, outs):
+        (x,), (e,) = vals, errs
+        if e is not None:
+            self.unstable.append(_count(lambda x, e: (jnp.abs(x).astype(e.dtype) <= e)
+                                        & (x != 0), x, e))
+        return [(outs[0], None)]
+
+    def p_convert_element_type(self, eqn, vals, errs, outs):
+        (x,), (e,), (y,) = vals, errs, outs
+        if not _is_float(y.dtype):
+            if _is_float(jnp.result_type(x)) and e is not None:
+                raise Unsupported("float-to-integer convert")
+            return [(y, None)]
+        if not _is_float(jnp.result_type(x)):
+            return [(y, None)]
+        e = self.err(e, x).astype(self.edt(y.dtype))
+        if jnp.finfo(y.dtype).nmant < jnp.finfo(jnp.result_type(x)).nmant:
+            e = e + self.local(y)
+        return [(y, e)]
+
+    def p_select_n(self, eqn, vals, errs, outs):
+        (y,) = outs
+        if not _is_float(y.dtype):
+            return [(y, None)]
+        pred = vals[0]
+        es = [self.err(e, v) for v, e in zip(vals[1:], errs[1:])]
+        es = [jnp.broadcast_to(e, y.shape) for e in es]
+        return [(y, lax.select_n(pred, *es))]
+
+    def p_concatenate(self, eqn, vals, errs, outs):
+        (y,) = outs
+        es = [self.err(e, v).astype(self.edt(y.dtype)) for v, e in zip(vals, errs)]
+        return [(y, jx.bind(eqn, es)[0])]
+
+    def p_pad(self, eqn, vals, errs, outs):
+        (y,) = outs
+        e = self.err(errs[0], vals[0])
+        return [(y, jx.bind(eqn, [e, jnp.zeros((), e.dtype)])[0])]
+
+    def p_dynamic_update_slice(self, eqn, vals, errs, outs):
+        (y,) = outs
+        w = self.edt(y.dtype)
+        es = [self.err(errs[0], vals[0]).astype(w), self.err(errs[1], vals[1]).astype(w)]
+        return [(y, jx.bind(eqn, es + list(vals[2:]))[0])]
+
+    # ---------------------------------------------------------------- decisions
+    def _near(self, a, b, ea, eb):
+        w = self.edt(jnp.promote_types(jnp.result_type(a), jnp.result_type(b)))
+        bound = jnp.zeros((), w)
+        if ea is not None:
+            bound = bound + ea
+        if eb is not None:
+            bound = bound + eb
+        d = jnp.abs(jnp.asarray(a).astype(w) - jnp.asarray(b).astype(w))
+        return (d <= bound) & (bound > 0)
+
+    def _compare(self, eqn, vals, errs, outs):
+        (a, b), (ea, eb) = vals, errs
+        if ea is not None or eb is not None:
+            self.unstable.append(_count(self._near, a, b, ea, eb))
+        return [(outs[0], None)]
+
+    p_eq = p_ne = p_lt = p_le = p_gt = p_ge = _compare
+
+    def _argext(self, eqn, vals, errs, outs):
+        (a,), (e,), (idx,) = vals, errs, outs
+        if e is not None:
+            (axis,) = eqn.params["axes"]
+            i = jnp.expand_dims(idx, axis).astype(jnp.int32)
+            m = jnp.take_along_axis(a, i, axis=axis)
+            em = jnp.take_along_axis(e, i, axis=axis)
+            pos = lax.broadcasted_iota(jnp.int32, a.shape, axis)
+            self.unstable.append(_count(
+                lambda a, m, e, em, pos, i: self._near(a, m, e, em) & (pos != i),
+                a, m, e, em, pos, i))
+        return [(idx, None)]
+
+    p_argmax = p_argmin = _argext
+
+    # --------------------------------------------------------------- reductions
+    def p_reduce_sum(self, eqn, vals, errs, outs):
+        (x,), (e,), (y,) = vals, errs, outs
+        axes = eqn.params["axes"]
+        n = int(np.prod([x.shape[a] for a in axes])) if axes else 1
+        w = self.edt(y.dtype)
+        scale = w.type(math.sqrt(max(n, 1)) * _u(y.dtype))
+        acc = materialized(lambda x: jnp.sum(jnp.abs(x).astype(w), axis=axes), x) * scale
+        out = acc + self.local(y)
+        if e is not None:
+            out = out + materialized(lambda e: jnp.sum(e, axis=axes), e)
+        return [(y, out)]
+
+    def p_reduce_max(self, eqn, vals, errs, outs):
+        (x,), (e,), (y,) = vals, errs, outs
+        if e is None:
+            return [(y, None)]
+        axes = eqn.params["axes"]
+        return [(y, materialized(lambda e: jnp.max(e, axis=axes), e))]
+
+    p_reduce_min = p_reduce_max
+
+    def p_cumsum(self, eqn, vals, errs, outs):
+        (x,), (e,), (y,) = vals, errs, outs
+        axis = eqn.params["axis"]
+        n = x.shape[axis]
+        w = self.edt(y.dtype)
+        rev = eqn.params.get("reverse", False)
+        acc = lax.cumsum(jnp.abs(x).astype(w), axis=axis, reverse=rev) * w.type(
+            math.sqrt(max(n, 1)) * _u(y.dtype))
+        out = acc + self.local(y)
+        if e is not None:
+            out = out + lax.cumsum(e, axis=axis, reverse=rev)
+        return [(y, out)]
+
+    # ------------------------------------------------------------- contractions
+    def p_dot_general(self, eqn, vals, errs, outs):
+        (a, b), (ea, eb), (y,) = vals, errs, outs
+        if not _is_float(y.dtype):
+            return [(y, None)]
+        (ca, cb), (ba, bb) = eqn.params["dimension_numbers"]
+        w = self.edt(y.dtype)
+        k = int(np.prod([a.shape[d] for d in ca])) if ca else 1
+
+        def norms(m, contract, batch):
+            free = [d for d in range(m.ndim) if d not in contract and d not in batch]
+            kept = [d for d in range(m.ndim) if d not in contract]
+            # reduce in place (no transpose of the big operand), then order the small
+            # result as (batch..., free...)
+            n = materialized(lambda m: jnp.sqrt(jnp.sum(jnp.square(m.astype(w)),
+                                                        axis=tuple(contract))), m)
+            order = [kept.index(d) for d in tuple(batch) + tuple(free)]
+            if order != sorted(order):
+                n = jnp.transpose(n, order)
+            return n, len(batch), len(free)
+
+        def outer(na, nb_):
+            (x, nbat, nfa), (z, _, nfb) = na, nb_
+            x = x.reshape(x.shape + (1,) * nfb)
+            z = z.reshape(z.shape[:nbat] + (1,) * nfa + z.shape[nbat:])
+            return x * z
+
+        na, nbn = norms(a, ca, ba), norms(b, cb, bb)
+
+        def err_norms(e, base, m, contract, batch):
+            if isinstance(e, _Rel):        # ||scale |m|_i|| = scale ||m_i||
+                return (base[0] * base[0].dtype.type(e.scale),) + base[1:]
+            return norms(e, contract, batch)
+
+        e = outer(na, nbn) * w.type(math.sqrt(k) * _u(y.dtype)) + self.local(y)
+        nea = err_norms(ea, na, a, ca, ba) if ea is not None else None
+        neb = err_norms(eb, nbn, b, cb, bb) if eb is not None else None
+        if nea is not None:
+            e = e + outer(nea, nbn)
+        if neb is not None:
+            e = e + outer(na, neb)
+        if nea is not None and neb is not None:
+            e = e + outer(nea, neb)
+        return [(y, e.reshape(y.shape))]
+
+    def p_conv_general_dilated(self, eqn, vals, errs, outs):
+        """Cauchy-Schwarz per output: ||patch|| * ||kernel_o||, with ``||patch|| <=
+        sqrt(window * in_channels) * max|x|`` (one max over the input; patch norms by a
+        convolution of x^2 cost about as much as the convolution on XLA:CPU)."""
+        (x, k), (ex, ek), (y,) = vals, errs, outs
+        p = eqn.params
+        if p["feature_group_count"] != 1 or p["batch_group_count"] != 1:
+            raise Unsupported("grouped convolution")
+        dn = p["dimension_numbers"]
+        w = self.edt(y.dtype)
+        rhs_spec, out_spec = dn.rhs_spec, dn.out_spec     # (O, I, spatial...) positions
+        o_dim = rhs_spec[0]
+
+        kk = int(np.prod(k.shape)) // k.shape[o_dim]
+
+        def patch_norm(m):
+            mx = materialized(lambda m: jnp.max(jnp.abs(m.astype(w)), initial=0.0), m)
+            return mx * w.type(math.sqrt(kk))
+
+        def kern_norm(m):
+            m = m.astype(w)
+            axes = tuple(d for d in range(m.ndim) if d != o_dim)
+            n = jnp.sqrt(jnp.sum(m * m, axis=axes))          # (O,)
+            shape = [1] * y.ndim
+            shape[out_spec[1]] = n.shape[0]
+            return n.reshape(shape)
+
+        px, nk = patch_norm(x), kern_norm(k)
+        e = px * nk * w.type(math.sqrt(kk) * _u(y.dtype)) + self.local(y)
+        pex = nek = None
+        if ex is not None:
+            pex = px * w.type(ex.scale) if isinstance(ex, _Rel) else patch_norm(ex)
+            e = e + pex * nk
+        if ek is not None:
+            nek = nk * w.type(ek.scale) if isinstance(ek, _Rel) else kern_norm(ek)
+            e = e + px * nek
+        if pex is not None and nek is not None:
+            e = e + pex * nek
+        return [(y, jnp.broadcast_to(e, y.shape))]
+
+
+def first_order(fn: Callable, args: tuple, kwargs: dict, inputs: tuple | None,
+                rung_dtype) -> FirstOrderResult:
+    """Walk ``fn(*args, **kwargs)`` (inputs at the rung) propagating error bounds.
+
+    ``inputs = (args, kwargs)`` as the user passed them: a floating input wider than the
+    rung starts with the error of its rounding, ``u |x|``. Raises :class:`Unsupported`.
+    """
+    walk = _Walk(rung_dtype)
+    closed, _, dyn = _trace(fn, args, kwargs)
+    leaves = jax.tree_util.tree_leaves((args, kwargs))
+    orig = jax.tree_util.tree_leaves(inputs) if inputs is not None else leaves
+    dyn_idx = [i for i, x in enumerate(leaves) if _is_dynamic(x)]
+    originals = [orig[i] if len(orig) == len(leaves) else leaves[i] for i in dyn_idx]
+    errs = []
+    for x, o in zip(dyn, originals):
+        if _is_float(x.dtype) and _is_float(getattr(o, "dtype", None)) and \
+                jnp.finfo(o.dtype).nmant > jnp.finfo(x.dtype).nmant:
+            errs.append(_Rel(_u(x.dtype)))          # the input cast's rounding
+        else:
+            errs.append(None)
+    dyn = [lax.stop_gradient(x) for x in dyn]
+    consts = [lax.stop_gradient(jnp.asarray(c)) for c in closed.consts]
+    res = walk.run(closed.jaxpr, consts, dyn, errs)
+    unstable = sum(walk.unstable, jnp.float32(0))
+    return FirstOrderResult([v for v, _ in res], [walk.dense(e, v) for v, e in res],
+                            unstable)
+
+
+def relative_bound(outs, errs, componentwise: bool = False) -> jax.Array:
+    """The largest normwise (or componentwise) relative error bound over the floating
+    outputs (float32; inf for NaN/0-with-error)."""
+    est = jnp.float32(0)
+    for y, e in zip(outs, errs):
+        if e is None or not _is_float(jnp.result_type(y)):
+            continue
+        a = jnp.abs(y).astype(e.dtype)
+        if componentwise:
+            r = materialized(lambda e, a: jnp.max(jnp.where(e == 0, 0.0, e / a),
+                                                  initial=0.0), e, a)
+        else:
+            emax, amax = materialized(lambda e, a: (jnp.max(e, initial=0.0),
+                                                    jnp.max(a, initial=0.0)), e, a)
+            r = jnp.where(emax == 0, 0.0, emax / amax)
+        est = jnp.maximum(est, jnp.asarray(r, jnp.float32))
+    return jnp.where(jnp.isnan(est), jnp.inf, est)
+
+
+_ADDSUB = frozenset({"add", "sub", "add_any"})
+
+
+def cancellation_screen(fn: Callable, args: tuple, kwargs: dict, rung_dtype,
+                        componentwise: bool = False):
+    """``(u * max(|a|+|b|) / max|a+-b|`` over the top-level add/subs (float32),
+    whether one gave exactly 0 from nonzero operands)``: the deterministic screen of the
+    Monte Carlo check without its samples (an evaluation XLA shares with the kernel's
+    own, plus two reductions per add/sub). Calls are inlined; loops and branches are
+    run as they are (their insides are not screened). The subtraction of a max/min (a
+    softmax shift) is not a cancellation, as in the Monte Carlo check."""
+    closed, _, dyn = _trace(fn, args, kwargs)
+    ratios: list = []
+    zeros: list = []
+    shifts: set = set()
+
+    def step(eqn, vals):
+        name = eqn.primitive.name
+        body = jx.call_body(eqn, remat=True, custom=True)
+        if body is not None:
+            jaxpr, consts = body
+            return jx.eval_jaxpr(jaxpr, consts, vals, step)
+        outs = jx.bind(eqn, vals)
+        if name in ("reduce_max", "reduce_min") or (
+                any(id(v) in shifts for v in vals) and (
+                    classify(name) is OpKind.DATA_MOVEMENT
+                    or name in ("stop_gradient", "neg", "max", "min"))):
+            shifts.update(id(o) for o in outs)
+        elif name in _ADDSUB and not any(id(v) in shifts for v in vals) and \
+                _is_float(jnp.result_type(outs[0])):
+            (y,) = outs
+            w = np.dtype(jnp.promote_types(y.dtype, jnp.float32))
+            a, b = (jnp.abs(jnp.asarray(v)).astype(w) for v in vals)
+            def reduce(a, b, y):
+                num = jnp.broadcast_to(a + b, y.shape)
+                den = jnp.abs(y).astype(w)
+                # a float max, not jnp.any: boolean reductions are slow on XLA:CPU
+                zero = jnp.max(jnp.where((den == 0) & (num > 0), 1.0, 0.0), initial=0.0)
+                if componentwise:
+                    r = jnp.max(jnp.where(num == 0, 0.0, jnp.where(
+                        den == 0, 0.0, num / den)), initial=0.0)
+                else:
+                    nmax, dmax = jnp.max(num, initial=0.0), jnp.max(den, initial=0.0)
+                    r = jnp.where(nmax == 0, 0.0, jnp.where(dmax == 0, 0.0, nmax / dmax))
+                return r, zero > 0
+
+            r, zero = materialized(reduce, a, b, y)
+            zeros.append(zero)
+            ratios.append((r * _u(eqn.outvars[0].aval.dtype)).astype(jnp.float32))
+        return outs
+
+    consts = [lax.stop_gradient(jnp.asarray(c)) for c in closed.consts]
+    jx.eval_jaxpr(closed.jaxpr, consts, [lax.stop_gradient(x) for x in dyn], step)
+    ratio = jnp.max(jnp.stack(ratios)) if ratios else jnp.float32(0)
+    zero = jnp.any(jnp.stack(zeros)) if zeros else jnp.asarray(False)
+    return jnp.where(jnp.isnan(ratio), jnp.inf, ratio), zero
+
+
+_ENTRYWISE_EXTRA = frozenset({"convert_element_type", "broadcast_in_dim", "copy", "copy_p",
+                              "stop_gradient", "select_n", "clamp"})
+
+
+def is_entrywise(flat_fn: Callable, avals) -> bool:
+    """Whether every output entry of ``flat_fn(*arrays)`` (a list of arrays out) depends
+    only on the same entry of each array input (all non-scalar inputs and outputs share
+    one shape; rank-0 inputs and constants broadcast): then it may be re-evaluated on a
+    sample of entries. ``avals``: ShapeDtypeStructs of the arrays."""
+    from ._autocast.opkind import ENTRYWISE
+    closed = jax.make_jaxpr(flat_fn)(*avals)
+    shapes = {tuple(x.shape) for x in avals if len(x.shape)}
+    outs = {tuple(a.shape) for a in closed.out_avals}
+    if len(shapes) != 1 or outs != shapes:
+        return False
+
+    def ok(jaxpr) -> bool:
+        for eqn in jaxpr.eqns:
+            name = eqn.primitive.name
+            body = jx.call_body(eqn, remat=True, custom=True)
+            if body is not None:
+                if not ok(body[0]):
+                    return False
+            elif name == "broadcast_in_dim":
+                if np.ndim(eqn.invars[0].aval) != 0 and tuple(
+                        eqn.invars[0].aval.shape) != tuple(eqn.outvars[0].aval.shape):
+                    return False
+            elif name not in ENTRYWISE and name not in _ENTRYWISE_EXTRA:
+                return False
+            if any(np.ndim(v.aval) not in (0, len(next(iter(shapes))))
+                   for v in eqn.outvars):
+                return False
+        return True
+
+    return ok(closed.jaxpr)
+
+
+def sampled_error(fn: Callable, args: tuple, kwargs: dict, inputs: tuple, cast_out,
+                  ref_dtype, k: int = 256, seed: int = 0) -> jax.Array:
+    """Normwise relative difference, on ``k`` evenly spaced entries (offset by
+    ``seed``), between the rung's outputs ``cast_out`` and ``fn`` re-evaluated in
+    ``ref_dtype`` from the user's inputs (an entrywise ``fn``: :func:`is_entrywise`).
+    ``max |y_s - ref_s| / max |ref_s|`` (inf when a discrete output differs)."""
+    leaves, treedef = jax.tree_util.tree_flatten(inputs)
+    shape = next(tuple(x.shape) for x in leaves if _is_dynamic(x) and np.ndim(x))
+    n = int(np.prod(shape))
+    k = min(k, n)
+    off = (seed * 0x9E3779B1) % max(n // k, 1)
+    idx = jnp.asarray((np.arange(k, dtype=np.int64) * n) // k + off, jnp.int32)
+
+    def take(x):
+        if not _is_dynamic(x) or np.ndim(x) == 0:
+            return x.astype(ref_dtype) if _is_dynamic(x) and _is_float(x.dtype) else x
+        x = jnp.ravel(lax.stop_gradient(x))[idx]
+        return x.astype(ref_dtype) if _is_float(x.dtype) else x
+
+    a, kw = jax.tree_util.tree_unflatten(treedef, [take(x) for x in leaves])
+    ref = jax.tree_util.tree_leaves(fn(*a, **kw))
+    err = jnp.float32(0)
+    for y, r in zip(cast_out, ref):
+        ys = jnp.ravel(y)[idx]
+        if _is_float(y.dtype):
+            w = np.dtype(jnp.promote_types(r.dtype, jnp.float32))
+            d = jnp.max(jnp.abs(ys.astype(w) - r.astype(w)))
+            # normwise over the sample: max|y_s| <= max|y|, so this is the larger
+            # (safer) ratio, and it costs no pass over the whole output
+            e = jnp.where(d == 0, 0.0, d / jnp.max(jnp.abs(r.astype(w))))
+        else:
+            e = jnp.where(jnp.any(ys != r), jnp.inf, 0.0)
+        err = jnp.maximum(err, jnp.asarray(e, jnp.float32))
+    return jnp.where(jnp.isnan(err), jnp.inf, err)

@@ -1,0 +1,169 @@
+"""An adaptive call's plan: which rungs to try and how each is checked (static).
+
+Chosen once per (function, argument shapes and dtypes, backend) at trace time by the cost
+model (:mod:`adaptprec._cost`), so every plan is an ordinary static program: it composes
+with ``jit``, ``vmap`` and ``grad``. Rules, for a kernel with an accuracy guard:
+
+* **Small kernels** (all rungs together model below ``_cost.FLOOR``): every rung is tried,
+  checked by Monte Carlo arithmetic (the most thorough check; its cost is below the call's
+  dispatch overhead).
+* **Check per rung**: the first-order error bound (:mod:`adaptprec._first_order`) when it
+  models every operation of the kernel, else Monte Carlo arithmetic.
+* **Top rung** (always run): Monte Carlo when it costs at most ``TOP_BUDGET`` of the rung
+  (or is below the floor), else the first-order bound under the same budget, else the
+  cancellation screen alone ("screened only": the report says so).
+* **Lower rungs**, top down: rung ``r`` is skipped when its a-priori probabilistic error
+  ``u_r * sqrt(n)`` (``n`` the longest accumulation: a contraction or a sum; Higham &
+  Mary 2019) exceeds ``rtol`` (it would almost surely fail), or when it and its check
+  cost more than ``MARGIN`` of the plan above it: ``cost(r) + check(r) > MARGIN *
+  (cost(s) + check(s))``, ``s`` the next rung tried above it.
+
+Without an accuracy guard (finite-only and custom guards, which cost ~nothing) or with
+``plan="all"`` every rung is tried with Monte Carlo checks, as before the cost model.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+
+from . import _cost
+from ._first_order import Unsupported
+
+__all__ = ["Plan", "choose_plan", "all_rungs", "TOP_BUDGET"]
+
+#: The share of the top rung's time its check may add when nothing below can pay for it
+#: (the issue's target: adaptive <= 1.25x plain float64 on every kernel).
+TOP_BUDGET = 0.25
+
+#: A lower rung is tried only when it and its check cost at most this share of the plan
+#: above it: a margin for the noise of one-time measurements on a loaded machine and for
+#: the chance that the rung fails (then its time and its check's are lost).
+MARGIN = 0.8
+
+
+class Plan(NamedTuple):
+    """Per rung: ``attempt`` (bool), ``check`` (``"mca"``, ``"first_order"``,
+    ``"screen"`` or ``None``: guards run as configured), ``note`` (a readable reason),
+    ``share`` (modelled share of the check in the rung's time, ``None`` if not run or
+    not modelled)."""
+
+    attempt: tuple
+    check: tuple
+    note: tuple
+    share: tuple
+
+
+def all_rungs(n: int, why: str = "") -> Plan:
+    return Plan((True,) * n, (None,) * n, (why,) * n, (None,) * n)
+
+
+def _fmt(s: float) -> str:
+    return f"{s * 1e3:.3g} ms" if s >= 1e-4 else f"{s * 1e6:.3g} us"
+
+
+_WHAT = {"mca": "Monte Carlo check", "first_order": "first-order error bound",
+         "sample": "sampled check (256 entries re-evaluated in the widest dtype; "
+                   "statistical)", "screen": "screens only (cancellation, finite)",
+         "none": "finite only: accuracy not checked"}
+
+
+def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
+                scale: float = 1.0, backend: str | None = None,
+                entrywise: bool = False) -> Plan:
+    """The cheapest plan that still checks every answer it returns.
+
+    ``rung_fn(k)``: a function of the arrays computing rung ``k``'s outputs;
+    ``check_fn(k, method)``: the same plus the accuracy check by ``method`` (raises
+    :class:`~adaptprec._first_order.Unsupported` when the method cannot model the
+    kernel). ``avals``: ShapeDtypeStructs of the arrays; ``scale``: multiplies every cost
+    (the batch size when planned per element under ``vmap``); ``entrywise``: the kernel
+    may be checked on a sample of entries.
+    """
+    table = _cost.throughput_for(backend)
+    top = n_rungs - 1
+    modelled = [_cost.program_cost(rung_fn(k), avals, table, dtypes[k]).seconds * scale
+                for k in range(n_rungs)]
+    if sum(modelled) < _cost.FLOOR:
+        return all_rungs(n_rungs, f"small kernel (~{_fmt(sum(modelled))} for all rungs, "
+                                  "modelled): every rung tried, Monte Carlo checks")
+    measured = _cost.MEASURE and scale == 1.0
+    how = "measured once" if measured else "modelled"
+    if measured:
+        cost = [_cost.measure(rung_fn(k), avals) for k in range(n_rungs)]
+    else:
+        cost = modelled
+
+    def check_cost(k, method):
+        try:
+            if measured and method != "mca":
+                full = _cost.measure(check_fn(k, method), avals)
+            else:
+                full = _cost.program_cost(check_fn(k, method), avals, table,
+                                          dtypes[k]).seconds * scale
+                if measured:     # the table's rung cost, so the difference is the model's
+                    full -= modelled[k] - cost[k]
+        except Unsupported:
+            return None
+        return max(full - cost[k], 0.0)
+
+    attempt = [False] * n_rungs
+    check = [None] * n_rungs
+    note = [""] * n_rungs
+    share = [None] * n_rungs
+
+    # the top rung: always run; the most thorough check that fits the budget
+    budget = max(_cost.FLOOR, TOP_BUDGET * cost[top])
+    attempt[top] = True
+    tried = {}
+    for method in ("mca", "first_order", "screen"):
+        c = check_cost(top, method)
+        tried[method] = c
+        if c is not None and c <= budget:
+            check[top] = method
+            break
+    if check[top] is None:
+        check[top], c = "none", 0.0
+        best = min(x for x in list(tried.values()) + [float("inf")] if x is not None)
+        note[top] = (f"finite only: accuracy not checked (the cheapest screen costs "
+                     f"{_fmt(best)} > {TOP_BUDGET:.0%} of the rung's {_fmt(cost[top])}, "
+                     f"{how})")
+    else:
+        share[top] = c / (cost[top] + c) if cost[top] + c > 0 else 0.0
+        note[top] = (f"{_WHAT[check[top]]} (check ~{share[top]:.0%} of the rung's time, "
+                     f"{how})")
+    next_total = cost[top] + c
+
+    jaxpr = jax.make_jaxpr(rung_fn(0))(*avals).jaxpr
+    n_acc = _cost.longest_accumulation(jaxpr)
+    for k in range(top - 1, -1, -1):
+        u = 2.0 ** -(int(jax.numpy.finfo(dtypes[k]).nmant) + 1)
+        prior = u * math.sqrt(n_acc)
+        if prior > rtol:
+            note[k] = (f"skipped: a-priori error u*sqrt({n_acc}) = {prior:.2g} > rtol "
+                       f"{rtol:g}")
+            continue
+        saving = next_total - cost[k]
+        if saving <= 0:
+            note[k] = (f"skipped: not faster than the rung above ({_fmt(cost[k])} vs "
+                       f"{_fmt(next_total)} with its check, {how})")
+            continue
+        method, c = None, None
+        for m in (("sample",) if entrywise else ()) + ("first_order", "mca"):
+            cm = check_cost(k, m)
+            if cm is not None:
+                method, c = m, cm
+                break
+        if c is None or cost[k] + c > MARGIN * next_total:
+            what = ("no check models it" if c is None else
+                    f"it and its check ({_fmt(cost[k] + c)}) would cost more than "
+                    f"{MARGIN:.0%} of the plan above it ({_fmt(next_total)})")
+            note[k] = f"skipped: {what}, {how}"
+            continue
+        attempt[k], check[k] = True, method
+        share[k] = c / (cost[k] + c) if cost[k] + c > 0 else 0.0
+        note[k] = f"{_WHAT[method]} (check ~{share[k]:.0%} of the rung's time, {how})"
+        next_total = cost[k] + c
+    return Plan(tuple(attempt), tuple(check), tuple(note), tuple(share))

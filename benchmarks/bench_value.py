@@ -1,0 +1,276 @@
+"""Does adaptivity pay? ``adaptive(fn, rtol)`` against plain ``jax.jit`` f32 and f64.
+
+Every kernel runs, in this one process after compilation, as (a) ``jax.jit`` of the
+adaptive function on float64 inputs, (b) plain ``jax.jit(fn)`` on the float64 inputs,
+(c) plain ``jax.jit(fn)`` on float32 inputs; the three are interleaved round by round and
+the medians compared. For each kernel it prints the ratios, the rung returned, the
+adaptive answer's true relative error against float64 (must be <= rtol) and the plan the
+cost model chose, then whether the issue's targets are met:
+
+* adaptive <= 1.25x plain f64 on every kernel;
+* adaptive <= 0.75x plain f64 on matmul-heavy kernels where a lower rung meets rtol;
+* geometric mean of adaptive / f64 <= 0.9;
+* ``linalg.solve`` default <= 0.67x f64 at n = 2048 (``--solve``).
+
+Usage::
+
+    python benchmarks/bench_value.py                 # the kernel table
+    python benchmarks/bench_value.py --solve         # plus linalg.solve at n = 2048
+    python benchmarks/bench_value.py --rounds 15 --only mlp,elementwise
+    python benchmarks/bench_value.py --throughput    # the cost model's CPU table
+    python benchmarks/bench_value.py --gpu-paper     # plans under the GPU table (unmeasured)
+
+Needs float64 (turned on here: a benchmark is an application).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+jax.config.update("jax_enable_x64", True)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import adaptprec as ap  # noqa: E402
+import accuracy_kernels as K  # noqa: E402
+
+# ----------------------------------------------------------------------------- kernels
+
+
+def mlp3(x, w1, w2, w3):
+    h = jnp.tanh(x @ w1)
+    h = jnp.tanh(h @ w2)
+    return h @ w3
+
+
+def elementwise(x):
+    return jnp.exp(x) * jnp.cos(x) + jnp.log1p(x)
+
+
+def reduction(x):
+    return jnp.sum(jnp.sin(x)) / x.shape[0]
+
+
+def attention(q, k, v):
+    s = q @ k.T / math.sqrt(q.shape[-1])
+    return jax.nn.softmax(s, axis=-1) @ v
+
+
+def layernorm(x):
+    return K.layernorm(x)
+
+
+def conv(x, w):
+    return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def polynomial(x):
+    c = [0.3, -1.2, 0.8, 2.0, -0.5, 0.1, 0.05, -0.01, 0.002]
+    y = jnp.full_like(x, c[-1])
+    for ci in c[-2::-1]:
+        y = y * x + ci
+    return y
+
+
+def _f64(*xs):
+    return tuple(np.asarray(x, np.float64) for x in xs)
+
+
+def kernels(rng):
+    n = 2 ** 20
+    s = 1 / math.sqrt(512)
+    return {
+        # name: (fn, inputs (float64), rtol, matmul_heavy)
+        "mlp": (mlp3, _f64(rng.normal(size=(256, 512)), rng.normal(size=(512, 512)) * s,
+                           rng.normal(size=(512, 512)) * s, rng.normal(size=(512, 512)) * s),
+                1e-2, True),
+        "elementwise": (elementwise, _f64(rng.uniform(0.0, 2.0, n)), 1e-3, False),
+        "reduction": (reduction, _f64(rng.uniform(0.0, 2.0, n)), 1e-3, False),
+        "attention": (attention, _f64(rng.normal(size=(1024, 64)), rng.normal(size=(1024, 64)),
+                                      rng.normal(size=(1024, 64))), 1e-3, True),
+        "layernorm": (layernorm, _f64(rng.normal(size=(2048, 512))), 1e-3, False),
+        "conv": (conv, _f64(rng.normal(size=(8, 64, 64, 32)),
+                            rng.normal(size=(3, 3, 32, 32)) / math.sqrt(288)), 1e-3, True),
+        "polynomial": (polynomial, _f64(rng.uniform(-1.0, 1.0, n)), 1e-3, False),
+        # the accuracy suite's kernels (tests/accuracy_kernels.py) at benchmark sizes
+        "suite.gauss": (K.gauss, _f64(rng.uniform(-2, 2, n)), 1e-3, False),
+        "suite.softplus": (K.softplus, _f64(rng.normal(size=n) * 3), 1e-3, False),
+        "suite.mlp": (K.mlp, _f64(rng.normal(size=(4096, 32)), rng.normal(size=(32, 64)) / 6,
+                                  rng.normal(size=64) * 0.1, rng.normal(size=(64, 8)) / 8),
+                      1e-3, False),
+        "suite.layernorm": (K.layernorm, _f64(rng.normal(size=(4096, 64))), 1e-3, False),
+        "suite.cancellation": (K.cancellation, _f64(1e-3 * (1 + 0.1 * rng.random(n))),
+                               1e-3, False),
+        "suite.naive_variance": (K.naive_variance,
+                                 _f64(1000.0 + np.sin(np.arange(n) + rng.random())),
+                                 1e-3, False),
+        "suite.quadratic": (K.quadratic, _f64(np.ones(n), 1e4 * (1 + rng.random(n)),
+                                              np.ones(n)), 1e-3, False),
+        "suite.count": (K.count, _f64(1.0 + 1e-3 * (1 + rng.random(n))), 1e-3, False),
+        "suite.argmax": (K.argmax, _f64(rng.random(n)), 1e-3, False),
+        "suite.overflow": (K.overflow, _f64(100.0 + rng.random(n)), 1e-3, False),
+    }
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def _time(f, args):
+    t = time.perf_counter()
+    jax.block_until_ready(f(*args))
+    return time.perf_counter() - t
+
+
+def _rel_error(y, ref):
+    y, ref = np.asarray(y), np.asarray(ref)
+    if not np.issubdtype(ref.dtype, np.floating):
+        return 0.0 if np.array_equal(y, ref) else math.inf
+    n = np.max(np.abs(ref))
+    d = np.max(np.abs(y.astype(np.float64) - ref))
+    return 0.0 if d == 0 else float(d / n) if n else math.inf
+
+
+def run_kernel(name, fn, inputs, rtol, rounds):
+    x64 = tuple(jnp.asarray(x) for x in inputs)
+    x32 = tuple(jnp.asarray(x, jnp.float32) for x in inputs)
+    ad = ap.adaptive(fn, rtol=rtol)
+    t0 = time.perf_counter()
+    adaptive_jit = jax.jit(ad.with_report)
+    y, rep = adaptive_jit(*x64)
+    jax.block_until_ready(y)
+    compile_s = time.perf_counter() - t0
+    plain = jax.jit(fn)
+    ref = plain(*x64)
+    plain(*x32)
+    runs = {"adaptive": (adaptive_jit, x64), "f64": (plain, x64), "f32": (plain, x32)}
+    times = {k: [] for k in runs}
+    for _ in range(rounds):
+        for k, (f, a) in runs.items():
+            times[k].append(_time(f, a))
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    return dict(name=name, rung=rep.rung_name, ok=bool(rep.ok), err=_rel_error(y, ref),
+                rtol=rtol, ad=med["adaptive"], f64=med["f64"], f32=med["f32"],
+                plan=rep.checks, summary=rep.summary(), compile=compile_s)
+
+
+def run_solve(rounds, n=2048):
+    rng = np.random.default_rng(0)
+    a = jnp.asarray(rng.normal(size=(n, n)) + n ** 0.5 * np.eye(n))
+    b = jnp.asarray(rng.normal(size=n))
+    ad = jax.jit(lambda a, b: ap.linalg.solve(a, b)[0])
+    f64 = jax.jit(jnp.linalg.solve)
+    ad(a, b).block_until_ready()
+    f64(a, b).block_until_ready()
+    ta, tf = [], []
+    for _ in range(rounds):
+        ta.append(_time(ad, (a, b)))
+        tf.append(_time(f64, (a, b)))
+    return float(np.median(ta)), float(np.median(tf))
+
+
+def gpu_paper(ks):
+    """The plan the cost model would choose with the GPU table (vendor peaks, unmeasured):
+    rung costs and check costs from XLA's cost analysis of the same programs."""
+    from adaptprec import _cost, _plan
+    floor, measure = _cost.FLOOR, _cost.MEASURE
+    _cost.FLOOR, _cost.MEASURE = 5e-6, False      # a GPU launch is ~5 us
+    try:
+        print(f"{'kernel':22s} {'bf16/f64':>8s} {'f32/f64':>8s}  plan (GPU table, unmeasured)")
+        for name, (fn, inputs, rtol, _) in ks.items():
+            x64 = tuple(jnp.asarray(x) for x in inputs)
+            ad = ap.adaptive(fn, rtol=rtol)
+            ad.with_report(*x64)
+            prog = next(iter(ad.manager._cache.values()))[2]
+            avals = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in x64)
+            table = _cost.throughput_for("gpu")
+            cost = [_cost.program_cost(prog._rung_fn(k), avals, table,
+                                       prog.mgr.ladder[k]).seconds for k in range(3)]
+            plan = _plan.choose_plan(3, tuple(prog.mgr.ladder), rtol, prog._rung_fn,
+                                     prog._check_fn, avals, backend="gpu",
+                                     entrywise=prog._entrywise(avals))
+            steps = ",".join((c or "mca") if a else "skipped"
+                             for a, c in zip(plan.attempt, plan.check))
+            print(f"{name:22s} {cost[0] / cost[2]:8.3f} {cost[1] / cost[2]:8.3f}  {steps}")
+    finally:
+        _cost.FLOOR, _cost.MEASURE = floor, measure
+
+
+def throughput():
+    def bench(f, *a, n=7):
+        f = jax.jit(f)
+        jax.block_until_ready(f(*a))
+        return float(np.median([_time(f, a) for _ in range(n)]))
+    rng = np.random.default_rng(0)
+    for dt in (jnp.bfloat16, jnp.float32, jnp.float64):
+        m = jnp.asarray(rng.normal(size=(1024, 1024)), dt)
+        x = jnp.asarray(rng.uniform(0.1, 1, size=2 ** 22), dt)
+        n = 2 ** 22
+        gflops = 2 * 1024 ** 3 / bench(lambda a: a @ a, m) / 1e9
+        print(f"{jnp.dtype(dt).name:9s} matmul {gflops:6.1f} GFLOP/s"
+              f"  a*x+b {n / bench(lambda v: v * 1.5 + 0.5, x) / 1e9:5.2f} Gelem/s"
+              f"  exp {n / bench(jnp.exp, x) / 1e9:5.2f} Gelem/s")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--only", default="")
+    p.add_argument("--solve", action="store_true")
+    p.add_argument("--throughput", action="store_true")
+    p.add_argument("--gpu-paper", action="store_true",
+                   help="print the plans the GPU throughput table would choose")
+    p.add_argument("--verbose", action="store_true", help="print each report's summary")
+    args = p.parse_args()
+    if args.throughput:
+        throughput()
+        return
+    ks = kernels(np.random.default_rng(0))
+    if args.only:
+        ks = {k: v for k, v in ks.items() if k in args.only.split(",")}
+    if args.gpu_paper:
+        gpu_paper(ks)
+        return
+    print(f"jax {jax.__version__}, backend {jax.default_backend()}, {os.cpu_count()} cpus; "
+          f"median of {args.rounds} interleaved rounds")
+    print(f"{'kernel':22s} {'rtol':>6s} {'ad/f64':>7s} {'f32/f64':>7s} {'rung':>5s} "
+          f"{'ok':>3s} {'err':>8s}  checks per rung")
+    rows, fails = [], []
+    for name, (fn, inputs, rtol, heavy) in ks.items():
+        r = run_kernel(name, fn, inputs, rtol, args.rounds)
+        r["heavy"] = heavy
+        rows.append(r)
+        ratio = r["ad"] / r["f64"]
+        print(f"{name:22s} {rtol:6.0e} {ratio:7.2f} {r['f32'] / r['f64']:7.2f} "
+              f"{r['rung']:>5s} {'y' if r['ok'] else 'n':>3s} {r['err']:8.1e}  "
+              f"{','.join(r['plan'])}  (f64 {r['f64'] * 1e3:.2f} ms)", flush=True)
+        if args.verbose:
+            print("    " + r["summary"])
+        if r["err"] > rtol:
+            fails.append(f"{name}: error {r['err']:.2g} > rtol {rtol:g}")
+        if ratio > 1.25:
+            fails.append(f"{name}: adaptive/f64 {ratio:.2f} > 1.25")
+        if heavy and r["rung"] != "f64" and ratio > 0.75:
+            fails.append(f"{name}: matmul-heavy on {r['rung']}: {ratio:.2f} > 0.75")
+    g = math.exp(np.mean([math.log(r["ad"] / r["f64"]) for r in rows]))
+    print(f"geometric mean adaptive/f64: {g:.2f} (target <= 0.9)")
+    if g > 0.9:
+        fails.append(f"geometric mean {g:.2f} > 0.9")
+    if args.solve:
+        ta, tf = run_solve(max(3, args.rounds // 3))
+        print(f"linalg.solve n=2048: default/f64 {ta / tf:.2f} (target <= 0.67)")
+        if ta / tf > 0.67:
+            fails.append(f"linalg.solve {ta / tf:.2f} > 0.67")
+    print("targets met" if not fails else "targets NOT met:\n  " + "\n  ".join(fails))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""The cost model's plans (issue 31): cheaper checks, skipped rungs, unchanged trust.
+
+Kernels here are big enough (2^16 entries) that the plan is chosen by cost, not the
+"small kernel" rule that keeps every rung with Monte Carlo checks.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import adaptprec as ap
+from adaptprec._first_order import (Unsupported, cancellation_screen, first_order,
+                                    is_entrywise, relative_bound, sampled_error)
+from adaptprec.guards import finite_values
+
+from accuracy_kernels import BENIGN, FAILING, reference, rel_error
+
+N = 2 ** 16
+
+
+def _bound(fn, inputs, dtype):
+    cargs = tuple(x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+                  for x in inputs)
+
+    @jax.jit
+    def run(*a):
+        r = first_order(fn, a, {}, (inputs, {}), dtype)
+        return r.outs, relative_bound(r.outs, r.errs), r.unstable
+
+    return run(*cargs)
+
+
+@pytest.mark.parametrize("name", ["gauss", "mlp", "layernorm", "softplus"])
+def test_first_order_bound_covers_the_true_error(name):
+    fn, make = BENIGN[name]
+    inputs = make(np.random.default_rng(3))
+    ref = reference(fn, inputs)
+    for dtype in (jnp.bfloat16, jnp.float32):
+        outs, est, unstable = _bound(fn, inputs, dtype)
+        err = rel_error(np.asarray(outs[0], np.float64), ref)
+        assert float(unstable) == 0
+        assert err <= float(est), (name, dtype, err, float(est))
+
+
+@pytest.mark.parametrize("name", ["cancellation", "naive_variance", "quadratic",
+                                  "naive_sum"])
+def test_first_order_bound_sees_the_failures(name):
+    fn, make = FAILING[name]
+    inputs = make(np.random.default_rng(0))
+    ref = reference(fn, inputs)
+    outs, est, _ = _bound(fn, inputs, jnp.bfloat16)
+    err = rel_error(np.asarray(outs[0], np.float64), ref)
+    assert err > 1e-3 and float(est) >= err, (name, err, float(est))
+
+
+@pytest.mark.parametrize("name", ["count", "argmax"])
+def test_first_order_flags_near_decisions(name):
+    fn, make = FAILING[name]
+    inputs = make(np.random.default_rng(0))
+    _, _, unstable = _bound(fn, inputs, jnp.bfloat16)
+    assert float(unstable) > 0
+
+
+def test_first_order_refuses_loops():
+    def loop(x):
+        return jax.lax.fori_loop(0, 3, lambda i, y: y * 1.5, x)
+
+    with pytest.raises(Unsupported):
+        jax.make_jaxpr(lambda x: first_order(loop, (x,), {}, None, jnp.float32).errs)(
+            jnp.ones(4))
+
+
+def test_cancellation_screen_and_entrywise_detection():
+    x = jnp.full(8, 1e-3, jnp.float64)
+    ratio, zero = jax.jit(lambda x: cancellation_screen(
+        lambda x: (x + 1.0) - 1.0, (x,), {}, jnp.float64))(x)
+    assert 1e-14 < float(ratio) < 1e-12 and not bool(zero)
+    avals = (jax.ShapeDtypeStruct((8,), jnp.float32),)
+    assert is_entrywise(lambda x: [jnp.exp(x) * 2.0], avals)
+    assert not is_entrywise(lambda x: [jnp.cumsum(x)], avals)
+    assert not is_entrywise(lambda x: [x - jnp.mean(x)], avals)
+
+
+def test_sampled_error_measures_the_rung():
+    x = jnp.linspace(1e-5, 2e-5, N, dtype=jnp.float64)
+    fn = FAILING["cancellation"][0]
+    y32 = fn(x.astype(jnp.float32)).astype(jnp.float64)
+    err = sampled_error(fn, (x.astype(jnp.float32),), {}, ((x,), {}), [y32], jnp.float64)
+    true = rel_error(y32, np.asarray(fn(x)))
+    assert 0.1 * true <= float(err) <= true
+
+
+def test_finite_values_by_max_still_counts():
+    r = finite_values((jnp.array([1.0, jnp.inf, 2.0]), jnp.array([jnp.nan, -jnp.inf])))
+    assert not bool(r.ok) and float(r.value) == 3.0
+    r = finite_values(jnp.zeros((0,)))
+    assert bool(r.ok)
+
+
+def _big_elementwise(x):
+    return jnp.exp(x) * jnp.cos(x) + jnp.log1p(x)
+
+
+def test_a_big_kernel_gets_a_costed_plan_and_says_so():
+    x = jnp.asarray(np.random.default_rng(0).uniform(0.0, 2.0, N))
+    f = ap.adaptive(_big_elementwise, rtol=1e-3)
+    y, rep = jax.jit(f.with_report)(x)
+    assert rel_error(y, np.asarray(_big_elementwise(x))) <= 1e-3
+    assert bool(rep.ok)
+    # bf16 (u = 2^-8 > rtol) is skipped a priori, and the report says so
+    assert rep.checks[0] == "skipped" and "a-priori" in rep.plan[0]
+    assert np.all(np.asarray(rep.codes)[0] == -1)
+    assert "[plan:" in rep.summary() and len(rep.plan) == 3
+    assert rep.checks[2] in ("mca", "first_order", "screen", "none")
+    if rep.rung_name == "f32":
+        assert rep.checks[1] in ("sample", "first_order", "mca")
+        assert "verified" in rep.verified
+    assert int(rep.escalations) <= int(rep.rung)
+    # the thorough plan is still there
+    _, rep_all = jax.jit(ap.adaptive(_big_elementwise, rtol=1e-3, plan="all").with_report)(x)
+    assert rep_all.checks == ("mca", "mca", "mca") and "[plan:" not in rep_all.summary()
+
+
+def test_a_big_failing_kernel_still_escalates():
+    # (x + 1) - 1 at x ~ 1e-5: float32 keeps ~2 digits, rtol asks for 3
+    x = jnp.asarray(np.random.default_rng(1).uniform(1e-5, 2e-5, N))
+    fn = FAILING["cancellation"][0]
+    y, rep = jax.jit(ap.adaptive(fn, rtol=1e-3).with_report)(x)
+    assert rel_error(y, np.asarray(x)) <= 1e-3, rep.summary()
+    assert rep.rung_name == "f64"
+    # a naive variance (not entrywise): the first-order bound sees the cancellation
+    v = jnp.asarray(1000.0 + np.sin(np.arange(N)), jnp.float64)
+    var = FAILING["naive_variance"][0]
+    y, rep = jax.jit(ap.adaptive(var, rtol=1e-3).with_report)(v)
+    assert rel_error(y, np.asarray(var(v))) <= 1e-3 and rep.rung_name == "f64"
+
+
+def test_small_kernels_keep_every_rung_and_monte_carlo():
+    fn, make = BENIGN["gauss"]
+    _, rep = jax.jit(ap.adaptive(fn, rtol=3e-2).with_report)(*make(
+        np.random.default_rng(0)))
+    assert rep.checks == ("mca", "mca", "mca") and "small kernel" in rep.plan[0]
+
+
+def test_never_verified_when_float64_is_wrong_at_scale():
+    # Rump's polynomial on many copies: float64 is wrong; the report must not call it
+    # verified (not ok, or "accuracy not checked" when no check fits the budget)
+    def rump(a, b):
+        return (333.75 * b ** 6 + a ** 2 * (11 * a ** 2 * b ** 2 - b ** 6 - 121 * b ** 4
+                                            - 2) + 5.5 * b ** 8 + a / (2 * b))
+    a = jnp.full(N, 77617.0, jnp.float64)
+    b = jnp.full(N, 33096.0, jnp.float64)
+    y, rep = jax.jit(ap.adaptive(rump, ladder="f32,f64", rtol=1e-3).with_report)(a, b)
+    assert abs(float(y[0]) + 0.827396059946821) > 1.0
+    assert (not bool(rep.ok)) or "not checked" in rep.summary(), rep.summary()
+
+
+def test_plan_under_vmap_and_grad():
+    x = jnp.asarray(np.random.default_rng(2).uniform(0.0, 2.0, (8, N // 8)))
+    f = ap.adaptive(_big_elementwise, rtol=1e-3)
+    y, rep = jax.jit(jax.vmap(f.with_report))(x)
+    assert rel_error(y, np.asarray(_big_elementwise(x))) <= 1e-3
+    assert rep.batch_shape == (8,) and np.all(np.asarray(rep.ok))
+    # the derivative is the chosen rung's
+    _, rep0 = jax.jit(f.with_report)(x[0])
+    dt = {"f32": jnp.float32, "f64": jnp.float64}[rep0.rung_name]
+    g = jax.jit(jax.grad(lambda x: jnp.sum(f(x))))(x[0])
+    g_ref = jax.grad(lambda x: jnp.sum(_big_elementwise(x.astype(dt)).astype(x.dtype)))(
+        x[0])
+    np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), rtol=1e-5, atol=1e-6)
+
+
+def test_plan_argument_is_validated():
+    with pytest.raises(ValueError, match="plan must be"):
+        ap.adaptive(jnp.sin, rtol=1e-3, plan="fast")
+
+
+@pytest.mark.parametrize("spec, sa, sb", [
+    ("bij,bjk->bik", (3, 16, 32), (3, 32, 8)), ("ij,kj->ik", (16, 32), (8, 32)),
+    ("jb,bk->kj", (32, 4), (4, 16)), ("bji,bjk->bki", (2, 32, 5), (2, 32, 7))])
+def test_first_order_contraction_bound_per_entry(spec, sa, sb):
+    # Cauchy-Schwarz per output entry, for any dimension numbers (batch, contracting
+    # and free axes in any order): the bf16 product's error is below the bound entrywise
+    rng = np.random.default_rng(0)
+    a, b = jnp.asarray(rng.normal(size=sa)), jnp.asarray(rng.normal(size=sb))
+    f = lambda a, b: jnp.einsum(spec, a, b)                # noqa: E731
+    r = first_order(f, (a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)), {},
+                    ((a, b), {}), jnp.bfloat16)
+    y, e = np.asarray(r.outs[0], np.float64), np.asarray(r.errs[0])
+    assert e.shape == y.shape
+    assert np.all(np.abs(y - np.asarray(f(a, b))) <= e)
+
+
+def test_first_order_convolution_bound_per_entry():
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(2, 16, 16, 8)))
+    k = jnp.asarray(rng.normal(size=(3, 3, 8, 4)) / 8)
+
+    def f(x, k):
+        return jax.lax.conv_general_dilated(x, k, (1, 1), "SAME",
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    r = first_order(f, (x.astype(jnp.bfloat16), k.astype(jnp.bfloat16)), {},
+                    ((x, k), {}), jnp.bfloat16)
+    y, e = np.asarray(r.outs[0], np.float64), np.asarray(r.errs[0])
+    assert e.shape == y.shape and np.all(np.abs(y - np.asarray(f(x, k))) <= e)
