@@ -1,0 +1,200 @@
+"""Identifiability at the solution: the covariance on the identifiable subspace, the
+singular values of the scaled Jacobian, and names for the combinations the data do not
+determine ("a and b are not separately identifiable (only a·b is)").
+
+The Jacobian's columns are scaled by ``|p_i|`` (derivatives with respect to ``log p_i``;
+a parameter at 0 is scaled by its column's inverse norm), so a singular value measures a
+relative change and a product model ``a·b`` has the null vector ``(1, -1)`` whatever the
+sizes of ``a`` and ``b``. Directions whose singular value is at most
+``max(m, n) * eps * s_max`` (scipy's rank rule, applied to the scaled Jacobian) are the
+null space. The covariance is the pseudo-inverse restricted to the other directions:
+every quantity orthogonal to the null space (an identifiable parameter such as ``c`` in
+``a·b·x + c``, the product ``a·b``, the model's prediction) keeps its finite variance,
+exactly the variance of the same quantity in a reparametrised, identifiable model. A
+parameter with a component in the null space gets ``inf``. scipy's ``curve_fit`` instead
+returns an all-inf ``pcov`` for ``method="lm"`` (and a finite, meaningless one for
+``trf``); :func:`adaptprec.curve_fit` keeps scipy's rule.
+
+Example:
+    >>> import jax.numpy as jnp
+    >>> from adaptprec.analysis.identifiability import subspace_covariance
+    >>> x = jnp.linspace(0.0, 1.0, 5)
+    >>> J = jnp.stack([3.0 * x, 2.0 * x, jnp.ones(5)], axis=1)  # d/da, d/db, d/dc of a*b*x+c
+    >>> cov = subspace_covariance(J, jnp.array([2.0, 3.0, 1.0]))
+    >>> int(cov.rank), [bool(v) for v in cov.identifiable]
+    (2, [False, False, True])
+"""
+
+from __future__ import annotations
+
+
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._pytree import Module
+
+__all__ = ["SubspaceCovariance", "subspace_covariance", "name_combination",
+           "describe_null_space"]
+
+
+class SubspaceCovariance(Module):
+    """The unscaled covariance ``(J^T J)^+`` on the identifiable subspace, and the SVD of
+    the scaled Jacobian it came from (all jnp arrays; a pytree, batched under ``vmap``).
+
+    Fields: ``cov`` ``(n, n)`` pseudo-inverse (finite); ``identifiable`` ``(n,)`` bool;
+    ``singular_values`` ``(n,)`` of ``J diag(scale)``, descending; ``directions``
+    ``(n, n)`` right singular vectors in the scaled (log) space, one per column;
+    ``scale`` ``(n,)``; ``rank`` (int); ``null`` ``(n,)`` bool, the columns of
+    ``directions`` in the null space.
+    """
+
+    cov: jax.Array
+    identifiable: jax.Array
+    singular_values: jax.Array
+    directions: jax.Array
+    scale: jax.Array
+    rank: jax.Array
+    null: jax.Array
+
+    def null_space(self):
+        """``(n, n)`` raw-parameter null-space directions (zero columns where not null)."""
+        return self.scale[:, None] * self.directions * self.null[None, :]
+
+
+def subspace_covariance(J, p, rtol=None) -> SubspaceCovariance:
+    """``(J^T J)^+`` restricted to the identifiable subspace of ``J`` (``(m, n)``, the
+    weighted residual's Jacobian at the solution ``p``); jit/vmap/grad-safe.
+
+    ``rtol``: singular values of the scaled Jacobian at most ``rtol * s_max`` span the
+    null space (default ``max(m, n) * eps``, scipy's rank rule).
+    """
+    J = jnp.asarray(J)
+    p = jnp.asarray(p, J.dtype)
+    m, n = J.shape
+    eps = jnp.finfo(J.dtype).eps
+    if rtol is None:
+        rtol = max(m, n) * eps
+    colnorm = jnp.sqrt(jnp.sum(J * J, axis=0))
+    scale = jnp.where(p != 0, jnp.abs(p),
+                      jnp.where(colnorm > 0, 1.0 / jnp.where(colnorm > 0, colnorm, 1.0), 1.0))
+    _, s, Vt = jnp.linalg.svd(J * scale, full_matrices=False)
+    keep = s > rtol * s[0]
+    inv_s2 = jnp.where(keep, 1.0 / jnp.where(keep, s, 1.0) ** 2, 0.0)
+    cov_scaled = (Vt.T * inv_s2) @ Vt
+    cov = scale[:, None] * cov_scaled * scale[None, :]
+    # a parameter with a (more than rounding) component in a null direction is not
+    # identifiable; sqrt(eps) as adaptprec's curve_fit rule for trf
+    in_null = jnp.max(jnp.where(keep[:, None], 0.0, jnp.abs(Vt)), axis=0)
+    identifiable = in_null <= jnp.sqrt(eps)
+    return SubspaceCovariance(cov, identifiable, s, Vt.T, scale,
+                              jnp.sum(keep).astype(jnp.int32), ~keep)
+
+
+# ----------------------------------------------------------------- naming (host side)
+
+def _small_ratio(a: float, b: float, tol: float = 0.02):
+    """``a / b`` as a small fraction p/q (|p|, q <= 4), or None."""
+    if b == 0:
+        return None
+    fr = Fraction(a / b).limit_denominator(4)
+    if abs(fr.numerator) > 4 or fr == 0 or abs(float(fr) - a / b) > tol * abs(a / b):
+        return None
+    return fr
+
+
+def _power(name: str, k: Fraction) -> str:
+    k = abs(k)
+    if k == 1:
+        return name
+    if k.denominator == 1:
+        return f"{name}^{k.numerator}"
+    return f"{name}^({k.numerator}/{k.denominator})"
+
+
+def _product_name(names, i, j, u) -> str | None:
+    """``p_i^α p_j`` constant along ``d log p = u`` (``α u_i + u_j = 0``), if ``α`` is a
+    small fraction."""
+    r = _small_ratio(-float(u[j]), float(u[i]))
+    if r is None:
+        return None
+    a, b = names[i], names[j]
+    # p_i^r p_j constant  <=>  p_i^num p_j^den constant (integer powers)
+    num, den = abs(r.numerator), r.denominator
+    if r > 0:
+        return f"{_power(a, Fraction(num))}·{_power(b, Fraction(den))}"
+    return f"{_power(b, Fraction(den))}/{_power(a, Fraction(num))}"
+
+
+def _sum_name(names, i, j, v) -> str | None:
+    """``α p_i + p_j`` constant along ``dp = v`` (``α v_i + v_j = 0``)."""
+    r = _small_ratio(-float(v[j]), float(v[i]))
+    if r is None:
+        return None
+    a, b = names[i], names[j]
+    coef = "" if abs(r) == 1 else f"{abs(r)}·"
+    return f"{coef}{a} + {b}" if r > 0 else f"{coef}{a} - {b}"
+
+
+def name_combination(names, popt, u, scale, involved, predict=None) -> str | None:
+    """Name the identifiable combination of two parameters ``i, j = involved`` whose
+    undetermined direction is ``u`` in ``log p`` (``scale * u`` in ``p``): a product
+    ``p_i^α p_j`` or a sum ``α p_i + p_j`` with a small rational ``α``. Both fit the
+    tangent; with ``predict(p)`` (the model at the data) the one whose finite move
+    (a 10 % change) leaves the model unchanged wins, the product first. ``None``
+    when neither applies.
+    """
+    i, j = involved
+    p = np.asarray(popt, np.float64)
+    raw = u * scale
+    candidates = []
+    prod = _product_name(names, i, j, u)
+    if prod is not None:
+        candidates.append((prod, p * np.exp(0.1 * u / np.max(np.abs(u)))))
+    lin = _sum_name(names, i, j, raw)
+    if lin is not None:
+        candidates.append((lin, p + 0.1 * raw / np.max(np.abs(raw)) *
+                           np.max(np.abs(p[[i, j]]) + 1e-300)))
+    if not candidates:
+        return None
+    if predict is None:
+        return candidates[0][0]
+    f0 = np.asarray(predict(p), np.float64)
+    size = np.linalg.norm(f0) + 1e-300
+    for name, q in candidates:  # the product first: a ray through 0 keeps both a/b and
+        # 1.5 a - b = 0, and only the ratio stays constant off that ray
+        if np.linalg.norm(np.asarray(predict(q), np.float64) - f0) <= 1e-8 * size:
+            return name
+    return None
+
+
+def describe_null_space(names, sub: SubspaceCovariance, popt, predict=None) -> list[str]:
+    """Sentences naming each undetermined direction (host NumPy; concrete inputs).
+    ``predict(p)``: the model at the data, to tell a product from a sum
+    (:func:`name_combination`)."""
+    null = np.asarray(sub.null)
+    V = np.asarray(sub.directions, np.float64)
+    scale = np.asarray(sub.scale, np.float64)
+    out = []
+    for k in np.flatnonzero(null):
+        u = V[:, k]
+        weight = np.abs(u) / np.max(np.abs(u))
+        involved = [i for i in range(len(names)) if weight[i] > 0.05]
+        if len(involved) == 1:
+            out.append(f"{names[involved[0]]} is not identifiable: the model does not "
+                       "depend on it at the data")
+            continue
+        listed = ", ".join(names[i] for i in involved[:-1]) + f" and {names[involved[-1]]}"
+        combo = None
+        if len(involved) == 2:
+            combo = name_combination(names, popt, u, scale, involved, predict)
+        if combo is not None:
+            out.append(f"{listed} are not separately identifiable (only {combo} is)")
+        else:
+            terms = ", ".join(f"{names[i]}: {u[i] / u[involved[0]]:+.3g}" for i in involved)
+            out.append(f"{listed} are not separately identifiable: changing the "
+                       f"log-parameters along ({terms}) leaves the model unchanged at the "
+                       "data")
+    return out
