@@ -143,6 +143,7 @@ class _Profiler:
         self.x = res.xdata
         self.y = np.asarray(res.ydata, np.float64)
         self.chi2 = float(res.chi2)
+        self.size = None   # the batch size of the first call (the grid)
 
     def _embed(self, j):
         others = [i for i in range(self.n) if i != j]
@@ -162,6 +163,12 @@ class _Profiler:
         B = js.size
         if B == 0:
             return np.zeros(0)
+        if self.size is None:
+            self.size = B
+        if B < self.size:  # one batch size for every call: one compiled solve
+            pad = self.size - B
+            return self(np.r_[js, np.repeat(js[-1:], pad)], np.r_[vs, np.repeat(vs[-1:], pad)]
+                        )[:B]
         if self.n == 1:  # nothing to re-fit: chi-square at the value
             p = vs[:, None]
             r = jax.vmap(lambda q: self.fun(jnp.zeros(0), jnp.ones((1, 0)), jnp.ones(1), q[0],
@@ -183,10 +190,11 @@ class _Profiler:
         bounds = (np.stack(LB), np.stack(UB)) if bounded else None
         out = self._solve(np.stack(Q_cond), args, bounds)
         retry = ~np.isfinite(out)
-        if retry.any():  # a start that failed: again from the optimum's values
-            sub = tuple(a[retry] if i < 3 else a for i, a in enumerate(args))
-            b2 = None if bounds is None else (bounds[0][retry], bounds[1][retry])
-            out[retry] = self._solve(np.stack(Q_best)[retry], sub, b2)
+        if retry.any():  # a start that failed: again from the optimum's values (the
+            # whole batch, to keep its size; only the failed fits are taken)
+            again = self._solve(np.where(retry[:, None], np.stack(Q_best),
+                                         np.stack(Q_cond)), args, bounds)
+            out[retry] = again[retry]
         return out
 
     def _solve(self, Q0, args, bounds):

@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import warnings
@@ -218,10 +219,10 @@ class FitResult(Module):
             noise_sigma = 1.0
         if noise_sigma is not None and not self.absolute_sigma:
             noise_sigma = jnp.asarray(noise_sigma) * jnp.sqrt(self.redchi)
-        dof = None if self.absolute_sigma else self.dof
         null = self.null_space if np.shape(self.null_space)[1] else None
-        return fit_band(self.model, x, self.popt, self.cov_identifiable, level=level,
-                        dof=dof, kind=kind, noise_sigma=noise_sigma, null_space=null)
+        program = _band_program(self.model, kind, self.absolute_sigma)
+        return program(x, self.popt, self.cov_identifiable, level, self.dof, noise_sigma,
+                       null)
 
     # ------------------------------------------------------------------ export
     def to_dict(self) -> dict:
@@ -269,6 +270,17 @@ class FitResult(Module):
         vals = ", ".join(f"{n}={float(v):.6g}" for n, v in zip(self.names,
                                                                np.asarray(self.popt)))
         return f"FitResult({vals}, redchi={float(self.redchi):.4g}, status={self.status})"
+
+
+@functools.lru_cache(maxsize=64)
+def _band_program(model, kind, absolute_sigma):
+    """:func:`fit_band` compiled once per model and kind (an eager band would dispatch
+    and compile its small operations one by one); level and dof are traced."""
+    def band(x, popt, pcov, level, dof, noise_sigma, null):
+        return fit_band(model, x, popt, pcov, level=level,
+                        dof=None if absolute_sigma else dof, kind=kind,
+                        noise_sigma=noise_sigma, null_space=null)
+    return jax.jit(band)
 
 
 # ---------------------------------------------------------------------- fit
