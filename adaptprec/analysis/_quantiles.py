@@ -24,11 +24,13 @@ def _float(x):
     return jnp.asarray(x, jnp.result_type(float))
 
 
+@jax.jit
 def normal_quantile(q):
     """The standard normal quantile ``Phi^{-1}(q)``."""
     return ndtri(_float(q))
 
 
+@jax.jit  # compiled once per shape: eager, the bisection loop would compile per value
 def t_quantile(q, dof):
     """Student's t quantile ``F^{-1}(q; dof)`` (``q`` in (0, 1), ``dof > 0``; traced
     values allowed). ``dof = inf`` gives the normal quantile."""

@@ -34,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -104,7 +105,10 @@ def profile_threshold(level: float, chi2_min: float, dof: int, absolute_sigma: b
     return chi2_min * float(two_sided_quantile(level, dof)) ** 2 / dof
 
 
+@functools.lru_cache(maxsize=64)
 def _residual_fn(model, kind):
+    """One residual function per model (the batched solve's compiled program is reused
+    across calls)."""
     def residual(q, E, e, v, x, y, W):
         p = E @ q + e * v
         f = jnp.ravel(model(x, *[p[i] for i in range(p.shape[0])])) - y
