@@ -330,10 +330,13 @@ def test_non_identifiable_product_keeps_finite_errors_for_the_rest(fits):
     assert res.rank == 2 and res.dof == x.size - 2
     assert list(res.identifiable) == [False, False, True]
     assert np.isinf(res.stderr[:2]).all() and np.isfinite(res.stderr[2])
-    assert any("a and b are not separately identifiable (only a·b is)" in d
-               for d in res.diagnostics)
-    # c's error is that of the identifiable reparametrisation y = k x + c
+    # c's error is that of the identifiable reparametrisation y = k x + c; so is a·b's
     popt, pcov = so.curve_fit(lambda x, k, c: k * x + c, x, y)
+    (note,) = res.diagnostics
+    assert note.startswith("a and b are not separately identifiable (only a·b is: a·b = ")
+    value, se = note.split(" = ")[1].rstrip(")").split(" ± ")
+    assert float(value) == pytest.approx(popt[0], rel=1e-6)
+    assert float(se) == pytest.approx(np.sqrt(pcov[0, 0]), rel=0.05)   # 2 digits printed
     assert res.stderr[2] == pytest.approx(np.sqrt(pcov[1, 1]), rel=1e-6)
     assert res.popt[0] * res.popt[1] == pytest.approx(popt[0], rel=1e-7)
     # the band of the prediction (estimable) is finite, the same as the reparametrised one
@@ -349,7 +352,8 @@ def test_non_identifiable_product_keeps_finite_errors_for_the_rest(fits):
 
 
 def test_combination_names():
-    from adaptprec.analysis.identifiability import describe_null_space, subspace_covariance
+    from adaptprec.analysis.identifiability import (describe_null_space, name_combination,
+                                                    subspace_covariance)
 
     x = np.linspace(0.0, 1.0, 6)
     p = np.array([2.0, 3.0, 1.0])
@@ -362,6 +366,10 @@ def test_combination_names():
         sub = subspace_covariance(J, p)
         text = describe_null_space(("a", "b", "c"), sub, p, lambda q: model(x, *q))
         assert text == [f"a and b are not separately identifiable (only {expected} is)"]
+        (text, value, grad), = [name_combination(("a", "b", "c"), p, sub.directions[:, 2],
+                                                 sub.scale, [0, 1], lambda q: model(x, *q))]
+        assert value == pytest.approx({"a·b": 6.0, "b/a": 1.5, "a + b": 5.0,
+                                       "a·b^2": 18.0}[expected])
 
 
 def test_strong_correlation_runs_and_bound_flags():

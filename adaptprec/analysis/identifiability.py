@@ -152,46 +152,52 @@ def _power(name: str, k: Fraction) -> str:
     return f"{name}^({k.numerator}/{k.denominator})"
 
 
-def _product_name(names, i, j, u) -> str | None:
-    """``p_i^α p_j`` constant along ``d log p = u`` (``α u_i + u_j = 0``), if ``α`` is a
-    small fraction."""
+def _product_form(names, i, j, u, p):
+    """``p_i^α p_j^β`` (integer powers) constant along ``d log p = u``
+    (``α u_i + β u_j = 0``): ``(text, value, gradient)``, or None."""
     r = _small_ratio(-float(u[j]), float(u[i]))
     if r is None:
         return None
-    a, b = names[i], names[j]
-    # p_i^r p_j constant  <=>  p_i^num p_j^den constant (integer powers)
     num, den = abs(r.numerator), r.denominator
-    if r > 0:
-        return f"{_power(a, Fraction(num))}·{_power(b, Fraction(den))}"
-    return f"{_power(b, Fraction(den))}/{_power(a, Fraction(num))}"
+    w = np.zeros(p.size)
+    w[i], w[j] = (num if r > 0 else -num), den
+    a, b = _power(names[i], Fraction(num)), _power(names[j], Fraction(den))
+    text = f"{a}·{b}" if r > 0 else f"{b}/{a}"
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = float(np.prod(np.where(w != 0, p, 1.0) ** w))
+        grad = np.where(w != 0, w * value / p, 0.0)
+    return text, value, grad
 
 
-def _sum_name(names, i, j, v) -> str | None:
-    """``α p_i + p_j`` constant along ``dp = v`` (``α v_i + v_j = 0``)."""
+def _sum_form(names, i, j, v, p):
+    """``α p_i ± p_j`` constant along ``dp = v``: ``(text, value, gradient)``, or None."""
     r = _small_ratio(-float(v[j]), float(v[i]))
     if r is None:
         return None
-    a, b = names[i], names[j]
     coef = "" if abs(r) == 1 else f"{abs(r)}·"
-    return f"{coef}{a} + {b}" if r > 0 else f"{coef}{a} - {b}"
+    sign = 1.0 if r > 0 else -1.0
+    grad = np.zeros(p.size)
+    grad[i], grad[j] = float(abs(r)), sign
+    text = f"{coef}{names[i]} {'+' if r > 0 else '-'} {names[j]}"
+    return text, float(grad @ p), grad
 
 
-def name_combination(names, popt, u, scale, involved, predict=None) -> str | None:
-    """Name the identifiable combination of two parameters ``i, j = involved`` whose
+def name_combination(names, popt, u, scale, involved, predict=None):
+    """The identifiable combination of two parameters ``i, j = involved`` whose
     undetermined direction is ``u`` in ``log p`` (``scale * u`` in ``p``): a product
-    ``p_i^α p_j`` or a sum ``α p_i + p_j`` with a small rational ``α``. Both fit the
+    ``p_i^α p_j^β`` or a sum ``α p_i ± p_j`` with small integer/rational ``α``, as
+    ``(text, value, gradient)``; ``None`` when neither applies. Both forms fit the
     tangent; with ``predict(p)`` (the model at the data) the one whose finite move
-    (a 10 % change) leaves the model unchanged wins, the product first. ``None``
-    when neither applies.
+    (a 10 % change) leaves the model unchanged wins, the product first.
     """
     i, j = involved
     p = np.asarray(popt, np.float64)
     raw = u * scale
     candidates = []
-    prod = _product_name(names, i, j, u)
+    prod = _product_form(names, i, j, u, p)
     if prod is not None:
         candidates.append((prod, p * np.exp(0.1 * u / np.max(np.abs(u)))))
-    lin = _sum_name(names, i, j, raw)
+    lin = _sum_form(names, i, j, raw, p)
     if lin is not None:
         candidates.append((lin, p + 0.1 * raw / np.max(np.abs(raw)) *
                            np.max(np.abs(p[[i, j]]) + 1e-300)))
@@ -201,17 +207,19 @@ def name_combination(names, popt, u, scale, involved, predict=None) -> str | Non
         return candidates[0][0]
     f0 = np.asarray(predict(p), np.float64)
     size = np.linalg.norm(f0) + 1e-300
-    for name, q in candidates:  # the product first: a ray through 0 keeps both a/b and
+    for form, q in candidates:  # the product first: a ray through 0 keeps both a/b and
         # 1.5 a - b = 0, and only the ratio stays constant off that ray
         if np.linalg.norm(np.asarray(predict(q), np.float64) - f0) <= 1e-8 * size:
-            return name
+            return form
     return None
 
 
-def describe_null_space(names, sub: SubspaceCovariance, popt, predict=None) -> list[str]:
+def describe_null_space(names, sub: SubspaceCovariance, popt, predict=None,
+                        cov=None) -> list[str]:
     """Sentences naming each undetermined direction (host NumPy; concrete inputs).
     ``predict(p)``: the model at the data, to tell a product from a sum
-    (:func:`name_combination`)."""
+    (:func:`name_combination`); ``cov``: the scaled covariance on the identifiable
+    subspace, to give the named combination's value and standard error."""
     null = np.asarray(sub.null)
     V = np.asarray(sub.directions, np.float64)
     scale = np.asarray(sub.scale, np.float64)
@@ -229,7 +237,12 @@ def describe_null_space(names, sub: SubspaceCovariance, popt, predict=None) -> l
         if len(involved) == 2:
             combo = name_combination(names, popt, u, scale, involved, predict)
         if combo is not None:
-            out.append(f"{listed} are not separately identifiable (only {combo} is)")
+            text, value, grad = combo
+            est = ""
+            if cov is not None:
+                se = float(np.sqrt(max(grad @ np.asarray(cov, np.float64) @ grad, 0.0)))
+                est = f": {text} = {value:.6g} ± {se:.2g}"
+            out.append(f"{listed} are not separately identifiable (only {text} is{est})")
         else:
             terms = ", ".join(f"{names[i]}: {u[i] / u[involved[0]]:+.3g}" for i in involved)
             out.append(f"{listed} are not separately identifiable: changing the "

@@ -411,7 +411,7 @@ def _build(model, xdata, ydata, p0, sigma, absolute_sigma, bounds, method, names
     def predict(p):
         return np.asarray(model(x, *[jnp.asarray(v) for v in p]), np.float64)
 
-    notes = describe_null_space(names, sub, popt, predict)
+    notes = describe_null_space(names, sub, popt, predict, cov_id)
     for k in np.flatnonzero(~null & (sloppy > SLOPPY_RELATIVE_ERROR)):
         u = V[:, k]
         big = np.argsort(-np.abs(u))[:3]
