@@ -504,3 +504,24 @@ def test_jacobi_svd_matches_lapack():
         _, s0, Vt0 = np.linalg.svd(A, full_matrices=False)
         np.testing.assert_allclose(s, s0, rtol=1e-12)
         np.testing.assert_allclose(np.abs(np.asarray(Vt) @ Vt0.T), np.eye(n), atol=1e-9)
+
+
+def test_covariance_sigma_and_one_parameter_profile():
+    rng = np.random.default_rng(0)
+    x = np.linspace(0.1, 2.0, 12)
+    # one parameter, linear in it: nothing to re-fit, and the profile is the Wald-t interval
+    res = ap.fit(lambda x, a: a * jnp.exp(0.3 * x), x,
+                 1.7 * np.exp(0.3 * x) + rng.normal(0, 0.05, 12))
+    prof = res.profile_intervals(0.95)
+    np.testing.assert_allclose(np.c_[prof.lower, prof.upper], res.wald_intervals(0.95),
+                               rtol=1e-9)
+    # a covariance matrix sigma: whitened residuals, as curve_fit
+    C = 0.05 ** 2 * (np.eye(12) + 0.3 * np.exp(-np.abs(np.subtract.outer(x, x))))
+    y = 2 * x / (0.7 + x) + rng.multivariate_normal(np.zeros(12), C)
+    res = ap.fit(michaelis_menten, x, y, p0=[1.0, 1.0], sigma=C)
+    popt, pcov = so.curve_fit(michaelis_menten, x, y, p0=[1.0, 1.0], sigma=C, ftol=1e-15,
+                              xtol=1e-15, gtol=1e-15)
+    np.testing.assert_allclose(res.stderr, np.sqrt(np.diag(pcov)), rtol=1e-6)
+    L = np.linalg.cholesky(C)
+    assert res.chi2 == pytest.approx(np.sum(np.linalg.solve(L, y - michaelis_menten(
+        x, *popt)) ** 2), rel=1e-8)
