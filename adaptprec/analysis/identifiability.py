@@ -78,13 +78,13 @@ def _jacobi_svd(A):
     m, n = A.shape
     if m > 2 * n:
         A = jnp.linalg.qr(A, mode="r")
-    cols = [A[:, i] for i in range(n)]
-    V = [jnp.zeros(n, A.dtype).at[i].set(1.0) for i in range(n)]
     eps, tiny = jnp.finfo(A.dtype).eps, jnp.finfo(A.dtype).tiny
-    for _ in range(JACOBI_SWEEPS):
+
+    def sweep(_, AV):  # one sweep: every pair once (unrolled); the sweeps are a loop,
+        A, V = AV      # which keeps the compiled size to one sweep's
         for i in range(n - 1):
             for j in range(i + 1, n):
-                a, b = cols[i], cols[j]
+                a, b = A[:, i], A[:, j]
                 alpha, beta, gamma = a @ a, b @ b, a @ b
                 done = jnp.abs(gamma) <= eps * jnp.sqrt(alpha * beta) + tiny
                 zeta = (beta - alpha) / (2.0 * jnp.where(done, 1.0, gamma))
@@ -92,11 +92,15 @@ def _jacobi_svd(A):
                 t = jnp.where(done, 0.0, jnp.where(zeta == 0, 1.0, t))
                 c = 1.0 / jnp.sqrt(1.0 + t * t)
                 s = c * t
-                cols[i], cols[j] = c * a - s * b, s * a + c * b
-                V[i], V[j] = c * V[i] - s * V[j], s * V[i] + c * V[j]
-    sv = jnp.stack([jnp.sqrt(col @ col) for col in cols])
+                A = A.at[:, i].set(c * a - s * b).at[:, j].set(s * a + c * b)
+                vi, vj = V[:, i], V[:, j]
+                V = V.at[:, i].set(c * vi - s * vj).at[:, j].set(s * vi + c * vj)
+        return A, V
+
+    A, V = jax.lax.fori_loop(0, JACOBI_SWEEPS, sweep, (A, jnp.eye(n, dtype=A.dtype)))
+    sv = jnp.sqrt(jnp.sum(A * A, axis=0))
     order = jnp.argsort(-sv)
-    return sv[order], jnp.stack(V, axis=1)[:, order].T
+    return sv[order], V[:, order].T
 
 
 def subspace_covariance(J, p, rtol=None) -> SubspaceCovariance:
