@@ -4,7 +4,10 @@
    R2, runs test, flags; one vmapped program) against the ``solve_nlsq_batch`` call it
    summarises, for Michaelis-Menten fits (10 points, 2 parameters) and the 4PL
    dose-response (24 points, 4 parameters), B = 1000 and 10000 fits.
-2. One fit: ``ap.fit`` (curve_fit + the report) against ``ap.curve_fit`` alone, and
+2. The SVD behind the summaries: the one-sided Jacobi SVD of
+   ``adaptprec.analysis.identifiability`` against ``jnp.linalg.svd`` (LAPACK gesdd per
+   matrix), vmapped over 10000 matrices of 10x2 and 24x4.
+3. One fit: ``ap.fit`` (curve_fit + the report) against ``ap.curve_fit`` alone, and
    ``profile_intervals`` (two levels, all parameters: one grid solve and two refinement
    solves on the batched engine) against one ``curve_fit``, repeat calls (compiled).
 
@@ -88,6 +91,21 @@ def batch_rows(sizes, repeat):
                   f"{1e6 * t['summary'] / B:>8.2f} {t['summary'] / t['solve']:>7.3f}")
 
 
+def svd_rows(repeat):
+    from adaptprec.analysis.identifiability import _jacobi_svd
+
+    rng = np.random.default_rng(2)
+    print()
+    for m, n in ((10, 2), (24, 4)):
+        A = jnp.asarray(rng.normal(size=(10000, m, n)))
+        jac = jax.jit(jax.vmap(_jacobi_svd))
+        lap = jax.jit(jax.vmap(lambda a: jnp.linalg.svd(a, full_matrices=False)[1:]))
+        jac(A), lap(A)
+        t = median_times({"jacobi": lambda: jac(A), "lapack": lambda: lap(A)}, repeat)
+        print(f"SVD of 10000 {m}x{n}: Jacobi {1e3 * t['jacobi']:.1f} ms, jnp.linalg.svd "
+              f"{1e3 * t['lapack']:.1f} ms ({t['lapack'] / t['jacobi']:.1f}x)")
+
+
 def single_rows(repeat):
     rng = np.random.default_rng(1)
     x = np.logspace(-2, 2, 24)
@@ -114,6 +132,7 @@ def main():
     repeat = 5 if args.quick else 9
     print(f"load average {os.getloadavg()[0]:.2f}; jax {jax.__version__}")
     batch_rows(sizes, repeat)
+    svd_rows(repeat)
     single_rows(repeat)
 
 

@@ -80,11 +80,13 @@ def _jacobi_svd(A):
         A = jnp.linalg.qr(A, mode="r")
     eps, tiny = jnp.finfo(A.dtype).eps, jnp.finfo(A.dtype).tiny
 
-    def sweep(_, AV):  # one sweep: every pair once (unrolled); the sweeps are a loop,
-        A, V = AV      # which keeps the compiled size to one sweep's
+    def sweep(_, AV):  # one sweep: every pair once (unrolled, on column lists); the
+        A, V = AV      # sweeps are a loop, which keeps the compiled size to one sweep's
+        cols = [A[:, i] for i in range(n)]
+        vs = [V[:, i] for i in range(n)]
         for i in range(n - 1):
             for j in range(i + 1, n):
-                a, b = A[:, i], A[:, j]
+                a, b = cols[i], cols[j]
                 alpha, beta, gamma = a @ a, b @ b, a @ b
                 done = jnp.abs(gamma) <= eps * jnp.sqrt(alpha * beta) + tiny
                 zeta = (beta - alpha) / (2.0 * jnp.where(done, 1.0, gamma))
@@ -92,10 +94,9 @@ def _jacobi_svd(A):
                 t = jnp.where(done, 0.0, jnp.where(zeta == 0, 1.0, t))
                 c = 1.0 / jnp.sqrt(1.0 + t * t)
                 s = c * t
-                A = A.at[:, i].set(c * a - s * b).at[:, j].set(s * a + c * b)
-                vi, vj = V[:, i], V[:, j]
-                V = V.at[:, i].set(c * vi - s * vj).at[:, j].set(s * vi + c * vj)
-        return A, V
+                cols[i], cols[j] = c * a - s * b, s * a + c * b
+                vs[i], vs[j] = c * vs[i] - s * vs[j], s * vs[i] + c * vs[j]
+        return jnp.stack(cols, axis=1), jnp.stack(vs, axis=1)
 
     A, V = jax.lax.fori_loop(0, JACOBI_SWEEPS, sweep, (A, jnp.eye(n, dtype=A.dtype)))
     sv = jnp.sqrt(jnp.sum(A * A, axis=0))
