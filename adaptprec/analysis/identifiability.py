@@ -65,7 +65,7 @@ class SubspaceCovariance(Module):
 
 
 #: up to this many parameters the SVD is one-sided Jacobi in jnp (unrolled rotations):
-#: batched over many small fits it is 3-6x faster than LAPACK's per-matrix gesdd on CPU
+#: batched over many small fits it is about 2-2.5x faster than LAPACK's per-matrix gesdd on CPU
 #: (benchmarks/bench_fit_report.py); its compiled size grows with n^2
 JACOBI_MAX_N = 6
 JACOBI_SWEEPS = 7
