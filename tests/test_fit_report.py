@@ -462,6 +462,12 @@ def test_batch_summary_under_jit_and_flags(mm_batch):
     jitted = jax.jit(lambda r, y: ap.summarize_batch(r, fun, (s,), in_axes=None,
                                                      ydata=y).stderr)(res, Y)
     np.testing.assert_allclose(jitted, eager.stderr, rtol=1e-12)
+    # per-fit bounds: a fit whose km sits on its upper bound is flagged, the others not
+    ub = np.full(res.x.shape, np.inf)
+    ub[3, 1] = float(res.x[3, 1])
+    flagged = ap.summarize_batch(res, fun, (s,), in_axes=None, ydata=Y,
+                                 bounds=(np.zeros(res.x.shape), ub)).has("at_bound")
+    assert np.flatnonzero(np.asarray(flagged)).tolist() == [3]
     # a batch of the non-identifiable product model: flagged per fit, c stays finite
     x = np.linspace(0.0, 4.0, 30)
     rng = np.random.default_rng(3)
