@@ -81,6 +81,11 @@ _LAZY = {
     # layered precision and training steps (issue 19)
     **dict.fromkeys(("MixedGrads", "SkipNonFiniteState", "StepInfo", "loss_scale_of",
                      "mixed_value_and_grad", "skip_nonfinite", "train_step"), "._training"),
+    # fit reports, intervals, bands, batch summaries (issue 33)
+    **dict.fromkeys(("fit", "FitResult"), ".analysis.result"),
+    **dict.fromkeys(("Band", "fit_band"), ".analysis.bands"),
+    **dict.fromkeys(("ProfileIntervals", "profile_intervals"), ".analysis.intervals"),
+    **dict.fromkeys(("BatchSummary", "summarize_batch"), ".analysis.batch_summary"),
 }
 _SUBMODULES = ("guards", "schedule", "linalg")
 
@@ -131,6 +136,10 @@ if TYPE_CHECKING:  # pragma: no cover  (the lazy names, for type checkers and gr
         skip_nonfinite,
         train_step,
     )
+    from .analysis.bands import Band, fit_band
+    from .analysis.batch_summary import BatchSummary, summarize_batch
+    from .analysis.intervals import ProfileIntervals, profile_intervals
+    from .analysis.result import FitResult, fit
     from .batch import BatchResult, solve_nlsq_batch
     from .guards import GuardResult
     from .report import Report
@@ -164,4 +173,7 @@ __all__ = [
     # training steps (issue 19)
     "MixedGrads", "StepInfo", "SkipNonFiniteState", "mixed_value_and_grad",
     "skip_nonfinite", "train_step", "loss_scale_of",
+    # fit reports (issue 33)
+    "fit", "FitResult", "profile_intervals", "ProfileIntervals", "fit_band", "Band",
+    "summarize_batch", "BatchSummary",
 ]

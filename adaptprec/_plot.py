@@ -130,8 +130,10 @@ def plot_fit(fit: Any, model: Callable | None = None, xdata=None, ydata=None, *,
 
     Args:
         fit: ``popt``, ``curve_fit``'s ``(popt, pcov)`` or ``full_output`` tuple, an
-            :class:`~adaptprec.NLSQResult`, or a :class:`~adaptprec.BatchResult` (then
-            :func:`plot_batch` draws it).
+            :class:`~adaptprec.NLSQResult`, a :class:`~adaptprec.BatchResult` (then
+            :func:`plot_batch` draws it), or a :class:`~adaptprec.FitResult` (then its
+            95 % confidence and prediction bands are drawn too; other levels:
+            ``adaptprec.analysis.plot.plot_fit_result``).
         model, xdata, ydata: the ``curve_fit`` model ``model(xdata, *params)`` and the data.
             Needed for the data panel; without them an ``NLSQResult``'s residuals
             (``fit.fun``) are plotted against their index.
@@ -158,6 +160,11 @@ def plot_fit(fit: Any, model: Callable | None = None, xdata=None, ydata=None, *,
 
     if isinstance(fit, BatchResult):
         return plot_batch(fit)
+    from .analysis.result import FitResult
+
+    if isinstance(fit, FitResult) and model is None:  # issue 33: drawn with its bands
+        from .analysis.plot import plot_fit_result
+        return plot_fit_result(fit, trace=trace)
     params, result = _unpack_fit(fit)
     have_data = model is not None and xdata is not None and ydata is not None
     if (model is None) != (xdata is None) or (ydata is None) != (xdata is None):
