@@ -285,4 +285,4 @@ def test_cli_help_lists_only_real_commands(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--help"])
     assert exc.value.code == 0
-    assert "{demo,profile}" in capsys.readouterr().out
+    assert "{demo,profile,cache}" in capsys.readouterr().out
