@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
-
 from .precision import Ladder, canonical_dtype, is_rung_object
 
 __all__ = ["Rung", "normalize_ladder", "is_rung_object"]
