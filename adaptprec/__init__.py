@@ -74,7 +74,7 @@ _LAZY = {
                      "AUTO_MIXED", "AUTO_MIXED_BF16", "AUTO_MIXED_CONSERVATIVE",
                      "PrecisionPolicy"), "._autocast.presets"),
     **dict.fromkeys(("ScopeMatch", "ScopeRules"), "._autocast.scopes"),
-    **dict.fromkeys(("PRIMITIVE_KINDS", "OpKind", "classify"), "._autocast.opkind"),
+    **dict.fromkeys(("PRIMITIVE_KINDS", "OpKind", "classify"), "._opkind"),
     # profiler and plots (issue 17)
     "Profile": "._profile", "ProfileRow": "._profile", "profile": "._profile",
     "FitTrace": "._plot", "plot_batch": "._plot", "plot_fit": "._plot",
@@ -111,7 +111,7 @@ if TYPE_CHECKING:  # pragma: no cover  (the lazy names, for type checkers and gr
     # (griffe resolves these through the package: its ``explain`` shadows the module)
     from ._autocast import Explanation, KindRow, ScopeRow, explain
     from ._autocast.interpret import autocast
-    from ._autocast.opkind import PRIMITIVE_KINDS, OpKind, classify
+    from ._opkind import PRIMITIVE_KINDS, OpKind, classify
     from ._autocast.presets import (
         ALWAYS_BF16,
         ALWAYS_F16,

@@ -47,7 +47,7 @@ from jax import lax
 
 from . import _jaxpr as jx
 from ._autocast.interpret import _is_dynamic, _trace
-from ._autocast.opkind import OpKind, classify
+from ._opkind import OpKind, classify
 
 __all__ = ["Unsupported", "first_order", "FirstOrderResult", "relative_bound",
            "cancellation_screen", "is_entrywise", "sampled_error"]
@@ -627,7 +627,7 @@ def is_entrywise(flat_fn: Callable, avals) -> bool:
     only on the same entry of each array input (all non-scalar inputs and outputs share
     one shape; rank-0 inputs and constants broadcast): then it may be re-evaluated on a
     sample of entries. ``avals``: ShapeDtypeStructs of the arrays."""
-    from ._autocast.opkind import ENTRYWISE
+    from ._opkind import ENTRYWISE
     closed = jax.make_jaxpr(flat_fn)(*avals)
     shapes = {tuple(x.shape) for x in avals if len(x.shape)}
     outs = {tuple(a.shape) for a in closed.out_avals}

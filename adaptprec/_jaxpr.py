@@ -10,7 +10,7 @@ lives here: the forward walk over the equations with its environment and literal
 handling (:func:`eval_jaxpr`), binding an equation again (:func:`bind`), the body of a call
 primitive (:func:`call_body`) and the sub-jaxprs any equation carries
 (:func:`sub_jaxprs`, :func:`iter_eqns`). Which primitive is what (entrywise, a reduction
-over axes, a call...) is :mod:`adaptprec._autocast.opkind`'s one table.
+over axes, a call...) is :mod:`adaptprec._opkind`'s one table.
 
 Primitive names are JAX 0.10's: ``jit`` (formerly ``pjit``, both accepted),
 ``closed_call``, ``remat2``, ``custom_jvp_call``, ``custom_vjp_call``, ``scan``, ``while``,
@@ -39,7 +39,7 @@ try:  # jax.extend.core's classes, without importing all of jax.extend (its pall
 except ImportError:  # pragma: no cover
     from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
-from ._autocast.opkind import CALLS
+from ._opkind import CALLS
 
 __all__ = ["open_jaxpr", "call_body", "sub_jaxprs", "has_sub_jaxpr", "iter_eqns", "bind",
            "eval_jaxpr", "literal_value"]
@@ -61,7 +61,7 @@ def call_body(eqn, *, custom: bool = True, remat: bool = True):
     """``(jaxpr, consts)`` that the call equation ``eqn`` applies to its operands, or
     ``None`` when ``eqn`` is not such a call.
 
-    Calls are the ``jit``-like primitives of :data:`~adaptprec._autocast.opkind.CALLS`,
+    Calls are the ``jit``-like primitives of :data:`~adaptprec._opkind.CALLS`,
     plus (unless switched off) ``remat2``/``checkpoint`` and the primal body of
     ``custom_jvp_call``/``custom_vjp_call``; inlining the latter drops their custom
     derivative rule, which is fine for a forward analysis but not for an evaluation that

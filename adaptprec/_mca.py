@@ -51,7 +51,7 @@ import numpy as np
 from jax import lax
 
 from ._autocast.interpret import _Ctx, _eval_jaxpr, _is_dynamic, _is_float, _raw, _trace
-from ._autocast.opkind import EXACT_REDUCTIONS, OpKind, classify
+from ._opkind import EXACT_REDUCTIONS, OpKind, classify
 from ._autocast.presets import PrecisionPolicy, Rule
 from ._jaxpr import iter_eqns
 

@@ -133,7 +133,7 @@ def plot_fit(fit: Any, model: Callable | None = None, xdata=None, ydata=None, *,
             :class:`~adaptprec.NLSQResult`, a :class:`~adaptprec.BatchResult` (then
             :func:`plot_batch` draws it), or a :class:`~adaptprec.FitResult` (then its
             95 % confidence and prediction bands are drawn too; other levels:
-            ``adaptprec.analysis.plot.plot_fit_result``).
+            ``adaptprec._plot.plot_fit_result``).
         model, xdata, ydata: the ``curve_fit`` model ``model(xdata, *params)`` and the data.
             Needed for the data panel; without them an ``NLSQResult``'s residuals
             (``fit.fun``) are plotted against their index.
@@ -163,7 +163,6 @@ def plot_fit(fit: Any, model: Callable | None = None, xdata=None, ydata=None, *,
     from .analysis.result import FitResult
 
     if isinstance(fit, FitResult) and model is None:  # issue 33: drawn with its bands
-        from .analysis.plot import plot_fit_result
         return plot_fit_result(fit, trace=trace)
     params, result = _unpack_fit(fit)
     have_data = model is not None and xdata is not None and ydata is not None
@@ -333,4 +332,44 @@ def plot_profile(prof, ax=None):
     ax.set_xlabel("run time per call (s)")
     ax.set_ylabel(f"correct digits (vs {prof.reference})")
     ax.set_title(f"profile of {prof.function}")
+    return fig
+
+
+def plot_fit_result(res, *, level: float = 0.95, prediction: bool = True, trace=None,
+                    points: int = 200):
+    """``plot_fit`` for a fit result, with its ``level`` confidence band (and, with
+    ``prediction=True`` for a fit without ``sigma``, the prediction band) shaded on the
+    data panel. A positive ``x`` spanning more than two decades is drawn on a log axis.
+
+    Example:
+        >>> import numpy as np, jax.numpy as jnp
+        >>> import adaptprec as ap
+        >>> x = np.linspace(0.0, 2.0, 15)
+        >>> res = ap.fit(lambda x, a, k: a * jnp.exp(-k * x), x,
+        ...              np.exp(-x) + 0.01 * np.cos(9 * x))
+        >>> fig = ap.plot_fit(res)
+        >>> [c.get_label() for c in fig.axes[0].collections][-2:]
+        ['95% prediction band', '95% confidence band']
+    """
+    fig = plot_fit(res.popt, res.model, res.xdata, res.ydata, sigma=res.sigma, trace=trace)
+    x = np.asarray(res.xdata, np.float64)
+    if x.ndim != 1 or x.size != res.nobs:
+        return fig   # bands need a 1-D x
+    lo, hi = float(x.min()), float(x.max())
+    log = lo > 0 and hi / lo > 100.0
+    grid = np.geomspace(lo, hi, points) if log else np.linspace(lo, hi, points)
+    ax = fig.axes[0]
+    conf = res.band(grid, level=level)
+    if prediction and res.sigma is None:
+        pred = res.band(grid, level=level, kind="prediction")
+        ax.fill_between(grid, np.asarray(pred.lower), np.asarray(pred.upper),
+                        color="tab:blue", alpha=0.12, lw=0,
+                        label=f"{level:.0%} prediction band")
+    ax.fill_between(grid, np.asarray(conf.lower), np.asarray(conf.upper), color="tab:orange",
+                    alpha=0.35, lw=0, label=f"{level:.0%} confidence band")
+    ax.plot(grid, np.asarray(conf.fit), "-", color="tab:orange", lw=1.2)
+    if log:
+        for a in fig.axes[:2]:
+            a.set_xscale("log")
+    ax.legend(loc="best", fontsize="small")
     return fig

@@ -1,6 +1,7 @@
 """Rungs of a precision ladder: plain dtypes or objects with ``.dtype`` and ``.wrap(fn)``.
 
-Private helper shared by ``guards``, ``runtime`` and ``schedule``.
+Private helper shared by ``runtime`` and ``schedule`` (the rung predicate,
+``is_rung_object``, lives in :mod:`adaptprec.precision`, which guards import too).
 """
 
 from __future__ import annotations
@@ -8,9 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
-
-from .precision import Ladder, canonical_dtype
+from .precision import Ladder, canonical_dtype, is_rung_object
 
 __all__ = ["Rung", "normalize_ladder", "is_rung_object"]
 
@@ -36,11 +35,6 @@ class Rung(Protocol):
     dtype: Any
 
     def wrap(self, fn: Callable) -> Callable: ...
-
-
-def is_rung_object(r: Any) -> bool:
-    return (not isinstance(r, (str, np.dtype, type))) and hasattr(r, "dtype") and callable(
-        getattr(r, "wrap", None))
 
 
 def normalize_ladder(ladder: Any, *, min_rungs: int = 1,

@@ -59,10 +59,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._normest import norm1_estimate
-from ._rungs import is_rung_object
 from ._status import Reason, reason_name
 from ._policy import _is_floating_array, cast_floating
-from .precision import canonical_dtype, max_value, unit_roundoff
+from .precision import canonical_dtype, is_rung_object, max_value, unit_roundoff
 
 __all__ = [
     "GuardResult",

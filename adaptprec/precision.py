@@ -246,6 +246,22 @@ def smallest_normal(dtype: DTypeLike) -> float:
     return float(ml_dtypes.finfo(canonical_dtype(dtype, check_x64=False)).smallest_normal)
 
 
+def is_rung_object(r: Any) -> bool:
+    """Whether ``r`` is a ladder rung that is more than a dtype: an object with ``.dtype``
+    and ``.wrap(fn)`` (``adaptprec.runtime.Rung``; e.g. an autocast ``PrecisionPolicy``).
+    A base predicate, so guards, runtime and schedule share it without importing each
+    other.
+
+    Example:
+        >>> import numpy as np
+        >>> from adaptprec.precision import is_rung_object
+        >>> is_rung_object(np.dtype("float32")), is_rung_object("f32")
+        (False, False)
+    """
+    return (not isinstance(r, (str, np.dtype, type))) and hasattr(r, "dtype") and callable(
+        getattr(r, "wrap", None))
+
+
 class Ladder(Sequence):
     """A strictly increasing sequence of floating precisions to escalate through.
 

@@ -8,7 +8,7 @@ import pytest
 from jax import lax
 
 from adaptprec import _jaxpr as jx
-from adaptprec._autocast import opkind
+from adaptprec import _opkind as opkind
 from adaptprec.batch._fits_last import vmap_last
 from adaptprec.nlsq._pointwise import point_axes
 

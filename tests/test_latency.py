@@ -113,14 +113,14 @@ def test_fresh_lambda_reuses_compiled_code_with_its_own_constants():
 def test_memo_of_fresh_models_stays_bounded(monkeypatch):
     # newcomer audit 6: one entry per fresh model was trimmed but _point_axes added a
     # second, untrimmed (2,628 entries after 2,500 fits, each holding its model's data)
-    from adaptprec.nlsq import solve as S
+    from adaptprec.nlsq import _residual as R
 
-    monkeypatch.setattr(S, "_CACHE_SIZE", 2)
+    monkeypatch.setattr(R, "_MEMO_SIZE", 8)
     t = np.linspace(0.0, 4.0, 40)
     for k in range(12):
         y = (1.0 + k) * np.exp(-t)
         ap.curve_fit(lambda t, a, b: a * jnp.exp(-b * t) + 0.0 * y, t, y, p0=[1.0, 1.0])
-    assert len(S._m_cache) <= 8
+    assert len(R._m_cache) <= 8
 
 
 def test_padded_rows_contribute_nothing():

@@ -101,7 +101,7 @@ def dexp_res_unblocked(p, t, y):
 
 
 def _blocked_key_used(fn):
-    from adaptprec.nlsq.solve import _cache
+    from adaptprec.nlsq._fused import _cache
     return [k[4].point_axes for k in _cache if k[0] is fn]
 
 

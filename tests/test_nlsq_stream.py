@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import adaptprec as ap
-from adaptprec.nlsq import _stream
+from adaptprec.nlsq import _chunks, _stream
 from adaptprec.nlsq._inputs import OptionNotOffered
 
 from _subprocess import run_python
@@ -98,10 +98,10 @@ def test_chunks_source_uneven_and_oversized(data, streamed):
 
 def test_one_program_for_every_length(data, streamed):
     t, y = data
-    before = len(_stream._programs)
+    before = len(_chunks._programs)
     res = ap.solve_nlsq(residual, X0, args=(t[:15_000], y[:15_000]), chunk_size=CHUNK)
     assert int(res.status) > 0
-    assert len(_stream._programs) == before
+    assert len(_chunks._programs) == before
 
 
 def test_curve_fit_popt_pcov(data):

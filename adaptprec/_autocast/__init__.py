@@ -18,11 +18,14 @@ Example:
 """
 
 # Each submodule's __all__ is re-exported as is (one list per name, kept by its module).
-# Only ``opkind`` (small, used by the nlsq pointwise analysis) is imported with the
-# package; the rest on first use (issue 14: import time), through ``__getattr__``.
+# ``import adaptprec`` does not load this package (the op table it shares with the
+# jaxpr walker is adaptprec/_opkind.py). Loading it loads the interpreter, which
+# registers itself with the policies (``PrecisionPolicy.wrap``; presets.py does not
+# import it: no cycle); the other names on first use, through ``__getattr__``.
 from typing import TYPE_CHECKING
 
-from .opkind import EXACT_REDUCTIONS, PRIMITIVE_KINDS, OpKind, classify
+from .._opkind import EXACT_REDUCTIONS, PRIMITIVE_KINDS, OpKind, classify
+from . import interpret as _interpret  # noqa: F401  (registers autocast with presets)
 
 _LAZY = {
     **dict.fromkeys(("explain", "Explanation", "KindRow", "ScopeRow"), ".explain"),

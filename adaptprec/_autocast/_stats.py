@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from .opkind import OpKind
+from .._opkind import OpKind
 
 _LABELS: dict = {}
 

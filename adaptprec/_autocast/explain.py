@@ -41,7 +41,7 @@ import jax
 
 from ._stats import _Stats
 from .interpret import _is_dynamic, _run
-from .opkind import OpKind
+from .._opkind import OpKind
 from .presets import AUTO_MIXED_BF16, PrecisionPolicy
 from .scopes import ScopeRules
 

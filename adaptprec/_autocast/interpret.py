@@ -65,7 +65,8 @@ except ImportError:  # pragma: no cover
 from .. import _jaxpr as jx
 from . import scopes as _scopes
 from ._stats import _Stats, _Tagged
-from .opkind import CALLS, EXACT_REDUCTIONS, PRIMITIVE_KINDS, OpKind, classify
+from .._opkind import CALLS, EXACT_REDUCTIONS, PRIMITIVE_KINDS, OpKind, classify
+from . import presets as _presets
 from .presets import AUTO_MIXED_BF16, PrecisionPolicy, Rule
 
 __all__ = ["autocast"]
@@ -804,3 +805,6 @@ def autocast(fn: Callable | None = None,
     wrapped.policy = pol  # type: ignore[attr-defined]
     wrapped.scopes = rules  # type: ignore[attr-defined]
     return wrapped
+
+
+_presets._interpreter["autocast"] = autocast

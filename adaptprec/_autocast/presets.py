@@ -76,7 +76,7 @@ import numpy as np
 from jax import lax
 
 from ..precision import DTypeLike, canonical_dtype, dtype_name, require_x64
-from .opkind import PRIMITIVE_KINDS, NamedEnum, OpKind, classify
+from .._opkind import PRIMITIVE_KINDS, NamedEnum, OpKind, classify
 
 __all__ = [
     "Rule",
@@ -420,9 +420,13 @@ class PrecisionPolicy:
             >>> ap.ALWAYS_BF16.wrap(jnp.sin)(jnp.ones(2, jnp.float32)).dtype.name
             'float32'
         """
-        from .interpret import autocast
+        return _interpreter["autocast"](fn, self)
 
-        return autocast(fn, self)
+
+#: The interpreter's ``autocast``, registered by :mod:`.interpret` when it is imported
+#: (the package imports it before any policy can be wrapped): the interpreter reads
+#: policies, so this module does not import it (no cycle presets <-> interpret).
+_interpreter: dict[str, Callable] = {}
 
 
 _AUTO_RULES: dict[str, _RuleValue] = {

@@ -55,7 +55,7 @@ import numpy as np
 
 from .._policy import Policy
 from ..precision import canonical_dtype, dtype_name, require_x64, x64_enabled
-from .opkind import OpKind
+from .._opkind import OpKind
 from .presets import PrecisionPolicy, Rule
 
 __all__ = ["ScopeRules", "ScopeMatch", "KEEP", "scope_path", "region_policy"]

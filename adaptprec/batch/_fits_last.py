@@ -27,7 +27,7 @@ from typing import Callable
 import jax
 from jax import lax
 
-from .._autocast.opkind import AXIS_REDUCTIONS, ENTRYWISE
+from .._opkind import AXIS_REDUCTIONS, ENTRYWISE
 from .._jaxpr import bind, call_body, eval_jaxpr
 
 __all__ = ["vmap_last"]

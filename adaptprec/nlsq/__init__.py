@@ -1,10 +1,14 @@
 """Nonlinear least squares with adaptive precision: :func:`solve_nlsq`, :func:`curve_fit`,
 :class:`NLSQResult`.
 
-One algorithm per module (scipy ``optimize/_lsq`` layout): ``lm`` (Levenberg–Marquardt
-trust region), ``gn`` (damped Gauss–Newton), ``trf`` (trust-region reflective, bounds),
-``common`` (losses, status codes, trust-region subproblem, covariance), ``result``,
-``solve`` (validation, caching, the compiled driver), ``curve_fit``.
+One concept per module, in layers that import only upwards (docs/architecture.md,
+"Layers" and "One solve"): inputs (``_inputs``, ``_ladder``, ``common``: losses, status
+codes, trust-region subproblem, covariance; ``result``), problem (``_residual``,
+``_evaluation`` and the data behind it: ``_buckets``, ``_chunks``, ``_sharded``), step
+(``_loop``, ``_methods`` and one algorithm per module, as scipy's ``optimize/_lsq``:
+``lm``, ``gn``, ``trf``, ``dogbox``), drivers (``_fused``, ``_host``, ``_promote``,
+``_stream``), and the entry points ``solve``, ``curve_fit`` and ``_multistart``, which
+pick a driver with ``_dispatch.choose_driver``.
 
 Example:
     >>> import jax.numpy as jnp

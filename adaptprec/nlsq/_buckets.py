@@ -15,9 +15,10 @@ Example:
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["bucket", "pad_points", "padded_avals", "PointMemo"]
+__all__ = ["bucket", "pad_points", "padded_avals", "masked", "PointMemo"]
 
 MIN_BUCKET = 16
 
@@ -57,6 +58,14 @@ def pad_points(args, axes, m: int, M: int):
 
 
 # ----------------------------------------------------------------------------- memo
+def masked(fun, mask):
+    """``fun`` with the residuals of padded points (``~mask``) set to zero (so are their
+    Jacobian rows); ``fun`` itself when ``mask`` is ``None``."""
+    if mask is None:
+        return fun
+    return lambda x, *a: jnp.where(mask, fun(x, *a), 0.0)
+
+
 class PointMemo:
     """Remembers, per residual *object* (weakly: a dropped residual is forgotten), the
     point axes the pointwise analysis proved for an argument structure, so that a new

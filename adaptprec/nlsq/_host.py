@@ -47,10 +47,12 @@ import numpy as np
 from .. import _disk_cache
 from .._policy import cast_floating
 from . import _promote
-from ._buckets import pad_points, padded_avals
+from ._buckets import masked, pad_points, padded_avals
 from ._compile import cpu_jit
+from ._evaluation import _ev_avals, _ev_packer, final_eval
 from ._identity import jaxpr_function, trace_residual
 from ._loop import LoopConfig, build_loop
+from ._methods import method_fns
 from ._pack import Packer
 from ._x64 import numpy_results
 from .common import Status, _covariance_svd
@@ -135,18 +137,6 @@ def _ctl(st):
     return jnp.stack([st.status, st.rung]).astype(jnp.int32)
 
 
-def _ev_avals(n: int, top) -> tuple:
-    """An evaluation's result ``(cost, R, qtf, fsn, jac_ok)``: the contract between a
-    residual's ``evaluate`` program and the step program (checked when tracing)."""
-    sds = jax.ShapeDtypeStruct
-    return (sds((), top), sds((n, n), top), sds((n,), top), sds((), top), sds((), np.bool_))
-
-
-def _ev_packer(n: int, top) -> Packer:
-    """:func:`_ev_avals` packed into one vector of the top dtype."""
-    return Packer(_ev_avals(n, top), bool_as=top)
-
-
 class StepPrograms(NamedTuple):
     """The compiled ``init``/``step`` of one step configuration, on packed state (see
     :mod:`._pack`): ``init(x0, ctx, m) -> (carry, z, ctl)`` and
@@ -170,8 +160,6 @@ def _step_programs(cfg: LoopConfig) -> StepPrograms:
 
 
 def _build_step_programs(cfg: LoopConfig) -> StepPrograms:
-    from .solve import method_fns
-
     scfg = _step_cfg(cfg)
     top = np.dtype(scfg.rungs[-1])
 
@@ -234,14 +222,6 @@ def _arg_aval(a, dt):
                                 weak_type=isinstance(a, (bool, int, float, complex)))
 
 
-def masked(fun, mask):
-    """``fun`` with the residuals of padded points (``~mask``) set to zero (so are their
-    Jacobian rows); ``fun`` itself when ``mask`` is ``None``."""
-    if mask is None:
-        return fun
-    return lambda x, *a: jnp.where(mask, fun(x, *a), 0.0)
-
-
 def _eval_program(cfg: LoopConfig, traced, is_padded: bool):
     """Residual, Jacobian and the factored model at ``z`` on rung ``rung`` (a
     ``lax.switch`` over the rungs, as in the fused loop: the host need not know the
@@ -280,8 +260,6 @@ def _final_program(cfg: LoopConfig, tr, is_padded: bool, covariance: bool = Fals
     2-4x slower than warm (a QR of ``J`` 45-65 us instead of ~15), while in the program
     it is two small LAPACK calls; and the host loop's ``final`` and the promoted program
     compute it alike, so pcov has the same bits on the first and the hundredth fit."""
-    from .solve import final_eval
-
     top_dt = cfg.rungs[-1]
     fcfg = cfg._replace(schedule=None, point_axes=None)
 
@@ -406,13 +384,8 @@ def _whole_fn(sp: StepPrograms, evaluate, final, M: int, is_padded: bool):
 
         st, _ = jax.lax.while_loop(lambda c: c[0].status == Status.RUNNING, body,
                                    sp.init_tree(x0, ctx_t, m))
-        f, Js, g, cost, optimality, active, *cov = final(st.x, consts[-1], mask, args, fs,
-                                                         lb, ub, xtol)
-        return dict(x=st.x, cost=cost, fun=f, jac=Js, grad=g, optimality=optimality,
-                    active_mask=active, nfev=st.nfev, njev=st.njev + 1, nit=st.nit,
-                    status=st.status, rung=st.rung, escalations=st.escalations,
-                    rung_entered=st.rung_entered, rung_nfev=st.rung_nfev,
-                    escalation_reason=st.esc_reason, **({"cov": cov[0]} if cov else {}))
+        return _fields(st, final(st.x, consts[-1], mask, args, fs, lb, ub, xtol),
+                       st.njev + 1)
 
     return whole
 
@@ -565,9 +538,16 @@ def _solve_host_loop(sp, evaluate, final, x0, ctx, consts, args, m_arr, M, is_pa
     st, _ = sp.carry.unpack_numpy(carry)
     fargs = (st.x, consts[-1], mask, args, fs_d, lb, ub, xtol)
     out = jax.device_get(_compiled(final, *fargs)(*fargs))
-    f, Js, g, cost, optimality, active, *cov = out
+    return _fields(st, out, st.njev + np.ones_like(st.njev))
+
+
+def _fields(st, final_out, njev) -> dict:
+    """The result fields from the loop's last state and the final program's outputs
+    (``njev``: the loop's count plus the final evaluation's Jacobian), with ``cov`` when
+    that program computed it; one layout for the host loop and the promoted program."""
+    f, Js, g, cost, optimality, active, *cov = final_out
     return dict(x=st.x, cost=cost, fun=f, jac=Js, grad=g, optimality=optimality,
-                active_mask=active, nfev=st.nfev, njev=st.njev + np.ones_like(st.njev),
-                nit=st.nit, status=st.status, rung=st.rung, escalations=st.escalations,
+                active_mask=active, nfev=st.nfev, njev=njev, nit=st.nit,
+                status=st.status, rung=st.rung, escalations=st.escalations,
                 rung_entered=st.rung_entered, rung_nfev=st.rung_nfev,
                 escalation_reason=st.esc_reason, **({"cov": cov[0]} if cov else {}))

@@ -26,10 +26,7 @@ more step.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -39,15 +36,17 @@ from jax import lax
 from .. import guards
 from ..precision import Ladder, unit_roundoff
 from .._status import Reason
-from ..schedule import NoiseFloor, ScheduleStats, StallEscalation, any_of
 from .common import Status, check_termination_codes, jac_scale, robust_cost
 from .common import lower_rung_budget, scale_for_robust_loss, update_tr_radius
 from ._blocks import PointBlocks
 from .lm import minpack_radius, optx_radius, rounding_level_step, verify_minimum
 from .lm import RUNAWAY_FACTOR, at_noise_level
 from ._callback import call_callback
+from ._factor import _factor, _factor_gram, _promote
+from ._state import LoopConfig, Proposal, _Kept, _State
+from ._step_schedule import _consult_schedule, _observes, _sched_set_rung, default_schedule
 
-__all__ = ["LoopConfig", "Proposal", "build_loop"]
+__all__ = ["LoopConfig", "Proposal", "build_loop", "default_schedule"]
 
 #: Rounding-level steps in a row on the top rung before the solve may end (ftol) ...
 NOISE_STEPS = 3
@@ -80,133 +79,6 @@ PORTFOLIO = True
 #: initial radius (its failure says the full radius led astray): at sweep seed 1 it also
 #: solves MGH09 p2, seeds 0 and 2 unchanged (docs/nlsq.md).
 RESTART_RADIUS = 0.01
-
-
-class LoopConfig(NamedTuple):
-    m: int
-    n: int
-    rungs: tuple  # dtypes
-    method: str
-    loss: Any
-    jac: Any  # "fwd" | "rev" | callable
-    jac_scale: bool
-    has_bounds: bool
-    max_steps: int
-    linear_solver: str
-    max_rejections: int
-    cond_tol: float
-    schedule: Any
-    #: per leaf of ``args``: the axis of its data points, ``None`` for leaves without;
-    #: set (see :mod:`._pointwise`) only when the residual is proven pointwise and the
-    #: normal equations are accumulated block by block.
-    point_axes: tuple | None = None
-    #: scipy's ``max_nfev``: stop (status 0) after this many residual evaluations; 0 = no
-    #: cap beyond ``max_steps``.
-    max_nfev: int = 0
-    #: scipy's ``callback`` (see :mod:`._callback`), or ``None``
-    callback: Any = None
-    #: ``tr_solver="lsmr"``: :func:`._lsmr.check_tr_options`'s tuple (``None``: exact)
-    tr: Any = None
-    #: ``lm``'s second strategy on failure (:data:`PORTFOLIO`; part of every cache key):
-    #: 0 off, 1 ``max_steps`` caps the whole solve, 2 each strategy has ``max_steps``
-    portfolio: int = 1
-    #: the stopping rules of a top rung entered by escalation from the first step on:
-    #: rounding-level steps judged by the cost's evaluation error
-    #: (:data:`POST_ESCALATION_NOISE`) and the first convergence confirmed by one more
-    #: step. Set by ``solve_nlsq`` for an ``"adaptive"`` solve that runs float64 alone
-    #: (``solve.SMALL_F64_MN``); an explicit ``precision="f64"`` keeps scipy's rules.
-    adaptive_stop: bool = False
-
-
-class _State(NamedTuple):
-    x: jax.Array
-    cost: jax.Array
-    R: jax.Array
-    qtf: jax.Array
-    fsn: jax.Array
-    ok: jax.Array
-    scale_inv: jax.Array
-    Delta: jax.Array
-    alpha: jax.Array
-    rung: jax.Array
-    escalations: jax.Array
-    nfev: jax.Array
-    njev: jax.Array
-    nit: jax.Array
-    status: jax.Array
-    consec_rej: jax.Array
-    top_steps: jax.Array
-    pending: jax.Array
-    rung_entered: jax.Array
-    rung_nfev: jax.Array
-    esc_reason: jax.Array
-    #: ``||D dx||`` of the last rounding-level step on the top rung (inf: none)
-    noise_dx: jax.Array
-    #: (issue 15) the top rung has deferred its first convergence stop after an
-    #: escalation (see ``advance``)
-    confirmed: jax.Array
-    sched: Any
-    #: portfolio (see :data:`PORTFOLIO`): the step strategy (0: default, 1: the second),
-    #: ``nit`` when it started (its own ``max_steps``), and the first strategy's end
-    #: (:class:`_Kept`, ``None`` without a portfolio)
-    strat: jax.Array = None
-    strat_nit: jax.Array = None
-    kept: Any = None
-    #: ``||x0||`` (the runaway test of the portfolio's end)
-    x0_norm: jax.Array = None
-
-
-class _Kept(NamedTuple):
-    """Where the first strategy ended (only ends that ``verify_minimum`` leaves as they
-    are: out of steps, no finite step, a runaway convergence)."""
-
-    x: jax.Array
-    cost: jax.Array
-    status: jax.Array
-
-
-class Proposal(NamedTuple):
-    """What ``propose`` hands to the evaluation and to ``advance``: the step, the point
-    to evaluate (the trial point, or the current point when ``pending``) and whether the
-    current model already satisfies the ``gtol`` test."""
-
-    step: Any
-    z: jax.Array
-    gtol_hit: jax.Array
-
-
-def _promote(dtype):
-    return jnp.promote_types(dtype, jnp.float32)
-
-
-def _factor_gram(A, b):
-    """``R`` and ``qtf`` with ``R^T R = A`` and ``R^T qtf = b`` from the Gram matrix
-    ``A = J^T J`` and ``b = J^T f`` (symmetric eigendecomposition, rank-revealing)."""
-    n = A.shape[0]
-    lam, V = jnp.linalg.eigh(A)
-    lam = jnp.maximum(lam, 0.0)
-    sq = jnp.sqrt(lam)
-    # Rank test on the Gram matrix (eigenvalues carry absolute error ~ n eps ||A||),
-    # not scipy's eps * max(m, n) for J: with m = 1e6 in float32 that would drop
-    # every direction below 10% of the largest singular value.
-    keep = lam > n * jnp.finfo(A.dtype).eps * jnp.max(lam)
-    R = sq[:, None] * V.T
-    qtf = jnp.where(keep, (V.T @ b) / jnp.where(keep, sq, 1.0), 0.0)
-    return R, qtf
-
-
-def _factor(J, f, linear_solver):
-    """``R`` (n x n) and ``qtf`` with ``R^T R = J^T J`` and ``R^T qtf = J^T f``."""
-    m, n = J.shape
-    if linear_solver == "normal":
-        A = jnp.einsum("mi,mj->ij", J, J, preferred_element_type=J.dtype)
-        b = jnp.einsum("mi,m->i", J, f, preferred_element_type=J.dtype)
-        return _factor_gram(A, b)
-    A = jnp.concatenate([J, f[:, None]], axis=1)
-    if m < n + 1:
-        A = jnp.concatenate([A, jnp.zeros((n + 1 - m, n + 1), A.dtype)])
-    Raug = jnp.linalg.qr(A, mode="r")
-    return Raug[:n, :n], Raug[:n, n]
 
 
 def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Callable,
@@ -704,38 +576,3 @@ def _runaway(status, x, x0_norm):
             & (jnp.linalg.norm(x) > RUNAWAY_FACTOR * x0_norm))
 
 
-def _observes(schedule) -> bool:
-    """Whether ``schedule`` has a host-side observer (:class:`~adaptprec.schedule.Callback`,
-    possibly inside :func:`~adaptprec.schedule.any_of`)."""
-    from ..schedule import AnyOf, Callback
-    if isinstance(schedule, Callback):
-        return True
-    if callable(getattr(type(schedule), "_get", None)):   # FitTrace: a schedule duck type
-        return _observes(schedule._get())
-    return isinstance(schedule, AnyOf) and any(_observes(s) for s in schedule.schedules)
-
-
-def _consult_schedule(schedule, st, cost_t, actual, accepted, bad, f_scale):
-    value = jnp.where(accepted, cost_t, st.cost)
-    rel = jnp.where(accepted, actual, 0.0) / jnp.maximum(jnp.abs(st.cost),
-                                                         jnp.finfo(st.cost.dtype).tiny)
-    stats = ScheduleStats.make(value, step=st.nit, rel_decrease=rel, accepted=accepted,
-                               guard_failures=bad.astype(jnp.int32),
-                               scale=jnp.maximum(jnp.abs(st.cost),
-                                                 jnp.finfo(st.cost.dtype).tiny))
-    new = schedule.update(st.sched, stats)
-    return new, new.rung > st.rung
-
-
-def _sched_set_rung(sched, rung):
-    if sched is None:
-        return None
-    return dataclasses.replace(sched, rung=jnp.asarray(rung, sched.rung.dtype))
-
-
-@functools.cache
-def default_schedule():
-    """``any_of(NoiseFloor(10), StallEscalation(1e-6, 3))``: climb when accepted steps
-    decrease the cost by less than ``10 u cost`` or progress stalls for 3 steps. One
-    shared instance, so it is one entry of the compiled-solver cache key."""
-    return any_of(NoiseFloor(factor=10.0), StallEscalation(rate=1e-6, patience=3))

@@ -285,3 +285,30 @@ def solve_trust_region_2d(B, g, Delta):
     value = 0.5 * jnp.sum(P * (B @ P), axis=0) + g @ P
     p_circle = P[:, jnp.argmin(value)]
     return jnp.where(inside, p_newton, p_circle)
+
+
+def _tr_solver_options(tr_solver, tr_options, method: str, host_kind):
+    """scipy's ``tr_solver``/``tr_options``: ``None`` (exact step) or the lsmr options.
+
+    ``tr_solver=None`` is ``"exact"`` unless the Jacobian is sparse (``host_kind``: ``jac``
+    returns a sparse matrix or a ``LinearOperator``, or finite differences with
+    ``jac_sparsity``): then ``"lsmr"``, as scipy chooses; ``tr_options`` with the exact
+    solver are ignored with a warning (scipy ignores them silently), and ``lm``/``gn``
+    ignore ``tr_solver`` with a warning (scipy's ``lm`` ignores it silently)."""
+    import warnings
+
+    if tr_solver is None:
+        tr_solver = "lsmr" if host_kind is not None else "exact"
+    if method in ("lm", "gn"):
+        if tr_solver == "lsmr" or tr_options:
+            warnings.warn(f"tr_solver / tr_options have no effect with method={method!r} "
+                          "(its step is MINPACK's exact one); use method='trf' or "
+                          "'dogbox' for tr_solver='lsmr'.", UserWarning, stacklevel=4)
+        return None
+    if tr_solver == "exact":
+        if tr_options:
+            warnings.warn("tr_options are ignored with tr_solver='exact' (they are "
+                          "LSMR's options); pass tr_solver='lsmr' to use them.",
+                          UserWarning, stacklevel=4)
+        return None
+    return check_tr_options(tr_options, method)

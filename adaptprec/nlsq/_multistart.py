@@ -34,6 +34,8 @@ from jax.flatten_util import ravel_pytree
 
 from .._tracing import is_concrete
 from . import _promote
+from ._inputs import OptionNotOffered, _broadcast_bounds
+from ._ladder import resolve_ladder
 from ._loop import _runaway
 from .common import Status
 
@@ -110,14 +112,33 @@ def _flat_residual(residual, unravel, treedef, shapes):
     return flat
 
 
-def solve_multistart(residual, x0, args, *, starts: int, seed: int = 0,
+def check_starts_options(starts, *, verbose, **options) -> None:
+    """Refuse the options the batched engine behind ``starts=`` does not carry (never
+    drop one silently): any of ``options`` given (not ``None``), or ``verbose``."""
+    given = [k for k, v in options.items() if v is not None] + (
+        ["verbose"] if verbose else [])
+    if given:
+        raise OptionNotOffered(
+            f"solve_nlsq(starts={starts}) runs the starts on the batched engine, which "
+            f"does not take {', '.join(given)}; drop them, or call solve_nlsq once per "
+            "start (starts=1) with those options.")
+
+
+def solve_multistart(solve_one, residual, x0, args, *, starts: int, seed: int = 0,
                      spread: float = 0.5, **kw):
-    """``solve_nlsq(residual, x0, args, **kw)`` from ``starts`` starts (module docstring).
+    """``solve_one(residual, x0, args, **kw)`` from ``starts`` starts (module docstring).
+
+    ``solve_one`` is the single-start solver (:func:`adaptprec.solve_nlsq`, which passes
+    itself): the plain solve from ``x0`` and the polish run through it, the starts on the
+    batched engine. Taking it as an argument keeps the arrow one way (solve.py imports
+    this module, not the reverse).
 
     Example:
         >>> import jax.numpy as jnp
+        >>> from adaptprec import solve_nlsq
         >>> from adaptprec.nlsq._multistart import solve_multistart
-        >>> res = solve_multistart(lambda x: jnp.array([x[0] ** 2 - 4.0, x[1] - 1.0]),
+        >>> res = solve_multistart(solve_nlsq,
+        ...                        lambda x: jnp.array([x[0] ** 2 - 4.0, x[1] - 1.0]),
         ...                        jnp.array([1.0, 0.0]), (), starts=3, precision="f64")
         >>> [round(abs(float(v)), 6) for v in res.x]
         [2.0, 1.0]
@@ -126,13 +147,12 @@ def solve_multistart(residual, x0, args, *, starts: int, seed: int = 0,
     # its fast path (the repeat would run one solve from x0) or its covariance (of a
     # solve that may not be the one returned). A block of its own keeps them.
     with _promote.capture():
-        return _solve_multistart(residual, x0, args, starts=starts, seed=seed,
+        return _solve_multistart(solve_one, residual, x0, args, starts=starts, seed=seed,
                                  spread=spread, **kw)
 
 
-def _solve_multistart(residual, x0, args, *, starts, seed, spread, **kw):
-    from ..batch import solve_nlsq_batch
-    from .solve import _broadcast_bounds, resolve_ladder, solve_nlsq
+def _solve_multistart(solve_nlsq, residual, x0, args, *, starts, seed, spread, **kw):
+    from ..batch import solve_nlsq_batch  # (batch's engine loads only with starts=)
 
     if not isinstance(starts, (int, np.integer)) or starts < 1:
         raise ValueError(f"starts must be a positive integer, got {starts!r}")

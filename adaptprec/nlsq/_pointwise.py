@@ -16,7 +16,7 @@ The analysis is an abstract interpretation over three states per value:
   broadcast of a ``C`` value);
 * ``P(a)``: entry ``k`` along axis ``a`` depends only on data point ``k``.
 
-Entrywise primitives (``opkind.ENTRYWISE``), broadcasts, slices and reductions that leave
+Entrywise primitives (``_opkind.ENTRYWISE``), broadcasts, slices and reductions that leave
 the point axis alone, contractions of a ``P`` value with a ``C`` value over other axes,
 nested ``jit``/``checkpoint``, the primal of ``custom_jvp``/``custom_vjp`` and ``scan``
 (``jnp.polyval``) propagate these states (the walk is :func:`adaptprec._jaxpr.eval_jaxpr`); anything else that
@@ -31,7 +31,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from .._autocast.opkind import AXIS_REDUCTIONS, ENTRYWISE
+from .._opkind import AXIS_REDUCTIONS, ENTRYWISE
 from .._jaxpr import call_body, eval_jaxpr, open_jaxpr
 
 __all__ = ["point_axes"]

@@ -30,6 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .._policy import cast_floating
 from .._tracing import is_traced
+from ._chunks import chunk_sums
 from ._compile import cpu_jit
 
 __all__ = ["point_sharding", "ShardedEvaluator", "sharded_programs"]
@@ -113,7 +114,6 @@ def sharded_programs(fun, cfg, axes, treedef, specs, names, mesh, m, local):
     the top rung, each one ``shard_map`` with a ``psum`` (signatures as
     :mod:`._stream`'s per-chunk programs without ``n_valid``: the global ``m`` is
     static)."""
-    from ._stream import chunk_sums
 
     rungs = cfg.rungs
     top_dt = rungs[-1]

@@ -1,5 +1,5 @@
-"""Streaming and sharded single fits: the blocked normal equations over data that is
-never in device memory at once.
+"""The streamed driver: single fits over data that is never in device memory at once
+(the data side, chunk sums and their evaluators, is :mod:`._chunks` and :mod:`._sharded`).
 
 A pointwise residual (:mod:`._pointwise`) has normal equations that are sums over its
 data points: ``J^T J``, ``J^T f`` and the cost. Here those sums are formed chunk by
@@ -43,27 +43,25 @@ Example:
 
 from __future__ import annotations
 
-import collections
-import functools
-import threading
 from collections.abc import Callable, Iterable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-from .._policy import cast_floating
 from .._tracing import is_concrete
-from ._blocks import PointBlocks, block_size, residual_and_rows
+from ._chunks import (_ArraySource, _Evaluator, _chunk_program, _final_chunk_program,
+                      _program)
 from ._compile import cpu_jit
-from ._loop import LoopConfig, _factor_gram
+from ._evaluation import _ev_packer
+from ._factor import _factor_gram
+from ._loop import LoopConfig
 from ._sharded import ShardedEvaluator, plan, point_sharding, sharded_programs
-from .common import Status, robust_cost, scale_for_robust_loss
+from .common import Status
+from ._keys import _hashable
 
 __all__ = ["Chunks", "CHUNK", "STREAM_MIN_POINTS", "TRACED_MESSAGE", "solve_stream",
-           "wants_stream", "covariance_from_gram", "curve_fit_stream",
-           "wants_curve_fit_stream"]
+           "wants_stream", "covariance_from_gram"]
 
 #: Default points per chunk (a multiple of the 4096-point block): 2^20 points of
 #: float64 ``x`` and ``y`` are 16 MB on the device.
@@ -142,22 +140,6 @@ class Chunks:
         return f"Chunks({self.source!r}, size={self.size})"
 
 
-class _ArraySource:
-    """Host arrays in ``args`` sliced into chunks of ``size`` points (views)."""
-
-    def __init__(self, args, axes, m, size):
-        self.args, self.axes, self.m, self.size = args, axes, m, size
-
-    def __iter__(self):
-        leaves, treedef = jax.tree.flatten(self.args)
-        for s in range(0, self.m, self.size):
-            e = min(s + self.size, self.m)
-            out = [leaf if a is None else
-                   leaf[(slice(None),) * a + (slice(s, e),)]
-                   for leaf, a in zip(leaves, self.axes)]
-            yield jax.tree.unflatten(treedef, out)
-
-
 # ----------------------------------------------------------------------------- helpers
 def _is_host_array(a) -> bool:
     return isinstance(a, np.ndarray) and not isinstance(a, jax.Array)
@@ -210,131 +192,11 @@ def covariance_from_gram(A, m: int):
     return np.where(bad[:, None] | bad[None, :], np.inf, cov)
 
 
-def _pad_chunk(leaves, axes, k, size):
-    """Leaves of a chunk of ``k <= size`` points padded to ``size`` with copies of the
-    last point (finite residuals; the mask zeroes them)."""
-    if k == size:
-        return leaves
-    out = []
-    for leaf, a in zip(leaves, axes):
-        if a is None:
-            out.append(leaf)
-            continue
-        leaf = np.asarray(leaf)
-        idx = np.minimum(np.arange(size), k - 1)
-        out.append(np.take(leaf, idx, axis=a))
-    return out
-
-
-def _split(leaves, axes, size):
-    """``(leaves, k)`` pieces of at most ``size`` points of one chunk."""
-    k = next(np.shape(leaf)[a] for leaf, a in zip(leaves, axes) if a is not None)
-    for s in range(0, max(k, 1), size):
-        e = min(s + size, k)
-        yield [leaf if a is None else leaf[(slice(None),) * a + (slice(s, e),)]
-               for leaf, a in zip(leaves, axes)], e - s
-
-
-# ----------------------------------------------------------------------------- programs
-_programs: collections.OrderedDict = collections.OrderedDict()
-_lock = threading.Lock()
-
-
-def _program(key, build):
-    with _lock:
-        fn = _programs.get(key)
-        if fn is not None:
-            _programs.move_to_end(key)
-            return fn
-    fn = build()
-    with _lock:
-        _programs[key] = fn
-        if len(_programs) > 64:
-            _programs.popitem(last=False)
-    return fn
-
-
-def clear_cache() -> None:
-    """Drop the compiled per-chunk programs."""
-    with _lock:
-        _programs.clear()
-
-
-def chunk_sums(fun, x, args, axes, size: int, n_valid, loss, f_scale, wt, top_dt,
-               with_gram: bool = True):
-    """``(A, b, cost)``: ``J^T J``, ``J^T f`` (loss-scaled) in ``wt`` and the cost in
-    ``top_dt`` over the first ``n_valid`` of the ``size`` points of ``args`` (point axes
-    ``axes``), block by block (:class:`._blocks.PointBlocks`). Traceable (``n_valid`` may
-    be traced): the per-chunk program, and the per-device sum of a sharded fit."""
-    n = x.shape[0]
-    pb = PointBlocks(size, axes, size=block_size(size))
-    blocked = pb.block(args)
-    data, _ = pb.xs(blocked)
-    valid = jnp.arange(pb.count * pb.size).reshape(pb.count, pb.size) < n_valid
-    fs_w, fs_top = jnp.asarray(f_scale, wt), jnp.asarray(f_scale, top_dt)
-
-    def one(carry, xs):
-        A, b, cost = carry
-        blk, v = xs
-        f, JT = residual_and_rows(fun, x, pb.unblock(blocked, blk))
-        f = jnp.where(v, f.astype(wt), 0.0)
-        JT = jnp.where(v, JT.astype(wt), 0.0)
-        cost = cost + robust_cost(loss, f.astype(top_dt), fs_top)
-        fs, Js = scale_for_robust_loss(loss, f, JT.T, fs_w)
-        JTs = Js.T
-        if with_gram:
-            A = A + JTs @ JTs.T
-        return (A, b + JTs @ fs, cost), None
-
-    init = (jnp.zeros((n, n), wt), jnp.zeros((n,), wt), jnp.zeros((), top_dt))
-    (A, b, cost), _ = lax.scan(one, init, (data, valid))
-    return A, b, cost
-
-
-def _chunk_program(fun, cfg: LoopConfig, axes, size: int, key):
-    """One compiled program: the partial sums of one chunk on rung ``rung`` (a
-    ``lax.switch`` over the ladder; the data cast to the rung inside)."""
-    rungs = cfg.rungs
-    top_dt = rungs[-1]
-
-    def branch(i):
-        dt = rungs[i]
-        wt = jnp.promote_types(dt, jnp.float32)
-
-        def br(z, args, n_valid, f_scale):
-            A, b, cost = chunk_sums(fun, z.astype(dt), cast_floating(args, dt), axes, size,
-                                    n_valid, cfg.loss, f_scale, wt, top_dt)
-            return A.astype(top_dt), b.astype(top_dt), cost
-
-        return br
-
-    branches = [branch(i) for i in range(len(rungs))]
-
-    def sums(rung, z, args, n_valid, f_scale):
-        if len(branches) == 1:
-            return branches[0](z, args, n_valid, f_scale)
-        return lax.switch(rung, branches, z, args, n_valid, f_scale)
-
-    return _program(("chunk",) + key, lambda: cpu_jit(sums))
-
-
-def _final_chunk_program(fun, cfg: LoopConfig, axes, size: int, key):
-    top_dt = cfg.rungs[-1]
-
-    def final(x, args, n_valid, f_scale):
-        return chunk_sums(fun, x, cast_floating(args, top_dt), axes, size, n_valid,
-                          cfg.loss, f_scale, top_dt, top_dt)
-
-    return _program(("final",) + key, lambda: cpu_jit(final))
-
-
 def _model_program(top_dt):
     """``(cost, R, qtf, ||f||, ok)`` of :func:`._loop.build_loop`'s evaluation from the
     summed ``A = J^T J``, ``b = J^T f`` and cost."""
 
     def model(A, b, cost):
-        from ._host import _ev_packer
-
         R, qtf = _factor_gram(A, b)
         jok = jnp.all(jnp.isfinite(R)) & jnp.all(jnp.isfinite(qtf))
         # packed as the step program takes an evaluation (one vector)
@@ -358,61 +220,6 @@ def _finish_program(cfg: LoopConfig):
 
     return _program(("finish", cfg.method, cfg.has_bounds, str(np.dtype(cfg.rungs[-1]))),
                     lambda: cpu_jit(finish, optimise=False))
-
-
-# ----------------------------------------------------------------------------- driver
-class _Evaluator:
-    """Walks the chunks of a source and sums a per-chunk program's outputs in float64,
-    keeping one chunk in flight (the next chunk is read while the device works)."""
-
-    def __init__(self, source, axes, size, treedef, check_finite: bool):
-        self.source, self.axes, self.size = source, axes, size
-        self.treedef = treedef
-        self.check_finite = check_finite
-        self.m = None   # points, counted on the first pass
-
-    def run(self, program, *head, tail=()):
-        total, m = None, 0
-        pending = collections.deque()
-        for chunk in self.source:
-            leaves = jax.tree.leaves(chunk)
-            if len(leaves) != len(self.axes):
-                raise ValueError(f"a chunk has {len(leaves)} arrays, the first had "
-                                 f"{len(self.axes)}; every chunk must have the same layout")
-            for piece, k in _split(leaves, self.axes, self.size):
-                if k == 0:
-                    continue
-                if self.check_finite and self.m is None:
-                    for leaf, a in zip(piece, self.axes):
-                        arr = np.asarray(leaf)
-                        if np.issubdtype(arr.dtype, np.inexact) and \
-                                not np.all(np.isfinite(arr)):
-                            raise ValueError(
-                                "the data contain NaN or Inf (in the chunk starting at "
-                                f"point {m}); clean the data first")
-                padded = _pad_chunk(piece, self.axes, k, self.size)
-                args = jax.tree.unflatten(self.treedef, padded)
-                pending.append(program(*head, args, np.int32(k), *tail))
-                m += k
-                if len(pending) > 1:
-                    total = _add(total, pending.popleft())
-        while pending:
-            total = _add(total, pending.popleft())
-        if m == 0:
-            raise ValueError("the chunk source gave no data points")
-        if self.m is None:
-            self.m = m
-        elif m != self.m:
-            raise ValueError(f"the chunk source gave {m} points on this pass and "
-                             f"{self.m} on the first; it must give the same data each time")
-        return total
-
-
-def _add(total, part):
-    part = [np.asarray(p, np.float64) for p in jax.device_get(part)]
-    if total is None:
-        return part
-    return [t + p for t, p in zip(total, part)]
 
 
 def _stream_loop(cfg: LoopConfig, evaluator: _Evaluator, sums, final, x0, ctx, fixed):
@@ -450,12 +257,13 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
     asked for, only large): ``None`` when the problem cannot be streamed (the caller
     then solves in memory). ``with_gram``: return ``(result, J^T J, m)``.
     """
-    from ._inputs import (OptionNotOffered, as_bounds, as_max_steps, as_scale_inv, as_x0,
-                          check_tolerances, default_x_scale)
+    from ._inputs import (METHODS, OptionNotOffered, _broadcast_bounds, as_bounds,
+                          as_max_steps, as_scale_inv, as_x0, check_tolerances,
+                          default_x_scale)
+    from ._ladder import resolve_ladder
     from ._pointwise import point_axes
     from ._loop import default_schedule
     from .common import check_loss
-    from .solve import METHODS, _broadcast_bounds, resolve_ladder
     from .trf import make_strictly_feasible
 
     if not is_concrete(x0, args if not isinstance(args, Chunks) else (), bounds, f_scale):
@@ -583,7 +391,7 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
     if has_bounds and method == "trf":
         x0 = np.asarray(make_strictly_feasible(x0, lb, ub), top_dt)
 
-    key = (_key(residual), rungs, str(loss) if isinstance(loss, str) else _key(loss),
+    key = (_hashable(residual), rungs, str(loss) if isinstance(loss, str) else _hashable(loss),
            treedef, tuple((a.shape if ax is None else a.shape[:ax] + a.shape[ax + 1:],
                            str(a.dtype)) for a, ax in zip(avals, axes)), axes, size, n)
     if mesh is not None:   # sharded over a mesh: per-device sums and one psum
@@ -633,120 +441,3 @@ def _is_default(v, d):
         not isinstance(v, (np.ndarray, jax.Array)) and v == d)
 
 
-def _key(obj):
-    from .solve import _hashable
-    return _hashable(obj)
-
-
-# ----------------------------------------------------------------------------- curve_fit
-@functools.lru_cache(maxsize=256)
-def _sigma_residual(f: Callable) -> Callable:
-    """``(f(x, *p) - y) / sigma``: sigma a scalar or streamed with the points."""
-    from .curve_fit import _call
-
-    def residual(p, xdata, ydata, sigma):
-        return jnp.ravel((_call(f, xdata, p) - ydata) / sigma)
-
-    return residual
-
-
-def wants_curve_fit_stream(xdata, ydata, kwargs) -> bool:
-    """``curve_fit``'s switch: a :class:`Chunks` ``xdata``, ``chunk_size=`` or host
-    NumPy ``ydata`` of at least :data:`STREAM_MIN_POINTS` points."""
-    if kwargs.get("chunk_size") is False and not isinstance(xdata, Chunks):
-        return False      # "never stream", as solve_nlsq's chunk_size=False
-    return (isinstance(xdata, Chunks) or kwargs.get("chunk_size") is not None or
-            (_is_host_array(ydata) and ydata.size >= STREAM_MIN_POINTS) or
-            point_sharding((xdata, ydata)) is not None)
-
-
-def curve_fit_stream(f, xdata, ydata, p0, sigma, absolute_sigma, check_finite, bounds,
-                     method, jac, full_output, nan_policy, kwargs):
-    """:func:`adaptprec.curve_fit` over streamed data; ``None`` when large host data
-    turn out not streamable (the caller fits in memory). ``pcov`` comes from the summed
-    Gram matrix ``J^T J`` (:func:`covariance_from_gram`)."""
-    import warnings
-
-    from ._inputs import as_bounds, as_x0, initialize_feasible
-    from .curve_fit import _n_params, _residual_for, _warning_class
-    from .solve import _broadcast_bounds
-
-    asked = isinstance(xdata, Chunks) or kwargs.get("chunk_size") is not None
-    if full_output and not asked:   # infodict's fvec/fjac: as large as the data
-        return None
-    if not is_concrete(xdata if not isinstance(xdata, Chunks) else (), ydata, sigma, p0):
-        raise ValueError(TRACED_MESSAGE.format(entry="curve_fit",
-                                               min_points=STREAM_MIN_POINTS))
-    if nan_policy not in (None, "raise"):
-        if not asked:
-            return None
-        raise ValueError("streamed curve_fit does not drop NaN points "
-                         "(nan_policy='omit'); clean the chunks first.")
-    if jac is not None and jac != "fwd":
-        if not asked:
-            return None
-        raise ValueError("streamed curve_fit differentiates the model with JAX (jac=None);"
-                         f" jac={jac!r} cannot be combined with chunk_size/Chunks.")
-    if isinstance(xdata, Chunks):
-        if ydata is not None or sigma is not None:
-            raise ValueError("with a Chunks source, pass ydata=None and sigma=None: each "
-                             "chunk is (xdata, ydata) or (xdata, ydata, sigma)")
-        first = next(iter(xdata), None)
-        if first is None or len(first) not in (2, 3):
-            raise ValueError("curve_fit's Chunks must give (xdata, ydata) or "
-                             "(xdata, ydata, sigma) tuples")
-        residual = _residual_for(f, "none") if len(first) == 2 else _sigma_residual(f)
-        args = xdata
-    elif point_sharding((xdata, ydata)) is not None:   # sharded jax.Arrays: as they are
-        if sigma is None:
-            residual, args = _residual_for(f, "none"), (xdata, ydata)
-        else:
-            if np.ndim(sigma) > 1:
-                raise ValueError("a sharded curve_fit takes sigma as standard deviations "
-                                 "(a scalar or one per point), not an (m, m) covariance")
-            residual, args = _sigma_residual(f), (xdata, ydata, sigma)
-    else:
-        ydata = np.asarray(ydata)
-        if ydata.ndim != 1:
-            raise ValueError(f"streamed curve_fit needs a 1-D ydata, got shape "
-                             f"{ydata.shape}")
-        xdata = np.asarray(xdata)
-        if sigma is None:
-            residual, args = _residual_for(f, "none"), (xdata, ydata)
-        else:
-            s = np.asarray(sigma)
-            if s.ndim == 2:
-                if not asked:
-                    return None
-                raise ValueError("streamed curve_fit takes sigma as standard deviations "
-                                 "(a scalar or one per point), not an (m, m) covariance")
-            if np.any(s <= 0):
-                raise ValueError("1-D `sigma` must be positive (standard deviations).")
-            residual, args = _sigma_residual(f), (xdata, ydata, s.reshape(()) if s.size
-                                                  == 1 else s)
-    if p0 is None:
-        n = _n_params(f)
-        lb, ub = _broadcast_bounds(as_bounds(bounds, n), n, np.float64)
-        p0 = initialize_feasible(lb, ub)
-    p0 = np.atleast_1d(np.asarray(as_x0(p0), np.float64))
-    out = solve_stream(residual, p0, args, bounds=bounds, method=method, auto=not asked,
-                       entry="curve_fit", with_gram=True,
-                       check_finite=True if check_finite is None else bool(check_finite),
-                       **kwargs)
-    if out is None:
-        return None
-    res, A, m = out
-    n = p0.size
-    pcov = covariance_from_gram(A, m)
-    if not absolute_sigma:
-        pcov = pcov * (2.0 * float(res.cost) / (m - n)) if m > n else \
-            np.full_like(pcov, np.inf)
-    if not bool(res.success):
-        raise RuntimeError("Optimal parameters not found: " + res.message)
-    if np.any(np.isinf(pcov)):
-        warnings.warn("Covariance of the parameters could not be estimated (inf where a "
-                      "parameter is not identifiable)", _warning_class(), stacklevel=3)
-    popt = np.asarray(res.x)
-    if full_output:
-        return popt, pcov, {"nfev": res.nfev, "result": res}, res.message, res.status
-    return popt, pcov

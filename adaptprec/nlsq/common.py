@@ -60,6 +60,12 @@ LOSSES = ("linear", "soft_l1", "huber", "cauchy", "arctan")
 
 
 # --------------------------------------------------------------------------- losses
+#: ``linear_solver="auto"`` uses the normal equations from this many residuals on: the
+#: QR of a tall ``m x (n+1)`` matrix dominates the step there, while the normal
+#: equations cost one ``O(m n^2)`` product (accumulated in float32 or wider).
+_NORMAL_EQ_MIN_M = 4096
+
+
 def _rho_builtin(name: str, z):
     if name == "linear":
         return jnp.stack([z, jnp.ones_like(z), jnp.zeros_like(z)])

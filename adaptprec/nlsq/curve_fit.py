@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import sys
 import warnings
 from collections.abc import Callable
@@ -31,19 +30,23 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.linalg import solve_triangular
 
 from .._tracing import is_concrete
 from ._inputs import (as_bounds, as_data, as_x0, check_jac_option, check_jac_shape,
                       initialize_feasible, leastsq_kwargs)
 from ._minpack import minpack_fields
 from .result import result_to_host
-from . import _promote, _stream
+from . import _promote
+from ._model import _call, _jac_for, _n_params, _residual_for
+from ._sharded import point_sharding
+from . import _stream
+from ._stream import Chunks, _is_host_array, covariance_from_gram, solve_stream
 from .common import _covariance_svd, covariance_from_jac
 from ._x64 import float64_entry
 from .._x64_scope import float64_scope
 from ..precision import x64_enabled
-from .solve import _broadcast_bounds, solve_nlsq
+from ._inputs import _broadcast_bounds
+from .solve import solve_nlsq
 
 __all__ = ["curve_fit", "OptimizeWarning"]
 
@@ -78,66 +81,6 @@ def _check_model_jac(f, jac, xdata, p0) -> None:
     except Exception:  # noqa: BLE001 - solve_nlsq reports model errors with context
         return
     check_jac_shape(tuple(J.shape), int(y.shape[0]), int(p0.shape[0]))
-
-
-def _jac2d(J, n):
-    """A 1-D Jacobian (one parameter, or one data point) as 2-D, as scipy accepts."""
-    J = jnp.asarray(J)
-    return J.reshape(-1, n) if J.ndim < 2 else J
-
-
-def _call(f, xdata, p):
-    return f(xdata, *[p[i] for i in range(p.shape[0])])
-
-
-def _model_minus_data(f, xdata, p, ydata):
-    """``f(xdata, *p) - ydata``, refusing shapes that broadcast into something else (a
-    model of shape ``(m, 1)`` against ``ydata`` of shape ``(m,)`` would give ``m * m``
-    residuals and a wrong fit; scipy raises too). Checked when tracing: no run-time cost."""
-    out = _call(f, xdata, p)
-    a, b = np.shape(out), np.shape(ydata)
-    try:
-        both = np.broadcast_shapes(a, b)
-    except ValueError:
-        both = None
-    if both is None or both not in (a, b):
-        hint = (" (not a column: ravel it, or index with [:, 0])"
-                if np.size(out) == np.prod(b) else "")
-        raise ValueError(
-            f"curve_fit: the model returned shape {a} but ydata has shape {b}; "
-            f"f(xdata, *p) must return one value per data point, shape {b}{hint}")
-    return out - ydata
-
-
-@functools.lru_cache(maxsize=256)
-def _residual_for(f: Callable, kind: str) -> Callable:
-    """A stable residual function per (model, sigma kind), so solve_nlsq's cache hits."""
-    if kind == "none":
-        def residual(p, xdata, ydata):
-            return jnp.ravel(_model_minus_data(f, xdata, p, ydata))
-    elif kind == "1d":
-        def residual(p, xdata, ydata, w):
-            return jnp.ravel(_model_minus_data(f, xdata, p, ydata) * w)
-    else:
-        def residual(p, xdata, ydata, L):
-            r = jnp.ravel(_model_minus_data(f, xdata, p, ydata))
-            return solve_triangular(L, r, lower=True)
-    return residual
-
-
-@functools.lru_cache(maxsize=256)
-def _jac_for(jac: Callable, kind: str) -> Callable:
-    if kind == "none":
-        def J(p, xdata, ydata):
-            return _jac2d(_call(jac, xdata, p), p.shape[0])
-    elif kind == "1d":
-        def J(p, xdata, ydata, w):
-            return _jac2d(_call(jac, xdata, p), p.shape[0]) * w[:, None]
-    else:
-        def J(p, xdata, ydata, L):
-            return solve_triangular(L, _jac2d(_call(jac, xdata, p), p.shape[0]),
-                                    lower=True)
-    return J
 
 
 #: Below this many points an eager curve_fit's pcov is scipy's SVD route on the host
@@ -279,19 +222,6 @@ class _Plan:
         return np.array(x), pcov
 
 
-def _n_params(f) -> int:
-    try:
-        sig = inspect.signature(f)
-    except (TypeError, ValueError) as exc:
-        raise ValueError("p0 is required when the signature of f cannot be inspected"
-                         ) from exc
-    ps = [p for p in sig.parameters.values()
-          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if any(p.kind == p.VAR_POSITIONAL for p in sig.parameters.values()) or len(ps) < 2:
-        raise ValueError("Unable to determine number of fit parameters; give p0.")
-    return len(ps) - 1
-
-
 def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bool = False,
               check_finite=None, bounds=(-np.inf, np.inf), method=None, jac=None, *,
               full_output: bool = False, nan_policy=None, **kwargs):
@@ -365,8 +295,8 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
                          "the parameters to f as f(xdata, *params)).")
     kwargs = leastsq_kwargs(kwargs)
     jac = check_jac_option(jac, allow_none=True)
-    if _stream.wants_curve_fit_stream(xdata, ydata, kwargs):  # larger than memory
-        out = _stream.curve_fit_stream(f, xdata, ydata, p0, sigma, absolute_sigma,
+    if wants_curve_fit_stream(xdata, ydata, kwargs):  # larger than memory
+        out = curve_fit_stream(f, xdata, ydata, p0, sigma, absolute_sigma,
                                        check_finite, bounds, method, jac, full_output,
                                        nan_policy, kwargs)
         if out is not None:
@@ -526,4 +456,113 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
         # under a trace the message is unknown, and a str could not leave jit: None
         mesg = res.message if is_concrete(res.status) else None
         return popt, pcov, infodict, mesg, res.status
+    return popt, pcov
+
+
+# ----------------------------------------------------------------------------- streamed
+# ----------------------------------------------------------------------------- curve_fit
+@functools.lru_cache(maxsize=256)
+def _sigma_residual(f: Callable) -> Callable:
+    """``(f(x, *p) - y) / sigma``: sigma a scalar or streamed with the points."""
+    def residual(p, xdata, ydata, sigma):
+        return jnp.ravel((_call(f, xdata, p) - ydata) / sigma)
+
+    return residual
+
+
+def wants_curve_fit_stream(xdata, ydata, kwargs) -> bool:
+    """``curve_fit``'s switch: a :class:`Chunks` ``xdata``, ``chunk_size=`` or host
+    NumPy ``ydata`` of at least :data:`._stream.STREAM_MIN_POINTS` points."""
+    if kwargs.get("chunk_size") is False and not isinstance(xdata, Chunks):
+        return False      # "never stream", as solve_nlsq's chunk_size=False
+    return (isinstance(xdata, Chunks) or kwargs.get("chunk_size") is not None or
+            (_is_host_array(ydata) and ydata.size >= _stream.STREAM_MIN_POINTS) or
+            point_sharding((xdata, ydata)) is not None)
+
+
+def curve_fit_stream(f, xdata, ydata, p0, sigma, absolute_sigma, check_finite, bounds,
+                     method, jac, full_output, nan_policy, kwargs):
+    """:func:`adaptprec.curve_fit` over streamed data; ``None`` when large host data
+    turn out not streamable (the caller fits in memory). ``pcov`` comes from the summed
+    Gram matrix ``J^T J`` (:func:`covariance_from_gram`)."""
+    import warnings
+
+    asked = isinstance(xdata, Chunks) or kwargs.get("chunk_size") is not None
+    if full_output and not asked:   # infodict's fvec/fjac: as large as the data
+        return None
+    if not is_concrete(xdata if not isinstance(xdata, Chunks) else (), ydata, sigma, p0):
+        raise ValueError(_stream.TRACED_MESSAGE.format(entry="curve_fit",
+                                                      min_points=_stream.STREAM_MIN_POINTS))
+    if nan_policy not in (None, "raise"):
+        if not asked:
+            return None
+        raise ValueError("streamed curve_fit does not drop NaN points "
+                         "(nan_policy='omit'); clean the chunks first.")
+    if jac is not None and jac != "fwd":
+        if not asked:
+            return None
+        raise ValueError("streamed curve_fit differentiates the model with JAX (jac=None);"
+                         f" jac={jac!r} cannot be combined with chunk_size/Chunks.")
+    if isinstance(xdata, Chunks):
+        if ydata is not None or sigma is not None:
+            raise ValueError("with a Chunks source, pass ydata=None and sigma=None: each "
+                             "chunk is (xdata, ydata) or (xdata, ydata, sigma)")
+        first = next(iter(xdata), None)
+        if first is None or len(first) not in (2, 3):
+            raise ValueError("curve_fit's Chunks must give (xdata, ydata) or "
+                             "(xdata, ydata, sigma) tuples")
+        residual = _residual_for(f, "none") if len(first) == 2 else _sigma_residual(f)
+        args = xdata
+    elif point_sharding((xdata, ydata)) is not None:   # sharded jax.Arrays: as they are
+        if sigma is None:
+            residual, args = _residual_for(f, "none"), (xdata, ydata)
+        else:
+            if np.ndim(sigma) > 1:
+                raise ValueError("a sharded curve_fit takes sigma as standard deviations "
+                                 "(a scalar or one per point), not an (m, m) covariance")
+            residual, args = _sigma_residual(f), (xdata, ydata, sigma)
+    else:
+        ydata = np.asarray(ydata)
+        if ydata.ndim != 1:
+            raise ValueError(f"streamed curve_fit needs a 1-D ydata, got shape "
+                             f"{ydata.shape}")
+        xdata = np.asarray(xdata)
+        if sigma is None:
+            residual, args = _residual_for(f, "none"), (xdata, ydata)
+        else:
+            s = np.asarray(sigma)
+            if s.ndim == 2:
+                if not asked:
+                    return None
+                raise ValueError("streamed curve_fit takes sigma as standard deviations "
+                                 "(a scalar or one per point), not an (m, m) covariance")
+            if np.any(s <= 0):
+                raise ValueError("1-D `sigma` must be positive (standard deviations).")
+            residual, args = _sigma_residual(f), (xdata, ydata, s.reshape(()) if s.size
+                                                  == 1 else s)
+    if p0 is None:
+        n = _n_params(f)
+        lb, ub = _broadcast_bounds(as_bounds(bounds, n), n, np.float64)
+        p0 = initialize_feasible(lb, ub)
+    p0 = np.atleast_1d(np.asarray(as_x0(p0), np.float64))
+    out = solve_stream(residual, p0, args, bounds=bounds, method=method, auto=not asked,
+                       entry="curve_fit", with_gram=True,
+                       check_finite=True if check_finite is None else bool(check_finite),
+                       **kwargs)
+    if out is None:
+        return None
+    res, A, m = out
+    n = p0.size
+    pcov = covariance_from_gram(A, m)
+    if not absolute_sigma:
+        pcov = pcov * (2.0 * float(res.cost) / (m - n)) if m > n else \
+            np.full_like(pcov, np.inf)
+    if not bool(res.success):
+        raise RuntimeError("Optimal parameters not found: " + res.message)
+    if np.any(np.isinf(pcov)):
+        warnings.warn("Covariance of the parameters could not be estimated (inf where a "
+                      "parameter is not identifiable)", _warning_class(), stacklevel=3)
+    popt = np.asarray(res.x)
+    if full_output:
+        return popt, pcov, {"nfev": res.nfev, "result": res}, res.message, res.status
     return popt, pcov

@@ -1,0 +1,150 @@
+"""The fused driver: a whole solve compiled as one program (one ``lax.while_loop`` over
+:func:`._loop.build_loop`'s ``propose``/``evaluate``/``advance``), with the final
+evaluation on the top rung and ``x`` made differentiable with respect to the data by
+implicit differentiation. It runs everything the host driver does not: calls under
+``jit``/``vmap``/``grad``, large problems, ``max_nfev``, ``callback``, ``tr_solver="lsmr"``.
+Compiled solvers are cached per residual, Jacobian, options and shapes.
+
+Example:
+    >>> import jax.numpy as jnp
+    >>> import adaptprec as ap
+    >>> res = ap.solve_nlsq(lambda x: jnp.array([x[0] - 2.0, 3.0 * (x[1] + 1.0)]),
+    ...                     jnp.zeros(2), driver="fused")
+    >>> [round(float(v), 8) for v in res.x]
+    [2.0, -1.0]
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._policy import cast_floating
+from ._buckets import masked
+from ._compile import cpu_jit
+from ._evaluation import final_eval
+from ._loop import LoopConfig, build_loop
+from ._methods import _njev_is_none, method_fns
+from .common import _NORMAL_EQ_MIN_M, STATUS_MESSAGES, robust_cost
+from .dogbox import dogbox_gnorm, on_bound
+from .result import NLSQResult
+from .trf import active_constraints, cl_scaling, make_strictly_feasible
+
+__all__ = ["fused_solver", "clear_cache"]
+
+_CACHE_SIZE = 64
+_cache: collections.OrderedDict = collections.OrderedDict()
+_cache_lock = threading.Lock()
+_stats = {"hits": 0, "misses": 0}
+
+
+def clear_cache() -> None:
+    """Drop every compiled fused solver."""
+    with _cache_lock:
+        _cache.clear()
+        _stats.update(hits=0, misses=0)
+
+
+def fused_solver(key, build):
+    """The compiled solver for ``key``, built by ``build()`` on a miss (least recently
+    used entries beyond :data:`_CACHE_SIZE` are dropped)."""
+    with _cache_lock:
+        solver = _cache.get(key)
+        if solver is None:
+            _stats["misses"] += 1
+            solver = build()
+            _cache[key] = solver
+            if len(_cache) > _CACHE_SIZE:
+                _cache.popitem(last=False)
+        else:
+            _stats["hits"] += 1
+            _cache.move_to_end(key)
+    return solver
+
+
+def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder, pad=None):
+    rungs = cfg.rungs
+    top_dt = rungs[-1]
+    step_fn, gnorm_fn, delta0_fn = method_fns(cfg.method, cfg.m, cfg.tr)
+    if pad is not None:  # data padded to the bucket inside, padded rows masked
+        pad_axes, pad_m = pad
+        pad_idx = np.minimum(np.arange(pad_m), cfg.m - 1)
+        fun_flat = masked(fun_flat, np.arange(pad_m) < cfg.m)
+
+    run = build_loop(fun_flat, cfg, step_fn, gnorm_fn, delta0_fn)
+    loss = cfg.loss
+
+    def cost_fn(x, args, f_scale):
+        return robust_cost(loss, fun_flat(x, *args).astype(top_dt), f_scale)
+
+    @jax.custom_jvp
+    def implicit_x(x, args, f_scale, free):
+        return x
+
+    @implicit_x.defjvp
+    def _implicit_jvp(primals, tangents):
+        x, args, f_scale, free = primals
+        _, dargs, dfs, _ = tangents
+        grad_x = jax.grad(cost_fn)
+        H = jax.jacfwd(grad_x)(x, args, f_scale)
+        fz = free.astype(H.dtype)
+        H = H * fz[:, None] * fz[None, :] + jnp.diag(1.0 - fz)
+        _, rhs = jax.jvp(lambda a, s: grad_x(x, a, s), (args, f_scale), (dargs, dfs))
+        dx = -jnp.linalg.solve(H, rhs * fz)
+        return x, dx
+
+    def solve(x0, args, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol):
+        if pad is not None:
+            leaves, treedef = jax.tree.flatten(args)
+            args = jax.tree.unflatten(treedef, [
+                a if ax is None else jnp.take(jnp.asarray(a), pad_idx, axis=ax)
+                for a, ax in zip(leaves, pad_axes)])
+        args_top = cast_floating(args, top_dt)
+        args_c = jax.lax.stop_gradient(args)
+        args_all = tuple(cast_floating(args_c, d) for d in rungs)
+        x0c = jax.lax.stop_gradient(x0)
+        if cfg.has_bounds and cfg.method == "trf":
+            x0c = make_strictly_feasible(x0c, lb, ub)
+        st = run(x0c, args_all, lb, ub, scale_inv0, jax.lax.stop_gradient(f_scale),
+                 ftol, xtol, gtol)
+        x_star = jax.lax.stop_gradient(st.x)
+        if cfg.has_bounds and cfg.method == "dogbox":
+            active = on_bound(x_star, lb, ub)
+        elif cfg.has_bounds:
+            active = active_constraints(x_star, lb, ub, xtol)
+        else:
+            active = jnp.zeros(x_star.shape, jnp.int32)
+        x = implicit_x(x_star, args_top, f_scale, active == 0)
+        # Final evaluation on the top rung: fun, (loss-modified) jac, grad, optimality.
+        f, Js, g, cost = final_eval(fun_flat, cfg, x, args_top, f_scale)
+        if pad is not None:
+            f, Js = f[:cfg.m], Js[:cfg.m]
+        if cfg.has_bounds and cfg.method == "dogbox":
+            optimality = dogbox_gnorm(x, g, None, None, lb, ub)
+        elif cfg.has_bounds:
+            v, _ = cl_scaling(x, g, lb, ub)
+            optimality = jnp.max(jnp.abs(g * v))
+        else:
+            optimality = jnp.max(jnp.abs(g))
+        status = st.status
+        if throw:
+            codes = sorted(k for k in STATUS_MESSAGES if k <= 0)
+            idx = jnp.searchsorted(jnp.asarray(codes), jnp.minimum(status, 0))
+            import equinox as eqx  # only on this path: its import is slow
+            x = eqx.branched_error_if(
+                x, status <= 0, idx,
+                [f"solve_nlsq failed (status {c}): {STATUS_MESSAGES[c]}" for c in codes])
+        return NLSQResult(
+            x=unravel(x), cost=cost, fun=f, jac=Js, grad=g, optimality=optimality,
+            active_mask=active, nfev=st.nfev,
+            njev=None if _njev_is_none(cfg) else st.njev, nit=st.nit,
+            status=status, rung=st.rung, escalations=st.escalations,
+            rung_entered=st.rung_entered, rung_nfev=st.rung_nfev,
+            escalation_reason=st.esc_reason, ladder=tuple(np.dtype(d) for d in rungs))
+
+    # run time is negligible next to compilation below _NORMAL_EQ_MIN_M residuals
+    return cpu_jit(solve, optimise=cfg.m >= _NORMAL_EQ_MIN_M)
