@@ -96,7 +96,6 @@ def test_returns_arrays_accepts_arrays_numbers_and_pytrees():
             returns_arrays(decay, out)
 
 
-@pytest.mark.xfail(strict=True, reason="call site in nlsq wired by lead after restructure")
 def test_solve_nlsq_names_the_users_residual():
     def residual(p):
         return "oops"
@@ -105,7 +104,6 @@ def test_solve_nlsq_names_the_users_residual():
         ap.solve_nlsq(residual, jnp.array([2.0]))
 
 
-@pytest.mark.xfail(strict=True, reason="call site in nlsq wired by lead after restructure")
 def test_curve_fit_names_the_users_model():
     def model(t, a):
         return "oops"
@@ -242,8 +240,6 @@ def test_every_api_entry_has_a_docstring(reference_objects):
     assert not empty, f"API entries without a docstring: {empty}"
 
 
-@pytest.mark.xfail(strict=True, reason="nlsq constants: docstrings added by the lead "
-                   "after the nlsq restructure")
 def test_nlsq_constants_have_docstrings(reference_objects):
     empty = [p for p in sorted(_NLSQ_CONSTANTS) if not reference_objects[p].docstring]
     assert not empty, empty

@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import solve_triangular
 
+from .._user_fn import returns_arrays
+
 __all__ = ["_residual_for", "_jac_for", "_n_params", "_call"]
 
 
@@ -31,8 +33,9 @@ def _jac2d(J, n):
     return J.reshape(-1, n) if J.ndim < 2 else J
 
 
-def _call(f, xdata, p):
-    return f(xdata, *[p[i] for i in range(p.shape[0])])
+def _call(f, xdata, p, role="model"):
+    """``f(xdata, *p)``; a non-array result is a TypeError naming the user's ``f``."""
+    return returns_arrays(f, f(xdata, *[p[i] for i in range(p.shape[0])]), role)
 
 
 def _model_minus_data(f, xdata, p, ydata):
@@ -74,13 +77,13 @@ def _residual_for(f: Callable, kind: str) -> Callable:
 def _jac_for(jac: Callable, kind: str) -> Callable:
     if kind == "none":
         def J(p, xdata, ydata):
-            return _jac2d(_call(jac, xdata, p), p.shape[0])
+            return _jac2d(_call(jac, xdata, p, "jac"), p.shape[0])
     elif kind == "1d":
         def J(p, xdata, ydata, w):
-            return _jac2d(_call(jac, xdata, p), p.shape[0]) * w[:, None]
+            return _jac2d(_call(jac, xdata, p, "jac"), p.shape[0]) * w[:, None]
     else:
         def J(p, xdata, ydata, L):
-            return solve_triangular(L, _jac2d(_call(jac, xdata, p), p.shape[0]),
+            return solve_triangular(L, _jac2d(_call(jac, xdata, p, "jac"), p.shape[0]),
                                     lower=True)
     return J
 

@@ -21,6 +21,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from .._tracing import is_concrete
+from .._user_fn import returns_arrays
 from ._buckets import PointMemo
 from ._errors import explain_trace_error
 from ._finite_diff import as_sparsity, fd_jacobian
@@ -67,7 +68,9 @@ def _residual_size(residual, unravel, x0, x0_flat, args) -> int:
     if m is not None:
         return m
     try:
-        out_shape = jax.eval_shape(lambda x, a: residual(unravel(x), *a), x0_flat, args)
+        out_shape = jax.eval_shape(
+            lambda x, a: returns_arrays(residual, residual(unravel(x), *a), "residual"),
+            x0_flat, args)
     except Exception as exc:
         # JAX's complaints about NumPy / Python control flow on a parameter get the fix;
         # anything else (the user's own exceptions) propagates unchanged

@@ -57,6 +57,8 @@ __all__ = [
 
 LossLike = Union[str, Callable]
 LOSSES = ("linear", "soft_l1", "huber", "cauchy", "arctan")
+"""The robust loss names accepted by ``loss=`` (scipy's: linear, soft_l1, huber, cauchy,
+arctan); a callable ``rho(z)`` is accepted too."""
 
 
 # --------------------------------------------------------------------------- losses
@@ -232,6 +234,8 @@ def default_max_steps(n: int) -> int:
 # --------------------------------------------------------------------------- status
 # One vocabulary for every layer (adaptprec/_status.py); re-exported here for nlsq users.
 STATUS_MESSAGES = {int(s): s.message for s in Status}
+"""``{code: message}`` of the unified :class:`adaptprec.Status` (the same table as
+``adaptprec.linalg.STATUS_MESSAGES``)."""
 
 
 # --------------------------------------------------------------------------- scaling

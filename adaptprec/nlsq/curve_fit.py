@@ -77,7 +77,7 @@ def _check_model_jac(f, jac, xdata, p0) -> None:
     """The user ``jac(xdata, *p)``'s shape against the model's output, at the boundary."""
     try:
         y = jax.eval_shape(lambda p: jnp.ravel(_call(f, xdata, p)), p0)
-        J = jax.eval_shape(lambda p: jnp.asarray(_call(jac, xdata, p)), p0)
+        J = jax.eval_shape(lambda p: jnp.asarray(_call(jac, xdata, p, "jac")), p0)
     except Exception:  # noqa: BLE001 - solve_nlsq reports model errors with context
         return
     check_jac_shape(tuple(J.shape), int(y.shape[0]), int(p0.shape[0]))

@@ -23,8 +23,9 @@ from .common import STATUS_MESSAGES, Status
 
 __all__ = ["NLSQResult", "ESCALATION_REASONS", "result_to_host"]
 
-#: Why the solver went up a rung (``NLSQResult.escalation_reason``): :class:`adaptprec.Reason`.
 ESCALATION_REASONS = {int(r): r.describe() for r in Reason}
+"""Why the solver went up a rung (``NLSQResult.escalation_reason``): ``{code: text}`` of
+:class:`adaptprec.Reason`, with ``0``: "not escalated"."""
 ESCALATION_REASONS[0] = "not escalated"
 
 
