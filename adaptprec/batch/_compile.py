@@ -1,6 +1,6 @@
 """XLA:CPU compiler options for the batched solver's top-level ``jit``.
 
-Measured on the Gpufit 2-D Gaussian (``benchmarks/bench_batch.py``, ``docs/batch.md``):
+Measured on the Gpufit 2-D Gaussian (``benchmarks/bench_batch.py``, ``benchmarks/RESULTS.md``):
 XLA:CPU hands reductions and batched ``dot``s to its YNNPACK library fusions by default;
 for the per-fit reductions of this solver (the packed Gram matrix of
 :func:`adaptprec.batch.lm_batched._gram`: sums of length ``m`` over a few thousand fits)

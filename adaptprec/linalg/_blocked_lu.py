@@ -15,7 +15,7 @@ The factors are stored in float32; their backward error is of the order of the h
 format's unit roundoff, which is what GMRES-IR (Carson & Higham 2017, 2018) tolerates.
 On CPU XLA upcasts half-precision GEMMs and the Python-level blocking cannot beat LAPACK's
 ``sgetrf``, so :func:`adaptprec.linalg.solve` uses this path only on accelerators (see
-``docs/linalg.md`` for the CPU measurement).
+``benchmarks/RESULTS.md`` for the CPU measurement).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 "illegal argument" code (``info < 0``, which a well-formed call never returns), replaces the
 factor by NaN with a ``select`` over the whole matrix: one more read and write of ``n^2``
 entries into a freshly allocated buffer. At n = 4096 in float32 that copy is 64 MB, a
-measurable share of the mixed-precision solve (see ``docs/linalg.md``). :func:`lu_factor`
+measurable share of the mixed-precision solve (see ``benchmarks/RESULTS.md``). :func:`lu_factor`
 calls the same LAPACK FFI target directly (in place on its operand, with the same
 column-major layout as JAX's own lowering) and skips the select; an exactly singular
 matrix (``info > 0``) is unaffected, as in ``lax.linalg.lu`` (zero pivot in ``U``).

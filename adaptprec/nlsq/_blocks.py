@@ -18,7 +18,7 @@ __all__ = ["PointBlocks", "block_size", "residual_and_rows"]
 
 #: Points per block: residual and Jacobian rows of a block (``n + 1`` vectors of this
 #: length) stay in a 2-core CPU's L2 cache. Measured on the 1e6-point double exponential
-#: (docs/nlsq.md): 4000 and 50000 points per block within 10% of each other, 1000 slower.
+#: (benchmarks/RESULTS.md): 4000 and 50000 points per block within 10% of each other, 1000 slower.
 TARGET_BLOCK = 4096
 
 

@@ -7,7 +7,7 @@ fusions of scalar trust-region bookkeeping; the classic emitters give the same r
 instead of split across threads saves another ~25% for programs this size. Where run time
 is negligible next to compilation (small problems; the covariance, whose work is LAPACK
 and dot calls) LLVM's optimisation level is dropped to 0 as well (another ~1.7x less
-compile time; results change in the last bits only). Measured in docs/nlsq.md.
+compile time; results change in the last bits only). Measured: benchmarks/RESULTS.md.
 
 Compiler options are only legal on a top-level ``jit``: inside a user's
 ``jit``/``vmap``/``grad`` (tracers in the inputs) the plain ``jit`` is inlined instead.
@@ -31,7 +31,7 @@ _CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False,
 # parallel branches in the DAG of ~130 tiny thunks per iteration. The memory-optimised
 # scheduler and region-based copy insertion order and alias the same work into a DAG
 # with fewer branches and copies (one fewer copy per carried value): ~25% less run time,
-# the same bits (ordering and aliasing never change arithmetic). Measured in docs/nlsq.md.
+# the same bits (ordering and aliasing never change arithmetic). Measured: benchmarks/RESULTS.md.
 _CPU_UNOPTIMISED = {"xla_backend_optimization_level": 0,
                     "xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED",
                     "xla_cpu_copy_insertion_use_region_analysis": True}
