@@ -81,6 +81,25 @@ def lm_step(x, R, qtf, scale_inv, Delta, alpha, *, m: int) -> Step:
     U, s, VT = jnp.linalg.svd(R * d[None, :], full_matrices=False)
     suf = s * (U.T @ qtf)
     p_h, alpha_new, _ = solve_lsq_trust_region(s, VT.T, suf, Delta, alpha, m)
+    # (issue 32) A rank-deficient model (J with zero columns: Gaussian peaks far from
+    # the data at scipy's p0 = ones) takes MINPACK's least-squares Gauss-Newton step on
+    # the numerical range when it fits in the radius (lmpar: par = 0). The trust-region
+    # solve stretches its step to the radius, which only the rounding-level directions
+    # can reach: a 1e5 jump of parameters with no information, then a 2400-evaluation
+    # crawl where scipy stops on gtol after 2.
+    n = s.shape[0]
+    keep = s > jnp.finfo(s.dtype).eps * jnp.maximum(m, n) * s[0]
+    p_rank = -VT.T @ jnp.where(keep, suf / jnp.where(keep, s * s, 1.0), 0.0)
+    # Only where the numerical null space is exactly the parameters without information
+    # (zero columns): a near-collinear model keeps the trust-region step (NIST MGH09 from
+    # a perturbed start then stops at ||x|| ~ 2e7 on a plateau, not a runaway the
+    # portfolio restarts from).
+    zero_cols = jnp.sum(jnp.all(R == 0, axis=0))
+    dropped = jnp.sum(~keep)
+    rank_gn = ((dropped > 0) & (dropped == zero_cols) & jnp.any(keep)
+               & (jnp.linalg.norm(p_rank) <= Delta))
+    p_h = jnp.where(rank_gn, p_rank, p_h)
+    alpha_new = jnp.where(rank_gn, 0.0, alpha_new)
     hn = jnp.linalg.norm(p_h)
     pred = predicted_reduction(s, suf, VT @ p_h)
     return Step(x + d * p_h, pred, hn, hn > 0.95 * Delta, alpha_new, s)
