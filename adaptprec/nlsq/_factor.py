@@ -62,7 +62,7 @@ HOUSEHOLDER_MAX_COLUMNS = 32
 #: ... and from this many entries: below it LAPACK's call stays single-threaded and is
 #: 3-4x faster than the loop (measured, one process: 512 x 12 0.18 ms vs 0.56 ms,
 #: 4096 x 3 0.04 vs 0.14; at 1024 x 12 59.6 ms vs 0.47, 2048 x 6 23.7 vs 0.34, 2048 x 12
-#: 282 vs 0.57, 1e5 x 7 123 vs 56, loaded machine; /tmp script in issue 32's note).
+#: 282 vs 0.57, 1e5 x 7 123 vs 56; jitted, median of 15, loaded machine, issue 32).
 HOUSEHOLDER_MIN_SIZE = 12288
 
 
