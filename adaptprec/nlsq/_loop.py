@@ -40,7 +40,7 @@ from .common import Status, check_termination_codes, jac_scale, robust_cost
 from .common import lower_rung_budget, scale_for_robust_loss, update_tr_radius
 from ._blocks import PointBlocks
 from .lm import minpack_radius, optx_radius, rounding_level_step, verify_minimum
-from .lm import RUNAWAY_FACTOR, at_noise_level
+from .lm import RUNAWAY_FACTOR, at_noise_level, flat_direction
 from ._callback import call_callback
 from ._factor import _factor, _factor_gram, _promote
 from ._state import LoopConfig, Proposal, _Kept, _State
@@ -167,6 +167,8 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         fj_branches = [fj_blocked_branch(i) for i in range(nr)]
     else:
         fj_branches = [fj_branch(i) for i in range(nr)]
+    # R is upper triangular from a QR of [J f]; the Gram paths' R is not
+    triangular = blocks is None and cfg.linear_solver != "normal"
 
     def eval_fj(rung, x, args_all, f_scale):
         if nr == 1:
@@ -477,7 +479,8 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             # step tripled the step program's compile time, and no measured row needed it)
             x0 = ctx[8]
             # (a zero residual far out is a minimum: Box3D's line of them, (t, t, 0))
-            runaway = _runaway(status, x_n, st.x0_norm) & ~at_noise_level(x_n, R_n, fsn_n)
+            runaway = _runaway(status, x_n, st.x0_norm, R_n, fsn_n, triangular) & ~at_noise_level(
+                x_n, R_n, fsn_n)
             failed = (status == Status.NO_FINITE_STEP) | runaway
             if cfg.portfolio == 2:  # a budget of its own for the second strategy
                 failed = failed | out_of_steps
@@ -570,9 +573,14 @@ def _materialise(*masks):
     return tuple(v[i] > 0 for i in range(len(masks)))
 
 
-def _runaway(status, x, x0_norm):
-    """A convergence ``status`` at ``||x|| > RUNAWAY_FACTOR ||x0||`` (``x0 != 0``)."""
-    return ((status > 0) & (status < Status.RUNNING) & (x0_norm > 0)
-            & (jnp.linalg.norm(x) > RUNAWAY_FACTOR * x0_norm))
+def _runaway(status, x, x0_norm, R=None, fnorm=None, triangular=True):
+    """A convergence ``status`` at ``||x|| > RUNAWAY_FACTOR ||x0||`` (``x0 != 0``) and,
+    given the model ``R`` (``R^T R = J^T J``) and ``||f||`` there, with a flat direction
+    (:func:`.lm.flat_direction`; issue 32: distance alone is not evidence)."""
+    far = ((status > 0) & (status < Status.RUNNING) & (x0_norm > 0)
+           & (jnp.linalg.norm(x) > RUNAWAY_FACTOR * x0_norm))
+    if R is None:
+        return far
+    return far & flat_direction(x, R, fnorm, x0_norm, triangular)
 
 

@@ -190,7 +190,12 @@ def _solve_multistart(solve_nlsq, residual, x0, args, *, starts, seed, spread, *
     # "run off" is judged against the user's x0, not the polish's start (which may have
     # run off already: newcomer audit 2, success at ||x|| ~ 2e9 where starts=1 said -11)
     x_pol = ravel_pytree(polished.x)[0]
-    runaway = _runaway(polished.status, x_pol, jnp.linalg.norm(x0_flat))
+    # (with the flatness evidence of the polished end's Jacobian, as the loop's test)
+    J_pol = jnp.reshape(jnp.asarray(polished.jac), (-1, n)).astype(top)
+    R_pol = jnp.linalg.qr(J_pol, mode="r")[:n] if J_pol.shape[0] >= n else jnp.linalg.qr(
+        jnp.concatenate([J_pol, jnp.zeros((n - J_pol.shape[0], n), top)]), mode="r")
+    runaway = _runaway(polished.status, x_pol, jnp.linalg.norm(x0_flat), R_pol,
+                       jnp.linalg.norm(jnp.ravel(jnp.asarray(polished.fun))))
     status = jnp.asarray(polished.status)
     polished = dataclasses.replace(polished, status=jnp.where(
         runaway, jnp.asarray(int(Status.RUNAWAY), status.dtype), status))

@@ -27,13 +27,15 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.scipy.linalg import solve_triangular
 
 from .._status import Status
 from .common import solve_lsq_trust_region
 
 __all__ = ["Step", "lm_step", "predicted_reduction", "minpack_gnorm", "minpack_delta0",
            "minpack_radius", "verify_minimum", "NOT_A_MINIMUM_COSINE",
-           "rounding_level_step", "RUNAWAY_FACTOR", "at_noise_level"]
+           "rounding_level_step", "RUNAWAY_FACTOR", "at_noise_level",
+           "FLAT_DIRECTION_RATIO", "flat_direction"]
 
 
 class Step(NamedTuple):
@@ -79,6 +81,25 @@ def lm_step(x, R, qtf, scale_inv, Delta, alpha, *, m: int) -> Step:
     U, s, VT = jnp.linalg.svd(R * d[None, :], full_matrices=False)
     suf = s * (U.T @ qtf)
     p_h, alpha_new, _ = solve_lsq_trust_region(s, VT.T, suf, Delta, alpha, m)
+    # (issue 32) A rank-deficient model (J with zero columns: Gaussian peaks far from
+    # the data at scipy's p0 = ones) takes MINPACK's least-squares Gauss-Newton step on
+    # the numerical range when it fits in the radius (lmpar: par = 0). The trust-region
+    # solve stretches its step to the radius, which only the rounding-level directions
+    # can reach: a 1e5 jump of parameters with no information, then a 2400-evaluation
+    # crawl where scipy stops on gtol after 2.
+    n = s.shape[0]
+    keep = s > jnp.finfo(s.dtype).eps * jnp.maximum(m, n) * s[0]
+    p_rank = -VT.T @ jnp.where(keep, suf / jnp.where(keep, s * s, 1.0), 0.0)
+    # Only where the numerical null space is exactly the parameters without information
+    # (zero columns): a near-collinear model keeps the trust-region step (NIST MGH09 from
+    # a perturbed start then stops at ||x|| ~ 2e7 on a plateau, not a runaway the
+    # portfolio restarts from).
+    zero_cols = jnp.sum(jnp.all(R == 0, axis=0))
+    dropped = jnp.sum(~keep)
+    rank_gn = ((dropped > 0) & (dropped == zero_cols) & jnp.any(keep)
+               & (jnp.linalg.norm(p_rank) <= Delta))
+    p_h = jnp.where(rank_gn, p_rank, p_h)
+    alpha_new = jnp.where(rank_gn, 0.0, alpha_new)
     hn = jnp.linalg.norm(p_h)
     pred = predicted_reduction(s, suf, VT @ p_h)
     return Step(x + d * p_h, pred, hn, hn > 0.95 * Delta, alpha_new, s)
@@ -171,6 +192,41 @@ def optx_radius(Delta, ratio, step_norm):
 #: the model flattens (a minimum at infinity, NIST MGH09 from a perturbed start: ``gtol``
 #: at ``||x|| ~ 1e11`` from ``||x0|| ~ 70``) the gradient test is met without a minimum.
 RUNAWAY_FACTOR = 1e6
+
+#: ... and only with evidence that the model flattens there (issue 32: distance alone is
+#: not evidence; Arrhenius ``A exp(-Ea / (R T))`` from ones has its minimum at A = 3.6e11,
+#: well determined): some parameter combination must be undetermined even to its order of
+#: magnitude, ``||(R D)^-1|| ||f|| > FLAT_DIRECTION_RATIO`` with ``D = diag(|x|)``.
+FLAT_DIRECTION_RATIO = 1e3
+
+
+def flat_direction(x, R, fnorm, x0_norm, triangular=True):
+    """Whether the model at ``x`` has a flat direction: a relative change of the
+    parameters by more than ``FLAT_DIRECTION_RATIO`` (orders of magnitude) that moves the
+    model by no more than the residual, ``||f|| / sigma_min(R D) > FLAT_DIRECTION_RATIO``
+    with ``D = diag(max(|x|, ||x0||))`` (``R^T R = J^T J``; a parameter near zero is
+    measured on the start's scale). The 2-norm of ``(R D)^-1`` is bounded by its
+    Frobenius norm from one triangular solve (``triangular``: ``R`` from a QR; the Gram
+    path's ``R`` is not triangular, an LU solve then). A singular ``R D`` is flat.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.nlsq.lm import flat_direction
+        >>> x = jnp.array([1e9, 1e9])
+        >>> well = jnp.array([[1e-9, 0.0], [0.0, 1e-9]])    # each column ~ 1 / x
+        >>> flat = jnp.array([[1e-9, 1e-9], [0.0, 1e-21]])  # nearly collinear columns
+        >>> [bool(flat_direction(x, R, 1.0, 1.0)) for R in (well, flat)]
+        [False, True]
+    """
+    d = jnp.maximum(jnp.abs(x), x0_norm)
+    RD = R * d[None, :]
+    eye = jnp.eye(R.shape[0], dtype=R.dtype)
+    if triangular:
+        inv = solve_triangular(RD, eye, lower=False)
+    else:
+        inv = jnp.linalg.solve(RD, eye)
+    ratio = jnp.linalg.norm(inv) * fnorm
+    return ~(ratio <= FLAT_DIRECTION_RATIO)  # (nan or inf: singular, flat)
 
 #: A point is not a minimum when the residual keeps this cosine with a Jacobian column.
 NOT_A_MINIMUM_COSINE = 0.1

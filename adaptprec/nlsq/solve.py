@@ -45,6 +45,7 @@ from ._methods import _njev_is_none
 from ._residual import (_check_jac_shape, _point_axes, _points, _residual_size,
                         check_host_jac, flat_residual, flat_x0, jacobian, with_kwargs)
 from ._sparse_jac import as_user_format
+from ._start import check_start
 from ._x64 import float64_entry
 from .common import _NORMAL_EQ_MIN_M, check_loss, check_loss_output
 from .result import result_to_host
@@ -75,6 +76,7 @@ def cache_info() -> dict:
 
 
 @float64_entry("solve_nlsq", ("x0", "args", "bounds", "f_scale"), host=result_to_host)
+@check_start  # (issue 32) a non-finite residual at x0: scipy's early error, with the cause
 def solve_nlsq(
     residual: Callable,
     x0: Any,
