@@ -92,14 +92,17 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
     measured = _cost.MEASURE and scale == 1.0
     how = "measured once" if measured else "modelled"
     if measured:
-        cost = [_cost.measure(rung_fn(k), avals) for k in range(n_rungs)]
+        cost = _cost.measure_many([rung_fn(k) for k in range(n_rungs)], avals)
     else:
         cost = modelled
 
     def check_cost(k, method):
         try:
             if measured and method != "mca":
-                full = _cost.measure(check_fn(k, method), avals)
+                # timed interleaved with the rung alone: the difference of the two is
+                # the check's cost (the rung's time is what the plan compares)
+                full, alone = _cost.measure_many([check_fn(k, method), rung_fn(k)], avals)
+                return max(full / alone - 1.0, 0.0) * cost[k]
             else:
                 full = _cost.program_cost(check_fn(k, method), avals, table,
                                           dtypes[k]).seconds * scale
