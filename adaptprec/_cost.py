@@ -170,8 +170,10 @@ def measure(fn: Callable, avals, repeats: int = 5) -> float:
     return measure_many([fn], avals, repeats)[0]
 
 
-def measure_many(fns, avals, repeats: int = 7) -> list:
-    """Seconds of one call of each compiled ``fns[i]`` on the same sample data.
+def measure_many(fns, avals, repeats: int = 7, budget: float = 0.3,
+                 max_repeats: int = 31) -> list:
+    """Seconds of one call of each compiled ``fns[i]`` on the same sample data
+    (``repeats`` rounds at least, more up to ``max_repeats`` while they fit ``budget``).
 
     The programs are timed round by round (interleaved), so a burst of load on a shared
     machine hits them alike, and each is priced relative to the last: ``min`` of the last
@@ -184,8 +186,13 @@ def measure_many(fns, avals, repeats: int = 7) -> list:
     # concrete even when the plan is chosen while an outer function is being traced
     with jax.ensure_compile_time_eval():
         args = [jax.device_put(x) for x in _sample_inputs(avals)]
+        t = time.perf_counter()
         for c in compiled:
             jax.block_until_ready(c(*args))
+        # more rounds when they are cheap (up to ``budget`` seconds): a median of few
+        # ratios still flipped the MLP's plan under load
+        one = time.perf_counter() - t
+        repeats = int(min(max(repeats, budget / max(one, 1e-9)), max_repeats))
         times = np.empty((repeats, len(compiled)))
         for r in range(repeats):
             for i, c in enumerate(compiled):
