@@ -35,7 +35,7 @@ import numpy as np
 from . import _jaxpr as jx
 
 __all__ = ["Throughput", "THROUGHPUT", "Cost", "program_cost", "throughput_for", "FLOOR",
-           "measure", "MEASURE"]
+           "measure", "measure_many", "MEASURE"]
 
 #: Modelled seconds below which work is "free": an eager call's fixed overhead on CPU
 #: (dispatch, the report's arrays) is ~30-100 us, so kernels whose rungs together model
@@ -167,18 +167,40 @@ def _sample_inputs(avals, seed: int = 0):
 def measure(fn: Callable, avals, repeats: int = 5) -> float:
     """Seconds of one call of compiled ``fn`` on sample data (the minimum of
     ``repeats`` after a warm-up: on a loaded machine the minimum is the least noisy)."""
+    return measure_many([fn], avals, repeats)[0]
+
+
+def measure_many(fns, avals, repeats: int = 7, budget: float = 0.3,
+                 max_repeats: int = 31) -> list:
+    """Seconds of one call of each compiled ``fns[i]`` on the same sample data
+    (``repeats`` rounds at least, more up to ``max_repeats`` while they fit ``budget``).
+
+    The programs are timed round by round (interleaved), so a burst of load on a shared
+    machine hits them alike, and each is priced relative to the last: ``min`` of the last
+    program's times, times the *median* over rounds of ``t_i / t_last``. Ratios are what
+    a plan compares; timed one after the other and by their minima, a plan flipped from
+    run to run on the loaded 2-core machine (issue 31).
+    """
     import time
-    compiled = jax.jit(fn).lower(*avals).compile()
+    compiled = [jax.jit(f).lower(*avals).compile() for f in fns]
     # concrete even when the plan is chosen while an outer function is being traced
     with jax.ensure_compile_time_eval():
         args = [jax.device_put(x) for x in _sample_inputs(avals)]
-        jax.block_until_ready(compiled(*args))
-        best = float("inf")
-        for _ in range(repeats):
-            t = time.perf_counter()
-            jax.block_until_ready(compiled(*args))
-            best = min(best, time.perf_counter() - t)
-    return best
+        t = time.perf_counter()
+        for c in compiled:
+            jax.block_until_ready(c(*args))
+        # more rounds when they are cheap (up to ``budget`` seconds): a median of few
+        # ratios still flipped the MLP's plan under load
+        one = time.perf_counter() - t
+        repeats = int(min(max(repeats, budget / max(one, 1e-9)), max_repeats))
+        times = np.empty((repeats, len(compiled)))
+        for r in range(repeats):
+            for i, c in enumerate(compiled):
+                t = time.perf_counter()
+                jax.block_until_ready(c(*args))
+                times[r, i] = time.perf_counter() - t
+    ref = times[:, -1]
+    return [float(np.median(times[:, i] / ref) * ref.min()) for i in range(len(compiled))]
 
 
 def longest_accumulation(jaxpr) -> int:

@@ -32,7 +32,7 @@ import jax
 from . import _cost
 from ._first_order import Unsupported
 
-__all__ = ["Plan", "choose_plan", "all_rungs", "TOP_BUDGET"]
+__all__ = ["Plan", "choose_plan", "all_rungs", "speculative", "TOP_BUDGET"]
 
 #: The share of the top rung's time its check may add when nothing below can pay for it
 #: (the issue's target: adaptive <= 1.25x plain float64 on every kernel).
@@ -42,6 +42,12 @@ TOP_BUDGET = 0.25
 #: above it: a margin for the noise of one-time measurements on a loaded machine and for
 #: the chance that the rung fails (then its time and its check's are lost).
 MARGIN = 0.8
+
+
+#: A row-separable kernel's lower rung is checked on a sample of rows (statistical)
+#: instead of by the first-order bound (deterministic) only when the bound costs more
+#: than this share of the rung (attention: the bound walks the B x B scores).
+ROW_SAMPLE_ABOVE = 0.2
 
 
 class Plan(NamedTuple):
@@ -60,6 +66,17 @@ def all_rungs(n: int, why: str = "") -> Plan:
     return Plan((True,) * n, (None,) * n, (why,) * n, (None,) * n)
 
 
+def speculative(n: int, rung: int) -> Plan:
+    """Rung ``rung`` alone with the finite check only: an earlier eager call verified
+    it for these shapes (``MixedPrecisionManager(speculate=N)``)."""
+    note = ("skipped (speculative call)",) * n
+    note = note[:rung] + (f"speculative: verified on an earlier call for these shapes; "
+                          f"this call checked finite only",) + note[rung + 1:]
+    return Plan(tuple(k == rung for k in range(n)),
+                tuple("speculative" if k == rung else None for k in range(n)), note,
+                (None,) * n)
+
+
 def _fmt(s: float) -> str:
     return f"{s * 1e3:.3g} ms" if s >= 1e-4 else f"{s * 1e6:.3g} us"
 
@@ -67,12 +84,14 @@ def _fmt(s: float) -> str:
 _WHAT = {"mca": "Monte Carlo check", "first_order": "first-order error bound",
          "sample": "sampled check (256 entries re-evaluated in the widest dtype; "
                    "statistical)", "screen": "screens only (cancellation, finite)",
+         "sample_rows": "sampled check (16 rows re-evaluated in the widest dtype; "
+                        "statistical)",
          "none": "finite only: accuracy not checked"}
 
 
 def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
                 scale: float = 1.0, backend: str | None = None,
-                entrywise: bool = False) -> Plan:
+                entrywise: bool = False, rowwise: bool = False) -> Plan:
     """The cheapest plan that still checks every answer it returns.
 
     ``rung_fn(k)``: a function of the arrays computing rung ``k``'s outputs;
@@ -80,7 +99,9 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
     :class:`~adaptprec._first_order.Unsupported` when the method cannot model the
     kernel). ``avals``: ShapeDtypeStructs of the arrays; ``scale``: multiplies every cost
     (the batch size when planned per element under ``vmap``); ``entrywise``: the kernel
-    may be checked on a sample of entries.
+    may be checked on a sample of entries; ``rowwise``: on a sample of rows
+    (:mod:`adaptprec._rowwise`), chosen when the first-order bound costs more than
+    ``ROW_SAMPLE_ABOVE`` of the rung.
     """
     table = _cost.throughput_for(backend)
     top = n_rungs - 1
@@ -92,14 +113,24 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
     measured = _cost.MEASURE and scale == 1.0
     how = "measured once" if measured else "modelled"
     if measured:
-        cost = [_cost.measure(rung_fn(k), avals) for k in range(n_rungs)]
+        cost = _cost.measure_many([rung_fn(k) for k in range(n_rungs)], avals)
     else:
         cost = modelled
 
+    memo = {}
+
     def check_cost(k, method):
+        if (k, method) not in memo:
+            memo[k, method] = _check_cost(k, method)
+        return memo[k, method]
+
+    def _check_cost(k, method):
         try:
             if measured and method != "mca":
-                full = _cost.measure(check_fn(k, method), avals)
+                # timed interleaved with the rung alone: the difference of the two is
+                # the check's cost (the rung's time is what the plan compares)
+                full, alone = _cost.measure_many([check_fn(k, method), rung_fn(k)], avals)
+                return max(full / alone - 1.0, 0.0) * cost[k]
             else:
                 full = _cost.program_cost(check_fn(k, method), avals, table,
                                           dtypes[k]).seconds * scale
@@ -151,7 +182,12 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
                        f"{_fmt(next_total)} with its check, {how})")
             continue
         method, c = None, None
-        for m in (("sample",) if entrywise else ()) + ("first_order", "mca"):
+        methods = (("sample",) if entrywise else ()) + ("first_order", "mca")
+        if rowwise and not entrywise:
+            fo = check_cost(k, "first_order")
+            if fo is None or fo > ROW_SAMPLE_ABOVE * cost[k]:
+                methods = ("sample_rows",) + methods
+        for m in methods:
             cm = check_cost(k, m)
             if cm is not None:
                 method, c = m, cm

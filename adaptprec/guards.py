@@ -790,7 +790,9 @@ class _Accuracy(Guard):
             return self.screen(ctx)
         if ctx.check == "sample":
             return self.sampled(ctx)
-        if ctx.check == "none":
+        if ctx.check == "sample_rows":
+            return self.sampled_rows(ctx)
+        if ctx.check in ("none", "speculative"):
             # the plan skipped the top rung's screens (they cost more than the budget):
             # the report says "not checked"; the finite guard still runs
             return GuardResult.make(True, INACCURATE, jnp.nan)
@@ -810,6 +812,35 @@ class _Accuracy(Guard):
         err = sampled_error(ctx.fn, ctx.args, ctx.kwargs, ctx.inputs,
                             ctx.cast_out if ctx.cast_out is not None else
                             jax.tree_util.tree_leaves(ctx.out), ref, self.SAMPLE, self.seed)
+        err = jnp.maximum(self.SAMPLE_SAFETY * err, jnp.float32(self._floor(ctx)))
+        return GuardResult.make(err <= self.rtol, INACCURATE, digits_from_error(err, ctx.u))
+
+    def sampled_rows(self, ctx) -> GuardResult:
+        """Row-separable kernels (:mod:`adaptprec._rowwise`: an MLP in its batch,
+        attention in its queries): ``_rowwise.ROWS`` evenly spaced rows re-evaluated in
+        the widest dtype from the user's inputs; the largest normwise difference, times
+        ``SAMPLE_SAFETY``. Statistical: a bad row between the samples is missed (the
+        report says "sampled rows")."""
+        from ._autocast.interpret import _is_dynamic
+        from ._rowwise import row_inputs, sampled_rows_error
+        leaves, treedef = jax.tree_util.tree_flatten(ctx.inputs)
+        dyn = [i for i, x in enumerate(leaves) if _is_dynamic(x)]
+
+        def flat(*d):
+            full = list(leaves)
+            for i, x in zip(dyn, d):
+                full[i] = x
+            a, kw = jax.tree_util.tree_unflatten(treedef, full)
+            return jax.tree_util.tree_leaves(ctx.fn(*a, **kw))
+
+        mask = row_inputs(flat, [jax.ShapeDtypeStruct(leaves[i].shape, leaves[i].dtype)
+                                 for i in dyn])
+        if mask is None:    # the plan chose it for a row-separable kernel: not reached
+            raise TypeError("check 'sample_rows' on a kernel that is not row-separable")
+        ref = np.float64 if jax.config.jax_enable_x64 else np.float32
+        err = sampled_rows_error(ctx.fn, ctx.inputs, mask,
+                                 ctx.cast_out if ctx.cast_out is not None else
+                                 jax.tree_util.tree_leaves(ctx.out), ref, seed=self.seed)
         err = jnp.maximum(self.SAMPLE_SAFETY * err, jnp.float32(self._floor(ctx)))
         return GuardResult.make(err <= self.rtol, INACCURATE, digits_from_error(err, ctx.u))
 

@@ -128,6 +128,10 @@ class Report(Module):
             low = "" if ok.ndim == 0 else "min "
             used = {self.checks[r] for r in np.unique(np.asarray(self.rung)).tolist()} \
                 if self.checks else {"mca"}
+            if used == {"speculative"}:
+                return ("speculative: this rung was verified on an earlier call for these "
+                        "shapes; this call checked finite only (its rounding error was not "
+                        "estimated)")
             if used == {"none"}:
                 return ("finite only on the top rung: accuracy not checked (the plan "
                         "found no check within budget, see plan)")
@@ -137,6 +141,10 @@ class Report(Module):
             if used == {"sample"}:
                 return (f"{low}~{d:.1f} digits verified on sampled entries (rtol "
                         f"{rtols[i]:g}; statistical: entries between the samples are not "
+                        "checked)")
+            if used == {"sample_rows"}:
+                return (f"{low}~{d:.1f} digits verified on sampled rows (rtol "
+                        f"{rtols[i]:g}; statistical: rows between the samples are not "
                         "checked)")
             how = "" if used == {"mca"} else (
                 "; first-order bound" if used == {"first_order"} else

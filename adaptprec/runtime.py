@@ -156,6 +156,15 @@ class MixedPrecisionManager:
             more than it saves is skipped, a cheap first-order error bound replaces Monte
             Carlo arithmetic where it models the kernel, and the report says what ran
             (:attr:`Report.plan`). ``"all"``: try every rung with Monte Carlo checks.
+        speculate: ``0`` (default): every call checks its own answer. ``N > 0``
+            (opt-in; needs ``rtol``): after an *eager* call verified rung ``r`` below the
+            top for these argument shapes, the next ``N - 1`` eager calls run rung ``r``
+            alone with the finite check only; a non-finite result is recomputed on the
+            verified path, and every ``N``-th call is verified in full (an escalation
+            there ends the speculation). Their reports say "speculative". This call's
+            rounding error is then *not* estimated: inputs that cancel worse than the
+            verified call's pass unnoticed. Calls inside ``jit``/``vmap``/``grad``
+            always verify (a compiled program cannot read host state).
 
     Bad configurations raise ``ValueError``/``TypeError`` here; a guard returning the wrong
     type, or a kernel returning non-arrays, raises ``TypeError`` when first called.
@@ -174,7 +183,7 @@ class MixedPrecisionManager:
                  policy: Policy | str | None = None, *, rtol: float | None = None,
                  batch: str = "call", capacity: int | float = 0.05,
                  on_failure: str = "return", name: str | None = None,
-                 plan: str = "auto"):
+                 plan: str = "auto", speculate: int = 0):
         # the options first: with x64 off the default ladder's float64 error would
         # otherwise hide the actual mistake (newcomer audit 3)
         if batch not in _BATCH_MODES:
@@ -182,6 +191,12 @@ class MixedPrecisionManager:
         _compaction.capacity_for(capacity, 1)   # validates (ValueError naming capacity)
         if plan not in _PLANS:
             raise ValueError(f"plan must be 'auto' or 'all', got {plan!r}")
+        if isinstance(speculate, bool) or not isinstance(speculate, int) or speculate < 0:
+            raise ValueError(f"speculate must be 0 (off) or a positive int (re-verify "
+                             f"every that many eager calls), got {speculate!r}")
+        if speculate and rtol is None:
+            raise ValueError("speculate= needs rtol= (it re-uses a rung the accuracy "
+                             "check verified on an earlier call)")
         if on_failure not in _ON_FAILURE:
             raise ValueError(f"on_failure must be 'return', 'raise' or 'nan', got "
                              f"{on_failure!r}")
@@ -210,7 +225,7 @@ class MixedPrecisionManager:
         self.policy = None if policy is None else Policy.parse(policy)
         self.batch, self.capacity, self.on_failure, self.name = (
             batch, capacity, on_failure, name)
-        self.plan = plan
+        self.plan, self.speculate = plan, speculate
         self.rung_names = tuple(
             dtype_name(d) if not is_rung_object(r) else getattr(r, "name", None)
             or f"{type(r).__name__}[{dtype_name(d)}]" for r, d in zip(self.rungs, self.ladder))
@@ -219,6 +234,7 @@ class MixedPrecisionManager:
         self.guard_rtols = tuple(getattr(g, "rtol", None) if g.role != "other" else None
                                  for g in self.guards)
         self._cache: dict = {}
+        self._spec: dict = {}   # speculation per (kernel, shapes): [rung, calls, program]
 
     def __repr__(self):
         return (f"MixedPrecisionManager(ladder={','.join(self.rung_names)!r}, guards="
@@ -270,11 +286,53 @@ class MixedPrecisionManager:
         traced = any(isinstance(x, jax.core.Tracer) for x in dyn)
         if traced:
             return compiled[0](*dyn)
+        spec_key = None if key is None else (key, tuple((np.shape(x), str(
+            getattr(x, "dtype", type(x)))) for x in dyn))
+        if self.speculate and spec_key is not None:
+            res = self._speculative(spec_key, compiled[2], dyn)
+            if res is not None:
+                return res
         out, report = compiled[1](*dyn)
+        if self.speculate and spec_key is not None:
+            self._record(spec_key, report, compiled[2])
         if self.on_failure == "raise" and not bool(np.all(np.asarray(report.ok))):
             # eagerly a plain Python error (equinox's error_if surfaced as an INTERNAL
             # callback error with a banner: newcomer audit 3)
             raise RuntimeError(compiled[2].failure_message())
+        return out, report
+
+
+    # ------------------------------------------------------------ speculation
+
+    def _record(self, spec_key, report, program):
+        """After a verified eager call: speculate on its rung when an accuracy check
+        verified it below the top rung; forget it when the call escalated or failed."""
+        spec = self._spec
+        rung = int(np.asarray(report.rung))
+        checked = report.checks[rung] if report.checks else "mca"
+        if (bool(np.asarray(report.ok)) and rung < len(self.rungs) - 1
+                and checked in ("mca", "first_order", "sample", "sample_rows")):
+            spec[spec_key] = [rung, 0, spec.get(spec_key, [None, 0, None])[2]]
+        else:
+            spec.pop(spec_key, None)
+
+    def _speculative(self, spec_key, program, dyn):
+        """``(out, report)`` from the speculative program, or ``None``: verify."""
+        spec = self._spec.get(spec_key)
+        if spec is None:
+            return None
+        rung, count, compiled = spec
+        spec[1] = count + 1
+        if spec[1] >= self.speculate:      # every N-th call: verify in full
+            return None
+        if compiled is None:
+            sp = _Program(self, program.fn, program.treedef, program.dyn_pos,
+                          program.static, program.n_leaves)
+            sp.forced = _plan.speculative(len(self.rungs), rung)
+            compiled = spec[2] = jax.jit(functools.partial(sp.run, host_raise=True))
+        out, report = compiled(*dyn)
+        if not bool(np.all(np.asarray(report.ok))):   # non-finite: the verified path
+            return None
         return out, report
 
 
@@ -289,6 +347,7 @@ class _Program:
         self.name = mgr.name or getattr(fn, "__name__", type(fn).__name__)
         self._plans: dict = {}
         self.plan = _plan.all_rungs(self.n_rungs)
+        self.forced = None      # a speculative program's plan (MixedPrecisionManager)
         acc = [g for g in mgr.guards if g.role == "accuracy"]
         self.accuracy_guard = acc[0] if acc else None
 
@@ -300,7 +359,7 @@ class _Program:
         avals = tuple(jax.ShapeDtypeStruct(x.shape[1:] if f else x.shape, x.dtype)
                       for x, f in zip(dyn, flags))
         key = (tuple((a.shape, str(a.dtype)) for a in avals), size, jax.default_backend())
-        plan = self._plans.get(key)
+        plan = self._plans.get(key) if self.forced is None else self.forced
         if plan is None:
             g = self.accuracy_guard
             if self.mgr.plan == "all" or g is None:
@@ -308,7 +367,8 @@ class _Program:
             else:
                 plan = _plan.choose_plan(self.n_rungs, tuple(self.mgr.ladder), g.rtol,
                                          self._rung_fn, self._check_fn, avals, size,
-                                         entrywise=self._entrywise(avals))
+                                         entrywise=self._entrywise(avals),
+                                         rowwise=self._rowwise(avals))
             self._plans[key] = plan
         self.plan = plan
         return plan
@@ -324,6 +384,18 @@ class _Program:
             return jax.tree_util.tree_leaves(self.fn(*args, **kwargs))
 
         return is_entrywise(flat, avals)
+
+    def _rowwise(self, avals) -> bool:
+        """Plain-dtype rungs and a row-separable kernel: checkable on a sample of rows."""
+        if any(is_rung_object(r) for r in self.mgr.rungs):
+            return False
+        from ._rowwise import row_inputs
+
+        def flat(*d):
+            args, kwargs = self.rebuild(d)
+            return jax.tree_util.tree_leaves(self.fn(*args, **kwargs))
+
+        return row_inputs(flat, avals) is not None
 
     def _rung_fn(self, k):
         def rung(*d):
@@ -672,7 +744,7 @@ def adaptive(fn: Callable | None = None, *, ladder: Any = "bf16,f32,f64",
              guards: Any = None, policy: Policy | str | None = None,
              rtol: float | None = None, batch: str = "call",
              capacity: int | float = 0.05, on_failure: str = "return",
-             name: str | None = None, plan: str = "auto"):
+             name: str | None = None, plan: str = "auto", speculate: int = 0):
     """Make ``fn`` adaptive: cheapest rung first, escalate when a guard fires.
 
     Usable as ``@adaptive`` or ``@adaptive(ladder=..., guards=[...], ...)`` or
@@ -697,7 +769,7 @@ def adaptive(fn: Callable | None = None, *, ladder: Any = "bf16,f32,f64",
         raise TypeError(f"adaptive wraps a callable, got {fn!r}")
     mgr = MixedPrecisionManager(ladder, guards, policy, rtol=rtol, batch=batch,
                                 capacity=capacity, on_failure=on_failure, name=name,
-                                plan=plan)
+                                plan=plan, speculate=speculate)
 
     def wrap(f):
         if not callable(f):

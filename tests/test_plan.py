@@ -205,3 +205,82 @@ def test_first_order_convolution_bound_per_entry():
                     ((x, k), {}), jnp.bfloat16)
     y, e = np.asarray(r.outs[0], np.float64), np.asarray(r.errs[0])
     assert e.shape == y.shape and np.all(np.abs(y - np.asarray(f(x, k))) <= e)
+
+
+# ------------------------------------------------------------- row-sampled check
+
+
+def _attention(q, k, v):
+    s = q @ k.T / 8.0
+    return jax.nn.softmax(s, axis=-1) @ v
+
+
+def test_row_separability_is_structural():
+    from adaptprec._rowwise import row_inputs
+
+    def rows(fn, *shapes):
+        avals = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
+        return row_inputs(lambda *a: jax.tree_util.tree_leaves(fn(*a)), avals)
+
+    b = 256
+    # attention: separable in its queries only (keys have the same shape)
+    assert rows(_attention, (b, 64), (b, 64), (b, 64)) == (True, False, False)
+    assert rows(lambda x, w: jnp.tanh(x @ w + 1.0), (b, 32), (32, 16)) == (True, False)
+    assert rows(lambda x: x - x.mean(axis=1, keepdims=True), (b, 8)) == (True,)
+    # rows mixed: a sum over rows, a Gram matrix, a cumulative sum down the rows,
+    # the row's position (iota), too few rows to sample
+    assert rows(lambda x: x - x.mean(axis=0), (b, 8)) is None
+    assert rows(lambda x: x.T @ x, (b, b)) is None
+    assert rows(lambda x: jnp.cumsum(x, axis=0), (b, 8)) is None
+    assert rows(lambda x: x * jnp.arange(b)[:, None], (b, 8)) is None
+    assert rows(lambda x: x * 2.0, (8, 8)) is None
+
+
+def _guard_on(fn, inputs, dtype, check):
+    from adaptprec.guards import GuardContext
+    from adaptprec.precision import unit_roundoff
+    g = ap.guards.accuracy(1e-3)
+    cargs = tuple(x.astype(dtype) for x in inputs)
+    out = fn(*cargs)
+    ctx = GuardContext(fn, cargs, {}, (inputs, {}), out, dtype, unit_roundoff(dtype), 0,
+                       cast_out=(out.astype(jnp.float64),), check=check)
+    return g(ctx)
+
+
+def test_sampled_rows_check_passes_right_rows_and_fails_wrong_ones():
+    rng = np.random.default_rng(4)
+    q, k, v = (jnp.asarray(rng.normal(size=(256, 64))) for _ in range(3))
+    r = jax.jit(lambda *a: _guard_on(_attention, a, jnp.float32, "sample_rows"))(q, k, v)
+    assert bool(r.ok)
+    # rows cancelled in float32: exp(x @ w) - 1 with x @ w ~ 1e-5 (XLA simplifies
+    # (a + 1) - 1 to a)
+
+    def cancel(x, w):
+        return jnp.exp(x @ w) - 1.0
+    x = jnp.asarray(rng.uniform(1e-6, 2e-6, (256, 8)))
+    w = jnp.asarray(rng.uniform(1.0, 2.0, (8, 4)))
+    r = jax.jit(lambda *a: _guard_on(cancel, a, jnp.float32, "sample_rows"))(x, w)
+    assert not bool(r.ok)
+
+
+def test_a_row_sampled_plan_escalates_when_its_rung_is_wrong(monkeypatch):
+    from adaptprec import _cost, _plan
+    # always prefer the row sample, and price by the table (a measured plan may skip
+    # float32 on a loaded machine: then nothing here would be tested)
+    monkeypatch.setattr(_plan, "ROW_SAMPLE_ABOVE", -1.0)
+    monkeypatch.setattr(_cost, "MEASURE", False)
+    rng = np.random.default_rng(5)
+
+    def cancel(x, w):
+        return jnp.exp(jnp.tanh(x @ w)) - 1.0
+    x = jnp.asarray(rng.uniform(1e-6, 2e-6, (2048, 64)))
+    w = jnp.asarray(rng.uniform(1.0, 2.0, (64, 64)))
+    y, rep = jax.jit(ap.adaptive(cancel, rtol=1e-3).with_report)(x, w)
+    assert rep.checks[1] == "sample_rows", rep.plan
+    assert rep.rung_name == "f64" and rel_error(y, np.asarray(cancel(x, w))) <= 1e-3
+    # a benign one is accepted on float32, and the report says "sampled rows"
+    x = jnp.asarray(rng.normal(size=(2048, 64)))
+    y, rep = jax.jit(ap.adaptive(lambda x, w: jnp.tanh(x @ w), rtol=1e-3).with_report)(
+        x, w / 8)
+    assert rep.checks[1] == "sample_rows" and rep.rung_name == "f32", rep.summary()
+    assert "sampled rows" in rep.verified

@@ -378,3 +378,47 @@ def test_float64_rung_with_x64_off_says_how_to_fix():
     proc = run_python(code, x64=False, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "ERR" in proc.stdout and "jax_enable_x64" in proc.stdout
+
+
+# ------------------------------------------------------------------ speculation
+
+
+def test_speculation_reuses_a_verified_rung_and_reverifies():
+    def f(x):
+        return jnp.exp(x) * 0.5
+
+    g = ap.adaptive(f, ladder="f32,f64", rtol=1e-3, speculate=3)
+    x = jnp.linspace(0.0, 1.0, 64, dtype=jnp.float64)
+    seen = []
+    for _ in range(4):
+        y, rep = g.with_report(x)
+        np.testing.assert_allclose(np.asarray(y), np.asarray(f(x)), rtol=1e-3)
+        seen.append(rep.verified.startswith("speculative"))
+        assert rep.rung_name == "f32" and bool(rep.ok)
+    # verified, two speculative calls, verified again (every 3rd call)
+    assert seen == [False, True, True, False], seen
+    # a non-finite speculative result is recomputed on the verified path (f64 here)
+    y, rep = g.with_report(jnp.full(64, 100.0, jnp.float64))
+    assert rep.rung_name == "f64" and np.isfinite(np.asarray(y)).all()
+    assert not rep.verified.startswith("speculative")
+    # inside jit every call verifies
+    _, rep = jax.jit(g.with_report)(x)
+    assert not rep.verified.startswith("speculative")
+
+
+def test_speculation_is_off_when_the_cheap_rung_failed():
+    def cancel(x):
+        return (x + 1.0) - 1.0
+
+    g = ap.adaptive(cancel, ladder="f32,f64", rtol=1e-3, speculate=4)
+    x = jnp.linspace(1e-5, 2e-5, 64, dtype=jnp.float64)
+    for _ in range(3):
+        y, rep = g.with_report(x)
+        assert rep.rung_name == "f64" and not rep.verified.startswith("speculative")
+
+
+def test_speculate_is_validated():
+    with pytest.raises(ValueError, match="speculate must be"):
+        ap.adaptive(jnp.sin, rtol=1e-3, speculate=-1)
+    with pytest.raises(ValueError, match="needs rtol"):
+        ap.adaptive(jnp.sin, speculate=2)

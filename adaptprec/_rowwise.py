@@ -1,0 +1,250 @@
+"""Row-separable kernels and their sampled-rows check (issue 31: checks cheaper than the
+work they verify).
+
+A kernel is *row-separable* in some of its array inputs (the "row inputs", all with the
+same leading extent ``B``) when every output has leading extent ``B`` and output row
+``i`` depends only on row ``i`` of the row inputs (and on all of the other inputs): an
+MLP in its batch of activations, attention in its queries, a layer norm in its rows.
+Then ``k`` rows of the answer can be re-evaluated in the widest dtype from the user's
+inputs at ``k / B`` of the cost -- for attention that is a few percent of the rung,
+where the first-order bound walks the ``B x B`` score matrix.
+
+The property is decided on the kernel's jaxpr (structurally, not on sample data): a
+forward pass tags each value "row" (axis 0 is the row axis) or "independent" (no row
+input reaches it), and any operation that could mix rows (a reduction or contraction
+over axis 0, a transpose or reshape that moves it, a gather, a loop) makes the kernel
+not row-separable.
+
+The check is statistical, like the sampled check of entrywise kernels: a bad row between
+the samples is missed, and the report says "sampled".
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from . import _jaxpr as jx
+from ._autocast.interpret import _is_dynamic
+
+__all__ = ["row_inputs", "sampled_rows_error", "ROWS", "MIN_BATCH"]
+
+#: rows re-evaluated by the check, and the least leading extent it is used at (below
+#: it the sample would be a large share of the work, or too few rows to say much)
+ROWS, MIN_BATCH = 16, 64
+
+#: "row": axis 0 is the row axis; "ind": no row input reaches it; "pos": an iota along
+#: axis 0 (depends on the row's position, which a sample renumbers)
+_ROW, _IND, _POS = "row", "ind", "pos"
+
+_REDUCE = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod",
+                     "reduce_and", "reduce_or", "argmax", "argmin"})
+_CUMULATIVE = frozenset({"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"})
+
+
+class _NotRowwise(Exception):
+    pass
+
+
+def _entrywise_names():
+    from ._autocast.opkind import ENTRYWISE
+    from ._first_order import _ENTRYWISE_EXTRA
+    return ENTRYWISE | _ENTRYWISE_EXTRA - {"broadcast_in_dim"}
+
+
+def _rows_of(aval) -> int | None:
+    shape = getattr(aval, "shape", ())
+    return shape[0] if len(shape) else None
+
+
+def _walk(jaxpr, states: list, batch: int, entrywise) -> list:
+    env = {}
+    for v, s in zip(jaxpr.invars, states):
+        env[v] = s
+    for v in jaxpr.constvars:
+        env[v] = _IND
+
+    def read(v):
+        return env.get(v, _IND) if not isinstance(v, jx.Literal) else _IND
+
+    for eqn in jaxpr.eqns:
+        ins = [read(v) for v in eqn.invars]
+        name = eqn.primitive.name
+        if _POS in ins:
+            raise _NotRowwise(name)
+        if name == "iota" and eqn.params["dimension"] == 0 and _rows_of(
+                eqn.outvars[0].aval) == batch:
+            out = [_POS]
+        elif all(s == _IND for s in ins):
+            out = [_IND] * len(eqn.outvars)
+        else:
+            out = _rule(eqn, name, ins, batch, entrywise)
+        for v, s in zip(eqn.outvars, out):
+            env[v] = s
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _rule(eqn, name, ins, batch, entrywise) -> list:
+    row_out = [_ROW] * len(eqn.outvars)
+    for v in eqn.outvars:
+        if _rows_of(v.aval) != batch:
+            raise _NotRowwise(name)
+    body = jx.call_body(eqn, remat=True, custom=True)
+    if body is not None:
+        res = _walk(body[0], ins, batch, entrywise)
+        return res
+    p = eqn.params
+    in_avals = [v.aval for v in eqn.invars]
+    if name in entrywise:
+        # same-shaped operands (jnp inserts explicit broadcasts): an independent operand
+        # is a broadcast (re-traced at k rows alike) or a constant of B rows (then the
+        # re-trace at k rows fails its shape check: not separable, see _retraces)
+        return row_out
+    if name == "broadcast_in_dim":
+        dims = p["broadcast_dimensions"]
+        if not dims or dims[0] != 0 or in_avals[0].shape[0] != batch:
+            raise _NotRowwise(name)
+        return row_out
+    if name in _REDUCE:
+        if 0 in p["axes"]:
+            raise _NotRowwise(name)
+        return row_out
+    if name in _CUMULATIVE:
+        if p["axis"] == 0:
+            raise _NotRowwise(name)
+        return row_out
+    if name == "transpose":
+        if p["permutation"][0] != 0:
+            raise _NotRowwise(name)
+        return row_out
+    if name in ("reshape", "squeeze"):
+        if p.get("dimensions") not in (None, ()) and name == "reshape":
+            raise _NotRowwise(name)
+        if name == "squeeze" and 0 in p["dimensions"]:
+            raise _NotRowwise(name)
+        if in_avals[0].shape[0] != batch:
+            raise _NotRowwise(name)
+        return row_out
+    if name == "dot_general":
+        (lc, rc), (lb, rb) = p["dimension_numbers"]
+        sl, sr = ins
+        if sl == _ROW and sr == _IND and not lb and 0 not in lc:
+            return row_out
+        if sl == _ROW and sr == _ROW and lb and lb[0] == 0 and rb[0] == 0:
+            return row_out
+        raise _NotRowwise(name)
+    if name == "conv_general_dilated":
+        dn = p["dimension_numbers"]
+        if (ins[0] == _ROW and ins[1] == _IND and dn.lhs_spec[0] == 0
+                and dn.out_spec[0] == 0 and p["batch_group_count"] == 1):
+            return row_out
+        raise _NotRowwise(name)
+    if name == "concatenate":
+        if p["dimension"] == 0:
+            raise _NotRowwise(name)
+        if any(s == _IND and np.ndim(v.aval) for v, s in zip(eqn.invars, ins)):
+            raise _NotRowwise(name)
+        return row_out
+    if name == "slice":
+        if (p["start_indices"][0] != 0 or p["limit_indices"][0] != batch
+                or (p["strides"] and p["strides"][0] != 1)):
+            raise _NotRowwise(name)
+        return row_out
+    if name == "pad":
+        lo, hi, interior = p["padding_config"][0]
+        if (lo, hi, interior) != (0, 0, 0) or ins[1] == _ROW:
+            raise _NotRowwise(name)
+        return row_out
+    raise _NotRowwise(name)
+
+
+def row_inputs(flat_fn: Callable, avals) -> tuple | None:
+    """Which of the array inputs ``avals`` ``flat_fn(*arrays)`` (a list of arrays out)
+    is row-separable in (a tuple of bools), or ``None``. Tries every input with the
+    outputs' leading extent as a row input, then each alone (attention is separable in
+    its queries, not in its keys of the same shape), then pairs."""
+    try:
+        closed = jax.make_jaxpr(flat_fn)(*avals)
+    except Exception:       # noqa: BLE001 -- not analysable: not row-separable
+        return None
+    batches = {_rows_of(a) for a in closed.out_avals}
+    if len(batches) != 1 or None in batches:
+        return None
+    (batch,) = batches
+    if batch < MIN_BATCH:
+        return None
+    cand = [i for i, a in enumerate(avals) if _rows_of(a) == batch]
+    entrywise = _entrywise_names()
+    subsets = [tuple(cand)] + [(i,) for i in cand] + list(itertools.combinations(cand, 2))
+    for subset in dict.fromkeys(subsets):
+        if not subset:
+            continue
+        states = [_ROW if i in subset else _IND for i in range(len(avals))]
+        try:
+            outs = _walk(closed.jaxpr, states, batch, entrywise)
+        except _NotRowwise:
+            continue
+        if all(s == _ROW for s in outs):
+            mask = tuple(i in subset for i in range(len(avals)))
+            if _retraces(flat_fn, avals, mask, batch):
+                return mask
+    return None
+
+
+def _retraces(flat_fn, avals, mask, batch) -> bool:
+    """The kernel traced on ``ROWS`` rows returns ``ROWS`` rows of the same shapes."""
+    k = min(ROWS, batch)
+    small = [jax.ShapeDtypeStruct((k,) + tuple(a.shape[1:]), a.dtype) if m else a
+             for a, m in zip(avals, mask)]
+    try:
+        full = jax.eval_shape(flat_fn, *avals)
+        part = jax.eval_shape(flat_fn, *small)
+    except Exception:       # noqa: BLE001 -- shape-dependent code: not separable
+        return False
+    return all(tuple(p.shape) == (k,) + tuple(f.shape[1:]) and p.dtype == f.dtype
+               for p, f in zip(jax.tree_util.tree_leaves(part),
+                               jax.tree_util.tree_leaves(full)))
+
+
+def sampled_rows_error(fn: Callable, inputs: tuple, mask: tuple, cast_out, ref_dtype,
+                       k: int = ROWS, seed: int = 0) -> jax.Array:
+    """Normwise relative difference, on ``k`` evenly spaced rows (offset by ``seed``),
+    between the rung's outputs ``cast_out`` and ``fn`` re-evaluated in ``ref_dtype``
+    from the user's ``inputs`` (``(args, kwargs)``), sliced to those rows where ``mask``
+    (over the dynamic leaves) says they are row inputs. ``inf`` when a discrete output
+    differs."""
+    leaves, treedef = jax.tree_util.tree_flatten(inputs)
+    dyn = [i for i, x in enumerate(leaves) if _is_dynamic(x)]
+    rows = {i for i, m in zip(dyn, mask) if m}
+    batch = leaves[next(iter(rows))].shape[0]
+    k = min(k, batch)
+    off = (seed * 0x9E3779B1) % max(batch // k, 1)
+    idx = jnp.asarray((np.arange(k, dtype=np.int64) * batch) // k + off, jnp.int32)
+
+    def take(i, x):
+        if not _is_dynamic(x):
+            return x
+        x = lax.stop_gradient(x)
+        if i in rows:
+            x = x[idx]
+        return x.astype(ref_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+
+    a, kw = jax.tree_util.tree_unflatten(treedef, [take(i, x) for i, x in enumerate(leaves)])
+    ref = jax.tree_util.tree_leaves(fn(*a, **kw))
+    err = jnp.float32(0)
+    for y, r in zip(cast_out, ref):
+        ys = y[idx]
+        if jnp.issubdtype(y.dtype, jnp.floating):
+            w = np.dtype(jnp.promote_types(r.dtype, jnp.float32))
+            d = jnp.max(jnp.abs(ys.astype(w) - r.astype(w)))
+            # normwise over the sampled rows (no pass over the whole output)
+            e = jnp.where(d == 0, 0.0, d / jnp.max(jnp.abs(r.astype(w))))
+        else:
+            e = jnp.where(jnp.any(ys != r), jnp.inf, 0.0)
+        err = jnp.maximum(err, jnp.asarray(e, jnp.float32))
+    return jnp.where(jnp.isnan(err), jnp.inf, err)
