@@ -52,7 +52,7 @@ class _NotRowwise(Exception):
 
 
 def _entrywise_names():
-    from ._autocast.opkind import ENTRYWISE
+    from ._opkind import ENTRYWISE
     from ._first_order import _ENTRYWISE_EXTRA
     return ENTRYWISE | _ENTRYWISE_EXTRA - {"broadcast_in_dim"}
 
