@@ -194,3 +194,44 @@ def test_imports_are_read_from_the_source(tmp_path):
                    "def f():\n    from .. import a\n    from ..pkg import thing\n")
     assert _imports("adaptprec.pkg.b", src, mods) == {"adaptprec.pkg.c", "adaptprec.a",
                                                      "adaptprec.pkg"}
+
+
+def test_every_imported_adaptprec_module_exists():
+    """A ``from .moved import x`` inside a function is found only when it runs: after a
+    module moves (``_autocast/opkind.py`` -> ``_opkind.py``), a stale lazy import must fail
+    here, not in a user's first call."""
+    modules = _modules()
+    stale = []
+    for module, path in modules.items():
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = module.split(".")
+                    base = base if is_pkg else base[:-1]
+                    base = base[:len(base) - (node.level - 1)]
+                    name = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    name = node.module or ""
+                if not name.startswith("adaptprec"):
+                    continue
+                if name not in modules:
+                    stale.append(f"{module}: from {name} import ...")
+                elif node.module is None or True:
+                    # `from .pkg import sub`: sub may be a module of the package
+                    for a in node.names:
+                        sub = f"{name}.{a.name}"
+                        if (sub not in modules and name in modules
+                                and modules[name].name == "__init__.py"
+                                and a.name.startswith("_")
+                                and not _defines(modules[name], a.name)):
+                            stale.append(f"{module}: from {name} import {a.name}")
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("adaptprec") and a.name not in modules:
+                        stale.append(f"{module}: import {a.name}")
+    assert not stale, f"imports of adaptprec modules that do not exist: {stale}"
+
+
+def _defines(path: Path, name: str) -> bool:
+    return re.search(rf"^\s*(def |class )?{re.escape(name)}\b", path.read_text(), re.M) is not None
