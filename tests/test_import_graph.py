@@ -217,8 +217,9 @@ def test_every_imported_adaptprec_module_exists():
                     continue
                 if name not in modules:
                     stale.append(f"{module}: from {name} import ...")
-                elif node.module is None or True:
-                    # `from .pkg import sub`: sub may be a module of the package
+                else:
+                    # `from .pkg import _sub`: a private name of a package is a submodule
+                    # unless the package's __init__ defines it
                     for a in node.names:
                         sub = f"{name}.{a.name}"
                         if (sub not in modules and name in modules
