@@ -39,6 +39,8 @@ BEHAVIOURS = [
     ("all tolerances below eps raise ValueError; lm needs all >= eps", "test_all_tolerances_off"),
     ("max_nfev=1 evaluates at x0 only (status 0)", "test_max_nfev_one"),
     ("max_nfev caps residual evaluations", "test_max_nfev_caps"),
+    ("a given max_nfev/maxfev is the cap: no step cap of our own stops earlier (gh-4555)",
+     "test_max_nfev_is_the_cap"),
     ("max_nfev <= 0 raises ValueError", "test_max_nfev_invalid"),
     ("loss other than linear with lm raises ValueError", "test_huber_lm"),
     ("jac='2-point'/'3-point'/'cs' finite differences", "test_fd_methods"),
@@ -235,6 +237,20 @@ def test_max_nfev_caps():
     for cap in (2, 5):
         res = ap.solve_nlsq(rosen, [-1.2, 1.0], max_nfev=cap)
         assert int(res.nfev) <= cap and int(res.status) == 0
+
+
+def test_max_nfev_is_the_cap():
+    # scipy's gh-4555 fit needs 888 evaluations here, beyond the default step cap
+    # 100 (n + 1) = 600: with maxfev=100000 the user's budget decides, not ours
+    def f(x, a, b, c, d, e):
+        return a * jnp.log(x + 1 + b) + c * jnp.log(x + 1 + d) + e
+
+    rng = np.random.default_rng(408113519974467917)
+    x = np.arange(100.0)
+    y = np.linspace(2, 7, 100) + rng.random(100)
+    p, cov, info, msg, ier = ap.curve_fit(f, x, y, maxfev=100000, full_output=True)
+    assert ier in (1, 2, 3, 4), msg
+    assert info["nfev"] > 600 and np.all(np.diag(cov) > 0)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5])

@@ -140,14 +140,16 @@ def solve_nlsq(
       ftol, xtol, gtol: scipy's termination tolerances (``gtol`` is MINPACK's scaled
         cosine for ``lm``/``gn`` and ``||g * v||_inf`` for ``trf``); ``None`` disables a
         test, as in scipy.
-      max_steps: iteration cap (trial steps); default ``100 * (n + 1)``. ``"lm"`` runs a
+      max_steps: iteration cap (trial steps); default ``100 * (n + 1)``, or
+        ``max(100 * (n + 1), max_nfev)`` when ``max_nfev`` is given. ``"lm"`` runs a
         portfolio (docs/nlsq.md, "Robustness"): when its default strategy fails (out of
         steps, no finite step, or runaway parameters) the top rung restarts from ``x0``
         with scipy's radius rule and the lower-cost end is returned. With the default,
         each strategy has ``100 * (n + 1)`` steps; an explicit ``max_steps`` (and
         ``max_nfev``) caps the whole solve.
       max_nfev: scipy's cap on residual evaluations (``None``: no cap beyond
-        ``max_steps``); ``max_nfev=1`` evaluates at ``x0`` only. Status 0 when reached.
+        ``max_steps``); when given it is the cap (the default ``max_steps`` is raised to
+        it); ``max_nfev=1`` evaluates at ``x0`` only. Status 0 when reached.
       diff_step: relative finite-difference step (with ``jac="2-point"/"3-point"/"cs"``).
       kwargs: keyword arguments for ``residual`` (and a callable ``jac``), as scipy's.
       callback: scipy's ``callback(intermediate_result)`` (or ``callback(x)``), called on
@@ -334,9 +336,13 @@ def solve_nlsq(
                              f"[{lb[i]}, {ub[i]}]")
     scale_inv0 = as_scale_inv(x_scale, n)
     # lm's portfolio (_loop.PORTFOLIO): the default budget is per strategy, an explicit
-    # max_steps caps the whole solve
-    portfolio = (2 if max_steps is None else 1) if _loop.PORTFOLIO else 0
-    max_steps = as_max_steps(max_steps, n)
+    # max_steps (or max_nfev) caps the whole solve
+    portfolio = (2 if max_steps is None and max_nfev is None else 1) \
+        if _loop.PORTFOLIO else 0
+    # the user's max_nfev is the cap (scipy): our own step cap must not end the solve
+    # earlier (each step costs at least one evaluation, so max_nfev steps suffice)
+    max_steps = as_max_steps(max_steps, n) if max_steps is not None or max_nfev is None \
+        else max(as_max_steps(None, n), max_nfev)
 
     if schedule is None and len(rungs) > 1:
         schedule = default_schedule()
