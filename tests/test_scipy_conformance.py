@@ -42,6 +42,8 @@ BEHAVIOURS = [
     ("a given max_nfev/maxfev is the cap: no step cap of our own stops earlier (gh-4555)",
      "test_max_nfev_is_the_cap"),
     ("max_nfev <= 0 raises ValueError", "test_max_nfev_invalid"),
+    ("a Python model and jac run once per shape, never twice with the same p (gh-13670)",
+     "test_model_and_jac_traced_once"),
     ("loss other than linear with lm raises ValueError", "test_huber_lm"),
     ("jac='2-point'/'3-point'/'cs' finite differences", "test_fd_methods"),
     ("finite-difference steps follow approx_derivative (diff_step)", "test_diff_step"),
@@ -251,6 +253,33 @@ def test_max_nfev_is_the_cap():
     p, cov, info, msg, ier = ap.curve_fit(f, x, y, maxfev=100000, full_output=True)
     assert ier in (1, 2, 3, 4), msg
     assert info["nfev"] > 600 and np.all(np.diag(cov) > 0)
+
+
+@pytest.mark.parametrize("method", ["lm", "trf"])
+def test_model_and_jac_traced_once(method):
+    # scipy's gh-13670: curve_fit must not call the model or jac twice in a row with the
+    # same parameters. A JAX model is traced, not called per evaluation: the size probe,
+    # the jac's shape check, the loop and the final evaluation share one trace per shape
+    calls = {"model": 0, "jac": 0}
+
+    def line(x, *p):
+        calls["model"] += 1
+        return x * p[0] + p[1]
+
+    def jac(x, *p):
+        calls["jac"] += 1
+        return jnp.stack([x, jnp.ones_like(x)]).T
+
+    x = np.linspace(0, 3, 101)
+    y = 2 * x + 1 + np.random.default_rng(0).normal(size=101) * 0.5
+    ap.curve_fit(line, x, y, np.array([1.0, 5.0]), method=method, jac=jac)
+    assert calls == {"model": 1, "jac": 1}
+    # autodiff Jacobian, 128 points (a bucket length: no padded second shape)
+    calls.update(model=0)
+    x = np.linspace(0, 3, 128)
+    res = ap.solve_nlsq(lambda p, x, y: line(x, *p) - y, np.array([1.0, 5.0]),
+                        args=(x, 2 * x + 1), method=method, max_nfev=3)
+    assert calls["model"] == 1 and int(res.nfev) == 3
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5])

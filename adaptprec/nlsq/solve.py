@@ -43,7 +43,8 @@ from ._loop import LoopConfig, default_schedule
 from ._lsmr import _tr_solver_options
 from ._methods import _njev_is_none
 from ._residual import (_check_jac_shape, _point_axes, _points, _residual_size,
-                        check_host_jac, flat_residual, flat_x0, jacobian, with_kwargs)
+                        check_host_jac, flat_residual, flat_x0, jacobian, traced_once,
+                        with_kwargs)
 from ._sparse_jac import as_user_format
 from ._x64 import float64_entry
 from .common import _NORMAL_EQ_MIN_M, check_loss, check_loss_output
@@ -264,6 +265,8 @@ def solve_nlsq(
         max_nfev=max_nfev)
     if kwargs:
         residual, jac, args = with_kwargs(residual, jac, args, kwargs)
+    if callable(jac):  # a user's jac runs once per shape (gh-13670; the key keeps jac)
+        jac = traced_once(jac)
     x0 = as_x0(x0)
     if linear_solver not in ("auto", "qr", "normal"):
         raise ValueError(f"linear_solver must be 'auto', 'qr' or 'normal', got "
@@ -294,7 +297,7 @@ def solve_nlsq(
     if recalled is not None:
         m = recalled[0]
     else:
-        m = _residual_size(residual, unravel, x0, x0_flat, args)
+        m = _residual_size(residual, fun_flat, x0, x0_flat, args, top_dt)
     check_loss_output(loss, m, top_dt)
     adaptive_stop = False
     if _starts_on_float64(precision, schedule, m, n):
@@ -337,11 +340,12 @@ def solve_nlsq(
     scale_inv0 = as_scale_inv(x_scale, n)
     # lm's portfolio (_loop.PORTFOLIO): the default budget is per strategy, an explicit
     # max_steps (or max_nfev) caps the whole solve
-    portfolio = (2 if max_steps is None and max_nfev is None else 1) \
+    # (max_nfev is 0 here when not given: check_max_nfev)
+    portfolio = (2 if max_steps is None and not max_nfev else 1) \
         if _loop.PORTFOLIO else 0
     # the user's max_nfev is the cap (scipy): our own step cap must not end the solve
     # earlier (each step costs at least one evaluation, so max_nfev steps suffice)
-    max_steps = as_max_steps(max_steps, n) if max_steps is not None or max_nfev is None \
+    max_steps = as_max_steps(max_steps, n) if max_steps is not None or not max_nfev \
         else max(as_max_steps(None, n), max_nfev)
 
     if schedule is None and len(rungs) > 1:
