@@ -42,6 +42,8 @@ BEHAVIOURS = [
     ("a given max_nfev/maxfev is the cap: no step cap of our own stops earlier (gh-4555)",
      "test_max_nfev_is_the_cap"),
     ("max_nfev <= 0 raises ValueError", "test_max_nfev_invalid"),
+    ("nfev counts the evaluations performed (docs/scipy.md): max_nfev=1 runs the model once",
+     "test_nfev_counts_executions"),
     ("a Python model and jac run once per shape, never twice with the same p (gh-13670)",
      "test_model_and_jac_traced_once"),
     ("loss other than linear with lm raises ValueError", "test_huber_lm"),
@@ -280,6 +282,29 @@ def test_model_and_jac_traced_once(method):
     res = ap.solve_nlsq(lambda p, x, y: line(x, *p) - y, np.array([1.0, 5.0]),
                         args=(x, 2 * x + 1), method=method, max_nfev=3)
     assert calls["model"] == 1 and int(res.nfev) == 3
+
+
+@pytest.mark.parametrize("method", ["lm", "trf", "dogbox"])
+def test_nfev_counts_executions(method):
+    # what nfev counts for a traced model (docs/scipy.md): the iteration's evaluations
+    # (x0 and each trial point); the drivers evaluate once more at the returned x to fill
+    # fun/jac/grad, except with max_nfev=1, where that final evaluation is the one at x0
+    points = []
+
+    def fun(x):
+        jax.debug.callback(lambda v: points.append(np.asarray(v).copy()), x)
+        return jnp.array([10 * (x[1] - x[0] ** 2), 1 - x[0]])
+
+    def jac(x):
+        return jnp.array([[-20 * x[0], 10.0], [-1.0, 0.0]])
+
+    for cap in (1, 3, None):
+        points.clear()
+        res = ap.solve_nlsq(fun, np.array([3.0, 5.0]), jac=jac, method=method,
+                            max_nfev=cap)
+        assert len(points) == int(res.nfev) + (cap != 1)
+        if cap == 1:
+            assert int(res.nfev) == 1 and np.array_equal(points[0], [3.0, 5.0])
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5])
