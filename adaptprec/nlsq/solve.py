@@ -150,7 +150,11 @@ def solve_nlsq(
         ``max_nfev``) caps the whole solve.
       max_nfev: scipy's cap on residual evaluations (``None``: no cap beyond
         ``max_steps``); when given it is the cap (the default ``max_steps`` is raised to
-        it); ``max_nfev=1`` evaluates at ``x0`` only. Status 0 when reached.
+        it); ``max_nfev=1`` evaluates at ``x0`` only, once. Status 0 when reached.
+        ``nfev`` counts the runs of the (traced) residual at ``x0`` and at each trial
+        point; the final run at the returned ``x`` that fills ``fun``/``jac`` is not
+        counted (none extra with ``max_nfev=1``). The residual and a callable ``jac`` are
+        traced once per shape and dtype.
       diff_step: relative finite-difference step (with ``jac="2-point"/"3-point"/"cs"``).
       kwargs: keyword arguments for ``residual`` (and a callable ``jac``), as scipy's.
       callback: scipy's ``callback(intermediate_result)`` (or ``callback(x)``), called on
