@@ -23,7 +23,6 @@ import functools
 
 import jax
 import numpy as np
-from jax.extend.core import Literal
 from jax.flatten_util import ravel_pytree
 
 from .._status import Status
@@ -74,6 +73,8 @@ def _walk(jaxpr, consts, args):
     env = {}
 
     def read(v):
+        from jax.extend.core import Literal  # failure path only: a fit never imports it
+
         return v.val if isinstance(v, Literal) else env[v]
 
     for v, c in zip(jaxpr.constvars, consts):
