@@ -676,10 +676,16 @@ def sampled_error(fn: Callable, args: tuple, kwargs: dict, inputs: tuple, cast_o
 
     a, kw = jax.tree_util.tree_unflatten(treedef, [take(x) for x in leaves])
     ref = jax.tree_util.tree_leaves(fn(*a, **kw))
+    return error_of_samples([jnp.ravel(y)[idx] for y in cast_out], ref)
+
+
+def error_of_samples(samples, ref):
+    """The largest normwise relative error of the cheap rung's sampled outputs against
+    their wider reference (``inf`` for a NaN, or a differing integer/bool entry); shared by
+    the sampled-entries and sampled-rows checks."""
     err = jnp.float32(0)
-    for y, r in zip(cast_out, ref):
-        ys = jnp.ravel(y)[idx]
-        if _is_float(y.dtype):
+    for ys, r in zip(samples, ref):
+        if _is_float(ys.dtype):
             w = np.dtype(jnp.promote_types(r.dtype, jnp.float32))
             d = jnp.max(jnp.abs(ys.astype(w) - r.astype(w)))
             # normwise over the sample: max|y_s| <= max|y|, so this is the larger

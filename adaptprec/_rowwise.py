@@ -31,6 +31,7 @@ from jax import lax
 
 from . import _jaxpr as jx
 from ._autocast.interpret import _is_dynamic
+from ._first_order import error_of_samples
 
 __all__ = ["row_inputs", "sampled_rows_error", "ROWS", "MIN_BATCH"]
 
@@ -236,15 +237,4 @@ def sampled_rows_error(fn: Callable, inputs: tuple, mask: tuple, cast_out, ref_d
 
     a, kw = jax.tree_util.tree_unflatten(treedef, [take(i, x) for i, x in enumerate(leaves)])
     ref = jax.tree_util.tree_leaves(fn(*a, **kw))
-    err = jnp.float32(0)
-    for y, r in zip(cast_out, ref):
-        ys = y[idx]
-        if jnp.issubdtype(y.dtype, jnp.floating):
-            w = np.dtype(jnp.promote_types(r.dtype, jnp.float32))
-            d = jnp.max(jnp.abs(ys.astype(w) - r.astype(w)))
-            # normwise over the sampled rows (no pass over the whole output)
-            e = jnp.where(d == 0, 0.0, d / jnp.max(jnp.abs(r.astype(w))))
-        else:
-            e = jnp.where(jnp.any(ys != r), jnp.inf, 0.0)
-        err = jnp.maximum(err, jnp.asarray(e, jnp.float32))
-    return jnp.where(jnp.isnan(err), jnp.inf, err)
+    return error_of_samples([y[idx] for y in cast_out], ref)
