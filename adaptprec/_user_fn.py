@@ -16,9 +16,10 @@ Example:
     ...     returns_arrays(residual, residual(1.0), "residual")
     ... except TypeError as e:
     ...     msg = str(e).replace(describe(residual), "residual (file:line)")
-    ...     print(msg[:54]); print(msg[55:102])
-    residual residual (file:line) must return an array (or
-    a pytree of arrays): it returned the str 'oops'
+    >>> msg[:54]
+    'residual residual (file:line) must return an array (or'
+    >>> msg[55:102]
+    "a pytree of arrays): it returned the str 'oops'"
 """
 
 from __future__ import annotations

@@ -183,8 +183,9 @@ def numeric_data(x, name: str):
         >>> try:
         ...     numeric_data([["x"] * 3], "ydata")
         ... except ValueError as e:
-        ...     print(e)
-        ydata must be numbers, got dtype <U1
+        ...     msg = str(e)
+        >>> msg
+        'ydata must be numbers, got dtype <U1'
     """
     if x is None or isinstance(x, jax.Array):
         return x
