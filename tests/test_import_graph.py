@@ -57,6 +57,17 @@ def _is_type_checking(node) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
+def _from_target(module: str, is_pkg: bool, node: ast.ImportFrom) -> str:
+    """The absolute module name of ``from ... import`` in ``module`` (relative levels
+    resolved against the package, or the module's own package)."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    base = base if is_pkg else base[:-1]
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _imports(module: str, path: Path, modules) -> set[str]:
     """The adaptprec modules ``module`` imports (see the module docstring)."""
     is_pkg = path.name == "__init__.py"
@@ -75,13 +86,7 @@ def _imports(module: str, path: Path, modules) -> set[str]:
                 found.update(resolve(a.name) for a in child.names
                              if a.name.split(".")[0] == "adaptprec")
             elif isinstance(child, ast.ImportFrom):
-                if child.level:
-                    base = module.split(".")
-                    base = base if is_pkg else base[:-1]
-                    base = base[:len(base) - (child.level - 1)]
-                    prefix = ".".join(base + ([child.module] if child.module else []))
-                else:
-                    prefix = child.module or ""
+                prefix = _from_target(module, is_pkg, child)
                 if prefix.split(".")[0] != "adaptprec":
                     continue
                 for a in child.names:  # `from pkg import submodule` names the submodule
@@ -206,13 +211,7 @@ def test_every_imported_adaptprec_module_exists():
         is_pkg = path.name == "__init__.py"
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = module.split(".")
-                    base = base if is_pkg else base[:-1]
-                    base = base[:len(base) - (node.level - 1)]
-                    name = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    name = node.module or ""
+                name = _from_target(module, is_pkg, node)
                 if not name.startswith("adaptprec"):
                     continue
                 if name not in modules:
