@@ -373,29 +373,31 @@ class _Program:
         self.plan = plan
         return plan
 
-    def _entrywise(self, avals) -> bool:
-        """Plain-dtype rungs and an entrywise kernel: checkable on a sample of entries."""
+    def _flat_kernel(self):
+        """The kernel as ``flat(*dynamic leaves) -> output leaves`` for the structure
+        tests, or ``None`` when a rung is a Rung object (not a plain dtype)."""
         if any(is_rung_object(r) for r in self.mgr.rungs):
-            return False
-        from ._first_order import is_entrywise
+            return None
 
         def flat(*d):
             args, kwargs = self.rebuild(d)
             return jax.tree_util.tree_leaves(self.fn(*args, **kwargs))
 
-        return is_entrywise(flat, avals)
+        return flat
+
+    def _entrywise(self, avals) -> bool:
+        """Plain-dtype rungs and an entrywise kernel: checkable on a sample of entries."""
+        from ._first_order import is_entrywise
+
+        flat = self._flat_kernel()
+        return flat is not None and is_entrywise(flat, avals)
 
     def _rowwise(self, avals) -> bool:
         """Plain-dtype rungs and a row-separable kernel: checkable on a sample of rows."""
-        if any(is_rung_object(r) for r in self.mgr.rungs):
-            return False
         from ._rowwise import row_inputs
 
-        def flat(*d):
-            args, kwargs = self.rebuild(d)
-            return jax.tree_util.tree_leaves(self.fn(*args, **kwargs))
-
-        return row_inputs(flat, avals) is not None
+        flat = self._flat_kernel()
+        return flat is not None and row_inputs(flat, avals) is not None
 
     def _rung_fn(self, k):
         def rung(*d):
