@@ -34,13 +34,26 @@ sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests")]  # this checkout's adaptpre
 from real_models import PROBLEMS, is_solved  # noqa: E402
 
 
+_MODELS: dict = {}
+
+
+def _model(problem, xp):
+    """One model function per (problem, namespace), reused by every call: a new closure
+    per call would make adaptprec's "repeat" retrace (its caches key on the function)."""
+    key = (problem.name, xp.__name__)
+    if key not in _MODELS:
+        _MODELS[key] = problem.model(xp)
+    return _MODELS[key]
+
+
 def _fit(fit, problem, p0, xp, **kw):
     """(popt or None, seconds, error name or '')."""
+    model = _model(problem, xp)
     t0 = time.perf_counter()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            popt, _ = fit(problem.model(xp), problem.xdata, problem.ydata, p0=p0,
+            popt, _ = fit(model, problem.xdata, problem.ydata, p0=p0,
                           sigma=problem.sigma, bounds=problem.bounds, **kw)
         popt = np.asarray(popt, dtype=np.float64)
         err = ""

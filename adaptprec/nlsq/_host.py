@@ -324,6 +324,27 @@ def _compiled(prog, *args):
     return _disk_cache.compiled(prog.tuned, prog.cache_key, args, prog.options)
 
 
+_deadline = threading.local()
+
+
+class deadline:
+    """Within this block a host-loop solve stops at ``time.perf_counter() >= at`` (checked
+    every :data:`QUEUE` iterations) with status 0 (the evaluation budget's code): the
+    starts of ``starts="auto"`` (:mod:`._auto_starts`) share one time budget. A promoted
+    solve (one executable call) is not interrupted."""
+
+    def __init__(self, at: float):
+        self.at = at
+
+    def __enter__(self):
+        self.prev = getattr(_deadline, "at", None)
+        _deadline.at = self.at if self.prev is None else min(self.at, self.prev)
+        return self
+
+    def __exit__(self, *exc):
+        _deadline.at = self.prev
+
+
 def _host_loop(init, step, evaluate, x0, consts, mask, args, ctx, f_scale, m):
     carry, z, ctl = _compiled(init, x0, ctx, m)(x0, ctx, m)
     # the executables are looked up once per solve and called directly in the loop
@@ -335,12 +356,15 @@ def _host_loop(init, step, evaluate, x0, consts, mask, args, ctx, f_scale, m):
     # status is read back once per batch: a finished solve is a no-op in `step`, so the
     # extra iterations change nothing but cost a little compute, far less than waiting
     # for every result on a busy CPU.
+    at = getattr(_deadline, "at", None)
     while True:
         for _ in range(QUEUE):
             ev = evaluate(ctl, z, consts, mask, args, f_scale)
             carry, z, ctl = step(carry, ev, ctx, m)
         if int(np.asarray(ctl)[0]) != Status.RUNNING:
             return carry
+        if at is not None and time.perf_counter() >= at:
+            return carry  # still RUNNING: _solve_host_loop reports the budget's code
 
 
 def _promotion_key(traced, is_padded, cfg: LoopConfig) -> tuple:
@@ -536,6 +560,8 @@ def _solve_host_loop(sp, evaluate, final, x0, ctx, consts, args, m_arr, M, is_pa
     carry = _host_loop(sp.init, sp.step, evaluate, x0, consts, mask, args, ctx, fs_d, m_d)
     carry = jax.device_get(carry)
     st, _ = sp.carry.unpack_numpy(carry)
+    if int(st.status) == Status.RUNNING:  # stopped by a deadline
+        st = st._replace(status=np.asarray(int(Status.MAX_EVALUATIONS), st.status.dtype))
     fargs = (st.x, consts[-1], mask, args, fs_d, lb, ub, xtol)
     out = jax.device_get(_compiled(final, *fargs)(*fargs))
     return _fields(st, out, st.njev + np.ones_like(st.njev))
