@@ -45,14 +45,12 @@ def test_gaussian_on_a_background_from_ones_is_found(gauss_local_and_auto):
 
 
 def test_a_fit_that_succeeds_locally_is_returned_as_is():
-    # the local fit passes every test: the same answer and work as starts=1
-    p = PROBLEMS["exp_decay"]
-    f = p.model(jnp)
-
-    def r(q, t, y):
-        return f(t, *q) - y
-    one = ap.solve_nlsq(r, np.array(p.p0), args=(p.xdata, p.ydata))
-    auto = ap.solve_nlsq(r, np.array(p.p0), args=(p.xdata, p.ydata), starts="auto")
+    # from the textbook start the local fit passes every test: the same answer and work
+    # as starts=1 (the same residual as above: nothing new to compile)
+    x0 = np.array(GAUSS.p0)
+    one = ap.solve_nlsq(_gauss_residual, x0, args=_gauss_args())
+    auto = ap.solve_nlsq(_gauss_residual, x0, args=_gauss_args(), starts="auto")
+    assert is_solved(GAUSS, np.asarray(one.x))
     assert auto.starts_run == 0 and auto.search == ""
     np.testing.assert_array_equal(np.asarray(auto.x), np.asarray(one.x))
     assert int(auto.nfev) == int(one.nfev) and auto.message == one.message
@@ -95,18 +93,17 @@ def test_never_worse_than_the_local_fit(gauss_local_and_auto):
 
 def test_unseen_parameters_trigger_the_search():
     # a peak started far from the data: its three parameters have all-zero Jacobian
-    # columns, the local fit "succeeds" on the background alone
+    # columns, the local fit "succeeds" on the background alone (the Gaussian residual
+    # above on 200 points again: its compiled programs serve)
     x = np.linspace(200.0, 300.0, 200)
     y = 5.0 * np.exp(-0.5 * ((x - 250.0) / 6.0) ** 2) + 2.0
     y = y + 0.01 * np.random.default_rng(5).standard_normal(200)
-
-    def r(p, x, y):
-        return p[0] * jnp.exp(-0.5 * ((x - p[1]) / p[2]) ** 2) + p[3] - y
-    local = ap.solve_nlsq(r, np.ones(4), args=(x, y))
+    local = ap.solve_nlsq(_gauss_residual, np.ones(5), args=(x, y))
     assert bool(local.success)
     assert "all-zero Jacobian columns" in needs_search(local, AutoStarts())
-    auto = ap.solve_nlsq(r, np.ones(4), args=(x, y), starts=AutoStarts(max_starts=4))
-    assert auto.starts_run == 4 and float(auto.cost) <= float(local.cost)
+    auto = ap.solve_nlsq(_gauss_residual, np.ones(5), args=(x, y),
+                         starts=AutoStarts(max_starts=4))
+    assert 1 <= auto.starts_run <= 4 and float(auto.cost) <= float(local.cost)
 
 
 def test_noise_tests():
