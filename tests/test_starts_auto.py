@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import adaptprec as ap
-from adaptprec.nlsq._auto_starts import (AutoStarts, auto_starts, needs_search,
-                                         noise_test)
+from adaptprec.nlsq._auto_starts import (MIN_STARTS, AutoStarts, auto_starts,
+                                         needs_search, noise_test)
 from adaptprec.nlsq._start import NonFiniteStartError
 from real_models import PROBLEMS, cost_of, is_solved
 
@@ -29,7 +29,9 @@ def _gauss_args():
 def gauss_local_and_auto():
     x0 = np.ones(5)
     local = ap.solve_nlsq(_gauss_residual, x0, args=_gauss_args())
-    auto = ap.solve_nlsq(_gauss_residual, x0, args=_gauss_args(), starts="auto")
+    # (a generous budget: the test must not depend on the machine's load)
+    auto = ap.solve_nlsq(_gauss_residual, x0, args=_gauss_args(),
+                         starts=AutoStarts(seconds=60.0))
     return local, auto
 
 
@@ -41,6 +43,7 @@ def test_gaussian_on_a_background_from_ones_is_found(gauss_local_and_auto):
     assert "successive differences" in needs_search(local, AutoStarts())
     assert is_solved(GAUSS, np.asarray(auto.x)), auto.message
     assert auto.starts_run > 0 and "starts='auto'" in auto.message
+    assert "passed the tests" in auto.search
     assert int(auto.nfev) > int(local.nfev)  # every fit's work is counted
 
 
@@ -69,20 +72,21 @@ def test_nonfinite_start_looks_for_a_finite_one():
 
 def test_curve_fit_auto_solves_the_gaussian_from_default_p0():
     f = GAUSS.model(jnp)
-    popt, _, info, mesg, _ = ap.curve_fit(f, GAUSS.xdata, GAUSS.ydata, starts="auto",
+    popt, _, info, mesg, _ = ap.curve_fit(f, GAUSS.xdata, GAUSS.ydata,
+                                          starts=AutoStarts(seconds=60.0),
                                           full_output=True)
     assert is_solved(GAUSS, popt) and "starts='auto'" in mesg
     assert info["result"].starts_run > 0
 
 
-def test_time_budget_keeps_the_local_fit():
-    # no time at all: no start runs, the local fit is returned and the reason is given
+def test_time_budget_stops_the_search():
     x0 = np.ones(5)
     local = ap.solve_nlsq(_gauss_residual, x0, args=_gauss_args())
     res = ap.solve_nlsq(_gauss_residual, x0, args=_gauss_args(),
                         starts=AutoStarts(seconds=-1.0))
-    assert res.starts_run == 0 and "time budget" in res.search
-    np.testing.assert_array_equal(np.asarray(res.x), np.asarray(local.x))
+    # the first MIN_STARTS fits run whatever the clock says, then the budget stops it
+    assert res.starts_run == MIN_STARTS and "time budget" in res.search
+    assert float(res.cost) <= float(local.cost)
 
 
 def test_never_worse_than_the_local_fit(gauss_local_and_auto):
@@ -142,9 +146,9 @@ def test_mgh10_from_near_start_1():
     from nist_problems import load
 
     p = load("MGH10")
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(2)  # (seeds 2 and 3: starts=1 and starts=8 miss it)
     x0 = np.asarray(p.starts[0]) * rng.uniform(0.75, 1.25, 3)
-    res = ap.solve_nlsq(p.residual, x0, args=(p.x, p.y), starts="auto")
+    res = ap.solve_nlsq(p.residual, x0, args=(p.x, p.y), starts=AutoStarts(seconds=60.0))
     assert 2 * float(res.cost) <= p.certified_rss * (1 + 1e-6), res.message
 
 
@@ -155,6 +159,7 @@ def test_whole_realistic_set_from_ones_with_auto(name):
     if name == "raman_3peaks":
         pytest.skip("11 parameters, all three peaks unseen from ones: not found "
                     "within the budget (nor by scipy)")
+    # (a generous time budget: the slow run must not depend on the machine's load)
     popt, _ = ap.curve_fit(p.model(jnp), p.xdata, p.ydata, sigma=p.sigma,
-                           bounds=p.bounds, starts="auto")
+                           bounds=p.bounds, starts=AutoStarts(seconds=60.0))
     assert is_solved(p, popt)
