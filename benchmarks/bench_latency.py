@@ -36,7 +36,11 @@ its ~100 source files again, 40-90 ms of the import row; so the children get a b
 cache in a temporary directory (``PYTHONPYCACHEPREFIX``), filled by one warm-up import
 before anything is timed. ``--source-import`` measures the old way (no bytecode cache).
 
-Run:  python benchmarks/bench_latency.py [--quick]
+(e) ``--fresh-loop`` (only this): 100 curve_fit calls of a 4PL fit (12 points, bounds,
+    new data each call) in a fresh process with an EMPTY adaptprec cache, against scipy:
+    the first call, then calls 2-100 together (issue 32: <= 3x scipy's 99 calls).
+
+Run:  python benchmarks/bench_latency.py [--quick] [--fresh-loop]
 """
 
 from __future__ import annotations
@@ -165,6 +169,77 @@ def _curve_child(lib: str, reps: int) -> dict:
     return out
 
 
+def _loop_child(lib: str, reps: int) -> dict:
+    """Issue 32 item 5: ``reps`` curve_fit calls of a 4PL dose-response fit (12
+    concentrations, bounds, the textbook start; new noisy data every call, x64 off), each
+    timed: the first call compiles (or loads from the cache), calls 2..reps are the loop
+    a user runs over plates. ``lib`` ``"name:free"``: without bounds (scipy's lm)."""
+    import numpy as np
+
+    lib, _, variant = lib.partition(":")
+
+    conc = np.logspace(-3, 2, 12)
+    p0 = [0.0, 1.0, float(np.median(conc)), 1.0]
+    bounds = ([-1, 0.1, 1e-4, 0], [1, 10, 1e3, 3])
+    rng = np.random.default_rng(0)
+    ys = [0.05 + 0.95 / (1 + (conc / 0.8) ** 1.2) + 0.02 * rng.standard_normal(12)
+          for _ in range(reps)]
+    t0 = time.perf_counter()
+    if lib == "scipy":
+        from scipy.optimize import curve_fit
+
+        def f(x, bottom, hill, ec50, top):
+            return top + (bottom - top) / (1.0 + (x / ec50) ** hill)
+    else:
+        import jax.numpy as jnp  # noqa: F401 - the model is written with jnp
+
+        from adaptprec import curve_fit
+
+        def f(x, bottom, hill, ec50, top):
+            return top + (bottom - top) / (1.0 + (x / ec50) ** hill)
+    t_import = time.perf_counter() - t0
+    times = []
+    for y in ys:
+        t = time.perf_counter()
+        if variant == "free":
+            curve_fit(f, conc, y, p0=p0)
+        else:
+            curve_fit(f, conc, y, p0=p0, bounds=bounds)
+        times.append(time.perf_counter() - t)
+    out = {"import": t_import, "first": times[0], "calls_2_on": sum(times[1:]),
+           "median_2_on": sorted(times[1:])[len(times) // 2], "times": times}
+    if lib == "adaptprec":
+        from adaptprec.nlsq import _promote
+
+        out["promoted"] = _promote.stats()["promoted"]
+        out["disk_loads"] = _promote.stats()["disk_loads"]
+    return out
+
+
+def fresh_loop(reps: int = 100) -> dict:
+    """``--fresh-loop``: each library in its own fresh process, adaptprec with an empty
+    program cache (``ADAPTPREC_CACHE_DIR`` a new temporary directory); the target is
+    calls 2..100 together <= 3x scipy's (issue 32 item 5)."""
+    out = {}
+    for variant, what in (("", "bounds (trf)"), (":free", "no bounds (lm)")):
+        with tempfile.TemporaryDirectory() as d:
+            ap = _run("loop", "adaptprec" + variant, reps, {"ADAPTPREC_CACHE_DIR": d})
+        sp = _run("loop", "scipy" + variant, reps)
+        print(f"(e) 4PL curve_fit loop, {what}: {reps} calls, 12 points, fresh processes, "
+              "x64 off, adaptprec's cache empty; ms")
+        print(f"{'':14s}{'adaptprec':>12s}{'scipy':>12s}{'ratio':>8s}")
+        for k in ("import", "first", "calls_2_on", "median_2_on"):
+            print(f"{k:14s}{_ms(ap[k]):>12s}{_ms(sp[k]):>12s}{ap[k] / sp[k]:8.2f}")
+        t = ap["times"]
+        print("  adaptprec calls " + ", ".join(
+            f"{lo + 1}-{hi}: {1e3 * sum(t[lo:hi]):.1f}"
+            for lo, hi in ((1, 10), (10, 30), (30, 60), (60, reps))))
+        print(f"  promoted programs: {ap['promoted']}, loaded from disk: "
+              f"{ap['disk_loads']}\n")
+        out[what] = {"adaptprec": ap, "scipy": sp}
+    return out
+
+
 def _batch_child(reps: int) -> dict:
     import jax.numpy as jnp
     import numpy as np
@@ -280,16 +355,23 @@ def main(argv=None):
     ap_.add_argument("--child", nargs=2)
     ap_.add_argument("--source-import", action="store_true",
                      help="no bytecode cache for the children (imports compile sources)")
+    ap_.add_argument("--fresh-loop", action="store_true",
+                     help="only (e): 100 curve_fit calls of a 4PL fit in a fresh process "
+                          "with an empty cache, against scipy")
     args = ap_.parse_args(argv)
     if args.child:
         kind, lib = args.child
         res = {"curve": lambda: _curve_child(lib, args.reps),
                "batch": lambda: _batch_child(args.reps),
-               "nist": lambda: _nist_child(lib)}[kind]()
+               "nist": lambda: _nist_child(lib),
+               "loop": lambda: _loop_child(lib, args.reps)}[kind]()
         print(json.dumps(res))
         return
 
     _bytecode_env(args.source_import)
+    if args.fresh_loop:
+        fresh_loop(100)
+        return
     print("imports from " + ("sources (no bytecode cache)" if args.source_import else
                              "a bytecode cache (as an installed wheel)"))
     libs = ("adaptprec", "scipy", "optimistix")

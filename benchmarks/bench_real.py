@@ -14,7 +14,10 @@ The summary counts solved, the problems where scipy solves and adaptprec does no
 ("behind"), and the slowest failure against a successful fit of the same problem.
 
 Run:  python benchmarks/bench_real.py [--only NAME,...] [--repeats 5] [--starts auto]
-      [--start textbook|default|both]
+      [--start textbook|default|both] [--overhead]
+
+``--overhead``: what ``starts="auto"`` costs where the local fit succeeds (it runs that
+fit first, and searches only when a test asks; see docs/nlsq.md).
 """
 
 from __future__ import annotations
@@ -34,13 +37,26 @@ sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests")]  # this checkout's adaptpre
 from real_models import PROBLEMS, is_solved  # noqa: E402
 
 
+_MODELS: dict = {}
+
+
+def _model(problem, xp):
+    """One model function per (problem, namespace), reused by every call: a new closure
+    per call would make adaptprec's "repeat" retrace (its caches key on the function)."""
+    key = (problem.name, xp.__name__)
+    if key not in _MODELS:
+        _MODELS[key] = problem.model(xp)
+    return _MODELS[key]
+
+
 def _fit(fit, problem, p0, xp, **kw):
     """(popt or None, seconds, error name or '')."""
+    model = _model(problem, xp)
     t0 = time.perf_counter()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            popt, _ = fit(problem.model(xp), problem.xdata, problem.ydata, p0=p0,
+            popt, _ = fit(model, problem.xdata, problem.ydata, p0=p0,
                           sigma=problem.sigma, bounds=problem.bounds, **kw)
         popt = np.asarray(popt, dtype=np.float64)
         err = ""
@@ -54,6 +70,47 @@ def _repeat(fit, problem, p0, xp, repeats, **kw):
     return statistics.median(times)
 
 
+def overhead(args):
+    """What ``starts="auto"`` costs on fits that succeed locally: for every problem and
+    start where the plain fit solves the problem, the median of ``--repeats``
+    interleaved calls of each (after one warm-up call of each), and the ratio."""
+    import jax.numpy as jnp
+
+    import adaptprec as ap
+
+    names = [n for n in args.only.split(",") if n] or list(PROBLEMS)
+    starts = ("textbook", "default") if args.start == "both" else (args.start,)
+    ratios, searched = [], []
+    print(f"{'problem':20s} {'start':8s} | {'plain':>9s} {'auto':>9s} {'ratio':>6s} | "
+          "search ran")
+    for name in names:
+        pr = PROBLEMS[name]
+        for start in starts:
+            p0 = pr.p0 if start == "textbook" else None
+            popt, _, _ = _fit(ap.curve_fit, pr, p0, jnp)
+            if not is_solved(pr, popt):
+                continue
+            model = _model(pr, jnp)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                info = ap.curve_fit(model, pr.xdata, pr.ydata, p0=p0, sigma=pr.sigma,
+                                    bounds=pr.bounds, starts="auto", full_output=True)[2]
+            ran = info["result"].starts_run
+            plain, auto = [], []
+            for _ in range(args.repeats):
+                plain.append(_fit(ap.curve_fit, pr, p0, jnp)[1])
+                auto.append(_fit(ap.curve_fit, pr, p0, jnp, starts="auto")[1])
+            tp, ta = statistics.median(plain), statistics.median(auto)
+            (searched if ran else ratios).append(ta / tp)
+            print(f"{name:20s} {start:8s} | {tp * 1e3:7.2f}ms {ta * 1e3:7.2f}ms "
+                  f"{ta / tp:6.2f} | {ran or '-'}", flush=True)
+    print(f"\nauto / plain where no search ran ({len(ratios)} fits): median "
+          f"{statistics.median(ratios):.2f}, max {max(ratios):.2f}")
+    print(f"fits that succeed locally but searched (the noise test fired): "
+          f"{len(searched)}")
+    return ratios
+
+
 def main(argv=None):
     ap_ = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap_.add_argument("--only", default="", help="comma-separated problem names")
@@ -61,7 +118,12 @@ def main(argv=None):
     ap_.add_argument("--start", default="both", choices=("textbook", "default", "both"))
     ap_.add_argument("--starts", default=None,
                      help="adaptprec's starts= option (e.g. auto, 8); default: not passed")
+    ap_.add_argument("--overhead", action="store_true",
+                     help="instead: curve_fit with and without starts='auto' on every "
+                          "fit that succeeds locally (interleaved repeats, one process)")
     args = ap_.parse_args(argv)
+    if args.overhead:
+        return overhead(args)
 
     import jax.numpy as jnp
     from scipy.optimize import curve_fit as scipy_fit

@@ -174,3 +174,25 @@ def test_whole_realistic_set(name, start):
     if start == "default" and name in NOT_FROM_ONES:
         pytest.skip("not solved from ones (see NOT_FROM_ONES)")
     assert is_solved(p, _curve_fit(p, p.p0 if start == "textbook" else None))
+
+
+def test_batched_runaway_status_needs_a_flat_direction_too():
+    # the batched engine's runaway test (batch/api.py::_runaway_status) used distance
+    # alone: a batched Arrhenius fit converged from ones (1e11 times ||x0|| away, well
+    # determined) would be RUNAWAY; a model flat along a direction still is
+    from types import SimpleNamespace
+
+    from adaptprec.batch.api import _runaway_status
+
+    p = PROBLEMS["arrhenius"]
+    x = jnp.asarray([3.4468e11, 7.4877e4])
+    r = _residual(p)
+    J = jax.jacfwd(r)(x, *_args(p))
+    f = r(x, *_args(p))
+    # the flat case: a column of J scaled to the rounding level of the other
+    J_flat = J.at[:, 0].set(J[:, 1] * 1e-20)
+    s = SimpleNamespace(status=jnp.asarray([3, 3]), x=jnp.stack([x, x]),
+                        jtj=jnp.stack([J.T @ J, J_flat.T @ J_flat]),
+                        cost=jnp.full(2, 0.5 * float(f @ f)))
+    status = _runaway_status(s, jnp.ones((2, 2)))
+    assert status.tolist() == [3, int(ap.Status.RUNAWAY)]

@@ -79,6 +79,8 @@ def clear_cache() -> None:
     with _lock:
         _programs.clear()
         _prepared.clear()
+        _executables.clear()
+        _prefetched.clear()
         _stats.update(programs_built=0, program_hits=0, traces=0)
 
 
@@ -319,9 +321,68 @@ def _prepare(residual, fun_flat, x0_flat, args, cfg: LoopConfig, pad):
 
 
 # ----------------------------------------------------------------------------- driver
+#: (program key, x64, fast signature of the arguments) -> executable: a repeat's lookups
+#: skip :func:`adaptprec._disk_cache.compiled`'s signature (``jnp.result_type`` per
+#: leaf: ~0.9 ms per lookup, 4 lookups per solve; issue 32 item 5)
+_executables: collections.OrderedDict = collections.OrderedDict()
+
+
+def _fast_sig(args):
+    """Shapes, dtypes and weak types of ``args``' leaves, without JAX's dtype rules: at
+    least as fine as the disk cache's signature under one x64 state (``None`` for a leaf
+    kind it does not know: no memo then)."""
+    leaves, treedef = jax.tree.flatten(args)
+    out = []
+    for a in leaves:
+        if isinstance(a, np.ndarray):
+            out.append((a.shape, a.dtype.str, False))
+        elif isinstance(a, jax.Array):
+            out.append((a.shape, a.dtype.str, a.weak_type))
+        elif isinstance(a, (bool, int, float)):
+            out.append(type(a))
+        else:
+            return None
+    return treedef, tuple(out)
+
+
 def _compiled(prog, *args):
     """``prog``'s executable for these arguments (memory, disk cache, or compiled)."""
-    return _disk_cache.compiled(prog.tuned, prog.cache_key, args, prog.options)
+    from ..precision import x64_enabled
+
+    sig = _fast_sig(args)
+    key = None if sig is None else (prog.cache_key, repr(prog.options), x64_enabled(), sig)
+    if key is not None:
+        hit = _executables.get(key)
+        if hit is not None:
+            return hit
+    exe = _disk_cache.compiled(prog.tuned, prog.cache_key, args, prog.options)
+    if key is not None:
+        with _lock:
+            _executables[key] = exe
+            if len(_executables) > 4 * _SIZE:
+                _executables.popitem(last=False)
+    return exe
+
+
+_deadline = threading.local()
+
+
+class deadline:
+    """Within this block a host-loop solve stops at ``time.perf_counter() >= at`` (checked
+    every :data:`QUEUE` iterations) with status 0 (the evaluation budget's code): the
+    starts of ``starts="auto"`` (:mod:`._auto_starts`) share one time budget. A promoted
+    solve (one executable call) is not interrupted."""
+
+    def __init__(self, at: float):
+        self.at = at
+
+    def __enter__(self):
+        self.prev = getattr(_deadline, "at", None)
+        _deadline.at = self.at if self.prev is None else min(self.at, self.prev)
+        return self
+
+    def __exit__(self, *exc):
+        _deadline.at = self.prev
 
 
 def _host_loop(init, step, evaluate, x0, consts, mask, args, ctx, f_scale, m):
@@ -335,12 +396,15 @@ def _host_loop(init, step, evaluate, x0, consts, mask, args, ctx, f_scale, m):
     # status is read back once per batch: a finished solve is a no-op in `step`, so the
     # extra iterations change nothing but cost a little compute, far less than waiting
     # for every result on a busy CPU.
+    at = getattr(_deadline, "at", None)
     while True:
         for _ in range(QUEUE):
             ev = evaluate(ctl, z, consts, mask, args, f_scale)
             carry, z, ctl = step(carry, ev, ctx, m)
         if int(np.asarray(ctl)[0]) != Status.RUNNING:
             return carry
+        if at is not None and time.perf_counter() >= at:
+            return carry  # still RUNNING: _solve_host_loop reports the budget's code
 
 
 def _promotion_key(traced, is_padded, cfg: LoopConfig) -> tuple:
@@ -390,9 +454,19 @@ def _whole_fn(sp: StepPrograms, evaluate, final, M: int, is_padded: bool):
     return whole
 
 
+_prefetched: set = set()
+
+
 def _prefetch_step(sp: StepPrograms, cfg: LoopConfig) -> None:
     """Start loading the step programs from the disk cache in the background (they do
-    not depend on the residual: the load overlaps with tracing it; issue 14)."""
+    not depend on the residual: the load overlaps with tracing it; issue 14). Once per
+    step configuration and process (their shapes follow from it)."""
+    from ..precision import x64_enabled
+
+    once = (sp.step.cache_key, x64_enabled())
+    if once in _prefetched:
+        return
+    _prefetched.add(once)
     top = np.dtype(cfg.rungs[-1])
     sds = jax.ShapeDtypeStruct
 
@@ -411,6 +485,18 @@ def _prefetch_residual(evaluate, final, n: int, top, consts, mask, args, f_scale
     """Start compiling (or loading) the residual's ``evaluate`` and ``final`` programs in
     the background: on 2 cores they compile beside the step programs, and ``final``
     meanwhile the loop runs (arguments as :func:`_solve_host_loop` passes them)."""
+    from ..precision import x64_enabled
+
+    sig = _fast_sig((consts, mask, args, f_scale))
+    once = None if sig is None else (evaluate.cache_key, final.cache_key, x64_enabled(),
+                                     n, str(top), sig)
+    if once is not None and once in _prefetched:
+        return  # a repeat: both programs were fetched for these shapes
+    if once is not None:
+        with _lock:
+            _prefetched.add(once)
+            if len(_prefetched) > 16 * _SIZE:
+                _prefetched.clear()
     sds = jax.ShapeDtypeStruct
     ctl, z = sds((2,), np.int32), sds((n,), top)
     _disk_cache.prefetch(evaluate.cache_key, (ctl, z, consts, mask, args, f_scale),
@@ -536,6 +622,8 @@ def _solve_host_loop(sp, evaluate, final, x0, ctx, consts, args, m_arr, M, is_pa
     carry = _host_loop(sp.init, sp.step, evaluate, x0, consts, mask, args, ctx, fs_d, m_d)
     carry = jax.device_get(carry)
     st, _ = sp.carry.unpack_numpy(carry)
+    if int(st.status) == Status.RUNNING:  # stopped by a deadline
+        st = st._replace(status=np.asarray(int(Status.MAX_EVALUATIONS), st.status.dtype))
     fargs = (st.x, consts[-1], mask, args, fs_d, lb, ub, xtol)
     out = jax.device_get(_compiled(final, *fargs)(*fargs))
     return _fields(st, out, st.njev + np.ones_like(st.njev))

@@ -399,6 +399,16 @@ def offer(**items) -> None:
         box.update(items)
 
 
+def withdraw(*names) -> None:
+    """Take ``names`` (``"fast"``, ``"cov"``) back from the innermost :func:`capture`
+    block: a solve after the one that offered them decided the answer (``starts="auto"``
+    searched, so a repeat through the local fit's fast path would skip the search)."""
+    box = getattr(_tls, "box", None)
+    if box is not None:
+        for k in names:
+            box.pop(k, None)
+
+
 def wants_covariance() -> bool:
     """Whether the innermost :func:`capture` block asked for the covariance."""
     box = getattr(_tls, "box", None)

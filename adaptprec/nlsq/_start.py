@@ -19,7 +19,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 
 import jax
 import numpy as np
@@ -28,7 +30,22 @@ from jax.flatten_util import ravel_pytree
 from .._status import Status
 from .._tracing import is_concrete
 
-__all__ = ["check_start", "first_nonfinite_op", "NonFiniteStartError"]
+__all__ = ["check_start", "first_nonfinite_op", "NonFiniteStartError", "quiet_starts"]
+
+_tls = threading.local()
+
+
+@contextlib.contextmanager
+def quiet_starts():
+    """Inside this block a non-finite start returns its status instead of raising (the
+    starts of ``starts="auto"``: a start where the model overflows is skipped, and the
+    diagnosis, an op-by-op evaluation, is not worth its time there)."""
+    prev = getattr(_tls, "quiet", False)
+    _tls.quiet = True
+    try:
+        yield
+    finally:
+        _tls.quiet = prev
 
 _NONFINITE = (int(Status.NONFINITE_RESIDUAL), int(Status.NONFINITE_JACOBIAN))
 
@@ -138,7 +155,7 @@ def check_start(solve):
         res = solve(*pos, **kw)
         status = getattr(res, "status", None)
         if status is None or not is_concrete(status) or int(np.asarray(status)) \
-                not in _NONFINITE:
+                not in _NONFINITE or getattr(_tls, "quiet", False):
             return res
         named = dict(zip(("residual", "x0", "args"), pos), **kw)
         residual, x0, args = named["residual"], named["x0"], named.get("args", ())

@@ -37,6 +37,7 @@ from ._inputs import (as_bounds, as_data, as_x0, check_jac_option, check_jac_sha
 from ._minpack import minpack_fields
 from .result import result_to_host
 from . import _promote
+from ._auto_starts import for_curve_fit
 from ._model import _call, _jac_for, _n_params, _residual_for
 from ._sharded import point_sharding
 from . import _stream
@@ -388,6 +389,10 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
                              "covariance matrix.")
 
     residual = _residual_for(f, kind)
+    # starts="auto" (issue 32): its noise test knows what sigma means here
+    auto = for_curve_fit(kwargs.get("starts", 1), kind, absolute_sigma, xdata)
+    if auto is not None:
+        kwargs = {**kwargs, "starts": auto}
     if callable(jac):
         _check_model_jac(f, jac, xdata, p0)
         jac_arg = _jac_for(jac, kind)
@@ -428,7 +433,8 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
                            absolute_sigma, xnp=jnp)
     # a plan only where the first fit's pcov came from the program too (the same bits)
     # (a fast path is offered with its covariance only: _host.host_solve)
-    if _plan_key is not None and "fast" in box and not full_output:
+    # (not with starts="auto": a repeat through the plan would skip its noise test)
+    if _plan_key is not None and "fast" in box and not full_output and auto is None:
         _promote.remember_plan(_plan_key, _Plan(
             box["fast"], n, m, kind, lm_rule, bool(absolute_sigma),
             _broadcast_bounds(bounds, n, np.float64), p0,

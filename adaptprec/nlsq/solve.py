@@ -99,7 +99,7 @@ def solve_nlsq(
     max_rejections: int = 4,
     cond_tol: float = 1e-2,
     driver: str = "auto",
-    starts: int = 1,
+    starts: int | str = 1,
     max_nfev: int | None = None,
     diff_step=None,
     kwargs: dict | None = None,
@@ -195,7 +195,12 @@ def solve_nlsq(
       starts: multi-start (:mod:`adaptprec.nlsq._multistart`): ``K > 1`` runs ``x0`` and
         ``K - 1`` Latin-hypercube starts (in the box, or around ``x0`` by its scale) on the
         batched engine and polishes the best; never worse than ``starts=1``. ``nfev``,
-        ``njev`` and ``nit`` then count every start's work.
+        ``njev`` and ``nit`` then count every start's work. ``"auto"``
+        (:mod:`adaptprec.nlsq._auto_starts`, eager only): the local fit first, then, only
+        when it failed, was not finite at ``x0``, left a parameter unseen (a zero
+        Jacobian column) or a cost far above the noise, local fits from Latin-hypercube
+        starts across decades (or in the box) within a 1 s budget; the result's
+        ``starts_run`` and ``search`` (in ``message``) say what ran.
       chunk_size: stream the data through the normal equations in chunks of this many
         points (:mod:`adaptprec.nlsq._stream`): ``args`` may then hold host NumPy arrays
         or ``np.memmap`` (never copied whole), or be an :class:`~adaptprec.Chunks`
@@ -235,6 +240,20 @@ def solve_nlsq(
         if res is not None:
             return res
     if starts != 1:
+        from ._auto_starts import as_auto, solve_auto
+
+        auto = as_auto(starts)
+        if auto is not None:  # a local fit first; a search only when it asks for one
+            return solve_auto(
+                solve_nlsq, residual, x0, args, auto=auto, method=method, bounds=bounds,
+                loss=loss, f_scale=f_scale, x_scale=x_scale, jac=jac, ftol=ftol,
+                xtol=xtol, gtol=gtol, max_steps=max_steps, precision=precision,
+                schedule=schedule, throw=throw, linear_solver=linear_solver,
+                max_rejections=max_rejections, cond_tol=cond_tol, driver=driver,
+                max_nfev=max_nfev, diff_step=diff_step, kwargs=kwargs,
+                tr_solver=tr_solver, tr_options=tr_options, jac_sparsity=jac_sparsity,
+                verbose=verbose, callback=callback, workers=workers,
+                chunk_size=chunk_size)
         from ._multistart import check_starts_options, solve_multistart
 
         check_starts_options(starts, max_nfev=max_nfev, diff_step=diff_step, kwargs=kwargs,
