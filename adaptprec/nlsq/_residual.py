@@ -25,6 +25,7 @@ from .._user_fn import returns_arrays
 from ._buckets import PointMemo
 from ._errors import explain_trace_error
 from ._finite_diff import as_sparsity, fd_jacobian
+from ._identity import user_callables
 from ._inputs import FD_METHODS, check_jac_shape, wrap_jac
 from ._keys import _hashable, _sig
 from ._pointwise import point_axes
@@ -65,6 +66,12 @@ def traced_once(fn):
     constants are tracers of an enclosing trace (a closure over a ``jit`` argument) is
     used for that call only; inputs that are not arrays call ``fn`` directly.
 
+    ``call.user_callables`` lists the user's custom-derivative rules and callbacks found
+    in ``fn``'s own traces (:func:`._identity.user_callables`): a replayed
+    ``custom_jvp_call`` carries its rule nested too deep for a later trace's search, so
+    :func:`._identity.trace_residual` keys on this list as well (two residuals with the
+    same text and different rules must not share a compiled Jacobian).
+
     Example:
         >>> import jax, jax.numpy as jnp
         >>> from adaptprec.nlsq._residual import traced_once
@@ -75,6 +82,7 @@ def traced_once(fn):
         1
     """
     jaxprs: dict = {}
+    found: list = []
 
     def call(*inputs):
         leaves, tree = jax.tree.flatten(inputs)
@@ -88,6 +96,8 @@ def traced_once(fn):
             closed, out_shape = jax.make_jaxpr(
                 lambda *ls: fn(*jax.tree.unflatten(tree, ls)), return_shape=True)(*avals)
             hit = closed, jax.tree.structure(out_shape)
+            known = {id(f) for f in found}
+            found.extend(f for f in user_callables(closed.jaxpr) if id(f) not in known)
             if not any(isinstance(c, jax.core.Tracer) for c in closed.consts):
                 jaxprs[key] = hit
                 while len(jaxprs) > _ONCE_SIZE:
@@ -97,6 +107,7 @@ def traced_once(fn):
         return jax.tree.unflatten(out_tree, out)
 
     call.__wrapped__ = fn
+    call.user_callables = found
     return call
 
 
@@ -116,6 +127,7 @@ def flat_residual(residual, unravel):
         return ravel_pytree(out)[0]
 
     fun_flat.tree = tree_out
+    fun_flat.user_callables = tree_out.user_callables
     return fun_flat
 
 
