@@ -51,6 +51,8 @@ BEHAVIOURS = [
     ("finite-difference steps follow approx_derivative (diff_step)", "test_diff_step"),
     ("finite-difference steps stay inside the bounds (_adjust_scheme_to_bounds)",
      "test_fd_steps_in_box"),
+    ("finite-difference quotients divide as NumPy: x -> x has slope exactly 1 and is "
+     "solved exactly from [1, 1] (test_bounds_shape)", "test_fd_quotient_exact"),
     ("jac='oops' or an array raises ValueError", "test_jac_invalid"),
     ("default x_scale: 'jac' for lm, 1.0 for trf and dogbox", "test_default_x_scale"),
     ("kwargs= is passed to the residual; bad args/kwargs raise TypeError", "test_kwargs"),
@@ -574,6 +576,19 @@ def test_fd_jit_vmap():
     assert abs(float(jax.jit(solve)(4.0)) - 2.0) < 1e-8
     out = jax.vmap(solve)(jnp.array([4.0, 9.0]))
     assert np.allclose(out, [2.0, 3.0])
+
+
+def test_fd_quotient_exact():
+    # XLA turned D / broadcast(dx) into D * broadcast(1 / dx): the 3-point slope of
+    # x -> x at 1 was 1 - 2**-53 and the solve ended at 2.4e-63, not scipy's exact 0
+    x = jnp.array([1.0, 1.0])
+    for method in ("2-point", "3-point", "cs"):
+        jac = fd_jacobian(lambda v: v, method)
+        for J in (jac(x), jax.jit(jac)(x), jax.vmap(jac)(x[None])[0]):
+            assert np.array_equal(np.asarray(J), np.eye(2)), (method, np.asarray(J) - np.eye(2))
+    for method in (None, "trf", "dogbox"):
+        res = ap.solve_nlsq(lambda v: v, [1.0, 1.0], jac="3-point", method=method)
+        assert np.array_equal(np.asarray(res.x), [0.0, 0.0]), (method, res.x)
 
 
 def test_curve_fit_lm_bounds():
