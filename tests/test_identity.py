@@ -10,6 +10,7 @@ import numpy as np
 
 import adaptprec as ap
 from adaptprec.nlsq._identity import trace_residual, user_callables
+from adaptprec.nlsq._residual import traced_once
 
 
 def _exp_with_rule(scale):
@@ -33,6 +34,18 @@ def test_custom_rules_key_the_computation():
     assert trace_residual(lambda p, t: h1(p[0] * t), x, (t,)).key == a.key
     # jax's own rules are part of the jax version, not the key
     assert user_callables(jax.make_jaxpr(lambda v: jax.nn.softplus(v))(1.0).jaxpr) == ()
+
+
+def test_replayed_traces_keep_their_rules_in_the_key():
+    # traced_once replays a recorded jaxpr: the replayed custom_jvp_call holds its rule
+    # too deep for user_callables, so the wrapper lists the rules of its own trace
+    t = np.linspace(0.0, 1.0, 16)
+    h1, h2 = _exp_with_rule(1.0), _exp_with_rule(0.5)
+    x = jnp.zeros(1)
+    a = trace_residual(traced_once(lambda p, t: h1(p[0] * t)), x, (t,))
+    b = trace_residual(traced_once(lambda p, t: h2(p[0] * t)), x, (t,))
+    assert a.key[0] == b.key[0] and a.key != b.key
+    assert a.key == trace_residual(lambda p, t: h1(p[0] * t), x, (t,)).key
 
 
 def test_solves_with_different_rules_use_their_own_jacobian():

@@ -231,10 +231,11 @@ def test_cache_and_trace_count():
     r1 = ap.solve_nlsq(counted, jnp.asarray(P0), args=args, driver="fused",
                        precision="f32,f64")
     first = calls["n"]
-    # one trace per rung (residual + Jacobian in one lax.switch branch), one for the
-    # final top-rung evaluation, one for the boundary shape check (eval_shape), one for
-    # the pointwise analysis (m = 40 is padded to its bucket, 48)
-    assert first == 2 + 2 + 1, first
+    # traced once per shape and dtype (issue 36, _residual.traced_once): the boundary
+    # shape check at m = 40 (the pointwise analysis reuses it), then each rung on the
+    # data padded to its bucket, 48 (the loop's branches and the final evaluation reuse
+    # those)
+    assert first == 1 + 2, first
     assert cache_info()["misses"] == before + 1
     r2 = ap.solve_nlsq(counted, jnp.asarray(P0) + 0.1, args=(args[0], args[1] * 1.01),
                        driver="fused", precision="f32,f64")

@@ -39,12 +39,20 @@ BEHAVIOURS = [
     ("all tolerances below eps raise ValueError; lm needs all >= eps", "test_all_tolerances_off"),
     ("max_nfev=1 evaluates at x0 only (status 0)", "test_max_nfev_one"),
     ("max_nfev caps residual evaluations", "test_max_nfev_caps"),
+    ("a given max_nfev/maxfev is the cap: no step cap of our own stops earlier (gh-4555)",
+     "test_max_nfev_is_the_cap"),
     ("max_nfev <= 0 raises ValueError", "test_max_nfev_invalid"),
+    ("nfev counts the evaluations performed (docs/scipy.md): max_nfev=1 runs the model once",
+     "test_nfev_counts_executions"),
+    ("a Python model and jac run once per shape, never twice with the same p (gh-13670)",
+     "test_model_and_jac_traced_once"),
     ("loss other than linear with lm raises ValueError", "test_huber_lm"),
     ("jac='2-point'/'3-point'/'cs' finite differences", "test_fd_methods"),
     ("finite-difference steps follow approx_derivative (diff_step)", "test_diff_step"),
     ("finite-difference steps stay inside the bounds (_adjust_scheme_to_bounds)",
      "test_fd_steps_in_box"),
+    ("finite-difference quotients divide as NumPy: x -> x has slope exactly 1 and is "
+     "solved exactly from [1, 1] (test_bounds_shape)", "test_fd_quotient_exact"),
     ("jac='oops' or an array raises ValueError", "test_jac_invalid"),
     ("default x_scale: 'jac' for lm, 1.0 for trf and dogbox", "test_default_x_scale"),
     ("kwargs= is passed to the residual; bad args/kwargs raise TypeError", "test_kwargs"),
@@ -235,6 +243,70 @@ def test_max_nfev_caps():
     for cap in (2, 5):
         res = ap.solve_nlsq(rosen, [-1.2, 1.0], max_nfev=cap)
         assert int(res.nfev) <= cap and int(res.status) == 0
+
+
+def test_max_nfev_is_the_cap():
+    # scipy's gh-4555 fit needs 888 evaluations here, beyond the default step cap
+    # 100 (n + 1) = 600: with maxfev=100000 the user's budget decides, not ours
+    def f(x, a, b, c, d, e):
+        return a * jnp.log(x + 1 + b) + c * jnp.log(x + 1 + d) + e
+
+    rng = np.random.default_rng(408113519974467917)
+    x = np.arange(100.0)
+    y = np.linspace(2, 7, 100) + rng.random(100)
+    p, cov, info, msg, ier = ap.curve_fit(f, x, y, maxfev=100000, full_output=True)
+    assert ier in (1, 2, 3, 4), msg
+    assert info["nfev"] > 600 and np.all(np.diag(cov) > 0)
+
+
+@pytest.mark.parametrize("method", ["lm", "trf"])
+def test_model_and_jac_traced_once(method):
+    # scipy's gh-13670: curve_fit must not call the model or jac twice in a row with the
+    # same parameters. A JAX model is traced, not called per evaluation: the size probe,
+    # the jac's shape check, the loop and the final evaluation share one trace per shape
+    calls = {"model": 0, "jac": 0}
+
+    def line(x, *p):
+        calls["model"] += 1
+        return x * p[0] + p[1]
+
+    def jac(x, *p):
+        calls["jac"] += 1
+        return jnp.stack([x, jnp.ones_like(x)]).T
+
+    x = np.linspace(0, 3, 101)
+    y = 2 * x + 1 + np.random.default_rng(0).normal(size=101) * 0.5
+    ap.curve_fit(line, x, y, np.array([1.0, 5.0]), method=method, jac=jac)
+    assert calls == {"model": 1, "jac": 1}
+    # autodiff Jacobian, 128 points (a bucket length: no padded second shape)
+    calls.update(model=0)
+    x = np.linspace(0, 3, 128)
+    res = ap.solve_nlsq(lambda p, x, y: line(x, *p) - y, np.array([1.0, 5.0]),
+                        args=(x, 2 * x + 1), method=method, max_nfev=3)
+    assert calls["model"] == 1 and int(res.nfev) == 3
+
+
+@pytest.mark.parametrize("method", ["lm", "trf", "dogbox"])
+def test_nfev_counts_executions(method):
+    # what nfev counts for a traced model (docs/scipy.md): the iteration's evaluations
+    # (x0 and each trial point); the drivers evaluate once more at the returned x to fill
+    # fun/jac/grad, except with max_nfev=1, where that final evaluation is the one at x0
+    points = []
+
+    def fun(x):
+        jax.debug.callback(lambda v: points.append(np.asarray(v).copy()), x)
+        return jnp.array([10 * (x[1] - x[0] ** 2), 1 - x[0]])
+
+    def jac(x):
+        return jnp.array([[-20 * x[0], 10.0], [-1.0, 0.0]])
+
+    for cap in (1, 3, None):
+        points.clear()
+        res = ap.solve_nlsq(fun, np.array([3.0, 5.0]), jac=jac, method=method,
+                            max_nfev=cap)
+        assert len(points) == int(res.nfev) + (cap != 1)
+        if cap == 1:
+            assert int(res.nfev) == 1 and np.array_equal(points[0], [3.0, 5.0])
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5])
@@ -504,6 +576,19 @@ def test_fd_jit_vmap():
     assert abs(float(jax.jit(solve)(4.0)) - 2.0) < 1e-8
     out = jax.vmap(solve)(jnp.array([4.0, 9.0]))
     assert np.allclose(out, [2.0, 3.0])
+
+
+def test_fd_quotient_exact():
+    # XLA turned D / broadcast(dx) into D * broadcast(1 / dx): the 3-point slope of
+    # x -> x at 1 was 1 - 2**-53 and the solve ended at 2.4e-63, not scipy's exact 0
+    x = jnp.array([1.0, 1.0])
+    for method in ("2-point", "3-point", "cs"):
+        jac = fd_jacobian(lambda v: v, method)
+        for J in (jac(x), jax.jit(jac)(x), jax.vmap(jac)(x[None])[0]):
+            assert np.array_equal(np.asarray(J), np.eye(2)), (method, np.asarray(J) - np.eye(2))
+    for method in (None, "trf", "dogbox"):
+        res = ap.solve_nlsq(lambda v: v, [1.0, 1.0], jac="3-point", method=method)
+        assert np.array_equal(np.asarray(res.x), [0.0, 0.0]), (method, res.x)
 
 
 def test_curve_fit_lm_bounds():

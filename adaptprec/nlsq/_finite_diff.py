@@ -29,6 +29,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 __all__ = ["fd_jacobian", "default_rel_step"]
 
@@ -93,6 +94,25 @@ def _two_sided_in_box(x, h, lb, ub):
     central_again = ~central & (jnp.abs(h_adj) <= min_room)
     h_adj = jnp.where(central_again, min_room, h_adj)
     return h_adj, central | central_again
+
+
+def _quotient(D, dx):
+    """``D / dx[:, None]`` divided entry by entry, as NumPy (and scipy) divide.
+
+    XLA rewrites a division by a broadcast into a multiplication by the broadcast
+    reciprocal (two roundings: the 3-point slope of ``x -> x`` at 1 came out
+    ``1 - 2**-53``, so every Gauss-Newton step left the previous remainder squared,
+    scipy's ``test_bounds_shape``); behind the barrier the denominator is no broadcast,
+    and the division stays one (the barrier itself compiles away).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from adaptprec.nlsq._finite_diff import _quotient
+        >>> d = jnp.full((2, 3), 1.2110908904627848e-05)
+        >>> bool((jax.jit(_quotient)(d, d[:, 0]) == 1.0).all())
+        True
+    """
+    return D / lax.optimization_barrier(jnp.broadcast_to(dx[:, None], D.shape))
 
 
 def as_sparsity(sparsity, m: int, n: int) -> np.ndarray:
@@ -196,9 +216,9 @@ def fd_jacobian(fun: Callable, method: str = "2-point", diff_step=None, lb=None,
             """Per-column differences ``D`` ((groups or n) x m) divided by ``dx`` (n,)
             as the (m, n) Jacobian."""
             if sparsity is None:
-                return (D / dx[:, None]).T
+                return _quotient(D, dx).T
             Dc = D[jnp.asarray(groups)]  # (n, m): the group's difference for each column
-            return jnp.where(jnp.asarray(mask), (Dc / dx[:, None]).T, 0.0)
+            return jnp.where(jnp.asarray(mask), _quotient(Dc, dx).T, 0.0)
 
         if method == "cs":
             xc = x.astype(jnp.result_type(x.dtype, jnp.complex64))

@@ -29,7 +29,7 @@ from ._compile import cpu_jit
 from ._evaluation import final_eval
 from ._loop import LoopConfig, build_loop
 from ._methods import _njev_is_none, method_fns
-from .common import _NORMAL_EQ_MIN_M, STATUS_MESSAGES, robust_cost
+from .common import _NORMAL_EQ_MIN_M, STATUS_MESSAGES, Status, robust_cost
 from .dogbox import dogbox_gnorm, on_bound
 from .result import NLSQResult
 from .trf import active_constraints, cl_scaling, make_strictly_feasible
@@ -64,6 +64,19 @@ def fused_solver(key, build):
             _stats["hits"] += 1
             _cache.move_to_end(key)
     return solver
+
+
+def _at_x0_only(run, cfg: LoopConfig, x0, ctx):
+    """The loop's state of a solve that ends at ``x0`` after its one evaluation (the
+    final one, on the top rung): ``max_nfev=1``."""
+    top = len(cfg.rungs) - 1
+    st = run.init(x0, ctx)
+    one = jnp.ones((), jnp.int32)
+    return st._replace(
+        status=jnp.asarray(Status.MAX_EVALUATIONS, jnp.int32), nfev=one, njev=one,
+        rung=jnp.asarray(top, jnp.int32), pending=jnp.asarray(False),
+        rung_entered=jnp.full_like(st.rung_entered, -1).at[top].set(0),
+        rung_nfev=jnp.zeros_like(st.rung_nfev).at[top].set(1))
 
 
 def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder, pad=None):
@@ -109,8 +122,14 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder, pad=N
         x0c = jax.lax.stop_gradient(x0)
         if cfg.has_bounds and cfg.method == "trf":
             x0c = make_strictly_feasible(x0c, lb, ub)
-        st = run(x0c, args_all, lb, ub, scale_inv0, jax.lax.stop_gradient(f_scale),
-                 ftol, xtol, gtol)
+        if cfg.max_nfev == 1:
+            # scipy's max_nfev=1 is one evaluation, at x0: the final evaluation below is
+            # that one (the loop would evaluate x0 once more, uncounted)
+            st = _at_x0_only(run, cfg, x0c, (args_all, lb, ub, scale_inv0, f_scale,
+                                              ftol, xtol, gtol))
+        else:
+            st = run(x0c, args_all, lb, ub, scale_inv0, jax.lax.stop_gradient(f_scale),
+                     ftol, xtol, gtol)
         x_star = jax.lax.stop_gradient(st.x)
         if cfg.has_bounds and cfg.method == "dogbox":
             active = on_bound(x_star, lb, ub)

@@ -70,7 +70,10 @@ def trace_residual(fun, x, args) -> TracedResidual:
     key = (str(closed.jaxpr), str(treedef),
            tuple((np.shape(c), str(c.dtype if hasattr(c, "dtype") else np.asarray(c).dtype))
                  for c in consts))
-    opaque = user_callables(closed.jaxpr)
+    # a function replaying a recorded trace (_residual.traced_once) lists its own: there
+    # the rules sit too deep in the replayed equations for user_callables to reach
+    opaque = tuple({id(f): f for f in (*user_callables(closed.jaxpr),
+                                       *getattr(fun, "user_callables", ()))}.values())
     if opaque:
         key = key + (opaque,)
     out = closed.jaxpr.outvars[0].aval

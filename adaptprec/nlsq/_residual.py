@@ -25,12 +25,13 @@ from .._user_fn import returns_arrays
 from ._buckets import PointMemo
 from ._errors import explain_trace_error
 from ._finite_diff import as_sparsity, fd_jacobian
+from ._identity import user_callables
 from ._inputs import FD_METHODS, check_jac_shape, wrap_jac
 from ._keys import _hashable, _sig
 from ._pointwise import point_axes
 from ._sparse_jac import host_jac, probe_host_jac
 
-__all__ = ["flat_residual", "flat_x0", "with_kwargs", "jacobian", "check_host_jac",
+__all__ = ["flat_residual", "traced_once", "flat_x0", "with_kwargs", "jacobian", "check_host_jac",
            "clear_cache"]
 
 #: entries of the memo below (4 x the fused driver's 64 compiled solvers)
@@ -46,19 +47,93 @@ def clear_cache() -> None:
     _points.clear()
 
 
+#: jaxprs kept per traced function (one per shapes/dtypes of its inputs; a solve sees one
+#: per rung)
+_ONCE_SIZE = 8
+
+
+def _aval_key(leaf):
+    aval = jax.typeof(leaf)
+    return aval.shape, aval.dtype, getattr(aval, "weak_type", False)
+
+
+def traced_once(fn):
+    """``fn(*inputs)`` traced once per shapes/dtypes of its inputs: every later call with
+    the same ones (the size probe, the point-axes analysis, the loop, the final
+    evaluation, each finite-difference or autodiff use) evaluates the recorded jaxpr
+    instead of calling ``fn`` again (issue 36: a user's Python model or ``jac`` runs once
+    per shape, as scipy's gh-13670 expects of callables with side effects). A trace whose
+    constants are tracers of an enclosing trace (a closure over a ``jit`` argument) is
+    used for that call only; inputs that are not arrays call ``fn`` directly.
+
+    ``call.user_callables`` lists the user's custom-derivative rules and callbacks found
+    in ``fn``'s own traces (:func:`._identity.user_callables`): a replayed
+    ``custom_jvp_call`` carries its rule nested too deep for a later trace's search, so
+    :func:`._identity.trace_residual` keys on this list as well (two residuals with the
+    same text and different rules must not share a compiled Jacobian).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from adaptprec.nlsq._residual import traced_once
+        >>> calls = []
+        >>> f = traced_once(lambda x: calls.append(1) or jnp.sin(x) * 2.0)
+        >>> _ = jax.eval_shape(f, jnp.ones(3)); _ = jax.jit(f)(jnp.ones(3))
+        >>> _ = jax.jacfwd(f)(jnp.ones(3)); len(calls)
+        1
+    """
+    jaxprs: dict = {}
+    found: list = []
+
+    def call(*inputs):
+        leaves, tree = jax.tree.flatten(inputs)
+        try:
+            key = (tree, tuple(_aval_key(leaf) for leaf in leaves))
+        except TypeError:
+            return fn(*inputs)
+        hit = jaxprs.get(key)
+        if hit is None:
+            avals = [jax.ShapeDtypeStruct(k[0], k[1], weak_type=k[2]) for k in key[1]]
+            closed, out_shape = jax.make_jaxpr(
+                lambda *ls: fn(*jax.tree.unflatten(tree, ls)), return_shape=True)(*avals)
+            hit = closed, jax.tree.structure(out_shape)
+            known = {id(f) for f in found}
+            found.extend(f for f in user_callables(closed.jaxpr) if id(f) not in known)
+            if not any(isinstance(c, jax.core.Tracer) for c in closed.consts):
+                jaxprs[key] = hit
+                while len(jaxprs) > _ONCE_SIZE:
+                    jaxprs.pop(next(iter(jaxprs)))
+        closed, out_tree = hit
+        out = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *leaves)
+        return jax.tree.unflatten(out_tree, out)
+
+    call.__wrapped__ = fn
+    call.user_callables = found
+    return call
+
+
 def flat_residual(residual, unravel):
-    """``residual(unravel(x), *args)`` as one flat vector (a pytree output raveled)."""
+    """``residual(unravel(x), *args)`` as one flat vector (a pytree output raveled), the
+    user's function traced once per shape (:func:`traced_once`); ``fun_flat.tree`` is
+    the same evaluation with the residual's own output (a pytree), for its checks."""
+    def tree_out(x, *a):
+        return returns_arrays(residual, residual(unravel(x), *a), "residual")
+
+    tree_out = traced_once(tree_out)
+
     def fun_flat(x, *a):
-        out = residual(unravel(x), *a)
+        out = tree_out(x, *a)
         if isinstance(out, (jax.Array, np.ndarray)) or np.isscalar(out):
             return jnp.ravel(out)
         return ravel_pytree(out)[0]
 
+    fun_flat.tree = tree_out
+    fun_flat.user_callables = tree_out.user_callables
     return fun_flat
 
 
-def _residual_size(residual, unravel, x0, x0_flat, args) -> int:
-    """Check the residual's output (via ``jax.eval_shape``) and return its size ``m``.
+def _residual_size(residual, fun_flat, x0, x0_flat, args, top_dt=None) -> int:
+    """Check the residual's output (via ``jax.eval_shape`` of ``fun_flat.tree``, at
+    ``x0`` in ``top_dt``: the trace the solver reuses) and return its size ``m``.
 
     Memoised per (residual, shapes/dtypes of x0 and args): a repeated call does not trace
     the residual again.
@@ -67,10 +142,9 @@ def _residual_size(residual, unravel, x0, x0_flat, args) -> int:
     m = _m_cache.get(key)
     if m is not None:
         return m
+    x_aval = jax.ShapeDtypeStruct(np.shape(x0_flat), top_dt or jnp.result_type(x0_flat))
     try:
-        out_shape = jax.eval_shape(
-            lambda x, a: returns_arrays(residual, residual(unravel(x), *a), "residual"),
-            x0_flat, args)
+        out_shape = jax.eval_shape(lambda x, a: fun_flat.tree(x, *a), x_aval, args)
     except Exception as exc:
         # JAX's complaints about NumPy / Python control flow on a parameter get the fix;
         # anything else (the user's own exceptions) propagates unchanged
@@ -148,7 +222,8 @@ def _check_jac_shape(jac, x0_flat, args, m: int, n: int) -> str | None:
     try:
         out = jax.eval_shape(lambda x, a: jnp.asarray(jac(x, *a)), x0_flat, args)
     except Exception as exc:
-        kind, J0 = (probe_host_jac(jac, x0_flat, args) if is_concrete((x0_flat, args))
+        kind, J0 = (probe_host_jac(getattr(jac, "__wrapped__", jac), x0_flat, args)
+                    if is_concrete((x0_flat, args))
                     else (None, None))
         if kind is None:
             explained = explain_trace_error(exc, "jac")
@@ -209,9 +284,9 @@ def jacobian(jac, fun_flat, m: int, n: int, host_kind, diff_step, jac_sparsity, 
     user callable (checked shape, or evaluated on the host for ``host_kind``), finite
     differences (``fd_bounds``: known finite bounds, or ``(None, None)``), or the
     autodiff mode ``"fwd"``/``"rev"`` as it is."""
-    jac_key = jac
+    jac_key = getattr(jac, "__wrapped__", jac)  # the user's object (traced_once wraps it)
     if callable(jac):
-        jac = wrap_jac(jac, m, n) if host_kind is None else host_jac(jac, m, n)
+        jac = wrap_jac(jac, m, n) if host_kind is None else host_jac(jac_key, m, n)
     elif jac in FD_METHODS:
         jac_key = (jac, None if diff_step is None else
                    tuple(np.ravel(np.asarray(diff_step, float)).tolist()),

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._tracing import is_concrete
-from ._inputs import (as_bounds, as_data, as_x0, check_jac_option, check_jac_shape,
+from ._inputs import (as_bounds, as_data, as_x0, check_jac_option,
                       initialize_feasible, leastsq_kwargs)
 from ._minpack import minpack_fields
 from .result import result_to_host
@@ -72,16 +72,6 @@ def _warning_class():
     if "scipy.optimize" in sys.modules:
         return _both_warning_classes()
     return OptimizeWarning
-
-
-def _check_model_jac(f, jac, xdata, p0) -> None:
-    """The user ``jac(xdata, *p)``'s shape against the model's output, at the boundary."""
-    try:
-        y = jax.eval_shape(lambda p: jnp.ravel(_call(f, xdata, p)), p0)
-        J = jax.eval_shape(lambda p: jnp.asarray(_call(jac, xdata, p, "jac")), p0)
-    except Exception:  # noqa: BLE001 - solve_nlsq reports model errors with context
-        return
-    check_jac_shape(tuple(J.shape), int(y.shape[0]), int(p0.shape[0]))
 
 
 #: Below this many points an eager curve_fit's pcov is scipy's SVD route on the host
@@ -393,8 +383,7 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
     auto = for_curve_fit(kwargs.get("starts", 1), kind, absolute_sigma, xdata)
     if auto is not None:
         kwargs = {**kwargs, "starts": auto}
-    if callable(jac):
-        _check_model_jac(f, jac, xdata, p0)
+    if callable(jac):  # its shape is checked by solve_nlsq, which traces it once
         jac_arg = _jac_for(jac, kind)
     else:  # a string as given; None is solve_nlsq's default: forward-mode autodiff, or
         # scipy's 2-point where diff_step / epsfcn / jac_sparsity ask for differences

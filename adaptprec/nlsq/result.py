@@ -38,7 +38,8 @@ class NLSQResult(Module):
     gradient; first-order optimality), ``active_mask`` (-1 lower bound, 0 free, +1 upper
     bound), ``nfev`` (residual evaluations the solver made, as scipy counts them: the
     final re-evaluation at ``x`` on the top rung, which fills ``fun``/``jac``/``grad``, is
-    not counted), ``njev`` (Jacobian evaluations; ``None`` for ``method="lm"`` with a
+    not counted, so a traced residual runs ``nfev + 1`` times, except with
+    ``max_nfev=1``: one run, at ``x0``; docs/scipy.md), ``njev`` (Jacobian evaluations; ``None`` for ``method="lm"`` with a
     finite-difference Jacobian, as scipy), ``nit``, ``status`` (see
     :class:`adaptprec.nlsq.common.Status`), and the properties ``message`` and
     ``success`` (``status > 0``).

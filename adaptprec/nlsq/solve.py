@@ -43,7 +43,8 @@ from ._loop import LoopConfig, default_schedule
 from ._lsmr import _tr_solver_options
 from ._methods import _njev_is_none
 from ._residual import (_check_jac_shape, _point_axes, _points, _residual_size,
-                        check_host_jac, flat_residual, flat_x0, jacobian, with_kwargs)
+                        check_host_jac, flat_residual, flat_x0, jacobian, traced_once,
+                        with_kwargs)
 from ._sparse_jac import as_user_format
 from ._start import check_start
 from ._x64 import float64_entry
@@ -142,14 +143,20 @@ def solve_nlsq(
       ftol, xtol, gtol: scipy's termination tolerances (``gtol`` is MINPACK's scaled
         cosine for ``lm``/``gn`` and ``||g * v||_inf`` for ``trf``); ``None`` disables a
         test, as in scipy.
-      max_steps: iteration cap (trial steps); default ``100 * (n + 1)``. ``"lm"`` runs a
+      max_steps: iteration cap (trial steps); default ``100 * (n + 1)``, or
+        ``max(100 * (n + 1), max_nfev)`` when ``max_nfev`` is given. ``"lm"`` runs a
         portfolio (docs/nlsq.md, "Robustness"): when its default strategy fails (out of
         steps, no finite step, or runaway parameters) the top rung restarts from ``x0``
         with scipy's radius rule and the lower-cost end is returned. With the default,
         each strategy has ``100 * (n + 1)`` steps; an explicit ``max_steps`` (and
         ``max_nfev``) caps the whole solve.
       max_nfev: scipy's cap on residual evaluations (``None``: no cap beyond
-        ``max_steps``); ``max_nfev=1`` evaluates at ``x0`` only. Status 0 when reached.
+        ``max_steps``); when given it is the cap (the default ``max_steps`` is raised to
+        it); ``max_nfev=1`` evaluates at ``x0`` only, once. Status 0 when reached.
+        ``nfev`` counts the runs of the (traced) residual at ``x0`` and at each trial
+        point; the final run at the returned ``x`` that fills ``fun``/``jac`` is not
+        counted (none extra with ``max_nfev=1``). The residual and a callable ``jac`` are
+        traced once per shape and dtype.
       diff_step: relative finite-difference step (with ``jac="2-point"/"3-point"/"cs"``).
       kwargs: keyword arguments for ``residual`` (and a callable ``jac``), as scipy's.
       callback: scipy's ``callback(intermediate_result)`` (or ``callback(x)``), called on
@@ -283,6 +290,8 @@ def solve_nlsq(
         max_nfev=max_nfev)
     if kwargs:
         residual, jac, args = with_kwargs(residual, jac, args, kwargs)
+    if callable(jac):  # a user's jac runs once per shape (gh-13670; the key keeps jac)
+        jac = traced_once(jac)
     x0 = as_x0(x0)
     if linear_solver not in ("auto", "qr", "normal"):
         raise ValueError(f"linear_solver must be 'auto', 'qr' or 'normal', got "
@@ -313,7 +322,7 @@ def solve_nlsq(
     if recalled is not None:
         m = recalled[0]
     else:
-        m = _residual_size(residual, unravel, x0, x0_flat, args)
+        m = _residual_size(residual, fun_flat, x0, x0_flat, args, top_dt)
     check_loss_output(loss, m, top_dt)
     adaptive_stop = False
     if _starts_on_float64(precision, schedule, m, n):
@@ -355,9 +364,14 @@ def solve_nlsq(
                              f"[{lb[i]}, {ub[i]}]")
     scale_inv0 = as_scale_inv(x_scale, n)
     # lm's portfolio (_loop.PORTFOLIO): the default budget is per strategy, an explicit
-    # max_steps caps the whole solve
-    portfolio = (2 if max_steps is None else 1) if _loop.PORTFOLIO else 0
-    max_steps = as_max_steps(max_steps, n)
+    # max_steps (or max_nfev) caps the whole solve
+    # (max_nfev is 0 here when not given: check_max_nfev)
+    portfolio = (2 if max_steps is None and not max_nfev else 1) \
+        if _loop.PORTFOLIO else 0
+    # the user's max_nfev is the cap (scipy): our own step cap must not end the solve
+    # earlier (each step costs at least one evaluation, so max_nfev steps suffice)
+    max_steps = as_max_steps(max_steps, n) if max_steps is not None or not max_nfev \
+        else max(as_max_steps(None, n), max_nfev)
 
     if schedule is None and len(rungs) > 1:
         schedule = default_schedule()
