@@ -422,3 +422,29 @@ def test_speculate_is_validated():
         ap.adaptive(jnp.sin, rtol=1e-3, speculate=-1)
     with pytest.raises(ValueError, match="needs rtol"):
         ap.adaptive(jnp.sin, speculate=2)
+
+
+def _hlo(compiled_fn, *args):
+    return compiled_fn.lower(*args).compile().as_text()
+
+
+def test_plain_call_skips_what_only_fed_the_report():
+    # issue 31: a plan that runs the top rung alone checks finiteness only for the
+    # report (there is nothing to escalate to); the eager plain call compiles the output
+    # alone, so XLA drops that pass, while .with_report still computes it
+    x = jnp.linspace(0.0, 1.0, 2 ** 16)
+    f = ap.adaptive(lambda v: jnp.exp(v) * 2.0, ladder="bf16,f64", rtol=1e-3)
+    y = f(x)
+    y_rep, rep = f.with_report(x)
+    assert rep.checks[0] == "skipped" and rep.rung_name == "f64" and bool(rep.ok)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(y_rep))
+    (entry,) = f.manager._cache.values()
+    assert "is-finite" in _hlo(entry[1], x) and "is-finite" not in _hlo(entry[3], x)
+    # a guard that decides an escalation still runs in the plain call, and on_failure
+    # (which reads the report's ok) still applies
+    big = jnp.array([1.0, 100.0])      # float64: e^100 overflows the f32 rung
+    assert np.isfinite(np.asarray(ap.adaptive(jnp.exp, ladder="f32,f64")(big))).all()
+    assert np.isnan(np.asarray(ap.adaptive(always_inf, ladder="f32,f64",
+                                           on_failure="nan")(jnp.ones(2)))).all()
+    with pytest.raises(RuntimeError, match="still fail on the top rung"):
+        ap.adaptive(always_inf, ladder="f32,f64", on_failure="raise")(jnp.ones(2))
