@@ -62,8 +62,16 @@ _ON_FAILURE = ("return", "raise", "nan")
 _PLANS = ("auto", "all")
 
 
+_DYNAMIC_TYPES: set = set()     # types seen to be arrays (isinstance on jax.Array is slow)
+
+
 def _is_dynamic(x) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+    if type(x) in _DYNAMIC_TYPES:
+        return True
+    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
+        _DYNAMIC_TYPES.add(type(x))
+        return True
+    return False
 
 
 def _explicit_sharding(x):
@@ -281,8 +289,9 @@ class MixedPrecisionManager:
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-        dyn_pos = tuple(i for i, x in enumerate(leaves) if _is_dynamic(x))
-        static = tuple((i, x) for i, x in enumerate(leaves) if not _is_dynamic(x))
+        flags = [_is_dynamic(x) for x in leaves]
+        dyn_pos = tuple(i for i, f in enumerate(flags) if f)
+        static = tuple((i, x) for i, (x, f) in enumerate(zip(leaves, flags)) if not f)
         key = (fn, treedef, dyn_pos, static)
         try:
             compiled = self._cache.get(key)
