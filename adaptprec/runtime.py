@@ -282,6 +282,14 @@ class MixedPrecisionManager:
         call compiles a program that returns the output alone, so XLA drops that work
         (e.g. the top rung's finite check when the plan runs that rung alone: there is
         nothing to escalate to). Under ``jit`` the caller's own trace does the same.
+        ``adaptive(fn)(x)`` is ``manager.call(fn, x)``.
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> import adaptprec as ap
+            >>> mgr = ap.MixedPrecisionManager("f32,f64", guards=[ap.guards.finite()])
+            >>> mgr.call(jnp.exp, jnp.array([1.0, 100.0])).tolist()   # e^100 > f32 max
+            [2.718281828459045, 2.6881171418161356e+43]
         """
         return self._dispatch(fn, args, kwargs, False)
 

@@ -12,7 +12,7 @@ Every kernel runs, in this one process after compilation, as
   2026-11-28, then named ``ad/f64``);
 * plain ``jax.jit(fn)`` on the float64 inputs (``f64``) and on float32 inputs (``f32``);
 
-interleaved round by round, medians compared. For each kernel it prints the ratios to
+interleaved round by round in a random order, medians compared. For each kernel it prints the ratios to
 plain f64, the rung returned, the adaptive answer's true relative error against float64
 (must be <= rtol) and the plan the cost model chose, then whether the issue's targets are
 met, for each of the two adaptive columns:
@@ -166,8 +166,13 @@ def run_kernel(name, fn, inputs, rtol, rounds):
     runs = {"report": (adaptive_jit, x64), "call": (ad, x64), "f64": (plain, x64),
             "f32": (plain, x32)}
     times = {k: [] for k in runs}
+    order = np.random.default_rng(1)
     for _ in range(rounds):
-        for k, (f, a) in runs.items():
+        # a fresh order each round: under load the program run right after another
+        # was measured up to 1.6x slower than an identical one (call vs f64 on a
+        # kernel whose plain call compiles to plain f64's program)
+        for k in order.permutation(list(runs)):
+            f, a = runs[k]
             times[k].append(_time(f, a))
     med = {k: float(np.median(v)) for k, v in times.items()}
     return dict(name=name, rung=rep.rung_name, ok=bool(rep.ok), err=_rel_error(y, ref),
