@@ -781,11 +781,12 @@ def _check_rtol(rtol, who):
 
 def _leaf_error(y0, ys, componentwise: bool):
     """Max over samples of the normwise (or componentwise) relative distance to ``y0``."""
+    from ._first_order import nan_to_inf    # a max drops NaN on XLA:CPU (issue 31)
     w = _wide(jnp.promote_types(y0.dtype, ys[0].dtype))
     a = y0.astype(w)
-    d = jnp.max(jnp.stack([jnp.abs(y.astype(w) - a) for y in ys]), axis=0)
+    d = jnp.max(jnp.stack([nan_to_inf(jnp.abs(y.astype(w) - a)) for y in ys]), axis=0)
     if componentwise:
-        rel = jnp.where(d == 0, 0.0, d / jnp.abs(a))
+        rel = nan_to_inf(jnp.where(d == 0, 0.0, d / jnp.abs(a)))
         e = jnp.max(rel, initial=0.0)
     else:
         dmax = jnp.max(d, initial=0.0)

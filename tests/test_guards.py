@@ -251,3 +251,19 @@ def test_finite_catches_one_nan_or_inf_in_a_large_array(n):
     y, rep = jax.jit(adaptive(jnp.log, ladder="bf16,f32").with_report)(
         jnp.ones(n, jnp.float32).at[5].set(-1.0))
     assert rep.rung_name == "f32" and not bool(rep.ok) and rep.reason_name == "nonfinite"
+
+
+def test_error_estimates_see_a_nan_in_a_large_array():
+    # a NaN error (a sample, a bound or a reference entry) must fail the check at every
+    # size: a plain max dropped it from 4096 entries on under XLA:CPU (issue 31)
+    from adaptprec._first_order import error_of_samples, relative_bound
+    n = 2 ** 13
+    y = jnp.ones(n)
+    bad = y.at[n // 2 + 1].set(jnp.nan)
+    for cw in (False, True):
+        assert np.isinf(float(jax.jit(guards._leaf_error, static_argnums=2)(
+            y, [y, bad], cw)))
+        assert np.isinf(float(jax.jit(relative_bound, static_argnums=2)(
+            [y], [bad * 1e-9], cw)))
+    assert np.isinf(float(jax.jit(error_of_samples)([y], [bad])))
+    assert float(jax.jit(error_of_samples)([y], [y])) == 0.0
