@@ -61,6 +61,11 @@ _BATCH_MODES = ("call", "element")
 _ON_FAILURE = ("return", "raise", "nan")
 _PLANS = ("auto", "all")
 
+#: Eager calls for the same kernel and shapes that must all escalate past a rung before
+#: later eager calls skip it, and how often the full plan is tried again
+#: (``MixedPrecisionManager._skip_failing``).
+ESCALATED_CALLS, RETRY_EVERY = 2, 16
+
 
 _DYNAMIC_TYPES: set = set()     # types seen to be arrays (isinstance on jax.Array is slow)
 
@@ -243,6 +248,7 @@ class MixedPrecisionManager:
                                  for g in self.guards)
         self._cache: dict = {}
         self._spec: dict = {}   # speculation per (kernel, shapes): [rung, calls, program]
+        self._esc: dict = {}    # eager escalations per (kernel, shapes): _skip_failing
 
     def __repr__(self):
         return (f"MixedPrecisionManager(ladder={','.join(self.rung_names)!r}, guards="
@@ -320,18 +326,29 @@ class MixedPrecisionManager:
         if traced:
             out = compiled[0](*dyn)
             return out if with_report else out[0]
-        if not with_report and not self.speculate and self.on_failure != "raise":
-            # the output alone: XLA drops the guards that only fed the report
-            if compiled[3] is None:
-                compiled[3] = jax.jit(lambda *d: compiled[2].run(*d)[0])
-            return compiled[3](*dyn)
-        spec_key = None if key is None else (key, tuple((np.shape(x), str(
+        spec_key = None if key is None else (key, tuple((tuple(np.shape(x)), str(
             getattr(x, "dtype", type(x)))) for x in dyn))
+        learned = None
+        if not self.speculate and spec_key is not None and self.plan == "auto":
+            learned = self._skip_failing(spec_key, compiled[2])
+        target = compiled if learned is None else learned
+        if not with_report and not self.speculate and self.on_failure != "raise":
+            # the output alone (and the rung, a scalar the escalations decided anyway):
+            # XLA drops the guards that only fed the report
+            if target[3] is None:
+                prog = target[2]
+                target[3] = jax.jit(lambda *d: (lambda o: (o[0], o[1].rung))(prog.run(*d)))
+            out, rung = target[3](*dyn)
+            if spec_key is not None and learned is None and self.plan == "auto":
+                self._note_rung(spec_key, rung)
+            return out
         if self.speculate and spec_key is not None:
             res = self._speculative(spec_key, compiled[2], dyn)
             if res is not None:
                 return res if with_report else res[0]
-        out, report = compiled[1](*dyn)
+        out, report = target[1](*dyn)
+        if spec_key is not None and learned is None and self.plan == "auto":
+            self._note_rung(spec_key, report.rung)
         if self.speculate and spec_key is not None:
             self._record(spec_key, report, compiled[2])
         if self.on_failure == "raise" and not bool(np.all(np.asarray(report.ok))):
@@ -340,6 +357,59 @@ class MixedPrecisionManager:
             raise RuntimeError(compiled[2].failure_message())
         return (out, report) if with_report else out
 
+
+    # ------------------------------------------------- rungs that failed on the data
+
+    def _note_rung(self, spec_key, rung):
+        """Keep an eager call's returned rung (an array: read at the next call for these
+        shapes, so the call itself stays asynchronous)."""
+        st = self._esc.get(spec_key)
+        if st is None:
+            st = self._esc[spec_key] = {"streak": 0, "low": None, "calls": 0,
+                                        "program": None, "pending": None}
+        st["pending"] = rung
+
+    def _skip_failing(self, spec_key, program):
+        """The compiled entry of a plan without the rungs that failed on the last
+        ``ESCALATED_CALLS`` eager calls for these shapes (they escalated every time:
+        the data, not the rounding model, decides), or ``None``: the full plan. Every
+        ``RETRY_EVERY``-th call runs the full plan again. Skipping a rung never lowers
+        the accuracy returned (the call ends on the rung it escalated to, checked as
+        planned); the report says which rungs were skipped and why."""
+        st = self._esc.get(spec_key)
+        if st is None:
+            return None
+        plan = program._plans.get((spec_key[1], 1, jax.default_backend()))
+        if st["pending"] is not None:
+            r, st["pending"] = int(np.asarray(st["pending"])), None
+            first = plan.attempt.index(True) if plan is not None else r
+            if r > first:
+                st["streak"] += 1
+                if st["low"] != r:
+                    st["low"], st["program"] = r, None
+            else:
+                st["streak"], st["low"], st["program"] = 0, None, None
+        if (plan is None or st["streak"] < ESCALATED_CALLS
+                or all(c is None for c in plan.check)):   # small / unplanned kernels
+            return None
+        st["calls"] += 1
+        if st["calls"] % RETRY_EVERY == 0:
+            return None
+        if st["program"] is None:
+            low = st["low"]
+            why = (f"skipped: it escalated on the last {ESCALATED_CALLS} eager calls for "
+                   f"these shapes (tried again every {RETRY_EVERY}th call)")
+            sp = _Program(self, program.fn, program.treedef, program.dyn_pos,
+                          program.static, program.n_leaves)
+            sp.forced = _plan.Plan(
+                tuple(a and k >= low for k, a in enumerate(plan.attempt)),
+                tuple(c if k >= low else None for k, c in enumerate(plan.check)),
+                tuple(n if k >= low or not a else why
+                      for k, (a, n) in enumerate(zip(plan.attempt, plan.note))),
+                tuple(x if k >= low else None for k, x in enumerate(plan.share)))
+            st["program"] = [sp.run, jax.jit(functools.partial(
+                sp.run, host_raise=self.on_failure == "raise")), sp, None]
+        return st["program"]
 
     # ------------------------------------------------------------ speculation
 
