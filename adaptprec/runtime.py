@@ -326,8 +326,9 @@ class MixedPrecisionManager:
         if traced:
             out = compiled[0](*dyn)
             return out if with_report else out[0]
-        spec_key = None if key is None else (key, tuple((tuple(np.shape(x)), str(
-            getattr(x, "dtype", type(x)))) for x in dyn))
+        # (shape, dtype) per array: the dtype object, not its name (str() costs ~7 us)
+        spec_key = None if key is None else (key, tuple((np.shape(x), getattr(
+            x, "dtype", type(x))) for x in dyn))
         learned = None
         if not self.speculate and spec_key is not None and self.plan == "auto":
             learned = self._skip_failing(spec_key, compiled[2])
@@ -366,8 +367,9 @@ class MixedPrecisionManager:
         st = self._esc.get(spec_key)
         if st is None:
             st = self._esc[spec_key] = {"streak": 0, "low": None, "calls": 0,
-                                        "program": None, "pending": None}
-        st["pending"] = rung
+                                        "program": None, "pending": None, "off": False}
+        if not st["off"]:
+            st["pending"] = rung
 
     def _skip_failing(self, spec_key, program):
         """The compiled entry of a plan without the rungs that failed on the last
@@ -377,9 +379,17 @@ class MixedPrecisionManager:
         the accuracy returned (the call ends on the rung it escalated to, checked as
         planned); the report says which rungs were skipped and why."""
         st = self._esc.get(spec_key)
-        if st is None:
+        if st is None or st["off"]:
             return None
-        plan = program._plans.get((spec_key[1], 1, jax.default_backend()))
+        plan = st.get("plan")
+        if plan is None:        # the plan chosen for these shapes (plan_for's key)
+            plan = st["plan"] = program._plans.get((tuple(
+                (tuple(s), str(d)) for s, d in spec_key[1]), 1, jax.default_backend()))
+            if plan is None or sum(plan.attempt) < 2 or all(c is None for c in plan.check):
+                # nothing to skip (one rung tried, or a small / unplanned kernel): no
+                # bookkeeping on later calls
+                st["off"], st["pending"] = True, None
+                return None
         if st["pending"] is not None:
             r, st["pending"] = int(np.asarray(st["pending"])), None
             first = plan.attempt.index(True) if plan is not None else r
@@ -389,8 +399,7 @@ class MixedPrecisionManager:
                     st["low"], st["program"] = r, None
             else:
                 st["streak"], st["low"], st["program"] = 0, None, None
-        if (plan is None or st["streak"] < ESCALATED_CALLS
-                or all(c is None for c in plan.check)):   # small / unplanned kernels
+        if st["streak"] < ESCALATED_CALLS:
             return None
         st["calls"] += 1
         if st["calls"] % RETRY_EVERY == 0:
