@@ -99,6 +99,13 @@ def materialized(reduce: Callable, *xs):
     return lax.cond(pred, reduce, reduce, *xs)
 
 
+def nan_to_inf(x):
+    """NaN entries as ``inf``, applied before a max that must see them: XLA:CPU's
+    vectorized max drops NaN on arrays of 4096 entries or more (issue 31), so a max of an
+    error array would pass a NaN error there while failing it on a small array."""
+    return jnp.where(jnp.isnan(x), jnp.inf, x)
+
+
 def _count(flags: Callable, *xs) -> jax.Array:
     """How many entries ``flags(*xs)`` sets (float32), as a materialized float sum
     (boolean reductions are slow on XLA:CPU). ``None`` operands pass through."""
@@ -550,10 +557,10 @@ def relative_bound(outs, errs, componentwise: bool = False) -> jax.Array:
             continue
         a = jnp.abs(y).astype(e.dtype)
         if componentwise:
-            r = materialized(lambda e, a: jnp.max(jnp.where(e == 0, 0.0, e / a),
-                                                  initial=0.0), e, a)
+            r = materialized(lambda e, a: jnp.max(nan_to_inf(
+                jnp.where(e == 0, 0.0, e / a)), initial=0.0), e, a)
         else:
-            emax, amax = materialized(lambda e, a: (jnp.max(e, initial=0.0),
+            emax, amax = materialized(lambda e, a: (jnp.max(nan_to_inf(e), initial=0.0),
                                                     jnp.max(a, initial=0.0)), e, a)
             r = jnp.where(emax == 0, 0.0, emax / amax)
         est = jnp.maximum(est, jnp.asarray(r, jnp.float32))
@@ -687,7 +694,7 @@ def error_of_samples(samples, ref):
     for ys, r in zip(samples, ref):
         if _is_float(ys.dtype):
             w = np.dtype(jnp.promote_types(r.dtype, jnp.float32))
-            d = jnp.max(jnp.abs(ys.astype(w) - r.astype(w)))
+            d = jnp.max(nan_to_inf(jnp.abs(ys.astype(w) - r.astype(w))))
             # normwise over the sample: max|y_s| <= max|y|, so this is the larger
             # (safer) ratio, and it costs no pass over the whole output
             e = jnp.where(d == 0, 0.0, d / jnp.max(jnp.abs(r.astype(w))))

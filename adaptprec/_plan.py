@@ -16,7 +16,9 @@ with ``jit``, ``vmap`` and ``grad``. Rules, for a kernel with an accuracy guard:
   ``u_r * sqrt(n)`` (``n`` the longest accumulation: a contraction or a sum; Higham &
   Mary 2019) exceeds ``rtol`` (it would almost surely fail), or when it and its check
   cost more than ``MARGIN`` of the plan above it: ``cost(r) + check(r) > MARGIN *
-  (cost(s) + check(s))``, ``s`` the next rung tried above it.
+  (cost(s) + check(s))``, ``s`` the next rung tried above it. A *measured* plan keeps
+  the throughput table's decision unless the timings disagree by more than a margin
+  (``KEEP``, ``MARGIN**2``: hysteresis, so near break-even plans do not flip with load).
 
 Without an accuracy guard (finite-only and custom guards, which cost ~nothing) or with
 ``plan="all"`` every rung is tried with Monte Carlo checks, as before the cost model.
@@ -32,7 +34,7 @@ import jax
 from . import _cost
 from ._first_order import Unsupported
 
-__all__ = ["Plan", "choose_plan", "all_rungs", "speculative", "TOP_BUDGET"]
+__all__ = ["Plan", "choose_plan", "all_rungs", "speculative", "TOP_BUDGET", "KEEP"]
 
 #: The share of the top rung's time its check may add when nothing below can pay for it
 #: (the issue's target: adaptive <= 1.25x plain float64 on every kernel).
@@ -42,6 +44,16 @@ TOP_BUDGET = 0.25
 #: above it: a margin for the noise of one-time measurements on a loaded machine and for
 #: the chance that the rung fails (then its time and its check's are lost).
 MARGIN = 0.8
+
+
+#: Hysteresis of a measured plan (one-time timings on a loaded machine flipped plans
+#: that are near break-even from run to run): when the throughput table says a lower
+#: rung pays (``MARGIN``), the measurement drops it only when it shows less than a 10%
+#: saving (``cost(r) + check(r) > KEEP * plan above``: the table does not price the
+#: casts a rung adds, which can take a light kernel's whole saving, e.g. a layer norm);
+#: when the table says it does not pay, the measurement must show ``<= MARGIN * MARGIN``
+#: of the plan above to try it.
+KEEP = 0.9
 
 
 #: A row-separable kernel's lower rung is checked on a sample of rows (statistical)
@@ -119,26 +131,28 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
 
     memo = {}
 
-    def check_cost(k, method):
-        if (k, method) not in memo:
-            memo[k, method] = _check_cost(k, method)
-        return memo[k, method]
+    def check_cost(k, method, by_measure=measured):
+        if (k, method, by_measure) not in memo:
+            memo[k, method, by_measure] = _check_cost(k, method, by_measure)
+        return memo[k, method, by_measure]
 
-    def _check_cost(k, method):
-        try:
-            if measured and method != "mca":
-                # timed interleaved with the rung alone: the difference of the two is
-                # the check's cost (the rung's time is what the plan compares)
-                full, alone = _cost.measure_many([check_fn(k, method), rung_fn(k)], avals)
-                return max(full / alone - 1.0, 0.0) * cost[k]
-            else:
+    def _check_cost(k, method, measured):
+        if not measured:
+            try:
                 full = _cost.program_cost(check_fn(k, method), avals, table,
                                           dtypes[k]).seconds * scale
-                if measured:     # the table's rung cost, so the difference is the model's
-                    full -= modelled[k] - cost[k]
+            except Unsupported:
+                return None
+            return max(full - modelled[k], 0.0)
+        if method == "mca":     # the table's difference (never close on CPU: not timed)
+            return check_cost(k, method, False)
+        try:
+            # timed interleaved with the rung alone: the difference of the two is the
+            # check's cost (the rung's time is what the plan compares)
+            full, alone = _cost.measure_many([check_fn(k, method), rung_fn(k)], avals)
         except Unsupported:
             return None
-        return max(full - cost[k], 0.0)
+        return max(full / alone - 1.0, 0.0) * cost[k]
 
     attempt = [False] * n_rungs
     check = [None] * n_rungs
@@ -166,6 +180,9 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
         note[top] = (f"{_WHAT[check[top]]} (check ~{share[top]:.0%} of the rung's time, "
                      f"{how})")
     next_total = cost[top] + c
+    # the table's view of the plan above, for the hysteresis of measured plans
+    next_model = modelled[top] + (check_cost(top, check[top], False) or 0.0
+                                  if check[top] != "none" else 0.0)
 
     jaxpr = jax.make_jaxpr(rung_fn(0))(*avals).jaxpr
     n_acc = _cost.longest_accumulation(jaxpr)
@@ -192,14 +209,21 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
             if cm is not None:
                 method, c = m, cm
                 break
-        if c is None or cost[k] + c > MARGIN * next_total:
+        limit, c_model = MARGIN, None
+        if measured and c is not None:
+            c_model = check_cost(k, method, False)
+            pays = (c_model is not None
+                    and modelled[k] + c_model <= MARGIN * next_model)
+            limit = KEEP if pays else MARGIN * MARGIN
+        if c is None or cost[k] + c > limit * next_total:
             what = ("no check models it" if c is None else
                     f"it and its check ({_fmt(cost[k] + c)}) would cost more than "
-                    f"{MARGIN:.0%} of the plan above it ({_fmt(next_total)})")
+                    f"{limit:.0%} of the plan above it ({_fmt(next_total)})")
             note[k] = f"skipped: {what}, {how}"
             continue
         attempt[k], check[k] = True, method
         share[k] = c / (cost[k] + c) if cost[k] + c > 0 else 0.0
         note[k] = f"{_WHAT[method]} (check ~{share[k]:.0%} of the rung's time, {how})"
         next_total = cost[k] + c
+        next_model = modelled[k] + (c_model if c_model is not None else c)
     return Plan(tuple(attempt), tuple(check), tuple(note), tuple(share))

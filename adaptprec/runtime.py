@@ -61,9 +61,22 @@ _BATCH_MODES = ("call", "element")
 _ON_FAILURE = ("return", "raise", "nan")
 _PLANS = ("auto", "all")
 
+#: Eager calls for the same kernel and shapes that must all escalate past a rung before
+#: later eager calls skip it, and how often the full plan is tried again
+#: (``MixedPrecisionManager._skip_failing``).
+ESCALATED_CALLS, RETRY_EVERY = 2, 16
+
+
+_DYNAMIC_TYPES: set = set()     # types seen to be arrays (isinstance on jax.Array is slow)
+
 
 def _is_dynamic(x) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+    if type(x) in _DYNAMIC_TYPES:
+        return True
+    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
+        _DYNAMIC_TYPES.add(type(x))
+        return True
+    return False
 
 
 def _explicit_sharding(x):
@@ -235,6 +248,7 @@ class MixedPrecisionManager:
                                  for g in self.guards)
         self._cache: dict = {}
         self._spec: dict = {}   # speculation per (kernel, shapes): [rung, calls, program]
+        self._esc: dict = {}    # eager escalations per (kernel, shapes): _skip_failing
 
     def __repr__(self):
         return (f"MixedPrecisionManager(ladder={','.join(self.rung_names)!r}, guards="
@@ -263,11 +277,36 @@ class MixedPrecisionManager:
         JAX's thread-local x64 scope and returns float64 results as NumPy arrays; a
         traced call raises the one x64 error (:mod:`adaptprec._x64_rule`).
         """
+        return self._dispatch(fn, args, kwargs, True)
+
+    @functools.partial(float64_call, describe=_x64_need)
+    def call(self, fn: Callable, *args, **kwargs) -> Any:
+        """``run(fn, *args, **kwargs)[0]`` without building the report.
+
+        The same rungs run and every guard that decides an escalation (or feeds
+        ``on_failure``) is evaluated; what only fed the report is not computed. An eager
+        call compiles a program that returns the output alone, so XLA drops that work
+        (e.g. the top rung's finite check when the plan runs that rung alone: there is
+        nothing to escalate to). Under ``jit`` the caller's own trace does the same.
+        ``adaptive(fn)(x)`` is ``manager.call(fn, x)``.
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> import adaptprec as ap
+            >>> mgr = ap.MixedPrecisionManager("f32,f64", guards=[ap.guards.finite()])
+            >>> y = mgr.call(jnp.exp, jnp.array([1.0, 100.0]))   # e^100 > f32 max
+            >>> bool(jnp.isfinite(y).all()), y.dtype.name            # the f64 rung's
+            (True, 'float64')
+        """
+        return self._dispatch(fn, args, kwargs, False)
+
+    def _dispatch(self, fn, args, kwargs, with_report: bool):
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-        dyn_pos = tuple(i for i, x in enumerate(leaves) if _is_dynamic(x))
-        static = tuple((i, x) for i, x in enumerate(leaves) if not _is_dynamic(x))
+        flags = [_is_dynamic(x) for x in leaves]
+        dyn_pos = tuple(i for i, f in enumerate(flags) if f)
+        static = tuple((i, x) for i, (x, f) in enumerate(zip(leaves, flags)) if not f)
         key = (fn, treedef, dyn_pos, static)
         try:
             compiled = self._cache.get(key)
@@ -276,31 +315,110 @@ class MixedPrecisionManager:
         if compiled is None:
             program = _Program(self, fn, treedef, dyn_pos, static, len(leaves))
             host_raise = self.on_failure == "raise"
-            compiled = (program.run, jax.jit(functools.partial(program.run,
+            compiled = [program.run, jax.jit(functools.partial(program.run,
                                                                host_raise=host_raise)),
-                        program)
+                        program, None]
             if key is not None:
                 self._cache[key] = compiled
         dyn = [leaves[i] for i in dyn_pos]
         # Eager calls compile once; inside a transformation (jit, vmap, grad) trace inline.
         traced = any(isinstance(x, jax.core.Tracer) for x in dyn)
         if traced:
-            return compiled[0](*dyn)
-        spec_key = None if key is None else (key, tuple((np.shape(x), str(
-            getattr(x, "dtype", type(x)))) for x in dyn))
+            out = compiled[0](*dyn)
+            return out if with_report else out[0]
+        # (shape, dtype) per array: the dtype object, not its name (str() costs ~7 us)
+        spec_key = None if key is None else (key, tuple((np.shape(x), getattr(
+            x, "dtype", type(x))) for x in dyn))
+        learned = None
+        if not self.speculate and spec_key is not None and self.plan == "auto":
+            learned = self._skip_failing(spec_key, compiled[2])
+        target = compiled if learned is None else learned
+        if not with_report and not self.speculate and self.on_failure != "raise":
+            # the output alone (and the rung, a scalar the escalations decided anyway):
+            # XLA drops the guards that only fed the report
+            if target[3] is None:
+                prog = target[2]
+                target[3] = jax.jit(lambda *d: (lambda o: (o[0], o[1].rung))(prog.run(*d)))
+            out, rung = target[3](*dyn)
+            if spec_key is not None and learned is None and self.plan == "auto":
+                self._note_rung(spec_key, rung)
+            return out
         if self.speculate and spec_key is not None:
             res = self._speculative(spec_key, compiled[2], dyn)
             if res is not None:
-                return res
-        out, report = compiled[1](*dyn)
+                return res if with_report else res[0]
+        out, report = target[1](*dyn)
+        if spec_key is not None and learned is None and self.plan == "auto":
+            self._note_rung(spec_key, report.rung)
         if self.speculate and spec_key is not None:
             self._record(spec_key, report, compiled[2])
         if self.on_failure == "raise" and not bool(np.all(np.asarray(report.ok))):
             # eagerly a plain Python error (equinox's error_if surfaced as an INTERNAL
             # callback error with a banner: newcomer audit 3)
             raise RuntimeError(compiled[2].failure_message())
-        return out, report
+        return (out, report) if with_report else out
 
+
+    # ------------------------------------------------- rungs that failed on the data
+
+    def _note_rung(self, spec_key, rung):
+        """Keep an eager call's returned rung (an array: read at the next call for these
+        shapes, so the call itself stays asynchronous)."""
+        st = self._esc.get(spec_key)
+        if st is None:
+            st = self._esc[spec_key] = {"streak": 0, "low": None, "calls": 0,
+                                        "program": None, "pending": None, "off": False}
+        if not st["off"]:
+            st["pending"] = rung
+
+    def _skip_failing(self, spec_key, program):
+        """The compiled entry of a plan without the rungs that failed on the last
+        ``ESCALATED_CALLS`` eager calls for these shapes (they escalated every time:
+        the data, not the rounding model, decides), or ``None``: the full plan. Every
+        ``RETRY_EVERY``-th call runs the full plan again. Skipping a rung never lowers
+        the accuracy returned (the call ends on the rung it escalated to, checked as
+        planned); the report says which rungs were skipped and why."""
+        st = self._esc.get(spec_key)
+        if st is None or st["off"]:
+            return None
+        plan = st.get("plan")
+        if plan is None:        # the plan chosen for these shapes (plan_for's key)
+            plan = st["plan"] = program._plans.get((tuple(
+                (tuple(s), str(d)) for s, d in spec_key[1]), 1, jax.default_backend()))
+            if plan is None or sum(plan.attempt) < 2 or all(c is None for c in plan.check):
+                # nothing to skip (one rung tried, or a small / unplanned kernel): no
+                # bookkeeping on later calls
+                st["off"], st["pending"] = True, None
+                return None
+        if st["pending"] is not None:
+            r, st["pending"] = int(np.asarray(st["pending"])), None
+            first = plan.attempt.index(True) if plan is not None else r
+            if r > first:
+                st["streak"] += 1
+                if st["low"] != r:
+                    st["low"], st["program"] = r, None
+            else:
+                st["streak"], st["low"], st["program"] = 0, None, None
+        if st["streak"] < ESCALATED_CALLS:
+            return None
+        st["calls"] += 1
+        if st["calls"] % RETRY_EVERY == 0:
+            return None
+        if st["program"] is None:
+            low = st["low"]
+            why = (f"skipped: it escalated on the last {ESCALATED_CALLS} eager calls for "
+                   f"these shapes (tried again every {RETRY_EVERY}th call)")
+            sp = _Program(self, program.fn, program.treedef, program.dyn_pos,
+                          program.static, program.n_leaves)
+            sp.forced = _plan.Plan(
+                tuple(a and k >= low for k, a in enumerate(plan.attempt)),
+                tuple(c if k >= low else None for k, c in enumerate(plan.check)),
+                tuple(n if k >= low or not a else why
+                      for k, (a, n) in enumerate(zip(plan.attempt, plan.note))),
+                tuple(x if k >= low else None for k, x in enumerate(plan.share)))
+            st["program"] = [sp.run, jax.jit(functools.partial(
+                sp.run, host_raise=self.on_failure == "raise")), sp, None]
+        return st["program"]
 
     # ------------------------------------------------------------ speculation
 
@@ -732,7 +850,8 @@ class AdaptiveFunction:
         self.manager = manager
 
     def __call__(self, *args, **kwargs):
-        return self.manager.run(self.fn, *args, **kwargs)[0]
+        # without the report: work that only fed it is not computed (manager.call)
+        return self.manager.call(self.fn, *args, **kwargs)
 
     def with_report(self, *args, **kwargs) -> tuple[Any, Report]:
         """``(out, Report)`` for this call."""

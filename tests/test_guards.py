@@ -230,3 +230,40 @@ def test_headroom_fires_on_every_format_under_jit(dtype):
     f = adaptive(lambda x: x * 1e38, ladder="bf16,f32", guards=[guards.headroom(0.5)])
     _, rep = f.with_report(jnp.array([3.0]))
     assert not bool(rep.ok)
+
+
+@pytest.mark.parametrize("n", [2 ** 12, 2 ** 16 + 8, 2 ** 18])
+def test_finite_catches_one_nan_or_inf_in_a_large_array(n):
+    # isfinite(max|x|) passed these: XLA:CPU's vectorized max drops NaN from 4096
+    # entries on (issue 31); the check must be exact at every size, also under jit/vmap
+    for dtype in (jnp.float32, jnp.bfloat16):
+        ones = jnp.ones(n, dtype)
+        for bad in (jnp.nan, jnp.inf):
+            x = ones.at[n // 2 + 1].set(bad)
+            assert not bool(jax.jit(guards.finite_values)(x).ok)
+            assert not bool(jax.jit(jax.vmap(lambda v: guards.finite_values(v).ok))(
+                jnp.stack([ones, x]))[1])
+        both = ones.at[0].set(jnp.inf).at[-1].set(-jnp.inf)
+        assert not bool(guards.finite_values(both).ok)
+        # the largest finite values do not overflow the check
+        assert bool(guards.finite_values(jnp.full(n, jnp.finfo(dtype).max, dtype)).ok)
+    # the adaptive runtime's finite guard: a NaN output escalates and is reported
+    y, rep = jax.jit(adaptive(jnp.log, ladder="bf16,f32").with_report)(
+        jnp.ones(n, jnp.float32).at[5].set(-1.0))
+    assert rep.rung_name == "f32" and not bool(rep.ok) and rep.reason_name == "nonfinite"
+
+
+def test_error_estimates_see_a_nan_in_a_large_array():
+    # a NaN error (a sample, a bound or a reference entry) must fail the check at every
+    # size: a plain max dropped it from 4096 entries on under XLA:CPU (issue 31)
+    from adaptprec._first_order import error_of_samples, relative_bound
+    n = 2 ** 13
+    y = jnp.ones(n)
+    bad = y.at[n // 2 + 1].set(jnp.nan)
+    for cw in (False, True):
+        assert np.isinf(float(jax.jit(guards._leaf_error, static_argnums=2)(
+            y, [y, bad], cw)))
+        assert np.isinf(float(jax.jit(relative_bound, static_argnums=2)(
+            [y], [bad * 1e-9], cw)))
+    assert np.isinf(float(jax.jit(error_of_samples)([y], [bad])))
+    assert float(jax.jit(error_of_samples)([y], [y])) == 0.0

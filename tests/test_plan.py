@@ -284,3 +284,24 @@ def test_a_row_sampled_plan_escalates_when_its_rung_is_wrong(monkeypatch):
         x, w / 8)
     assert rep.checks[1] == "sample_rows" and rep.rung_name == "f32", rep.summary()
     assert "sampled rows" in rep.verified
+
+
+def test_a_measured_plan_keeps_the_tables_choice_near_break_even(monkeypatch):
+    # issue 31: one-time timings on a loaded machine flipped near break-even plans from
+    # run to run; a measurement now overrules the throughput table only by a margin
+    from adaptprec import _cost
+    x = jnp.asarray(np.random.default_rng(0).uniform(0.0, 2.0, N))
+
+    def plan_with(f32_over_f64):
+        def fake_measure(fns, avals, *a, **k):
+            if len(fns) == 3:                 # the rungs: bf16, f32, f64
+                return [2e-3, f32_over_f64 * 1e-3, 1e-3]
+            return [1.02, 1.0]                # a check and its rung alone: +2%
+        monkeypatch.setattr(_cost, "measure_many", fake_measure)
+        f = ap.adaptive(_big_elementwise, rtol=1e-3)    # the table: f32 pays (~0.5x)
+        return f.with_report(x)[1]
+
+    rep = plan_with(0.85)        # f32 + check: 0.87 of f64, above MARGIN (0.8)
+    assert rep.checks[1] != "skipped" and rep.rung_name == "f32", rep.plan
+    rep = plan_with(0.95)        # less than a 10% saving: the measurement wins
+    assert rep.checks[1] == "skipped" and rep.rung_name == "f64", rep.plan

@@ -422,3 +422,57 @@ def test_speculate_is_validated():
         ap.adaptive(jnp.sin, rtol=1e-3, speculate=-1)
     with pytest.raises(ValueError, match="needs rtol"):
         ap.adaptive(jnp.sin, speculate=2)
+
+
+def _hlo(compiled_fn, *args):
+    return compiled_fn.lower(*args).compile().as_text()
+
+
+def test_plain_call_skips_what_only_fed_the_report():
+    # issue 31: a plan that runs the top rung alone checks finiteness only for the
+    # report (there is nothing to escalate to); the eager plain call compiles the output
+    # alone, so XLA drops that pass, while .with_report still computes it
+    x = jnp.linspace(0.0, 1.0, 2 ** 16)
+    f = ap.adaptive(lambda v: jnp.exp(v) * 2.0, ladder="bf16,f64", rtol=1e-3)
+    y = f(x)
+    y_rep, rep = f.with_report(x)
+    assert rep.checks[0] == "skipped" and rep.rung_name == "f64" and bool(rep.ok)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(y_rep))
+    (entry,) = f.manager._cache.values()
+    assert "is-finite" in _hlo(entry[1], x) and "is-finite" not in _hlo(entry[3], x)
+    # a guard that decides an escalation still runs in the plain call, and on_failure
+    # (which reads the report's ok) still applies
+    big = jnp.array([1.0, 100.0])      # float64: e^100 overflows the f32 rung
+    assert np.isfinite(np.asarray(ap.adaptive(jnp.exp, ladder="f32,f64")(big))).all()
+    assert np.isnan(np.asarray(ap.adaptive(always_inf, ladder="f32,f64",
+                                           on_failure="nan")(jnp.ones(2)))).all()
+    with pytest.raises(RuntimeError, match="still fail on the top rung"):
+        ap.adaptive(always_inf, ladder="f32,f64", on_failure="raise")(jnp.ones(2))
+
+
+def test_eager_calls_skip_a_rung_that_failed_on_their_data(monkeypatch):
+    from adaptprec import _cost, runtime
+    monkeypatch.setattr(_cost, "MEASURE", False)     # the table's plan: f32 is tried
+    monkeypatch.setattr(runtime, "RETRY_EVERY", 3)
+    big = jnp.full(2 ** 16, 100.0)                   # e^100 overflows the f32 rung
+    f = ap.adaptive(lambda v: jnp.exp(v) * 1e-30, rtol=1e-3)
+    reps = [f.with_report(big)[1] for _ in range(3)]
+    assert [r.rung_name for r in reps] == ["f64"] * 3 and all(bool(r.ok) for r in reps)
+    assert reps[0].checks[1] != "skipped" and int(reps[0].escalations) == 1
+    assert reps[1].checks[1] != "skipped"           # one escalation is not a pattern
+    assert reps[2].checks[1] == "skipped" and int(reps[2].escalations) == 0
+    assert "escalated on the last 2 eager calls" in reps[2].plan[1]
+    np.testing.assert_array_equal(np.asarray(f(big)), np.asarray(reps[0] and
+                                                                 f.with_report(big)[0]))
+    # under jit every call runs the full plan (a compiled program reads no host state)
+    assert jax.jit(f.with_report)(big)[1].checks[1] != "skipped"
+    # the full plan is tried again every RETRY_EVERY-th skipping call: on benign data f32
+    # passes there, and later calls try it again
+    small = jnp.full(2 ** 16, 0.5)
+    seen = [f.with_report(small)[1] for _ in range(4)]
+    assert "f32" in [r.rung_name for r in seen]
+    assert seen[-1].checks[1] != "skipped" and seen[-1].rung_name == "f32"
+    # a kernel planned every rung (small) never skips
+    g = ap.adaptive(jnp.exp, ladder="f32,f64", rtol=1e-3)
+    assert all(g.with_report(jnp.array([100.0]))[1].checks[0] != "skipped"
+               for _ in range(4))
