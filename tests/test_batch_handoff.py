@@ -73,6 +73,7 @@ def test_top_rung_iterates_when_the_check_fails(adaptive, f64):
     exact = NOISE == 0
     extra = np.asarray(adaptive.njev) - np.asarray(adaptive.nit)
     assert (extra[exact] == 2).all(), extra       # float64 re-evaluated and iterated
+    assert (extra[~exact] == 1).all(), extra      # ... only those: the others passed
     # ... to float64 accuracy: exact data are fitted to the truth, as float64 alone does
     np.testing.assert_allclose(np.asarray(adaptive.x)[exact], TRUE[exact], rtol=1e-9,
                                atol=1e-9)
