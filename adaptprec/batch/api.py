@@ -232,8 +232,10 @@ def solve_nlsq_batch(
     :mod:`adaptprec.batch.lm_batched`), with the batch axis explicit: converged fits are
     frozen, stragglers are compacted into smaller buffers, and each fit escalates through
     the precision ladder on its own (float32 first; every fit then finishes in float64 from
-    where float32 left it, usually in one to three iterations, so a converged answer is
-    always verified in float64 — the same guarantee as :func:`adaptprec.solve_nlsq`).
+    where float32 left it: one float64 evaluation verifies it, accepting a Gauss–Newton
+    step below 1e-3 of every parameter's standard error, and only fits failing that check
+    iterate in float64, :mod:`adaptprec.batch.verify`). The default's parameters agree
+    with ``precision="f64"``'s to 1e-3 of their standard errors.
 
     Args:
         fun: the residual ``fun(x, *args) -> (m,)`` of one fit, or with ``ydata`` the model

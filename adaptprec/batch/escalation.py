@@ -203,8 +203,8 @@ def solve_ladder(residual: Callable, x0, bargs, sargs, plans: tuple[RungPlan, ..
         reason = jnp.where(why != Reason.NONE, why, reason)
         if k == len(plans) - 1:
             # A lower rung never ends a solve: every fit finishes on the top rung, from
-            # where it stopped (typically 1-3 iterations there), so a converged answer has
-            # its final evaluation and convergence test in the top precision.
+            # where it stopped, so an answer has its final evaluation and convergence test
+            # in the top precision (staged: one evaluation, verify.py).
             reason = jnp.where(reason == Reason.NONE, Reason.VERIFY, reason)
             flags = jnp.ones((size,), bool)
             cap = int(min(size, slots))
