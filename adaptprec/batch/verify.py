@@ -19,10 +19,12 @@ when the step passes the top rung's own tests (``ftol``: :math:`a \le` ``ftol`` 
 
 which by Cauchy–Schwarz gives :math:`|\delta_i| \le c\,\mathrm{se}_i` for every parameter
 (:math:`|e_i^\top\delta|^2 \le (e_i^\top C e_i)(\delta^\top C^{-1}\delta)`), in the same
-quantity as the ``ftol`` test: :math:`a \le c^2\,\mathrm{cost}/(m-n)`. The answer after the
-step is closer still (Gauss–Newton contracts the error by the residual-curvature factor).
-Such a fit ends with status ``XTOL`` (3): its step, judged against the standard errors, is
-negligible; ``nfev``/``njev``/``nit`` count the evaluation and the step once.
+quantity as the ``ftol`` test: :math:`a \le c^2\,\mathrm{cost}/(m-n)` (the top rung's
+``LMOptions.se_accept``, :func:`~adaptprec.batch.lm_batched.rung_ftol`; its own iterations
+stop by the same test). The answer after the step is closer still (Gauss–Newton contracts
+the error by the residual-curvature factor). Such a fit ends with status ``FTOL`` (2;
+``FTOL_XTOL``/``XTOL`` when the plain tolerances pass); ``nfev``/``njev``/``nit`` count the
+evaluation and the step once, so ``njev == nit + 1`` over both rungs.
 
 A fit that fails the check (or has ``m <= n``, no standard errors; or a zero residual,
 where only the top rung's tolerances can accept) iterates on the top rung from
@@ -30,10 +32,10 @@ where only the top rung's tolerances can accept) iterates on the top rung from
 ``[eps, lam0]``: a converged fit's small damping makes the first top-rung steps
 Gauss–Newton steps instead of restarting at ``lam0``).
 
-Why: a float32 answer near the minimum is ~1e-3 to 1e-5 standard errors from float64's;
-iterating float64 to its own ``ftol=1e-15`` costs as many float64 iterations as float64
-alone (9.2 vs 9.3 on Gpufit's 2-D Gaussian before this module), while one evaluation and
-one Gauss–Newton step settle the remaining digits that a fit's statistics can see.
+The lower rung stops below half of that (``LMOptions.se_below``, set in
+``batch/api.py``). Why: iterating float64 to its own ``ftol=1e-15`` cost as many float64
+iterations as float64 alone (9.2 vs 9.3 on Gpufit's 2-D Gaussian before this module),
+while one evaluation and one Gauss–Newton step settle the digits a fit's statistics see.
 """
 
 from __future__ import annotations
