@@ -20,12 +20,16 @@ met, for each of the two adaptive columns:
 * adaptive <= 1.25x plain f64 on every kernel;
 * adaptive <= 0.75x plain f64 on matmul-heavy kernels where a lower rung meets rtol;
 * geometric mean of adaptive / f64 <= 0.9;
-* ``linalg.solve`` default <= 0.67x f64 at n = 2048 (``--solve``).
+* ``linalg.solve`` default <= 0.67x f64 at n = 2048 (``--solve``);
+* ``--solvers``: ``solve_nlsq_batch`` default >= 2x the throughput of ``precision="f64"``
+  on 1e5 2-D Gaussian fits, every parameter within 1e-3 of its f64 standard error;
+  ``curve_fit`` default <= 0.7x ``precision="f64"`` time at m = 1e6.
 
 Usage::
 
     python benchmarks/bench_value.py                 # the kernel table
     python benchmarks/bench_value.py --solve         # plus linalg.solve at n = 2048
+    python benchmarks/bench_value.py --solvers       # solve_nlsq_batch, curve_fit vs f64
     python benchmarks/bench_value.py --rounds 15 --only mlp,elementwise
     python benchmarks/bench_value.py --throughput    # the cost model's CPU table
     python benchmarks/bench_value.py --gpu-paper     # plans under the GPU table (unmeasured)
@@ -195,6 +199,63 @@ def run_solve(rounds, n=2048):
     return float(np.median(ta)), float(np.median(tf))
 
 
+# ------------------------------------------------------------------ solver rows (issue 31.3)
+def _interleaved(fns, rounds):
+    """Median wall time of each thunk, interleaved round by round (after one warm-up)."""
+    for f in fns.values():
+        jax.block_until_ready(f())
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(f())
+            times[k].append(time.perf_counter() - t0)
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
+def run_solvers(rounds, fits=100_000, points=1_000_000):
+    """``solve_nlsq_batch`` on Gpufit's 2-D Gaussian and ``curve_fit`` of a double
+    exponential, default (adaptive) against ``precision="f64"`` (and f32) in this process.
+    The batch's agreement criterion: every parameter within 1e-3 of its f64 standard error."""
+    from adaptprec._demos.batch import gauss2d, make_problem
+
+    xy, data, _, x0 = make_problem(fits)
+    kw = dict(args=(xy,), in_axes=None, ydata=data)
+    batch = {p: (lambda p=p: ap.solve_nlsq_batch(gauss2d, x0, precision=p, **kw).x)
+             for p in ("adaptive", "f64", "f32")}
+    tb = _interleaved(batch, rounds)
+    ad = ap.solve_nlsq_batch(gauss2d, x0, **kw)
+    ref = ap.solve_nlsq_batch(gauss2d, x0, precision="f64", return_pcov=True, **kw)
+    se = np.sqrt(np.diagonal(np.asarray(ref.pcov), axis1=1, axis2=2))
+    worst = float(np.max(np.abs(np.asarray(ad.x) - np.asarray(ref.x)) / se))
+    one = float(np.mean(np.asarray(ad.njev) - np.asarray(ad.nit) == 1))
+    rows = [dict(name=f"solve_nlsq_batch {fits:.0e} fits", speed=tb["f64"] / tb["adaptive"],
+                 target=2.0, note=f"fits/s adaptive {fits / tb['adaptive']:,.0f}, f64 "
+                 f"{fits / tb['f64']:,.0f}, f32 {fits / tb['f32']:,.0f}; "
+                 f"max |x - x64|/se {worst:.1e} (<= 1e-3); verified in one f64 "
+                 f"evaluation: {one:.1%} of fits", ok=worst <= 1e-3)]
+
+    rng = np.random.default_rng(0)
+    t = jnp.asarray(np.linspace(0.0, 10.0, points))
+    y = jnp.asarray(3.0 * np.exp(-1.7 * np.asarray(t)) + 1.2 * np.exp(-0.23 * np.asarray(t))
+                    + 0.4 + 0.01 * rng.standard_normal(points))
+    p0 = np.array([2.0, 1.0, 1.0, 0.1, 0.0])
+
+    def dexp(t, a1, k1, a2, k2, c):
+        return a1 * jnp.exp(-k1 * t) + a2 * jnp.exp(-k2 * t) + c
+
+    fit = {p: (lambda p=p: ap.curve_fit(dexp, t, y, p0=p0, precision=p)[0])
+           for p in ("adaptive", "f64")}
+    tc = _interleaved(fit, max(3, rounds // 3))
+    pa, pcov = ap.curve_fit(dexp, t, y, p0=p0)
+    pf, pcov64 = ap.curve_fit(dexp, t, y, p0=p0, precision="f64")
+    worst = float(np.max(np.abs(np.asarray(pa) - np.asarray(pf)) / np.sqrt(np.diag(pcov64))))
+    rows.append(dict(name=f"curve_fit m = {points:.0e}", time=tc["adaptive"] / tc["f64"],
+                     target=0.7, note=f"f64 {tc['f64'] * 1e3:.0f} ms; max |p - p64|/se "
+                     f"{worst:.1e}", ok=worst <= 1e-3))
+    return rows
+
+
 def gpu_paper(ks):
     """The plan the cost model would choose with the GPU table (vendor peaks, unmeasured):
     rung costs and check costs from XLA's cost analysis of the same programs."""
@@ -244,6 +305,9 @@ def main():
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--only", default="")
     p.add_argument("--solve", action="store_true")
+    p.add_argument("--solvers", action="store_true",
+                   help="only the solver rows: solve_nlsq_batch (1e5 fits), curve_fit (m=1e6)")
+    p.add_argument("--fits", type=int, default=100_000)
     p.add_argument("--throughput", action="store_true")
     p.add_argument("--gpu-paper", action="store_true",
                    help="print the plans the GPU throughput table would choose")
@@ -251,6 +315,21 @@ def main():
     args = p.parse_args()
     if args.throughput:
         throughput()
+        return
+    if args.solvers:
+        print(f"solvers vs precision='f64', median of {args.rounds} interleaved rounds")
+        fails = []
+        for r in run_solvers(args.rounds, args.fits):
+            if "speed" in r:
+                line, bad = (f"throughput x{r['speed']:.2f} f64 (target >= {r['target']})",
+                             r["speed"] < r["target"])
+            else:
+                line, bad = (f"time {r['time']:.2f} x f64 (target <= {r['target']})",
+                             r["time"] > r["target"])
+            print(f"{r['name']}: {line}; {r['note']}", flush=True)
+            if bad or not r["ok"]:
+                fails.append(r["name"])
+        print("targets met" if not fails else "targets NOT met: " + ", ".join(fails))
         return
     ks = kernels(np.random.default_rng(0))
     if args.only:

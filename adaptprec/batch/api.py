@@ -26,6 +26,7 @@ from .escalation import RungPlan, solve_ladder
 from .implicit import implicit_solution
 from .lm_batched import LMOptions, make_fj
 from .result import BatchResult
+from .verify import SE_FRACTION
 from .sharding import (infer_mesh, raise_together, run_chunked_local, shard_solve,
                        spans_processes)
 
@@ -34,6 +35,11 @@ __all__ = ["solve_nlsq_batch"]
 # A rung stops once progress is below what it can resolve: tolerance
 # max(tol, _RUNG_TOL * u_rung) (for float64 and scipy's defaults that is the user's tol).
 _RUNG_TOL = 16.0
+# On an adaptive ladder a lower rung stops at this fraction of the standard errors: half
+# of what the top rung's one-evaluation check accepts (verify.SE_FRACTION), a margin for
+# the lower rung's rounding (2-D Gaussian, 2500 fits: all accepted at 0.5 and 0.25; one
+# fit iterated on float64 at 1.0).
+LOW_RUNG_SE_FRACTION = 0.5 * SE_FRACTION
 
 
 class _Config(NamedTuple):
@@ -63,11 +69,19 @@ def _ladder(precision) -> Ladder:
 
 def _plans(ladder: Ladder, ftol, xtol, gtol, max_steps, loss="linear", f_scale=1.0) -> tuple:
     plans = []
-    for d in ladder:
+    rungs = tuple(ladder)
+    for i, d in enumerate(rungs):
         acc = np.promote_types(d, np.float32)
         t = _RUNG_TOL * unit_roundoff(d)
+        # an adaptive ladder's answer is judged against the standard errors: a lower rung
+        # stops below half of what the top rung's one-evaluation check accepts
+        # (batch/verify.py), which the top rung's own Gauss-Newton test then accepts too
+        top = i == len(rungs) - 1
+        multi = len(rungs) > 1
         opts = LMOptions(max(ftol, t), max(xtol, t), max(gtol, t), max_steps, loss=loss,
-                         f_scale=f_scale)
+                         f_scale=f_scale,
+                         se_below=LOW_RUNG_SE_FRACTION if multi and not top else 0.0,
+                         se_accept=SE_FRACTION if multi and top else 0.0)
         plans.append(RungPlan(np.dtype(d), np.dtype(acc), opts))
     return tuple(plans)
 
@@ -223,8 +237,10 @@ def solve_nlsq_batch(
     :mod:`adaptprec.batch.lm_batched`), with the batch axis explicit: converged fits are
     frozen, stragglers are compacted into smaller buffers, and each fit escalates through
     the precision ladder on its own (float32 first; every fit then finishes in float64 from
-    where float32 left it, usually in one to three iterations, so a converged answer is
-    always verified in float64 — the same guarantee as :func:`adaptprec.solve_nlsq`).
+    where float32 left it: one float64 evaluation verifies it, accepting a Gauss–Newton
+    step below 1e-3 of every parameter's standard error, and only fits failing that check
+    iterate in float64, :mod:`adaptprec.batch.verify`). The default's parameters agree
+    with ``precision="f64"``'s to 1e-3 of their standard errors.
 
     Args:
         fun: the residual ``fun(x, *args) -> (m,)`` of one fit, or with ``ydata`` the model

@@ -22,9 +22,13 @@ flagged than the buffer holds, the buffer is refilled in rounds inside one
 ``lax.while_loop``, so cost tracks the number of flagged fits and nothing overflows.
 On an intermediate rung, fits that are not flagged keep their answer and cost nothing
 more there. The top rung takes every fit, flagged or not, from where it stopped: a lower
-rung never ends a solve (DESIGN.md), so every converged answer has its final evaluation and
-convergence test in the top precision, as in :func:`adaptprec.solve_nlsq`. From a
-bottom-rung solution that costs one to three top-rung iterations per fit.
+rung never ends a solve (DESIGN.md), so every answer has its final evaluation and
+convergence test in the top precision. With ``strategy="staged"`` that test is ONE
+evaluation per fit (:mod:`~adaptprec.batch.verify`: the gradient test and the
+Gauss–Newton step, judged against the tolerances and the parameters' standard errors);
+only the fits it does not accept iterate on the top rung, with their damping carried
+over. ``strategy="stream"`` iterates every fit on the top rung (one to three iterations
+from a bottom-rung solution).
 
 Why not :func:`adaptprec.iterate` with a per-fit :class:`~adaptprec.schedule.PrecisionSchedule`?
 With an explicit batch axis a ``lax.switch`` over rungs per fit degenerates into running
@@ -50,6 +54,7 @@ from .cholesky import cholesky_solve
 from .compaction import (empty_state, gather, plan_capacities, run_compacted, run_streaming,
                          scatter, select)
 from .lm_batched import LMOptions, LMState, gradient_cosine, lm_init, make_fj
+from .verify import finish_on_top
 
 __all__ = ["RungPlan", "escalation_flags", "escalation_reasons", "scaled_condition",
            "solve_ladder"]
@@ -198,8 +203,8 @@ def solve_ladder(residual: Callable, x0, bargs, sargs, plans: tuple[RungPlan, ..
         reason = jnp.where(why != Reason.NONE, why, reason)
         if k == len(plans) - 1:
             # A lower rung never ends a solve: every fit finishes on the top rung, from
-            # where it stopped (typically 1-3 iterations there), so a converged answer has
-            # its final evaluation and convergence test in the top precision.
+            # where it stopped, so an answer has its final evaluation and convergence test
+            # in the top precision (staged: one evaluation, verify.py).
             reason = jnp.where(reason == Reason.NONE, Reason.VERIFY, reason)
             flags = jnp.ones((size,), bool)
             cap = int(min(size, slots))
@@ -207,6 +212,12 @@ def solve_ladder(residual: Callable, x0, bargs, sargs, plans: tuple[RungPlan, ..
             flags = why != Reason.NONE
             cap = int(min(size, escalate_capacity))
         fj = make_fj(residual, plan.dtype, plan.acc_dtype)
+        if k == len(plans) - 1 and strategy == "staged":
+            # one top-rung evaluation verifies every fit (verify.py); only the fits it
+            # does not accept iterate there, with their damping carried over
+            s = finish_on_top(fj, s, bargs, sargs, plan.opts, caps(size))
+            rung = jnp.full((size,), k, jnp.int32)
+            continue
         if strategy == "stream":
             nslots, nrefill = lanes(cap)
 

@@ -70,10 +70,12 @@ from ..nlsq.common import robust_cost, scale_for_robust_loss
 from ._fits_last import vmap_last
 from .cholesky import cholesky_solve_fits_last
 
-__all__ = ["LMOptions", "LMState", "ResidualJacobian", "make_fj", "lm_init", "lm_step",
+__all__ = ["LMOptions", "LMState", "ResidualJacobian", "make_fj", "rung_ftol", "lm_init", "lm_step",
            "lm_run", "gradient_cosine", "held_by_bounds"]
 
 _ACCEPT = 1e-4
+# rounding level of a cost evaluation, relative to the cost, in eps * sqrt(m)
+_QUIET = 16.0
 _LAMBDA_MAX = 1e16
 
 
@@ -94,6 +96,42 @@ class LMOptions(NamedTuple):
     loss: object = "linear"   # a name from adaptprec.nlsq.common.LOSSES or a callable rho(z)
     f_scale: float = 1.0
     gram: str = "packed"      # "packed" (_gram) or "einsum" (batched dots; XLA defaults)
+    # Adaptive ladders judge steps against the standard errors (batch/verify.py): a
+    # lower rung stops only once its Gauss-Newton step is below se_below standard errors
+    # (its ftol at most se_below^2 / (m - n)); the top rung also accepts a step below
+    # se_accept standard errors (its Gauss-Newton test's ftol at least se_accept^2/(m-n)).
+    se_below: float = 0.0
+    se_accept: float = 0.0
+
+
+def rung_ftol(opts: LMOptions, m: int, n: int, gauss_newton: bool = True) -> float:
+    r"""The ``ftol`` of a rung's Gauss–Newton test (``gauss_newton=False``: of MINPACK's
+    test on the actual and predicted reductions) for ``m`` residuals, ``n`` parameters.
+
+    A Gauss–Newton step :math:`\delta` of ``c`` standard errors in the covariance's metric
+    (:math:`\delta^\top J^\top J\delta = c^2 s^2`, :math:`s^2 = 2\,\mathrm{cost}/(m-n)`)
+    has the available reduction :math:`c^2\,\mathrm{cost}/(m-n)`: ``se_below`` caps
+    ``ftol`` at that (both tests), ``se_accept`` raises the Gauss–Newton test's to it (the
+    MINPACK test, whose damped prediction can be far below the Gauss–Newton step's, keeps
+    ``opts.ftol``). Without degrees of freedom (``m <= n``) both are off.
+
+    Example:
+        >>> from adaptprec.batch.lm_batched import LMOptions, rung_ftol
+        >>> o = LMOptions(1e-6, 1e-6, 1e-6, 9)
+        >>> rung_ftol(o, 25, 5), rung_ftol(o._replace(se_below=1e-3), 25, 5)
+        (1e-06, 5e-08)
+        >>> top = LMOptions(1e-15, 1e-10, 1e-10, 9, se_accept=1e-3)
+        >>> rung_ftol(top, 25, 5), rung_ftol(top, 25, 5, gauss_newton=False), rung_ftol(top, 5, 5)
+        (5e-08, 1e-15, 1e-15)
+    """
+    ftol = opts.ftol
+    if m <= n:
+        return ftol
+    if opts.se_below > 0:
+        ftol = min(ftol, opts.se_below ** 2 / (m - n))
+    if gauss_newton and opts.se_accept > 0:
+        ftol = max(ftol, opts.se_accept ** 2 / (m - n))
+    return ftol
 
 
 class LMState(NamedTuple):
@@ -345,12 +383,12 @@ def _damped_solve(jtj, g, shift, x, bounds):
     return cholesky_solve_fits_last(a, jnp.where(free, -g, 0), jnp.where(held, 1, shift))
 
 
-def _gauss_newton_test(cost, jtj, jtf, d2, x, opts: LMOptions, bounds=None):
+def _gauss_newton_test(cost, jtj, jtf, d2, x, opts: LMOptions, bounds=None, ftol=None):
     """(ftol, xtol) verdicts of the Gauss–Newton step at the current point (see step 6)."""
     eps = 16.0 * float(np.finfo(jtj.dtype).eps) / 2
     dx = _damped_solve(jtj, jtf, eps * d2, x, bounds)
     avail = 0.5 * jnp.abs(jnp.sum(jtf * dx, axis=0))
-    f_ok = avail <= opts.ftol * cost
+    f_ok = avail <= (opts.ftol if ftol is None else ftol) * cost
     dxn = jnp.sqrt(jnp.sum(d2 * dx * dx, axis=0))
     xnorm = jnp.sqrt(jnp.sum(d2 * x * x, axis=0))
     x_ok = dxn <= opts.xtol * (opts.xtol + xnorm)
@@ -432,16 +470,27 @@ def _step(fj: ResidualJacobian, s: LMState, bargs, sargs, opts: LMOptions) -> LM
     rel_pred = jnp.where(pos, pred / safe_cost, 0)
     rho = jnp.where(finite & (pred > 0), actred / jnp.where(pred > 0, pred, 1), -1)
     rho = jnp.where(jnp.isfinite(rho), rho, -1)
+    tiny = float(np.finfo(acc).eps)
+    if opts.se_below > 0:
+        # A rung whose answer the top rung verifies goes below its rounding-level ftol,
+        # where the cost's change is rounding noise and the gain ratio a coin flip:
+        # there a step predicted and measured to change the cost by less than the
+        # evaluation's rounding is taken as a model step (judged by the Gauss-Newton
+        # test and, at the end, by the top rung), not rejected into growing damping.
+        level = _QUIET * tiny * float(np.sqrt(f.shape[0]))
+        quiet = finite & pos & (rel_pred <= level) & (jnp.abs(rel_act) <= level)
+        rho = jnp.where(quiet & ~(rho > _ACCEPT), 1.0, rho)
     accept = active & finite & (rho > _ACCEPT)
 
     # Nielsen damping update
     shrink = jnp.maximum(1.0 / 3.0, 1.0 - (2.0 * rho - 1.0) ** 3)
-    tiny = float(np.finfo(acc).eps)
     lam_n = jnp.where(accept, jnp.maximum(s.lam * shrink, tiny), s.lam * s.nu)
     nu_n = jnp.where(accept, 2.0, 2.0 * s.nu)
 
     # termination tests (MINPACK lmder / scipy)
-    ftol_ok = (jnp.abs(rel_act) <= opts.ftol) & (rel_pred <= opts.ftol) & (rho <= 2.0)
+    m, n = f.shape[0], s.x.shape[0]
+    ftol = rung_ftol(opts, m, n, gauss_newton=False)
+    ftol_ok = (jnp.abs(rel_act) <= ftol) & (rel_pred <= ftol) & (rho <= 2.0)
     dxn = jnp.sqrt(jnp.sum(s.d2 * dx * dx, axis=0))
     xnew = jnp.where(accept, xn, s.x)
     xnorm = jnp.sqrt(jnp.sum(s.d2 * xnew * xnew, axis=0))
@@ -455,7 +504,8 @@ def _step(fj: ResidualJacobian, s: LMState, bargs, sargs, opts: LMOptions) -> LM
     jtf = pick(jtf_n, s.jtf)
     d2 = pick(jnp.maximum(s.d2, d2_n), s.d2)
     gtol_ok = accept & (_gradient_cosine(cost, jtj, jtf) <= opts.gtol)
-    gn_f, gn_x = _gauss_newton_test(cost, jtj, jtf, d2, xnew, opts, bounds)
+    gn_f, gn_x = _gauss_newton_test(cost, jtj, jtf, d2, xnew, opts, bounds,
+                                    rung_ftol(opts, m, n))
     gn_f = accept & gn_f
     gn_x = accept & gn_x
     nit = s.nit + active.astype(jnp.int32)
