@@ -106,6 +106,19 @@ def nan_to_inf(x):
     return jnp.where(jnp.isnan(x), jnp.inf, x)
 
 
+def nan_max_abs(x, axis=None):
+    """``max |x|`` (over ``axis``) in which a NaN entry counts as ``inf``: the inf-norm
+    for a finite, headroom or backward-error test that a NaN must fail.
+
+    A plain ``jnp.max`` under jit on XLA:CPU (JAX 0.10.2) drops NaN once the reduced
+    operand has 4096 entries or more (whatever the axis; an all-NaN operand gives
+    ``-inf``), and returns NaN below that. Known upstream as XLA:CPU max/min NaN
+    semantics: openxla/xla#21461 (reduce max of a NaN parameter returns the finite
+    value) and tensorflow/tensorflow#116992 (CPU XLA drops NaN in reduce_max).
+    """
+    return jnp.max(jnp.where(jnp.isnan(x), jnp.inf, jnp.abs(x)), axis=axis)
+
+
 def _count(flags: Callable, *xs) -> jax.Array:
     """How many entries ``flags(*xs)`` sets (float32), as a materialized float sum
     (boolean reductions are slow on XLA:CPU). ``None`` operands pass through."""

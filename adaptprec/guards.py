@@ -446,8 +446,9 @@ class _Headroom(Guard):
     def check(self, ctx):
         big = max_value(ctx.dtype)
         ratio = jnp.float32(0)
+        from ._first_order import nan_max_abs    # a NaN must fail the guard (issue 31)
         for x in _float_leaves(ctx.out):
-            m = jnp.max(jnp.abs(x.astype(_wide(x.dtype)))) if x.size else 0.0
+            m = nan_max_abs(x.astype(_wide(x.dtype))) if x.size else 0.0
             # 1/max is subnormal for bf16/f32/f64 and XLA:CPU flushes it to zero; it also
             # rewrites any division by a constant into a product with the reciprocal, so
             # m * (1/max) was always 0 and the guard never fired (newcomer audit 3). In
@@ -705,8 +706,9 @@ class _BackwardError(Guard):
         wide = _wide(jnp.result_type(a, b, x, ctx.dtype))
         a, b, x = a.astype(wide), b.astype(wide), x.astype(wide)
         r = b - jnp.matmul(a, x, precision=jax.lax.Precision.HIGHEST)
-        a_norm = jnp.max(jnp.sum(jnp.abs(a), axis=1))
-        eta = jnp.max(jnp.abs(r)) / (a_norm * jnp.max(jnp.abs(x)) + jnp.max(jnp.abs(b)))
+        from ._first_order import nan_max_abs    # a NaN must fail the guard (issue 31)
+        a_norm = nan_max_abs(jnp.sum(jnp.abs(a), axis=1))
+        eta = nan_max_abs(r) / (a_norm * nan_max_abs(x) + nan_max_abs(b))
         eta = jnp.where(jnp.isnan(eta), jnp.inf, eta)
         n = a.shape[-1]
         tol = self.c * math.sqrt(n) * ctx.u if self.tol is None else self.tol
@@ -1003,12 +1005,13 @@ def output_error(mine, ref) -> jax.Array:
         >>> float(output_error([jnp.array([1.0, 2.0])], [jnp.array([1.0, 2.2])]))  # doctest: +ELLIPSIS
         0.0909...
     """
+    from ._first_order import nan_to_inf    # a max drops NaN on XLA:CPU (issue 31)
     err = jnp.float32(0)
     for a, b in zip(mine, ref):
         a, b = jnp.asarray(a), jnp.asarray(b)
         if _is_floating_array(a) and _is_floating_array(b):
             w = _wide(jnp.promote_types(a.dtype, b.dtype))
-            d = jnp.max(jnp.abs(a.astype(w) - b.astype(w)), initial=0.0)
+            d = jnp.max(nan_to_inf(jnp.abs(a.astype(w) - b.astype(w))), initial=0.0)
             e = jnp.where(d == 0, 0.0, d / jnp.max(jnp.abs(b.astype(w)), initial=0.0))
         else:
             e = jnp.where(jnp.any(a != b), jnp.inf, 0.0)

@@ -267,3 +267,25 @@ def test_error_estimates_see_a_nan_in_a_large_array():
             [y], [bad * 1e-9], cw)))
     assert np.isinf(float(jax.jit(error_of_samples)([y], [bad])))
     assert float(jax.jit(error_of_samples)([y], [y])) == 0.0
+
+
+def test_headroom_backward_error_and_output_error_fail_on_a_nan_in_5000_entries():
+    # each took a plain max over the output, which XLA:CPU's jit drops a NaN from at
+    # 4096+ entries: the NaN output passed headroom and backward_error, and compared
+    # equal to a finite reference in output_error (issue 31)
+    n = 5000
+    bad = jnp.ones(n).at[7].set(jnp.nan)
+    r = jax.jit(lambda x: guards.headroom(0.5).evaluate(lambda y: y * 2.0, x,
+                                                         dtype="f32"))(bad)
+    assert not bool(r.ok) and guards.code_name(r.code) == "overflow"
+    assert np.isinf(float(jax.jit(guards.output_error)([bad], [jnp.ones(n)])))
+    # backward_error: the NaN also spreads through the residual's matmul, and that fused
+    # max kept it before the fix too; this checks the guard still fails it
+    a = jnp.eye(50) * 2.0
+    b = jnp.ones((50, 100))                     # x of 5000 entries, one NaN
+    x_bad = (b / 2.0).at[3, 7].set(jnp.nan)
+    r = jax.jit(lambda a, b: guards.backward_error().evaluate(
+        lambda A, B: x_bad, a, b, dtype="f64"))(a, b)
+    assert not bool(r.ok) and np.isinf(float(r.value))
+    assert bool(jax.jit(lambda a, b: guards.backward_error().evaluate(
+        lambda A, B: B / 2.0, a, b, dtype="f64"))(a, b).ok)

@@ -454,3 +454,19 @@ def test_matmul_never_lowers_float64_without_x64():
         np.testing.assert_allclose(c, a @ a, rtol=1e-13)
         c = ap.linalg.matmul(a, a, policy="c=f32,o=f32")    # asked for: fine
         assert c.dtype == jnp.float32
+
+
+def test_column_norms_see_a_nan_in_5000_entries():
+    # the refinements' convergence, stall and backward-error tests read column inf-norms;
+    # a plain max under jit drops a NaN from 4096 entries on (XLA:CPU, issue 31)
+    from adaptprec.linalg.lstsq import _measures
+    from adaptprec.linalg.solve import _colnorm
+    x = jnp.ones((1, 50, 100)).at[0, 3, 7].set(jnp.nan)      # (batch, n, k)
+    xn = jax.jit(_colnorm)(x)
+    assert np.isinf(float(xn[0, 7])) and float(xn[0, 8]) == 1.0
+    A = jnp.ones((1, 50, 1))
+    r = jnp.zeros((1, 50, 100)).at[0, 3, 7].set(jnp.nan)
+    _, _, eta, fit = jax.jit(_measures)(A, jnp.ones((1, 50, 100)), jnp.ones((1, 1, 100)),
+                                        r, jnp.ones(1), jnp.ones(1))
+    assert not np.isfinite(float(eta[0, 7]))
+    assert np.isinf(float(fit[0, 7])) and float(fit[0, 8]) == 0.0

@@ -34,6 +34,7 @@ from jax import lax
 from jax.custom_batching import custom_vmap
 
 from .._compaction import capacity_for, recompute_rows
+from .._first_order import nan_max_abs
 from .._normest import norm1_estimate
 from .._status import Reason, Status
 from .._x64_rule import float64_call
@@ -84,8 +85,10 @@ def _measures(A, B, x, r, ninf, n1):
     g = -jnp.matmul(jnp.swapaxes(A, -1, -2), r)
     scale = ninf[:, None] * jnp.max(jnp.abs(x), axis=1) + jnp.max(jnp.abs(B), axis=1)
     safe = jnp.where(scale > 0, scale, 1)
-    eta = jnp.max(jnp.abs(g), axis=1) / (n1[:, None] * safe)
-    fit = jnp.max(jnp.abs(f), axis=1) / safe
+    # NaN counts as inf (a plain max drops it from 4096 entries on under XLA:CPU: issue
+    # 31), so the refinement stalls on a NaN instead of converging on it
+    eta = nan_max_abs(g, axis=1) / (n1[:, None] * safe)
+    fit = nan_max_abs(f, axis=1) / safe
     return f, g, eta, fit
 
 
@@ -165,7 +168,7 @@ def _lstsq_core(A, B, *, storage, compute, max_iters, tol, capacity):
         stalled = stalled | ~(jnp.isfinite(eta) & jnp.isfinite(fit))
         active = ~conv & ~stalled & (it < max_iters)
         dx, dr = low_aug(f, g)
-        dxn = jnp.max(jnp.abs(dx), axis=1)
+        dxn = nan_max_abs(dx, axis=1)      # a NaN correction fails the contraction test
         # the corrections must contract (rate ~ kappa u_factor); otherwise give up
         stalled = stalled | (active & (it > 0) & ~(dxn <= _STAGNATION * dxn_prev))
         active = active & ~stalled
