@@ -186,6 +186,7 @@ def test_linear_model_under_vmap_and_grad():
         np.testing.assert_allclose(np.asarray(g), (np.arange(5.0) - 2.0) / 10.0, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_failed_fit_under_jit_is_nan_not_an_answer():
     # newcomer audit: under jit nothing can raise, and popt looked like a real answer
     @jax.jit

@@ -351,6 +351,7 @@ def test_non_identifiable_product_keeps_finite_errors_for_the_rest(fits):
     assert "not identifiable" in str(res)
 
 
+@pytest.mark.slow
 def test_combination_names():
     from adaptprec.analysis.identifiability import (describe_null_space, name_combination,
                                                     subspace_covariance)
@@ -372,6 +373,7 @@ def test_combination_names():
                                        "a·b^2": 18.0}[expected])
 
 
+@pytest.mark.slow
 def test_strong_correlation_runs_and_bound_flags():
     rng = np.random.default_rng(7)
     x = np.linspace(100.0, 101.0, 20)          # intercept and slope: rho ~ -1
@@ -389,6 +391,7 @@ def test_strong_correlation_runs_and_bound_flags():
     assert any("km is at a bound" in d for d in res.diagnostics)
 
 
+@pytest.mark.slow
 def test_sloppy_direction_is_flagged():
     rng = np.random.default_rng(11)
     t = np.linspace(0.0, 1.0, 15)   # two close rates, short window, noisy: sloppy
@@ -456,6 +459,7 @@ def test_batch_summary_matches_single_fit_reports(mm_batch):
     assert summ.counts()["failed"] == 0
 
 
+@pytest.mark.slow
 def test_batch_summary_under_jit_and_flags(mm_batch):
     fun, s, Y, res = mm_batch
     eager = ap.summarize_batch(res, fun, (s,), in_axes=None, ydata=Y)
@@ -484,6 +488,7 @@ def test_batch_summary_under_jit_and_flags(mm_batch):
 # ------------------------------------------------------------------ x64 off
 
 
+@pytest.mark.slow
 def test_fit_with_x64_off_returns_float64():
     from _subprocess import run_python
 
@@ -500,6 +505,7 @@ def test_fit_with_x64_off_returns_float64():
     assert proc.stdout.split() == ["float64", "float64", "float64", "True", "float32"]
 
 
+@pytest.mark.slow
 def test_jacobi_svd_matches_lapack():
     from adaptprec.analysis.identifiability import _jacobi_svd
 
@@ -512,6 +518,7 @@ def test_jacobi_svd_matches_lapack():
         np.testing.assert_allclose(np.abs(np.asarray(Vt) @ Vt0.T), np.eye(n), atol=1e-9)
 
 
+@pytest.mark.slow
 def test_covariance_sigma_and_one_parameter_profile():
     rng = np.random.default_rng(0)
     x = np.linspace(0.1, 2.0, 12)

@@ -90,6 +90,7 @@ def test_singular_is_inf_and_bad_input():
 
 
 # (slow: ~11s; CI runs the slow job too: keeps the default run near 10 min on 2 cores)
+@pytest.mark.slow
 @pytest.mark.parametrize("factor", ["f32", pytest.param("bf16", marks=pytest.mark.slow),
                                     pytest.param("f16", marks=pytest.mark.slow)])
 def test_gmres_ir_beyond_its_factors_is_honest(factor):
@@ -107,6 +108,7 @@ def test_gmres_ir_beyond_its_factors_is_honest(factor):
             assert int(info.status) == want and not bool(info.fell_back)
 
 
+@pytest.mark.slow
 def test_factors_at_the_working_precision_are_screened():
     """Newcomer audit 5: with the factors in the working precision (x64 off's
     ``working="f32"``; ``factor="f64"``) LU-IR accepts x0 at once whatever kappa, and
@@ -137,6 +139,7 @@ def test_entries_near_the_range_limits_are_solved(scale):
         assert np.abs(np.asarray(x) - x_true).max() < 1e-12, solver
 
 
+@pytest.mark.slow
 def test_a_solve_without_working_precision_backward_error_is_not_converged():
     """Newcomer audit 5: assume_a="pos" with a non-symmetric A (the Cholesky reads one
     triangle, as scipy's) said CONVERGED with its own backward error 0.13."""

@@ -105,7 +105,7 @@ def _blocked_key_used(fn):
     return [k[4].point_axes for k in _cache if k[0] is fn]
 
 
-@pytest.mark.parametrize("loss", ["linear", "soft_l1"])
+@pytest.mark.parametrize("loss", ["linear", pytest.param("soft_l1", marks=pytest.mark.slow)])
 def test_blocked_matches_unblocked(loss):
     args = (jnp.asarray(TB), jnp.asarray(YB_OUT if loss != "linear" else YB))
     kw = dict(loss=loss, f_scale=0.05, precision="f64", ftol=1e-15, xtol=1e-15, gtol=1e-15)
@@ -167,6 +167,7 @@ def test_blocked_trace_count_is_bounded():
     assert calls["n"] == 5
 
 
+@pytest.mark.slow
 def test_blocked_jit_vmap_grad():
     t = jnp.asarray(TB)
 

@@ -90,6 +90,7 @@ def test_plot_fit_bad_input():
         ap.plot_fit(np.ones(3), model, X)
 
 
+@pytest.mark.slow
 def test_plot_batch(tmp_path):
     t = jnp.linspace(0.0, 1.0, 8)
     k = jnp.linspace(0.5, 2.0, 24)

@@ -312,6 +312,7 @@ def test_layered_training_example_runs_under_a_minute():
     assert elapsed < 60, elapsed
 
 
+@pytest.mark.slow
 def test_equinox_module_as_params():
     import equinox as eqx
     model = eqx.nn.MLP(4, 1, 8, 2, key=jax.random.PRNGKey(0))
