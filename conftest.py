@@ -32,6 +32,7 @@ collect_ignore_glob = ["adaptprec/__main__.py"]
 _SLOW_DOCTESTS = {
     "adaptprec.batch.compaction.run_compacted",
     "adaptprec.batch.compaction.run_streaming",
+    "adaptprec.batch.escalation.escalation_reasons",
     "adaptprec.batch.escalation.solve_ladder",
     "adaptprec.batch.implicit.implicit_solution",
     "adaptprec.batch.lm_batched.lm_init",
@@ -40,9 +41,9 @@ _SLOW_DOCTESTS = {
     "adaptprec.linalg._blocked_lu.blocked_lu",
     "adaptprec.nlsq._lsmr.solve_trust_region_2d",
     "adaptprec.nlsq._multistart",
-    "adaptprec.nlsq._multistart.solve_multistart",
     "adaptprec.nlsq.dogbox",
     "adaptprec.nlsq.trf.trf_lsmr_step",
+    "adaptprec._plot.plot_fit_result",
 }
 
 

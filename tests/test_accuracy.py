@@ -30,7 +30,7 @@ def _run(fn, inputs, rtol, **kw):
 
 # one kernel per failure mode in the default run, the rest of the suite in the slow one
 @pytest.mark.parametrize("name", [pytest.param(k, marks=pytest.mark.slow)
-                                  if k in ("naive_variance", "naive_sum", "ill_conditioned_solve")
+                                  if k in ("naive_variance", "naive_sum", "ill_conditioned_solve", "quadratic")
                                   else k for k in FAILING])
 def test_failing_kernels_escalate_to_an_accurate_answer(name):
     fn, make = FAILING[name]

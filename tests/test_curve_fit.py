@@ -173,6 +173,7 @@ def test_curve_fit_bad_input():
         ap.curve_fit(model, X[:0], Y[:0], p0=P0)
 
 
+@pytest.mark.slow
 def test_linear_model_under_vmap_and_grad():
     # newcomer audit: a model linear in its parameters has a Jacobian free of the traced
     # ydata, so the NumPy covariance route was taken with a traced cost (crash)

@@ -72,6 +72,7 @@ def cold(tmp_path_factory):
     return d, _fit({"ADAPTPREC_CACHE_DIR": d})
 
 
+@pytest.mark.slow
 def test_cold_process_writes_and_warm_process_loads_without_compiling(cold):
     d, first = cold
     assert first["stats"]["compiles"] >= 4 and first["stats"]["disk_writes"] >= 4

@@ -443,6 +443,7 @@ def mm_batch():
     return fun, s, Y, res
 
 
+@pytest.mark.slow
 def test_batch_summary_matches_single_fit_reports(mm_batch):
     fun, s, Y, res = mm_batch
     summ = ap.summarize_batch(res, fun, (s,), in_axes=None, ydata=Y)

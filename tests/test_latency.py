@@ -56,7 +56,8 @@ def _agree(name):
         np.testing.assert_array_equal(np.asarray(a.rung_nfev), np.asarray(b.rung_nfev))
 
 
-@pytest.mark.parametrize("name", HANDFUL)
+@pytest.mark.parametrize("name", [n if n == "Kirby2" else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in HANDFUL])
 def test_drivers_agree_on_nist(name):
     _agree(name)
 

@@ -205,6 +205,7 @@ def _sin_loss(refine):
     return f
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("refine", [
     "lu", pytest.param("gmres", marks=pytest.mark.slow)])
 def test_jvp_vs_finite_differences_and_grad(refine):

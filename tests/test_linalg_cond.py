@@ -66,6 +66,7 @@ def test_random_prescribed_singular_values(kappa):
         assert within3(float(_cond_inf(A)), exact(A, np.inf))
 
 
+@pytest.mark.slow
 def test_given_float32_factors_batch_and_vmap():
     A = np.stack([prescribed(1e3, s) for s in range(4)])
     lu, piv, perm = jax.lax.linalg.lu(jnp.asarray(A, jnp.float32))

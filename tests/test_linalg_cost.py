@@ -42,6 +42,7 @@ def _count(hlo, pattern):
     return len(re.findall(pattern, hlo))
 
 
+@pytest.mark.slow
 def test_default_call_runs_no_condition_solves(default_hlo):
     A, b = _system()
     eager = _entry(lambda A, b: ap.linalg.solve(A, b, estimate_cond=True), A, b)
@@ -60,7 +61,7 @@ def test_factor_is_one_lapack_call_without_copies(default_hlo):
     assert _count(default_hlo, "lapack_sgetrf_ffi") == 1
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [pytest.param(np.float32, marks=pytest.mark.slow), np.float64])
 def test_direct_getrf_is_bit_identical_to_lax_lu(dtype):
     rng = np.random.default_rng(1)
     a = jnp.asarray(rng.standard_normal((3, 20, 20)), dtype)

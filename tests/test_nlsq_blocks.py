@@ -125,6 +125,7 @@ def test_blocked_matches_unblocked(loss):
     np.testing.assert_allclose(rb.grad, ru.grad, atol=1e-6 * float(jnp.max(jnp.abs(ru.jac))))
 
 
+@pytest.mark.slow
 def test_blocked_adaptive_reaches_the_float64_minimum():
     args = (jnp.asarray(TB), jnp.asarray(YB))
     ref = ap.solve_nlsq(dexp_res_unblocked, PB0, args=args, precision="f64",
@@ -136,6 +137,7 @@ def test_blocked_adaptive_reaches_the_float64_minimum():
     np.testing.assert_allclose(r.x, ref.x, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_blocked_2d_data_curve_fit_and_pcov():
     X = np.stack([TB, np.cos(TB)])
     y = 1.5 * np.exp(-0.8 * X[0]) + 0.4 * X[1] + 0.01 * _rng.standard_normal(MB)

@@ -241,6 +241,7 @@ def test_multistart_helper_spreads_and_keeps_x0():
     assert len(np.unique((Xb[1:, 0] // 25).astype(int))) == 8  # one per stratum
 
 
+@pytest.mark.slow
 def test_multistart_fixes_a_far_start():
     # MGH09 from a perturbed start 1 (sweep seed 1, row p3): the single solve ends at a
     # local minimum (cost 2.1e-4, gtol); 8 starts on the batched engine find the

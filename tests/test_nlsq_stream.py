@@ -104,6 +104,7 @@ def test_one_program_for_every_length(data, streamed):
     assert len(_chunks._programs) == before
 
 
+@pytest.mark.slow
 def test_curve_fit_popt_pcov(data):
     t, y = data
     sig = np.full(M, 0.01)

@@ -293,6 +293,7 @@ def test_well_posed_solve_info_has_no_note():
     assert "huge" not in repr(linfo)
 
 
+@pytest.mark.slow
 def test_residual_norm_under_jit_and_vmap():
     import jax
 

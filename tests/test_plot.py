@@ -38,6 +38,7 @@ def _render(fig, tmp_path, name):
     assert type(fig.canvas).__name__ in ("FigureCanvasBase", "FigureCanvasAgg")
 
 
+@pytest.mark.slow
 def test_plot_fit_data_residuals_and_cost_by_rung(fitted, tmp_path):
     out, trace = fitted
     popt, result = out[0], out[2]["result"]

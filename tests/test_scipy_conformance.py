@@ -145,6 +145,7 @@ def test_residual_2d():
         ap.solve_nlsq(lambda x: jnp.array([x, x ** 2, x ** 3]), 2.0)
 
 
+@pytest.mark.slow
 def test_jac_1d():
     res = ap.solve_nlsq(fun_trivial, 2.0, jac=jac_trivial, method="trf")
     assert abs(float(res.x[0])) < 1e-4
@@ -317,6 +318,7 @@ def test_fd_steps_in_box():
             assert bool(res.success) and np.isfinite(float(res.cost)), (method, jac)
 
 
+@pytest.mark.slow
 def test_default_x_scale():
     """scipy's per-method default (newcomer audit 4: with adaptprec's former 'jac' for
     every method, this arctan-loss trf fit ran 402 evaluations off to +-3e3 where
@@ -345,6 +347,7 @@ def test_jac_invalid():
         ap.curve_fit(line, X, Y, jac="nonsense")
 
 
+@pytest.mark.slow
 def test_kwargs():
     res = ap.solve_nlsq(fun_trivial, 2.0, kwargs={"a": 3.0}, method="trf")
     assert np.allclose(res.x, 3.0, rtol=1e-4)
@@ -399,6 +402,7 @@ def test_lm_n_gt_m():
         ap.curve_fit(lambda x, a, b, c: a * x + b + c, X[:2], Y[:2], method="lm")
 
 
+@pytest.mark.slow
 def test_curve_fit_maxfev():
     with pytest.raises(RuntimeError, match="Optimal parameters not found"):
         ap.curve_fit(expo, X, Y, p0=[1.0, 1.0], maxfev=2)

@@ -197,6 +197,7 @@ def test_has_aux_and_output_dtype():
     np.testing.assert_allclose(out.grads, [0.0, 2.0, 8.0])
 
 
+@pytest.mark.slow
 def test_vmap_per_example_grads():
     params = init_mlp(jax.random.PRNGKey(3))
     xs, y = make_data()
