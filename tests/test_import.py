@@ -42,7 +42,6 @@ def test_subpackages_and_unknown_names():
         ac.not_a_name  # noqa: B018
 
 
-@pytest.mark.slow
 def test_import_leaves_the_backend_alone_so_fork_workers_run():
     # newcomer audit 6: `import adaptprec` initialised XLA's backend (a module-level
     # cpu_jit asked for the default backend), and a fork-started worker (ProcessPoolExecutor's

@@ -162,6 +162,7 @@ def test_batched_vectors_and_broadcast_b():
     np.testing.assert_allclose(x2[1], 2 * x[1], rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_vmap_matches_loop():
     A = np.stack([prescribed(1e3, seed=9), prescribed(1e12, seed=10)])
     b = np.random.default_rng(11).standard_normal((2, N))

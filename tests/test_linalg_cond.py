@@ -126,6 +126,7 @@ def test_factors_at_the_working_precision_are_screened():
     assert int(info.status) == ap.Status.CONVERGED and np.allclose(x, 1 / 3.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scale", [1e-300, 1e300, 1e307])
 def test_entries_near_the_range_limits_are_solved(scale):
     """Newcomer audit 5: at 1e307 solve said CONVERGED with backward error 0 (its
