@@ -124,6 +124,7 @@ def test_estimate_cond_option_is_validated():
 
 
 # (37, 8): several panels and a ragged last one; the other shapes in the slow run
+@pytest.mark.slow
 @pytest.mark.parametrize("n, nb", [pytest.param(50, 16, marks=pytest.mark.slow), (37, 8),
                                    pytest.param(10, 256, marks=pytest.mark.slow)])
 def test_panel_solves_match_lapack(n, nb):

@@ -528,6 +528,7 @@ def test_warning_below_eps():
     assert any("machine epsilon" in str(x.message) for x in w)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method, bounds", [
     ("trf", (-np.inf, np.inf)),
     pytest.param("trf", (-8.0, 8.0), marks=pytest.mark.slow),
