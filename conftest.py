@@ -9,6 +9,7 @@ import shutil
 import tempfile
 
 import jax
+import pytest
 
 jax.config.update("jax_enable_x64", True)
 
@@ -24,3 +25,32 @@ atexit.register(shutil.rmtree, _CACHE, True)
 os.environ.setdefault("ADAPTPREC_PROMOTE", "off")
 
 collect_ignore_glob = ["adaptprec/__main__.py"]
+
+# Doctests of internal helpers whose example compiles a whole solver (seconds each): they
+# run in the slow set (CI's `pytest -m slow`); every public entry point's example stays in
+# the default run, and each helper's behaviour is tested there through its entry point.
+_SLOW_DOCTESTS = {
+    "adaptprec.batch.compaction.run_compacted",
+    "adaptprec.batch.compaction.run_streaming",
+    "adaptprec.batch.escalation.escalation_reasons",
+    "adaptprec.batch.escalation.solve_ladder",
+    "adaptprec.batch.implicit.implicit_solution",
+    "adaptprec.batch.lm_batched.lm_init",
+    "adaptprec.batch.lm_batched.lm_run",
+    "adaptprec.batch.lm_batched.lm_step",
+    "adaptprec.linalg._blocked_lu.blocked_lu",
+    "adaptprec.nlsq._lsmr.solve_trust_region_2d",
+    "adaptprec.nlsq._multistart",
+    "adaptprec.nlsq.dogbox",
+    "adaptprec.nlsq.trf.trf_lsmr_step",
+    "adaptprec._plot.plot_fit_result",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    from _pytest.doctest import DoctestItem
+
+    for item in items:
+        if isinstance(item, DoctestItem) and item.name in _SLOW_DOCTESTS:
+            item.add_marker(pytest.mark.slow)

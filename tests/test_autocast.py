@@ -478,6 +478,7 @@ def test_bad_functions_get_clear_errors():
 
 
 # ----------------------------------------------------------------------------- adaptive
+@pytest.mark.slow
 def test_policy_rungs_in_adaptive_ladder():
     runtime = pytest.importorskip("adaptprec.runtime")
     if not hasattr(runtime, "adaptive"):

@@ -241,6 +241,7 @@ def test_table_covers_primitives_of_real_jax_programs():
     np.testing.assert_allclose(out, ref, rtol=3e-2, atol=3e-2)
 
 
+@pytest.mark.slow
 def test_without_x64_float64_is_refused_and_autocast_still_works():
     import subprocess
     import sys

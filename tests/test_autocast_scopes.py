@@ -194,6 +194,7 @@ def test_jit_grad_vmap(layered):
     np.testing.assert_allclose(batched, loop, rtol=1e-5)  # bf16 differences are ~1e-3
 
 
+@pytest.mark.slow
 def test_named_call_and_equinox_module_scopes():
     def dense(x):
         return jnp.tanh(x * 3.0)

@@ -191,6 +191,7 @@ def test_multistart_refuses_options_it_cannot_carry(option):
         ap.solve_nlsq(lambda x: x - 1.0, np.zeros(2), starts=3, **option)
 
 
+@pytest.mark.slow
 def test_args_lists_of_numbers_are_arrays():
     # newcomer audit: scipy code passes args=(list(x), list(y)); to JAX a list is a pytree
     # of scalars and the residual got a Python list (tracer - list failed)

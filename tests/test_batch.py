@@ -127,6 +127,7 @@ def test_converged_start_is_returned_unchanged():
     assert bool(r.success.all()) and int(r.nit.max()) <= 1
 
 
+@pytest.mark.slow
 def test_compaction_gives_the_same_fits():
     x0 = jnp.asarray(np.tile(DX0, (4, 1)) * np.repeat([1.0, 3.0, 9.0, 0.2], 20)[:, None])
     y = (jnp.asarray(np.tile(DY, (4, 1))),)
@@ -156,6 +157,7 @@ def _escalation_problem():
     return t, shift, scale, y, sorted(set(ill) | set(huge))
 
 
+@pytest.mark.slow
 def test_guards_flag_exactly_the_fits_that_need_f64_and_every_fit_ends_on_f64():
     t, shift, scale, y, need = _escalation_problem()
 
@@ -185,6 +187,7 @@ def test_guards_flag_exactly_the_fits_that_need_f64_and_every_fit_ends_on_f64():
 
 
 # ----------------------------------------------------------------- chunks and blocks
+@pytest.mark.slow
 def test_chunked_blocked_streamed_equal_unchunked(decay64):
     seen = []
     chunked = ap.solve_nlsq_batch(decay, DX0, chunk_size=7, progress=lambda d, t: seen.append((d, t)),
@@ -303,6 +306,7 @@ def test_grad_by_implicit_differentiation_matches_finite_differences():
     np.testing.assert_allclose(float(gt[4]), float(fd), rtol=1e-5, atol=1e-8)
 
 
+@pytest.mark.slow
 def test_x64_off_adaptive_raises_and_f32_works():
     from _subprocess import run_python
     script = (
@@ -326,7 +330,7 @@ def test_x64_off_adaptive_raises_and_f32_works():
     assert proc.returncode == 0 and proc.stdout.strip() == "OK", proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("loss", ["soft_l1", "cauchy"])
+@pytest.mark.parametrize("loss", ["soft_l1", pytest.param("cauchy", marks=pytest.mark.slow)])
 def test_robust_loss_matches_scipy_trf(loss):
     rng = np.random.default_rng(4)
     k = rng.uniform(0.5, 2.0, 5)

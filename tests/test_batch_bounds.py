@@ -89,6 +89,7 @@ def test_shared_per_fit_and_pytree_bounds_agree(f64_solution):
     np.testing.assert_allclose(flat, np.asarray(f64_solution.x), rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.slow
 def test_adaptive_does_not_escalate_fits_for_sitting_on_a_bound():
     res = ap.solve_nlsq_batch(decay, X0, (T,), in_axes=None, ydata=Y, bounds=(LB, UB),
                               compaction=None)
@@ -97,6 +98,7 @@ def test_adaptive_does_not_escalate_fits_for_sitting_on_a_bound():
     assert bool(res.success.all()) and int(res.num_escalated) == 0
 
 
+@pytest.mark.slow
 def test_bounds_under_jit_and_chunked(f64_solution):
     kw = dict(in_axes=None, precision="f64", compaction=None, **TIGHT)
     jitted = jax.jit(lambda y, lb, ub: ap.solve_nlsq_batch(
@@ -108,6 +110,7 @@ def test_bounds_under_jit_and_chunked(f64_solution):
     np.testing.assert_array_equal(np.asarray(chunked.x), np.asarray(f64_solution.x))
 
 
+@pytest.mark.slow
 def test_implicit_derivatives_respect_active_bounds(f64_solution):
     x = np.asarray(f64_solution.x)
     # a fit whose rate sits on its upper bound 1.5, and one with every variable free

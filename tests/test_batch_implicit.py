@@ -5,6 +5,7 @@ finite differences of the solver's answer."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import adaptprec as ap
 
@@ -25,6 +26,7 @@ def fit(y, scale):
                                gtol=1e-14).x
 
 
+@pytest.mark.slow
 def test_forward_and_reverse_mode_agree_with_finite_differences():
     jf = jax.jacfwd(fit, argnums=(0, 1))(Y, 1.0)
     jr = jax.jacrev(fit, argnums=(0, 1))(Y, 1.0)

@@ -57,6 +57,7 @@ def test_dict_start_matches_flat(flat_result):
     assert res.batch_size == B and bool(res.success.all())
 
 
+@pytest.mark.slow
 def test_namedtuple_and_list_starts_under_jit(flat_result):
     x0 = Params(X0[:, 0], X0[:, 1], X0[:, 2])
     res = jax.jit(lambda x0, y: ap.solve_nlsq_batch(

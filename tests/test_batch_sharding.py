@@ -69,6 +69,7 @@ def test_sharded_over_8_devices_equals_one_device():
     assert proc.stdout.strip().endswith("OK")
 
 
+@pytest.mark.slow
 def test_one_device_explicit_mesh_input_is_solved_in_its_sharding():
     # jax.make_mesh's axes are Explicit: such inputs carry the sharding in their type
     # (the plain path's gathers reject them), so even one device goes through shard_map

@@ -173,6 +173,7 @@ def test_curve_fit_bad_input():
         ap.curve_fit(model, X[:0], Y[:0], p0=P0)
 
 
+@pytest.mark.slow
 def test_linear_model_under_vmap_and_grad():
     # newcomer audit: a model linear in its parameters has a Jacobian free of the traced
     # ydata, so the NumPy covariance route was taken with a traced cost (crash)
@@ -186,6 +187,7 @@ def test_linear_model_under_vmap_and_grad():
         np.testing.assert_allclose(np.asarray(g), (np.arange(5.0) - 2.0) / 10.0, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_failed_fit_under_jit_is_nan_not_an_answer():
     # newcomer audit: under jit nothing can raise, and popt looked like a real answer
     @jax.jit

@@ -72,6 +72,7 @@ def cold(tmp_path_factory):
     return d, _fit({"ADAPTPREC_CACHE_DIR": d})
 
 
+@pytest.mark.slow
 def test_cold_process_writes_and_warm_process_loads_without_compiling(cold):
     d, first = cold
     assert first["stats"]["compiles"] >= 4 and first["stats"]["disk_writes"] >= 4
@@ -97,6 +98,7 @@ def test_cold_process_writes_and_warm_process_loads_without_compiling(cold):
     assert _entries(d) == written
 
 
+@pytest.mark.slow
 def test_corrupt_entries_are_recompiled(cold, tmp_path):
     d0, first = cold
     d = str(tmp_path)
@@ -128,6 +130,7 @@ def test_corrupt_entries_are_recompiled(cold, tmp_path):
     assert again["popt"] == first["popt"]
 
 
+@pytest.mark.slow
 def test_warm_cache_with_several_devices(tmp_path):
     # newcomer audit 6: with 4 CPU devices the warm process loaded the one-device
     # programs for all 4 and every fit crashed ("Expected ... 4 shards, got [1]")
@@ -146,6 +149,7 @@ def test_warm_cache_with_several_devices(tmp_path):
     assert cold[0] == warm[0] == "4" and warm[1] == "True" and warm[2] == cold[2]
 
 
+@pytest.mark.slow
 def test_off_writes_nothing(cold, tmp_path):
     _, first = cold
     home = str(tmp_path)
@@ -187,6 +191,7 @@ def test_size_bound_drops_least_recently_used(monkeypatch, tmp_path):
     assert len(_entries(tmp_path)) < 12
 
 
+@pytest.mark.slow
 def test_unwritable_directory_warns_once_and_fits(tmp_path):
     # newcomer audit 6: a cache directory that cannot be written was used memory-only
     # with no word to the user (only a counter)

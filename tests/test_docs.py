@@ -136,6 +136,7 @@ def test_nav_lists_every_page():
     assert {"scipy.md", "architecture.md", "api.md", "coming-from.md"} <= nav
 
 
+@pytest.mark.slow
 def test_mkdocs_build_strict(tmp_path):
     pytest.importorskip("mkdocs", reason="mkdocs not installed: pip install 'adaptprec[docs]'")
     pytest.importorskip("mkdocstrings")

@@ -35,6 +35,7 @@ def test_same_default_tolerances_and_precision():
         assert a[name].default == b[name].default, name
 
 
+@pytest.mark.slow
 def test_same_answers_statuses_and_top_rung(both):
     batch, single = both
     for k, res in enumerate(single):

@@ -77,13 +77,23 @@ def _data(name):
 IDENTIFIABLE = ["4pl", "2exp", "peak", "mm"]
 
 
+# the default run checks 2exp's cases in the slow set only (the other three models cover
+# the same properties); the second-rate-constant model costs its own compiled programs
+CASES = [pytest.param(n, marks=pytest.mark.slow) if n == "2exp" else n for n in IDENTIFIABLE]
+
+
+class _Fits(dict):
+    """Each model fitted once per module, when a test first asks for it."""
+
+    def __missing__(self, name):
+        model, x, y, kw = _data(name)
+        self[name] = (ap.fit(model, x, y, **kw), model, x, y, kw)
+        return self[name]
+
+
 @pytest.fixture(scope="module")
 def fits():
-    out = {}
-    for name in IDENTIFIABLE + ["ab"]:
-        model, x, y, kw = _data(name)
-        out[name] = (ap.fit(model, x, y, **kw), model, x, y, kw)
-    return out
+    return _Fits()
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +116,7 @@ def _scipy_fit(model, x, y, kw, **extra):
 # ------------------------------------------------------------------ parameters, errors
 
 
-@pytest.mark.parametrize("name", IDENTIFIABLE)
+@pytest.mark.parametrize("name", CASES)
 def test_values_and_standard_errors_match_scipy(fits, name):
     res, model, x, y, kw = fits[name]
     popt, pcov = _scipy_fit(model, x, y, kw)
@@ -278,7 +288,7 @@ def _fd_band(model, x, popt, pcov, level, dof, noise=0.0):
     return f(x, *popt), np.sqrt(var), q
 
 
-@pytest.mark.parametrize("name", IDENTIFIABLE)
+@pytest.mark.parametrize("name", CASES)
 def test_bands_match_a_finite_difference_delta_method(fits, name):
     res, model, x, y, kw = fits[name]
     xs = np.linspace(x.min(), x.max(), 17)
@@ -351,6 +361,7 @@ def test_non_identifiable_product_keeps_finite_errors_for_the_rest(fits):
     assert "not identifiable" in str(res)
 
 
+@pytest.mark.slow
 def test_combination_names():
     from adaptprec.analysis.identifiability import (describe_null_space, name_combination,
                                                     subspace_covariance)
@@ -372,6 +383,7 @@ def test_combination_names():
                                        "a·b^2": 18.0}[expected])
 
 
+@pytest.mark.slow
 def test_strong_correlation_runs_and_bound_flags():
     rng = np.random.default_rng(7)
     x = np.linspace(100.0, 101.0, 20)          # intercept and slope: rho ~ -1
@@ -389,6 +401,7 @@ def test_strong_correlation_runs_and_bound_flags():
     assert any("km is at a bound" in d for d in res.diagnostics)
 
 
+@pytest.mark.slow
 def test_sloppy_direction_is_flagged():
     rng = np.random.default_rng(11)
     t = np.linspace(0.0, 1.0, 15)   # two close rates, short window, noisy: sloppy
@@ -440,6 +453,7 @@ def mm_batch():
     return fun, s, Y, res
 
 
+@pytest.mark.slow
 def test_batch_summary_matches_single_fit_reports(mm_batch):
     fun, s, Y, res = mm_batch
     summ = ap.summarize_batch(res, fun, (s,), in_axes=None, ydata=Y)
@@ -456,6 +470,7 @@ def test_batch_summary_matches_single_fit_reports(mm_batch):
     assert summ.counts()["failed"] == 0
 
 
+@pytest.mark.slow
 def test_batch_summary_under_jit_and_flags(mm_batch):
     fun, s, Y, res = mm_batch
     eager = ap.summarize_batch(res, fun, (s,), in_axes=None, ydata=Y)
@@ -484,6 +499,7 @@ def test_batch_summary_under_jit_and_flags(mm_batch):
 # ------------------------------------------------------------------ x64 off
 
 
+@pytest.mark.slow
 def test_fit_with_x64_off_returns_float64():
     from _subprocess import run_python
 
@@ -500,6 +516,7 @@ def test_fit_with_x64_off_returns_float64():
     assert proc.stdout.split() == ["float64", "float64", "float64", "True", "float32"]
 
 
+@pytest.mark.slow
 def test_jacobi_svd_matches_lapack():
     from adaptprec.analysis.identifiability import _jacobi_svd
 
@@ -512,6 +529,7 @@ def test_jacobi_svd_matches_lapack():
         np.testing.assert_allclose(np.abs(np.asarray(Vt) @ Vt0.T), np.eye(n), atol=1e-9)
 
 
+@pytest.mark.slow
 def test_covariance_sigma_and_one_parameter_profile():
     rng = np.random.default_rng(0)
     x = np.linspace(0.1, 2.0, 12)

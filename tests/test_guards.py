@@ -53,6 +53,7 @@ def test_headroom_overflow_and_flush():
         guards.headroom(1.5)
 
 
+@pytest.mark.slow
 def test_condition_difference_matches_closed_form():
     # f(x, y) = x - y: componentwise relative condition (|x| + |y|) / |x - y|
     g = guards.condition(tol=1e-2, n_dirs=8)
@@ -77,6 +78,7 @@ COND = guards.condition(tol=1e-2)
 MCOND = guards.matrix_condition(tol=1e-2)
 
 
+@pytest.mark.slow
 def test_condition_hilbert_vs_well_conditioned():
     r_h32 = _solve_guard(COND, H8, RHS, "f32")
     r_h64 = _solve_guard(COND, H8, RHS, "f64")

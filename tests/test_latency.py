@@ -56,7 +56,8 @@ def _agree(name):
         np.testing.assert_array_equal(np.asarray(a.rung_nfev), np.asarray(b.rung_nfev))
 
 
-@pytest.mark.parametrize("name", HANDFUL)
+@pytest.mark.parametrize("name", [n if n == "Kirby2" else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in HANDFUL])
 def test_drivers_agree_on_nist(name):
     _agree(name)
 
@@ -140,6 +141,7 @@ def test_padded_rows_contribute_nothing():
                                np.sum(((_expo(t, *popt) - y) / sig) ** 2), rtol=1e-10)
 
 
+@pytest.mark.slow
 def test_fused_driver_pads_the_same_under_jit():
     t, y = _data(100, seed=5)
     args = (jnp.asarray(t), jnp.asarray(y))
@@ -214,6 +216,7 @@ def test_model_output_must_match_ydata():
         ap.curve_fit(lambda t, a, b: (a * t + b)[1:], t, y)
 
 
+@pytest.mark.slow
 def test_batch_size_bucket_compiles_nothing():
     t = np.linspace(0.0, 1.0, 12)
     model = lambda p, t: p[0] * jnp.exp(-p[1] * t)  # noqa: E731
@@ -299,6 +302,7 @@ with jax.enable_x64(True):
 """
 
 
+@pytest.mark.slow
 def test_float64_without_setup_in_a_fresh_process():
     proc = run_python(X64_OFF, x64=False, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

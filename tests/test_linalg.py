@@ -89,6 +89,7 @@ def test_kappa_sweep_lu(kappa):
         assert bool(info.fell_back)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kappa", KAPPAS)
 def test_kappa_sweep_gmres(kappa):
     info = check_sweep_point(_solve_gm, kappa, seed=2)
@@ -135,6 +136,7 @@ def test_cond_estimate_in_info_structured_matrices():
         assert true / 3 <= float(info.cond_estimate) <= true * 1.01
 
 
+@pytest.mark.slow
 def test_batch_multiple_rhs_falls_back_only_where_needed():
     A = np.stack([prescribed(1e2, seed=4), prescribed(1e12, seed=5)])
     B = np.random.default_rng(7).standard_normal((2, N, 2))
@@ -160,6 +162,7 @@ def test_batched_vectors_and_broadcast_b():
     np.testing.assert_allclose(x2[1], 2 * x[1], rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_vmap_matches_loop():
     A = np.stack([prescribed(1e3, seed=9), prescribed(1e12, seed=10)])
     b = np.random.default_rng(11).standard_normal((2, N))
@@ -203,6 +206,7 @@ def _sin_loss(refine):
     return f
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("refine", [
     "lu", pytest.param("gmres", marks=pytest.mark.slow)])
 def test_jvp_vs_finite_differences_and_grad(refine):
@@ -222,6 +226,7 @@ def test_jvp_vs_finite_differences_and_grad(refine):
                                                                          rel=1e-10)
 
 
+@pytest.mark.slow
 def test_solveinfo_message_and_success():
     _, info = _solve_lu(prescribed(1e12, seed=18), np.ones(N))
     assert info.message.startswith(ap.status_message(CONVERGED)) and bool(info.success)
@@ -329,6 +334,7 @@ def test_half_precision_factor_with_f32_working():
 
 # ---- adaptive() certification with guards.backward_error ----------------------------
 
+@pytest.mark.slow
 def test_adaptive_backward_error_guard_certifies_and_escalates():
     @ap.adaptive(ladder="f32,f64", guards=[ap.guards.backward_error()])
     def kernel(A, b):
@@ -429,6 +435,7 @@ def test_solveinfo_is_a_pytree():
     assert info.cond_factors is None and len(jax.tree_util.tree_leaves(info)) == 7
 
 
+@pytest.mark.slow
 def test_lstsq_exactly_rank_deficient_is_never_converged():
     # newcomer audit: column 2 = c * column 0; the float32 R looked conditioned enough for
     # the refinement to "converge" (kappa_1(R_f32) ~ 1e8) to entries of 1e5, or the

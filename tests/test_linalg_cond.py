@@ -66,6 +66,7 @@ def test_random_prescribed_singular_values(kappa):
         assert within3(float(_cond_inf(A)), exact(A, np.inf))
 
 
+@pytest.mark.slow
 def test_given_float32_factors_batch_and_vmap():
     A = np.stack([prescribed(1e3, s) for s in range(4)])
     lu, piv, perm = jax.lax.linalg.lu(jnp.asarray(A, jnp.float32))
@@ -90,6 +91,7 @@ def test_singular_is_inf_and_bad_input():
 
 
 # (slow: ~11s; CI runs the slow job too: keeps the default run near 10 min on 2 cores)
+@pytest.mark.slow
 @pytest.mark.parametrize("factor", ["f32", pytest.param("bf16", marks=pytest.mark.slow),
                                     pytest.param("f16", marks=pytest.mark.slow)])
 def test_gmres_ir_beyond_its_factors_is_honest(factor):
@@ -107,6 +109,7 @@ def test_gmres_ir_beyond_its_factors_is_honest(factor):
             assert int(info.status) == want and not bool(info.fell_back)
 
 
+@pytest.mark.slow
 def test_factors_at_the_working_precision_are_screened():
     """Newcomer audit 5: with the factors in the working precision (x64 off's
     ``working="f32"``; ``factor="f64"``) LU-IR accepts x0 at once whatever kappa, and
@@ -123,6 +126,7 @@ def test_factors_at_the_working_precision_are_screened():
     assert int(info.status) == ap.Status.CONVERGED and np.allclose(x, 1 / 3.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scale", [1e-300, 1e300, 1e307])
 def test_entries_near_the_range_limits_are_solved(scale):
     """Newcomer audit 5: at 1e307 solve said CONVERGED with backward error 0 (its
@@ -137,6 +141,7 @@ def test_entries_near_the_range_limits_are_solved(scale):
         assert np.abs(np.asarray(x) - x_true).max() < 1e-12, solver
 
 
+@pytest.mark.slow
 def test_a_solve_without_working_precision_backward_error_is_not_converged():
     """Newcomer audit 5: assume_a="pos" with a non-symmetric A (the Cholesky reads one
     triangle, as scipy's) said CONVERGED with its own backward error 0.13."""

@@ -42,6 +42,7 @@ def _count(hlo, pattern):
     return len(re.findall(pattern, hlo))
 
 
+@pytest.mark.slow
 def test_default_call_runs_no_condition_solves(default_hlo):
     A, b = _system()
     eager = _entry(lambda A, b: ap.linalg.solve(A, b, estimate_cond=True), A, b)
@@ -60,7 +61,7 @@ def test_factor_is_one_lapack_call_without_copies(default_hlo):
     assert _count(default_hlo, "lapack_sgetrf_ffi") == 1
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [pytest.param(np.float32, marks=pytest.mark.slow), np.float64])
 def test_direct_getrf_is_bit_identical_to_lax_lu(dtype):
     rng = np.random.default_rng(1)
     a = jnp.asarray(rng.standard_normal((3, 20, 20)), dtype)
@@ -99,6 +100,7 @@ def test_deferred_estimate_equals_eager_estimate():
     np.testing.assert_allclose(mapped, ie.cond_estimate, rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_deferred_estimate_after_fallback_is_the_working_precision_one():
     rng = np.random.default_rng(3)
     u, _ = np.linalg.qr(rng.standard_normal((N, N)))
@@ -121,7 +123,10 @@ def test_estimate_cond_option_is_validated():
         ap.linalg.solve(np.eye(3), np.ones(3), estimate_cond=1)
 
 
-@pytest.mark.parametrize("n, nb", [(50, 16), (37, 8), (10, 256)])
+# (37, 8): several panels and a ragged last one; the other shapes in the slow run
+@pytest.mark.slow
+@pytest.mark.parametrize("n, nb", [pytest.param(50, 16, marks=pytest.mark.slow), (37, 8),
+                                   pytest.param(10, 256, marks=pytest.mark.slow)])
 def test_panel_solves_match_lapack(n, nb):
     from adaptprec.linalg._common import lu_solve
     from adaptprec.linalg._trsv import make_panels, panel_solve
@@ -137,6 +142,7 @@ def test_panel_solves_match_lapack(n, nb):
         np.testing.assert_allclose((M.T if t else M) @ x, y, rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_large_n_uses_panel_solves_and_reaches_f64_accuracy():
     n = 2 * 256 + 40                                   # three blocks, the last one short
     A, b = _system(n=n, seed=5)

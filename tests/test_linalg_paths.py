@@ -97,6 +97,7 @@ def _lu_shapes(jaxpr, inside_switch=False, out=None):
 _vsolve = jax.jit(jax.vmap(lambda A, b: ap.linalg.solve(A, b)))
 
 
+@pytest.mark.slow
 def test_vmap_one_of_64_falls_back_alone():
     A, b = _batch_one_bad()
     x, info = _vsolve(A, b)
@@ -124,6 +125,7 @@ def test_vmap_fallback_is_compacted_not_selected():
     assert all(inside for _, inside in shapes)
 
 
+@pytest.mark.slow
 def test_vmap_many_failures_take_the_whole_batch_branch():
     A = np.stack([prescribed(1e12 if s % 2 else 1e2, seed=s) for s in range(16)])
     b = np.ones((16, N))
@@ -161,6 +163,7 @@ def test_jacfwd_matches_inverse():
     np.testing.assert_allclose(J, np.linalg.inv(A), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_grad_of_vmapped_solve():
     A, b = _batch_one_bad(size=4, bad=2)
 
@@ -230,6 +233,7 @@ def test_spd_indefinite_is_a_status_and_nan():
     assert "positive definite" in info.message.lower()
 
 
+@pytest.mark.slow
 def test_spd_grad_and_vmap():
     A = spd(1e2, seed=6)
     b = np.random.default_rng(7).standard_normal(N)
@@ -258,6 +262,7 @@ def test_auto_is_float32_lu_on_cpu():
 
 
 # (slow: ~6s; CI runs the slow job too: keeps the default run near 10 min on 2 cores)
+@pytest.mark.slow
 @pytest.mark.parametrize("low", [pytest.param(jnp.bfloat16, marks=pytest.mark.slow),
                                  jnp.float16])
 def test_blocked_lu_has_half_precision_backward_error(low):
@@ -276,6 +281,7 @@ def test_blocked_lu_has_half_precision_backward_error(low):
 
 
 # (slow: ~7s; CI runs the slow job too: keeps the default run near 10 min on 2 cores)
+@pytest.mark.slow
 @pytest.mark.parametrize("backend, low", [("gpu", "float16"), pytest.param(
     "tpu", "bfloat16", marks=pytest.mark.slow)])
 def test_accelerator_auto_path_half_factors_gmres_ir(monkeypatch, backend, low):

@@ -55,6 +55,7 @@ SCRIPT = textwrap.dedent(r"""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.multidevice
 def test_sharded_inputs_match_unsharded():
     proc = run_python(SCRIPT, devices=8)

@@ -105,7 +105,7 @@ def _blocked_key_used(fn):
     return [k[4].point_axes for k in _cache if k[0] is fn]
 
 
-@pytest.mark.parametrize("loss", ["linear", "soft_l1"])
+@pytest.mark.parametrize("loss", ["linear", pytest.param("soft_l1", marks=pytest.mark.slow)])
 def test_blocked_matches_unblocked(loss):
     args = (jnp.asarray(TB), jnp.asarray(YB_OUT if loss != "linear" else YB))
     kw = dict(loss=loss, f_scale=0.05, precision="f64", ftol=1e-15, xtol=1e-15, gtol=1e-15)
@@ -125,6 +125,7 @@ def test_blocked_matches_unblocked(loss):
     np.testing.assert_allclose(rb.grad, ru.grad, atol=1e-6 * float(jnp.max(jnp.abs(ru.jac))))
 
 
+@pytest.mark.slow
 def test_blocked_adaptive_reaches_the_float64_minimum():
     args = (jnp.asarray(TB), jnp.asarray(YB))
     ref = ap.solve_nlsq(dexp_res_unblocked, PB0, args=args, precision="f64",
@@ -136,6 +137,7 @@ def test_blocked_adaptive_reaches_the_float64_minimum():
     np.testing.assert_allclose(r.x, ref.x, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_blocked_2d_data_curve_fit_and_pcov():
     X = np.stack([TB, np.cos(TB)])
     y = 1.5 * np.exp(-0.8 * X[0]) + 0.4 * X[1] + 0.01 * _rng.standard_normal(MB)
@@ -171,6 +173,7 @@ def test_blocked_trace_count_is_bounded():
     assert calls["n"] == 3
 
 
+@pytest.mark.slow
 def test_blocked_jit_vmap_grad():
     t = jnp.asarray(TB)
 

@@ -108,6 +108,7 @@ def test_bounds_match_scipy_trf():
     np.testing.assert_allclose(float(res.cost), ref.cost, rtol=1e-9)
 
 
+@pytest.mark.slow
 def test_traced_bounds_under_jit_and_vmap():
     lb, ub = np.array([0.0, 1.5, -1.0]), np.array([1.8, 5.0, 1.0])
     x0 = jnp.asarray([1.0, 2.0, 0.0])
@@ -348,6 +349,7 @@ def test_optimistix_adapter_nist():
 
 
 # ---------------------------------------------------------------- tall problems
+@pytest.mark.slow
 def test_tall_problem_normal_equations_f32_phase():
     # m > 4096: normal equations accumulated on the f32 rung. The f32 phase must land
     # next to the f64 optimum (regression: an m-dependent rank threshold once dropped
@@ -369,6 +371,7 @@ def test_tall_problem_normal_equations_f32_phase():
     assert res.trace()[-1]["rung"] == "f64" and res.trace()[-1]["nfev"] <= 4
 
 
+@pytest.mark.slow
 def test_x64_off_subprocess():
     # x64 off: an eager adaptive solve runs in float64 inside jax.enable_x64(True) and
     # returns NumPy float64 (the global flag is untouched); float32 only when asked for
@@ -411,6 +414,7 @@ def test_gauss_newton_step_keeps_small_singular_directions():
     assert bool(gn) and float(alpha) == 0.0
 
 
+@pytest.mark.slow
 def test_residual_closing_over_a_traced_value():
     # newcomer audit 2: x0 and args concrete inside the user's jit, the residual closing
     # over a traced scale: the eager machinery (host loop, AOT programs) crashed
@@ -430,6 +434,7 @@ def test_residual_closing_over_a_traced_value():
         np.testing.assert_allclose(np.asarray(fb(1.0)), [[2.0, 1.3]] * 2, rtol=1e-8)
 
 
+@pytest.mark.slow
 def test_schedule_observer_sees_only_the_updates_the_solver_makes():
     # newcomer audit 2: Callback/FitTrace got a first "step" at cost inf and one per rung
     # entered (updates the loop then discards): 9 calls for 6 iterations

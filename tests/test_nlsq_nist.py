@@ -87,6 +87,7 @@ def test_nist_full_sweep(name, start, precision):
     _check(name, start, precision)
 
 
+@pytest.mark.slow
 def test_parser_reads_all_problems():
     for name in MODELS:
         p = load(name)

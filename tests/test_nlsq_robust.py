@@ -100,12 +100,14 @@ def test_top_rung_after_escalation_stops_by_float64_standard(name, start, seed):
     assert int(res.nfev) <= 3 * int(f64.nfev)
 
 
+@pytest.mark.slow
 def test_escalation_under_jit_and_vmap():
     f = jax.jit(jax.vmap(lambda x0: ap.solve_nlsq(rosen, x0, max_steps=3,
                                                   precision="f32,f64").rung))
     assert np.all(np.asarray(f(jnp.array([[-1.2, 1.0], [2.0, 2.0]]))) == 1)
 
 
+@pytest.mark.slow
 def test_small_adaptive_runs_float64_alone_with_the_ladders_stopping_rules(monkeypatch):
     # On CPU, "adaptive" below _ladder.SMALL_F64_MN (m n) runs float64 alone: float32 saves
     # nothing there (docs/architecture.md). It keeps the top rung's rules after an
@@ -184,6 +186,7 @@ def test_runaway_convergence_is_not_success():
         assert float(jnp.linalg.norm(res.x)) > 1e6
 
 
+@pytest.mark.slow
 def test_runaway_is_not_success_in_a_batch_or_with_starts():
     # newcomer audit 2: the batched engine called the runaway "converged", and
     # starts=4 polished from the batch's run-off point and said success at ||x|| ~ 2e9
@@ -202,6 +205,7 @@ def test_runaway_is_not_success_in_a_batch_or_with_starts():
     assert np.all(np.asarray(batch.status)[far] <= 0)
 
 
+@pytest.mark.slow
 def test_multistart_box_is_the_same_under_jit():
     # newcomer audit 2: inside a trace the concrete bounds became tracers and the starts
     # were spread around x0 instead of through the box (cost 93 against 2e-11 eagerly)
@@ -237,6 +241,7 @@ def test_multistart_helper_spreads_and_keeps_x0():
     assert len(np.unique((Xb[1:, 0] // 25).astype(int))) == 8  # one per stratum
 
 
+@pytest.mark.slow
 def test_multistart_fixes_a_far_start():
     # MGH09 from a perturbed start 1 (sweep seed 1, row p3): the single solve ends at a
     # local minimum (cost 2.1e-4, gtol); 8 starts on the batched engine find the
@@ -262,6 +267,7 @@ def mgh09_runaway():
     return p, jnp.asarray(dict(starts)["p1"])
 
 
+@pytest.mark.slow
 def test_portfolio_recovers_a_runaway_convergence(mgh09_runaway):
     p, x0 = mgh09_runaway
     args = (jnp.asarray(p.x), jnp.asarray(p.y))
@@ -281,6 +287,7 @@ def test_portfolio_recovers_a_runaway_convergence(mgh09_runaway):
         np.testing.assert_allclose(np.asarray(eager.x), np.asarray(jitted.x), rtol=1e-7)
 
 
+@pytest.mark.slow
 def test_portfolio_under_vmap_and_grad(mgh09_runaway):
     p, x0 = mgh09_runaway
     args = (jnp.asarray(p.x), jnp.asarray(p.y))
@@ -377,6 +384,7 @@ def test_sweep_adaptive_never_below_float64(sweep_rows):
 
 
 # --------------------------------------------------------------------------- degenerate minimum
+@pytest.mark.slow
 def test_degenerate_minimum_reaches_scipy_accuracy():
     # issue 20 item 5: p**2 + 5 from 2 (zero Jacobian at the minimum, nonzero residual).
     # It once stopped on xtol at -1.1e-8 after 81 evaluations; scipy's default (trf)

@@ -124,6 +124,7 @@ def test_two_processes_equal_single_process():
         assert int(rest[1]) > 0 and rest[2] == "f64"
 
 
+@pytest.mark.slow
 def test_one_device_mesh_in_process():
     """Data put on a one-device mesh with a partitioned spec (the default explicit axis
     types) take the sharded path, and agree with plain arrays."""

@@ -104,6 +104,7 @@ def test_one_program_for_every_length(data, streamed):
     assert len(_chunks._programs) == before
 
 
+@pytest.mark.slow
 def test_curve_fit_popt_pcov(data):
     t, y = data
     sig = np.full(M, 0.01)
@@ -120,6 +121,7 @@ def test_curve_fit_popt_pcov(data):
     assert isinstance(p_ch, np.ndarray) and isinstance(c_ch, np.ndarray)
 
 
+@pytest.mark.slow
 def test_bounds_and_robust_loss(data):
     t, y = data
     y = y.copy()
@@ -134,6 +136,7 @@ def test_bounds_and_robust_loss(data):
     assert int(res.active_mask[1]) == 1
 
 
+@pytest.mark.slow
 def test_auto_switch_for_large_host_data(data, monkeypatch):
     t, y = data
     monkeypatch.setattr(_stream, "STREAM_MIN_POINTS", 10_000)
@@ -204,6 +207,7 @@ def test_covariance_from_gram_matches_svd():
     assert np.isinf(cov[0, 0]) and np.isinf(cov[3, 3]) and np.isfinite(cov[1, 1])
 
 
+@pytest.mark.slow
 def test_x64_off_returns_float64():
     code = """
         import numpy as np, jax, jax.numpy as jnp
@@ -221,6 +225,7 @@ def test_x64_off_returns_float64():
     assert "ok" in out.stdout
 
 
+@pytest.mark.slow
 def test_f32_overflow_escalates_as_in_memory():
     """A model that overflows float32 leaves the f32 rung for the same reason
     (NONFINITE) streamed and in memory, and both finish on f64 at the same answer."""

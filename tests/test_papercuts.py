@@ -179,6 +179,7 @@ def test_profile_plot_labels_do_not_overlap():
     assert not overlaps, overlaps
 
 
+@pytest.mark.slow
 def test_cli_profile_title_names_the_kernel(tmp_path):
     (tmp_path / "kernels.py").write_text(KERNEL_FILE)
     out = run_python(f"""
@@ -279,6 +280,7 @@ def test_rank_deficient_solve_info_is_not_a_certificate():
     assert "small only because ||x|| is huge" in info.message
 
 
+@pytest.mark.slow
 def test_well_posed_solve_info_has_no_note():
     A = jnp.asarray(np.random.default_rng(0).standard_normal((6, 6))) + 4 * jnp.eye(6)
     x, info = ap.linalg.solve(A, jnp.ones(6))
@@ -291,6 +293,7 @@ def test_well_posed_solve_info_has_no_note():
     assert "huge" not in repr(linfo)
 
 
+@pytest.mark.slow
 def test_residual_norm_under_jit_and_vmap():
     import jax
 

@@ -102,6 +102,7 @@ def _big_elementwise(x):
     return jnp.exp(x) * jnp.cos(x) + jnp.log1p(x)
 
 
+@pytest.mark.slow
 def test_a_big_kernel_gets_a_costed_plan_and_says_so():
     x = jnp.asarray(np.random.default_rng(0).uniform(0.0, 2.0, N))
     f = ap.adaptive(_big_elementwise, rtol=1e-3)
@@ -122,6 +123,7 @@ def test_a_big_kernel_gets_a_costed_plan_and_says_so():
     assert rep_all.checks == ("mca", "mca", "mca") and "[plan:" not in rep_all.summary()
 
 
+@pytest.mark.slow
 def test_a_big_failing_kernel_still_escalates():
     # (x + 1) - 1 at x ~ 1e-5: float32 keeps ~2 digits, rtol asks for 3
     x = jnp.asarray(np.random.default_rng(1).uniform(1e-5, 2e-5, N))
@@ -143,6 +145,7 @@ def test_small_kernels_keep_every_rung_and_monte_carlo():
     assert rep.checks == ("mca", "mca", "mca") and "small kernel" in rep.plan[0]
 
 
+@pytest.mark.slow
 def test_never_verified_when_float64_is_wrong_at_scale():
     # Rump's polynomial on many copies: float64 is wrong; the report must not call it
     # verified (not ok, or "accuracy not checked" when no check fits the budget)

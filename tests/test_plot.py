@@ -38,6 +38,7 @@ def _render(fig, tmp_path, name):
     assert type(fig.canvas).__name__ in ("FigureCanvasBase", "FigureCanvasAgg")
 
 
+@pytest.mark.slow
 def test_plot_fit_data_residuals_and_cost_by_rung(fitted, tmp_path):
     out, trace = fitted
     popt, result = out[0], out[2]["result"]
@@ -90,6 +91,7 @@ def test_plot_fit_bad_input():
         ap.plot_fit(np.ones(3), model, X)
 
 
+@pytest.mark.slow
 def test_plot_batch(tmp_path):
     t = jnp.linspace(0.0, 1.0, 8)
     k = jnp.linspace(0.5, 2.0, 24)

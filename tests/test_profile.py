@@ -164,6 +164,7 @@ def test_bad_arguments():
 _HAS_RTOL = "rtol" in inspect.signature(ap.adaptive).parameters
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _HAS_RTOL, reason="ap.adaptive(rtol=...) not on this branch yet")
 def test_rtol_config_reports_the_accuracy_guard_estimate():
     def naive_var(x):
@@ -194,6 +195,7 @@ def test_pareto_front():
         prof["z"]
 
 
+@pytest.mark.slow
 def test_x64_off_profiles_every_precision_in_the_x64_scope():
     code = """
         import jax.numpy as jnp, adaptprec as ap
@@ -241,6 +243,7 @@ def _cli(*argv, cwd):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_profile_prints_the_table_and_writes_plot_and_json(tmp_path):
     import json
 

@@ -39,6 +39,7 @@ class _Recorder:
         self.events.append(("compiling", on))
 
 
+@pytest.mark.slow
 def test_solver_announces_compilation_before_the_first_chunk():
     rec = _Recorder()
     res = ap.solve_nlsq_batch(decay, jnp.ones((20, 2)), chunk_size=7, progress=rec, **KW)

@@ -210,6 +210,7 @@ def test_interrupted_promotion_is_not_stuck_pending(promote, monkeypatch):
     assert promote.stats()["pending"] == 0 and promote.stats()["failures"] == 0
 
 
+@pytest.mark.slow
 def test_curve_fit_with_starts_keeps_its_multistart_on_repeats(promote, monkeypatch):
     # the solves inside starts=K are promoted like any other, but must not give curve_fit
     # a repeat path (it would run the one solve from p0) or a covariance of their own

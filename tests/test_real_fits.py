@@ -51,6 +51,7 @@ def test_arrhenius_curve_fit_from_default_p0():
     assert is_solved(p, _curve_fit(p))
 
 
+@pytest.mark.slow
 def test_rate_law_of_1e10_scale_from_ones():
     # a collision-theory rate k = A sqrt(T) exp(-Ea / (R T)), A = 2e10: far and well
     # determined, under jit too (the fused driver's runaway test)
@@ -102,6 +103,7 @@ def test_bateman_from_default_p0_names_the_division():
     assert "division by zero" in str(e.value) and "div(1, 0)" in str(e.value)
 
 
+@pytest.mark.slow
 def test_nonfinite_start_inside_jit_is_a_status():
     p = PROBLEMS["bateman"]
     res = jax.jit(lambda x0: ap.solve_nlsq(_residual(p), x0, args=_args(p)))(jnp.ones(3))
@@ -129,6 +131,7 @@ def test_realistic_fit_from_textbook_start(name):
 
 
 # ------------------------------------------------------------------ fail fast
+@pytest.mark.slow
 def test_peaks_far_from_the_data_stop_like_scipy_not_after_a_crawl():
     # raman_3peaks from ones: every Gaussian's Jacobian column is exactly zero (peaks of
     # width 1 at x = 1, data at 200..1800). scipy's lm fits the background and stops on

@@ -168,6 +168,7 @@ def test_vmap_element_mode_overflow_escalates_whole_batch():
     assert np.all(np.isfinite(np.asarray(y)))
 
 
+@pytest.mark.slow
 def test_nested_vmap_flattens_into_one_batch():
     xs = _batch(16, [3])
     CALLS.clear()
@@ -239,6 +240,7 @@ def plain_exp(x):
     return jnp.exp(x)
 
 
+@pytest.mark.slow
 def test_monitor_is_free_when_off_and_collects_when_on():
     f = ap.adaptive(plain_exp, ladder="f32,f64")
     assert "debug_callback" not in str(jax.make_jaxpr(f)(jnp.ones(2)))
@@ -349,6 +351,7 @@ def test_manager_run_and_pytree_outputs():
     assert out["e"].dtype == jnp.float32 and np.isinf(np.asarray(out["e"])[1])
 
 
+@pytest.mark.slow
 def test_forward_mode_hessian_and_two_shapes_in_one_trace():
     f = ap.adaptive(lambda x: jnp.exp(x) * x, ladder="f32,f64")
     x = jnp.array([1.0, 100.0])                       # e^100 overflows f32 -> f64
@@ -383,6 +386,7 @@ def test_float64_rung_with_x64_off_says_how_to_fix():
 # ------------------------------------------------------------------ speculation
 
 
+@pytest.mark.slow
 def test_speculation_reuses_a_verified_rung_and_reverifies():
     def f(x):
         return jnp.exp(x) * 0.5

@@ -81,6 +81,7 @@ def _ref_hyst(steps, down_after):
     return out
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(steps_strategy, st.lists(st.sampled_from([1.0, 0.5, 0.9999, 2.0, 0.25]), min_size=10,
                                 max_size=10))

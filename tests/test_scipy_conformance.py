@@ -153,6 +153,7 @@ def test_residual_2d():
         ap.solve_nlsq(lambda x: jnp.array([x, x ** 2, x ** 3]), 2.0)
 
 
+@pytest.mark.slow
 def test_jac_1d():
     res = ap.solve_nlsq(fun_trivial, 2.0, jac=jac_trivial, method="trf")
     assert abs(float(res.x[0])) < 1e-4
@@ -170,6 +171,7 @@ def test_jac_wrong_shape():
         ap.solve_nlsq(fun_trivial, 2.0, jac=lambda x: jnp.atleast_3d(jac_trivial(x)))
 
 
+@pytest.mark.slow
 def test_bounds_object():
     res = ap.solve_nlsq(lambda x: x, [0.5, 0.5], bounds=Bounds(lb=[0.1, 0.1]))
     assert np.allclose(res.x, 0.1, atol=1e-5)
@@ -320,7 +322,8 @@ def test_huber_lm():
         ap.solve_nlsq(fun_trivial, 2.0, method="lm", loss="huber")
 
 
-@pytest.mark.parametrize("jac", ["2-point", "3-point", "cs"])
+@pytest.mark.parametrize("jac", ["2-point", pytest.param("3-point", marks=pytest.mark.slow),
+                                 pytest.param("cs", marks=pytest.mark.slow)])
 def test_fd_methods(jac):
     res = ap.solve_nlsq(rosen, [-2.0, 1.0], jac=jac)
     assert np.allclose(res.x, [1.0, 1.0])
@@ -328,6 +331,7 @@ def test_fd_methods(jac):
     assert np.allclose(res.x, 0.5, atol=1e-4) and np.array_equal(res.active_mask, [-1])
 
 
+@pytest.mark.slow
 def test_diff_step():
     from scipy.optimize._numdiff import approx_derivative
 
@@ -346,6 +350,7 @@ def test_diff_step():
     assert abs(float(res.x[0])) < 1e-4
 
 
+@pytest.mark.slow
 def test_fd_steps_in_box():
     """Every step-adjustment case of scipy's ``_adjust_scheme_to_bounds`` (room on both
     sides, on one side only, on neither side, at a bound) gives scipy's Jacobian, and the
@@ -385,6 +390,7 @@ def test_fd_steps_in_box():
             assert bool(res.success) and np.isfinite(float(res.cost)), (method, jac)
 
 
+@pytest.mark.slow
 def test_default_x_scale():
     """scipy's per-method default (newcomer audit 4: with adaptprec's former 'jac' for
     every method, this arctan-loss trf fit ran 402 evaluations off to +-3e3 where
@@ -413,6 +419,7 @@ def test_jac_invalid():
         ap.curve_fit(line, X, Y, jac="nonsense")
 
 
+@pytest.mark.slow
 def test_kwargs():
     res = ap.solve_nlsq(fun_trivial, 2.0, kwargs={"a": 3.0}, method="trf")
     assert np.allclose(res.x, 3.0, rtol=1e-4)
@@ -467,6 +474,7 @@ def test_lm_n_gt_m():
         ap.curve_fit(lambda x, a, b, c: a * x + b + c, X[:2], Y[:2], method="lm")
 
 
+@pytest.mark.slow
 def test_curve_fit_maxfev():
     with pytest.raises(RuntimeError, match="Optimal parameters not found"):
         ap.curve_fit(expo, X, Y, p0=[1.0, 1.0], maxfev=2)
@@ -474,6 +482,7 @@ def test_curve_fit_maxfev():
     assert np.all(np.isfinite(popt))
 
 
+@pytest.mark.slow
 def test_curve_fit_fd_keywords():
     """scipy's finite-difference keywords reach curve_fit's solve (they raised 'diff_step
     only applies to finite-difference Jacobians': newcomer audit 4)."""
@@ -568,6 +577,7 @@ def test_gtol_first():
     assert int(res.status) == 1
 
 
+@pytest.mark.slow
 def test_fd_jit_vmap():
     def solve(y):
         return ap.solve_nlsq(lambda x, y: x ** 2 - y, jnp.array([1.0]), args=(y,),
@@ -603,9 +613,12 @@ def test_warning_below_eps():
     assert any("machine epsilon" in str(x.message) for x in w)
 
 
-@pytest.mark.parametrize("method, bounds", [("trf", (-np.inf, np.inf)), ("trf", (-8.0, 8.0)),
-                                            ("dogbox", (-np.inf, np.inf)),
-                                            ("lm", (-np.inf, np.inf))])
+@pytest.mark.slow
+@pytest.mark.parametrize("method, bounds", [
+    ("trf", (-np.inf, np.inf)),
+    pytest.param("trf", (-8.0, 8.0), marks=pytest.mark.slow),
+    pytest.param("dogbox", (-np.inf, np.inf), marks=pytest.mark.slow),
+    pytest.param("lm", (-np.inf, np.inf), marks=pytest.mark.slow)])
 def test_callback(method, bounds):
     seen = []
 
@@ -636,6 +649,7 @@ def test_callback(method, bounds):
     assert seen
 
 
+@pytest.mark.slow
 def test_jac_sparsity():
     from scipy.sparse import diags
 
@@ -732,6 +746,7 @@ class _Broyden:
         return aslinearoperator(self.jac(x))
 
 
+@pytest.mark.slow
 def test_sparse_jac():
     from scipy.sparse import issparse
     from scipy.sparse.linalg import LinearOperator
@@ -761,6 +776,7 @@ def test_sparse_jac():
         ap.solve_nlsq(p.fun, p.x0, jac=lambda x: np.diag(np.asarray(x)) ** 2)
 
 
+@pytest.mark.slow
 def test_lsmr_solver():
     x0 = [-2.0, 1.0]
     for method in ("trf", "dogbox"):
@@ -781,6 +797,7 @@ def test_lsmr_solver():
         ap.solve_nlsq(rosen, x0, method="lm", tr_solver="lsmr")
 
 
+@pytest.mark.slow
 def test_tr_options():
     x0 = [-2.0, 1.0]
     for opts in ({"regularize": False}, {"btol": 1e-10, "atol": 1e-10}, {"maxiter": 1},
@@ -796,6 +813,7 @@ def test_tr_options():
         ap.solve_nlsq(rosen, x0, method="trf", tr_solver="exact", tr_options={"btol": 1.0})
 
 
+@pytest.mark.slow
 def test_lsmr_matches_scipy():
     from scipy.sparse.linalg import lsmr as sp_lsmr
 
@@ -818,6 +836,7 @@ def test_x_scale_complex():
         ap.solve_nlsq(fun_trivial, 2.0, x_scale=1.0 + 2.0j)
 
 
+@pytest.mark.slow
 def test_sparse_jac_with_x64_off_and_complex_batch_residual():
     # newcomer audit 4: a scipy.sparse / LinearOperator jac crashed with x64 off (the host
     # callback ran outside the x64 scope); solve_nlsq_batch fitted the real part of a
@@ -842,6 +861,7 @@ def test_sparse_jac_with_x64_off_and_complex_batch_residual():
     assert "C True" in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_operator_jac_with_array_x_scale_and_list_bounds_under_jit():
     # newcomer audit 4: an ndarray x_scale met `x_scale == "jac"` (ambiguous truth value);
     # list bounds became tracers under jit ("shape (3,) does not broadcast to 3")

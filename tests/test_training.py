@@ -87,6 +87,7 @@ def runs():
 
 
 # --------------------------------------------------------------------------- training
+@pytest.mark.slow
 def test_f32_reference_learns_and_skips_only_poisoned_steps(runs):
     r = runs["f32"]
     assert r["final"] < 0.1 * float(mse(init_mlp(jax.random.PRNGKey(1)), *_clean()))
@@ -96,6 +97,7 @@ def test_f32_reference_learns_and_skips_only_poisoned_steps(runs):
     assert not np.asarray(r["moved"])[list(POISONED)].any()
 
 
+@pytest.mark.slow
 def test_f16_dynamic_loss_scale_tracks_f32(runs):
     r, ref = runs["f16"], runs["f32"]
     finite = np.asarray(r["infos"].finite)
@@ -116,6 +118,7 @@ def test_f16_dynamic_loss_scale_tracks_f32(runs):
     assert abs(r["final"] - ref["final"]) <= 0.05 * ref["final"], (r["final"], ref["final"])
 
 
+@pytest.mark.slow
 def test_bf16_without_scaling_tracks_f32(runs):
     r, ref = runs["bf16"], runs["f32"]
     assert np.flatnonzero(~np.asarray(r["infos"].finite)).tolist() == list(POISONED)
@@ -127,6 +130,7 @@ def test_bf16_without_scaling_tracks_f32(runs):
     assert r["final"] < 0.5 * float(mse(init_mlp(jax.random.PRNGKey(1)), *_clean()))
 
 
+@pytest.mark.slow
 def test_params_stay_f32(runs):
     for name, r in runs.items():
         for leaf in jax.tree_util.tree_leaves(r["params"]):
@@ -197,6 +201,7 @@ def test_has_aux_and_output_dtype():
     np.testing.assert_allclose(out.grads, [0.0, 2.0, 8.0])
 
 
+@pytest.mark.slow
 def test_vmap_per_example_grads():
     params = init_mlp(jax.random.PRNGKey(3))
     xs, y = make_data()
@@ -312,6 +317,7 @@ def test_layered_training_example_runs_under_a_minute():
     assert elapsed < 60, elapsed
 
 
+@pytest.mark.slow
 def test_equinox_module_as_params():
     import equinox as eqx
     model = eqx.nn.MLP(4, 1, 8, 2, key=jax.random.PRNGKey(0))

@@ -6,6 +6,8 @@ as NumPy float64; a traced call that needs float64 raises the same error from ev
 point. One fresh interpreter (x64 off) runs every entry point.
 """
 
+import pytest
+
 from _subprocess import run_python
 
 CODE = r"""
@@ -90,6 +92,7 @@ print("OK")
 """
 
 
+@pytest.mark.slow
 def test_x64_rule_for_every_entry_point_with_x64_off():
     out = run_python(CODE, x64=False, timeout=900)
     assert out.returncode == 0, out.stderr[-4000:]
