@@ -38,6 +38,7 @@ _SLOW_DOCTESTS = {
     "adaptprec.batch.lm_batched.lm_init",
     "adaptprec.batch.lm_batched.lm_run",
     "adaptprec.batch.lm_batched.lm_step",
+    "adaptprec.batch.verify.verify_handoff",
     "adaptprec.linalg._blocked_lu.blocked_lu",
     "adaptprec.nlsq._lsmr.solve_trust_region_2d",
     "adaptprec.nlsq._multistart",

@@ -284,10 +284,24 @@ def plot_batch(result, *, names: list[str] | None = None, max_params: int = 6, b
         ax = axes[2 + i]
         v = cols[ok, i]
         v = v[np.isfinite(v)]
-        ax.hist(v, bins=bins, color="0.4")
+        ax.hist(v, bins=bins, range=_hist_range(v), color="0.4")
         ax.set_title(labels[i])
         ax.set_xlabel(f"value ({v.size} successful fits)")
     return fig
+
+
+def _hist_range(v):
+    """A histogram range for ``v`` that is never narrower than a few ulps of its values:
+    fits of exact data agree to the last bits, and numpy refuses to split such a range
+    into ``bins`` finite-sized bins ("Too many bins for data range")."""
+    if v.size == 0:
+        return None
+    lo, hi = float(v.min()), float(v.max())
+    half = max(hi - lo, 1e-9 * max(abs(lo), abs(hi), 1e-300)) / 2
+    if hi - lo >= 2 * half:
+        return None
+    mid = (lo + hi) / 2
+    return (mid - half, mid + half)
 
 
 def _leaves(x):

@@ -81,6 +81,7 @@ def test_top_rung_iterates_when_the_check_fails(adaptive, f64):
     assert int(np.max(adaptive.nit)) < 40
 
 
+@pytest.mark.slow  # default run: jit + agreement + iterate; CI runs this too
 def test_failed_check_carries_the_damping_across_the_handoff():
     res = lambda x, b, s: x[0] * jnp.exp(-x[1] * T) + x[2] - b[0]
     f32, f64_ = make_fj(res, jnp.float32, jnp.float32), make_fj(res, jnp.float64, jnp.float64)
@@ -122,6 +123,7 @@ def test_handoff_under_vmap(f64):
     _check(*jax.vmap(_solve)(halves(X0), halves(Y)), f64)
 
 
+@pytest.mark.slow  # default run: jit + agreement + iterate; CI runs this too
 def test_handoff_under_grad(f64):
     noisy = slice(0, 4)
 
