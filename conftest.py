@@ -45,6 +45,13 @@ _SLOW_DOCTESTS = {
     "adaptprec.nlsq.dogbox",
     "adaptprec.nlsq.trf.trf_lsmr_step",
     "adaptprec._plot.plot_fit_result",
+    # public examples that compile a whole solver or several plans (CI runs them in the
+    # slow set; each entry point keeps a cheaper example or test in the default run)
+    "adaptprec.guards.spot_check",
+    "adaptprec.guards.matrix_condition",
+    "adaptprec._plot.plot_batch",
+    "adaptprec.analysis.batch_summary",
+    "adaptprec.linalg.solve.solve",
 }
 
 

@@ -113,6 +113,7 @@ def _check(x, extra, f64):
     assert (extra[noisy] == 1).all() and (extra[~noisy] == 2).all(), extra
 
 
+@pytest.mark.slow  # the default ladder under jit: tests/test_batch.py::test_jit_and_vmap
 def test_handoff_under_jit(f64):
     _check(*jax.jit(_solve)(X0, Y), f64)
 

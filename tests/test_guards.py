@@ -234,7 +234,7 @@ def test_headroom_fires_on_every_format_under_jit(dtype):
     assert not bool(rep.ok)
 
 
-@pytest.mark.parametrize("n", [2 ** 12, 2 ** 16 + 8, 2 ** 18])
+@pytest.mark.parametrize("n", [2 ** 12, pytest.param(2 ** 16 + 8, marks=pytest.mark.slow), pytest.param(2 ** 18, marks=pytest.mark.slow)])  # 4096: where max dropped NaN
 def test_finite_catches_one_nan_or_inf_in_a_large_array(n):
     # isfinite(max|x|) passed these: XLA:CPU's vectorized max drops NaN from 4096
     # entries on (issue 31); the check must be exact at every size, also under jit/vmap

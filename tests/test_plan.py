@@ -31,7 +31,7 @@ def _bound(fn, inputs, dtype):
     return run(*cargs)
 
 
-@pytest.mark.parametrize("name", ["gauss", "mlp", "layernorm", "softplus"])
+@pytest.mark.parametrize("name", ["gauss", "mlp", pytest.param("layernorm", marks=pytest.mark.slow), pytest.param("softplus", marks=pytest.mark.slow)])
 def test_first_order_bound_covers_the_true_error(name):
     fn, make = BENIGN[name]
     inputs = make(np.random.default_rng(3))
@@ -181,7 +181,8 @@ def test_plan_argument_is_validated():
 
 @pytest.mark.parametrize("spec, sa, sb", [
     ("bij,bjk->bik", (3, 16, 32), (3, 32, 8)), ("ij,kj->ik", (16, 32), (8, 32)),
-    ("jb,bk->kj", (32, 4), (4, 16)), ("bji,bjk->bki", (2, 32, 5), (2, 32, 7))])
+    pytest.param("jb,bk->kj", (32, 4), (4, 16), marks=pytest.mark.slow),
+    pytest.param("bji,bjk->bki", (2, 32, 5), (2, 32, 7), marks=pytest.mark.slow)])
 def test_first_order_contraction_bound_per_entry(spec, sa, sb):
     # Cauchy-Schwarz per output entry, for any dimension numbers (batch, contracting
     # and free axes in any order): the bf16 product's error is below the bound entrywise

@@ -288,7 +288,7 @@ def test_model_and_jac_traced_once(method):
     assert calls["model"] == 1 and int(res.nfev) == 3
 
 
-@pytest.mark.parametrize("method", ["lm", "trf", "dogbox"])
+@pytest.mark.parametrize("method", ["lm", pytest.param("trf", marks=pytest.mark.slow), pytest.param("dogbox", marks=pytest.mark.slow)])
 def test_nfev_counts_executions(method):
     # what nfev counts for a traced model (docs/scipy.md): the iteration's evaluations
     # (x0 and each trial point); the drivers evaluate once more at the returned x to fill
