@@ -50,6 +50,7 @@ _SLOW_DOCTESTS = {
     "adaptprec.guards.spot_check",
     "adaptprec.guards.matrix_condition",
     "adaptprec._plot.plot_batch",
+    "adaptprec._plot.plot_fit",
     "adaptprec.analysis.batch_summary",
     "adaptprec.linalg.solve.solve",
 }

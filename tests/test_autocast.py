@@ -252,6 +252,7 @@ def test_explain_table(mlp_data):
 
 
 # ----------------------------------------------------------------------------- transforms
+@pytest.mark.slow  # default run: tests/test_autocast_scopes.py::test_jit_grad_vmap
 def test_grad_of_autocast_matches_reference(mlp_data):
     params, x, labels = mlp_data
     ref = jax.jit(jax.grad(mlp_loss))(params, x, labels)
