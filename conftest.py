@@ -26,9 +26,9 @@ os.environ.setdefault("ADAPTPREC_PROMOTE", "off")
 
 collect_ignore_glob = ["adaptprec/__main__.py"]
 
-# Doctests of internal helpers whose example compiles a whole solver (seconds each): they
-# run in the slow set (CI's `pytest -m slow`); every public entry point's example stays in
-# the default run, and each helper's behaviour is tested there through its entry point.
+# Doctests in the slow set (CI's `pytest -m slow`) beyond the internal helpers' examples
+# (`_is_public` below): public examples that compile a whole solver (seconds each); each
+# helper's behaviour is tested in the default run through its entry point.
 _SLOW_DOCTESTS = {
     "adaptprec.batch.compaction.run_compacted",
     "adaptprec.batch.compaction.run_streaming",
@@ -61,5 +61,26 @@ def pytest_collection_modifyitems(config, items):
     from _pytest.doctest import DoctestItem
 
     for item in items:
-        if isinstance(item, DoctestItem) and item.name in _SLOW_DOCTESTS:
+        if isinstance(item, DoctestItem) and (item.name in _SLOW_DOCTESTS
+                                              or not _is_public(item.name)):
             item.add_marker(pytest.mark.slow)
+
+
+def _is_public(name: str) -> bool:
+    """A docstring example of the public API: a name ``adaptprec`` exports, or the
+    docstring of a module with no private part. The default run keeps these (a user's
+    first read); the examples of internal helpers (~130, ~75 s of compiles) run in the
+    slow set, which CI runs on every push."""
+    import importlib.util
+
+    import adaptprec
+
+    parts = name.split(".")
+    try:
+        is_module = importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        is_module = False
+    if is_module:
+        return not any(p.startswith("_") for p in parts[1:])
+    return parts[-1] in adaptprec.__all__ or (
+        len(parts) > 2 and parts[-2] in adaptprec.__all__)  # a public class's method
