@@ -179,6 +179,9 @@ def test_whole_realistic_set(name, start):
     assert is_solved(p, _curve_fit(p, p.p0 if start == "textbook" else None))
 
 
+@pytest.mark.xfail(strict=True, reason="issue 32: the batched flatness test (a batched "
+                   "cholesky of J^T J) hung solve_nlsq_batch on 1e5 fits and was reverted; "
+                   "batch/api.py::_runaway_status is distance-only again")
 def test_batched_runaway_status_needs_a_flat_direction_too():
     # the batched engine's runaway test (batch/api.py::_runaway_status) used distance
     # alone: a batched Arrhenius fit converged from ones (1e11 times ||x0|| away, well
