@@ -155,7 +155,7 @@ def _solve_multistart(solve_nlsq, residual, x0, args, *, starts, seed, spread, *
     from ..batch import solve_nlsq_batch  # (batch's engine loads only with starts=)
 
     if not isinstance(starts, (int, np.integer)) or starts < 1:
-        raise ValueError(f"starts must be a positive integer, got {starts!r}")
+        raise ValueError(f"starts must be a positive integer or 'auto', got {starts!r}")
     if not isinstance(args, tuple):
         args = (args,)
     single = solve_nlsq(residual, x0, args, **kw)
