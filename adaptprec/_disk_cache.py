@@ -206,6 +206,8 @@ def _aval(a):
     weak = isinstance(a, (bool, int, float, complex))
     if hasattr(a, "aval"):
         weak = a.aval.weak_type
+    if isinstance(a, (np.ndarray, jax.Array)):  # result_type's string, ~3x cheaper
+        return (a.shape, str(jax.dtypes.canonicalize_dtype(a.dtype)), weak)
     return (tuple(np.shape(a)), str(jax.numpy.result_type(a)), weak)
 
 
