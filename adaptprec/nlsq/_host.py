@@ -464,9 +464,10 @@ def _prefetch_step(sp: StepPrograms, cfg: LoopConfig) -> None:
     from ..precision import x64_enabled
 
     once = (sp.step.cache_key, x64_enabled())
-    if once in _prefetched:
-        return
-    _prefetched.add(once)
+    with _lock:
+        if once in _prefetched:
+            return
+        _prefetched.add(once)
     top = np.dtype(cfg.rungs[-1])
     sds = jax.ShapeDtypeStruct
 
