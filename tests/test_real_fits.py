@@ -179,16 +179,13 @@ def test_whole_realistic_set(name, start):
     assert is_solved(p, _curve_fit(p, p.p0 if start == "textbook" else None))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 32: the batched flatness test (a batched "
-                   "cholesky of J^T J) hung solve_nlsq_batch on 1e5 fits and was reverted; "
-                   "batch/api.py::_runaway_status is distance-only again")
 def test_batched_runaway_status_needs_a_flat_direction_too():
-    # the batched engine's runaway test (batch/api.py::_runaway_status) used distance
+    # the batched engine's runaway test (batch/runaway.py::runaway_status) used distance
     # alone: a batched Arrhenius fit converged from ones (1e11 times ||x0|| away, well
     # determined) would be RUNAWAY; a model flat along a direction still is
     from types import SimpleNamespace
 
-    from adaptprec.batch.api import _runaway_status
+    from adaptprec.batch.runaway import runaway_status
 
     p = PROBLEMS["arrhenius"]
     x = jnp.asarray([3.4468e11, 7.4877e4])
@@ -200,5 +197,5 @@ def test_batched_runaway_status_needs_a_flat_direction_too():
     s = SimpleNamespace(status=jnp.asarray([3, 3]), x=jnp.stack([x, x]),
                         jtj=jnp.stack([J.T @ J, J_flat.T @ J_flat]),
                         cost=jnp.full(2, 0.5 * float(f @ f)))
-    status = _runaway_status(s, jnp.ones((2, 2)))
+    status = runaway_status(s, jnp.ones((2, 2)))
     assert status.tolist() == [3, int(ap.Status.RUNAWAY)]

@@ -26,6 +26,7 @@ from .escalation import RungPlan, solve_ladder
 from .implicit import implicit_solution
 from .lm_batched import LMOptions, make_fj
 from .result import BatchResult
+from .runaway import runaway_status
 from .verify import SE_FRACTION
 from .sharding import (infer_mesh, raise_together, run_chunked_local, shard_solve,
                        spans_processes)
@@ -162,7 +163,7 @@ def _build(residual: Residual, cfg: _Config) -> Callable:
                 jac = jax.vmap(lambda r, j: scale_for_robust_loss(loss, r, j, f_scale)[1])(
                     f0, jac)
             pcov = batched_pcov(jac, s.cost, cfg.absolute_sigma)
-        status = _runaway_status(s, x0_)
+        status = runaway_status(s, x0_)
         return BatchResult(
             x=x, cost=cost, status=status, success=status > 0, rung=rung,
             nfev=s.nfev, njev=s.njev, nit=s.nit,
@@ -170,26 +171,6 @@ def _build(residual: Residual, cfg: _Config) -> Callable:
             ladder=tuple(dtype_name(p.dtype) for p in cfg.plans), escalation_reason=reason)
 
     return solve
-
-
-def _runaway_status(s, x0):
-    """``s.status``, with a convergence code at ``||x|| > RUNAWAY_FACTOR ||x0||`` made
-    ``Status.RUNAWAY`` as ``solve_nlsq`` does (distance only: see below) (newcomer audit 2: a Gaussian fit "converged"
-    with its parameters at 1e14, 5e13 times ``||x0||``). A zero residual far out (a line of
-    minima) is exempt: ``||f|| <= 1e5 eps ||J x||``, with ``||J x||^2 = x^T J^T J x``."""
-    from ..nlsq._loop import _runaway
-    from ..nlsq.lm import _NOISE_FACTOR
-    x0n = jnp.linalg.norm(jnp.asarray(x0, s.x.dtype), axis=-1)
-    jx2 = jnp.einsum("bi,bij,bj->b", s.x, s.jtj.astype(s.x.dtype), s.x)
-    fn = jnp.sqrt(2.0 * jnp.abs(s.cost)).astype(s.x.dtype)
-    eps = jnp.finfo(s.x.dtype).eps
-    zero_residual = fn <= _NOISE_FACTOR * eps * jnp.sqrt(jnp.abs(jx2))
-    # Distance only. The flatness test of solve_nlsq (issue 32) through a batched
-    # jnp.linalg.cholesky of every fit's J^T J hung solve_nlsq_batch on 1e5 fits on
-    # XLA:CPU (no CPU use, `bench_value.py --solvers`); reverted until it is computed
-    # without the batched LAPACK call.
-    runaway = jax.vmap(_runaway)(s.status, s.x, x0n) & ~zero_residual
-    return jnp.where(runaway, jnp.asarray(int(Status.RUNAWAY), s.status.dtype), s.status)
 
 
 def _to_host(tree):
