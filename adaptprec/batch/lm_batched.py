@@ -71,7 +71,9 @@ from ._fits_last import vmap_last
 from .cholesky import cholesky_solve_fits_last
 
 __all__ = ["LMOptions", "LMState", "ResidualJacobian", "make_fj", "rung_ftol", "lm_init", "lm_step",
-           "lm_run", "gradient_cosine", "held_by_bounds"]
+           "lm_run", "gradient_cosine", "held_by_bounds", "move_batch_axis", "to_fits_last",
+           "to_fits_first", "init_fits_last", "damped_solve_fits_last", "curvature_ratio",
+           "gauss_newton_shift"]
 
 _ACCEPT = 1e-4
 # rounding level of a cost evaluation, relative to the cost, in eps * sqrt(m)
@@ -229,16 +231,27 @@ def make_fj(residual: Callable, rung_dtype, acc_dtype) -> ResidualJacobian:
 # Everything below down to lm_run works on the fits-last layout: per-fit scalars (B,),
 # vectors (n, B), matrices (n, n, B), residuals (m, B), transposed Jacobians (n, m, B).
 
-def _moved(tree, src: int, dst: int):
+def move_batch_axis(tree, src: int, dst: int):
+    """Every leaf of ``tree`` with its axis ``src`` moved to ``dst`` (``0, -1``: fits
+    first to fits last; ``-1, 0``: back).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.batch.lm_batched import move_batch_axis
+        >>> [a.shape for a in move_batch_axis((jnp.zeros((5, 2)), jnp.zeros((5, 2, 3))), 0, -1)]
+        [(2, 5), (2, 3, 5)]
+    """
     return jax.tree.map(lambda a: jnp.moveaxis(a, src, dst), tree)
 
 
-def _to_fits_last(s: LMState) -> LMState:
-    return _moved(s, 0, -1)
+def to_fits_last(s: LMState) -> LMState:
+    """A fits-first :class:`LMState` in the layout of :func:`lm_run`'s loop (fits last)."""
+    return move_batch_axis(s, 0, -1)
 
 
-def _to_fits_first(s: LMState) -> LMState:
-    return _moved(s, -1, 0)
+def to_fits_first(s: LMState) -> LMState:
+    """The inverse of :func:`to_fits_last`: the public, fits-first layout."""
+    return move_batch_axis(s, -1, 0)
 
 
 def _gram_index(n: int):
@@ -372,9 +385,22 @@ def _held(x, g_projected, bounds):
     return ((x <= lo) | (x >= hi)) & (g_projected == 0)
 
 
-def _damped_solve(jtj, g, shift, x, bounds):
-    """Solve ``(J^T J + diag(shift)) dx = -g`` on the variables not held by a bound
-    (held ones get ``dx = 0``: their rows and columns are replaced by the identity)."""
+def damped_solve_fits_last(jtj, g, shift, x, bounds):
+    """Fits last (``jtj`` ``(n, n, B)``, the others ``(n, B)``; ``bounds`` a
+    ``(lower, upper)`` pair or ``None``): solve ``(J^T J + diag(shift)) dx = -g`` on the
+    variables not held by a bound (held ones get ``dx = 0``: their rows and columns are
+    replaced by the identity). The step of one iteration (``shift = lam d^2``) and the
+    Gauss–Newton test's (``shift = 16 u d^2 / 2``, also :mod:`~adaptprec.batch.verify`'s).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.batch.lm_batched import damped_solve_fits_last
+        >>> jtj = jnp.array([[2.0, 0.0], [0.0, 4.0]])[:, :, None]
+        >>> dx = damped_solve_fits_last(jtj, jnp.array([[2.0], [4.0]]), jnp.zeros((2, 1)),
+        ...                             jnp.zeros((2, 1)), None)
+        >>> dx[:, 0].tolist()
+        [-1.0, -1.0]
+    """
     if bounds is None:
         return cholesky_solve_fits_last(jtj, -g, shift)
     held = _held(x, g, bounds)
@@ -383,10 +409,46 @@ def _damped_solve(jtj, g, shift, x, bounds):
     return cholesky_solve_fits_last(a, jnp.where(free, -g, 0), jnp.where(held, 1, shift))
 
 
+def curvature_ratio(diag, d2):
+    r"""Per fit, the smallest ratio of a parameter's current curvature ``diag`` (``(n, B)``,
+    ``diag(J^T J)``) to its damping scale ``d2`` (the running maximum of that diagonal),
+    clipped to ``[eps, 1]``: ``(B,)``.
+
+    The damping :math:`\lambda d^2` must be able to fall below every parameter's current
+    curvature, else the step can never become the Gauss–Newton step. Where the curvature
+    has dropped far below its running maximum (Arrhenius ``A exp(-Ea/(R T))`` from ones:
+    ``diag_A`` falls 1e17-fold while ``A`` grows to 3e11) a fixed floor ``lambda >= eps``
+    damped ``A`` by 1e7 times its curvature and the fit crawled (300 steps to reach
+    ``A = 2e7``); solve_nlsq's trust region takes the Gauss–Newton step (Moré's
+    ``alpha = 0``) whenever it fits the radius. The floors of the damping and of the
+    Gauss–Newton test's regularising shift are scaled by this ratio; where the curvature
+    keeps its maximum (the common case) the ratio is 1 and nothing changes. The clip at
+    ``eps`` keeps a zero curvature (a parameter the model lost) from removing the floor.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec.batch.lm_batched import curvature_ratio
+        >>> diag = jnp.array([[4.0, 1e-30], [2.0, 2.0]])     # (n=2, B=2)
+        >>> d2 = jnp.array([[4.0, 1.0], [4.0, 2.0]])
+        >>> [float(v) for v in curvature_ratio(diag, d2)]    # min(1, .5); clipped at eps
+        [0.5, 2.220446049250313e-16]
+    """
+    eps = float(np.finfo(diag.dtype).eps)
+    ratio = jnp.min(jnp.where(d2 > 0, diag / jnp.where(d2 > 0, d2, 1), 1), axis=0)
+    return jnp.clip(jnp.where(jnp.isfinite(ratio), ratio, 1), eps, 1)
+
+
+def gauss_newton_shift(jtj, d2):
+    """Fits last: the diagonal shift ``8 eps r d2`` (``r``: :func:`curvature_ratio`) that
+    regularises the Gauss–Newton step of the convergence tests (step 6 and
+    :mod:`~adaptprec.batch.verify`) against a singular ``J^T J``, ``(n, B)``."""
+    eps = 16.0 * float(np.finfo(jtj.dtype).eps) / 2
+    return eps * curvature_ratio(_diagonal(jtj), d2)[None] * d2
+
+
 def _gauss_newton_test(cost, jtj, jtf, d2, x, opts: LMOptions, bounds=None, ftol=None):
     """(ftol, xtol) verdicts of the Gauss–Newton step at the current point (see step 6)."""
-    eps = 16.0 * float(np.finfo(jtj.dtype).eps) / 2
-    dx = _damped_solve(jtj, jtf, eps * d2, x, bounds)
+    dx = damped_solve_fits_last(jtj, jtf, gauss_newton_shift(jtj, d2), x, bounds)
     avail = 0.5 * jnp.abs(jnp.sum(jtf * dx, axis=0))
     f_ok = avail <= (opts.ftol if ftol is None else ftol) * cost
     dxn = jnp.sqrt(jnp.sum(d2 * dx * dx, axis=0))
@@ -408,7 +470,11 @@ def _materialised(x):
     return jnp.where(jnp.isnan(x), jnp.nan, x)
 
 
-def _init(fj: ResidualJacobian, x, bargs, sargs, opts: LMOptions, active) -> LMState:
+def init_fits_last(fj: ResidualJacobian, x, bargs, sargs, opts: LMOptions, active) -> LMState:
+    """:func:`lm_init` in the fits-last layout: ``x`` ``(n, B)``, batched args with a
+    trailing ``B``; returns the fits-last state (``active=None``: every fit). The first
+    evaluation of a rung, also :mod:`~adaptprec.batch.verify`'s one top-rung evaluation.
+    """
     b = x.shape[-1]
     bounds = fj.bounds(bargs)
     if bounds is not None:    # infeasible starts are rejected at the boundary when concrete
@@ -448,7 +514,7 @@ def _step(fj: ResidualJacobian, s: LMState, bargs, sargs, opts: LMOptions) -> LM
     active = s.active
     damp = s.lam[None] * s.d2
     bounds = fj.bounds(bargs)
-    dx = _damped_solve(s.jtj, s.jtf, damp, s.x, bounds)
+    dx = damped_solve_fits_last(s.jtj, s.jtf, damp, s.x, bounds)
     xn = s.x + dx
     if bounds is not None:   # projected step: back into the box, then the step taken
         xn = jnp.clip(xn, *bounds)
@@ -484,7 +550,9 @@ def _step(fj: ResidualJacobian, s: LMState, bargs, sargs, opts: LMOptions) -> LM
 
     # Nielsen damping update
     shrink = jnp.maximum(1.0 / 3.0, 1.0 - (2.0 * rho - 1.0) ** 3)
-    lam_n = jnp.where(accept, jnp.maximum(s.lam * shrink, tiny), s.lam * s.nu)
+    # the floor eps, relative to the curvature left (see curvature_ratio)
+    floor = tiny * curvature_ratio(d2_n, jnp.maximum(s.d2, d2_n))
+    lam_n = jnp.where(accept, jnp.maximum(s.lam * shrink, floor), s.lam * s.nu)
     nu_n = jnp.where(accept, 2.0, 2.0 * s.nu)
 
     # termination tests (MINPACK lmder / scipy)
@@ -539,7 +607,8 @@ def lm_init(fj, x, bargs, sargs, opts: LMOptions, active=None) -> LMState:
         >>> s.cost.tolist(), s.active.tolist()
         ([0.5, 0.5], [True, True])
     """
-    return _to_fits_first(_init(fj, x.T, _moved(bargs, 0, -1), sargs, opts, active))
+    return to_fits_first(init_fits_last(fj, x.T, move_batch_axis(bargs, 0, -1), sargs, opts,
+                                        active))
 
 
 def lm_step(fj, s: LMState, bargs, sargs, opts: LMOptions) -> LMState:
@@ -555,7 +624,7 @@ def lm_step(fj, s: LMState, bargs, sargs, opts: LMOptions) -> LMState:
         >>> round(float(s.x[0, 0]), 3)
         0.999
     """
-    return _to_fits_first(_step(fj, _to_fits_last(s), _moved(bargs, 0, -1), sargs, opts))
+    return to_fits_first(_step(fj, to_fits_last(s), move_batch_axis(bargs, 0, -1), sargs, opts))
 
 
 def lm_run(fj, s: LMState, bargs, sargs, opts: LMOptions, stop_count: int = 0) -> LMState:
@@ -576,6 +645,6 @@ def lm_run(fj, s: LMState, bargs, sargs, opts: LMOptions, stop_count: int = 0) -
     def cond(s):
         return jnp.sum(s.active.astype(jnp.int32)) > stop_count
 
-    bargs = _moved(bargs, 0, -1)
-    s = jax.lax.while_loop(cond, lambda s: _step(fj, s, bargs, sargs, opts), _to_fits_last(s))
-    return _to_fits_first(s)
+    bargs = move_batch_axis(bargs, 0, -1)
+    s = jax.lax.while_loop(cond, lambda s: _step(fj, s, bargs, sargs, opts), to_fits_last(s))
+    return to_fits_first(s)

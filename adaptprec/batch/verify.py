@@ -46,8 +46,8 @@ import numpy as np
 
 from . import _status as st
 from .compaction import gather, run_compacted, scatter, select
-from .lm_batched import (LMOptions, LMState, ResidualJacobian, _damped_solve, _init, _moved,
-                         _to_fits_first, lm_run, rung_ftol)
+from .lm_batched import (LMOptions, LMState, ResidualJacobian, damped_solve_fits_last,
+                         gauss_newton_shift, init_fits_last, lm_run, move_batch_axis, rung_ftol, to_fits_first)
 
 __all__ = ["SE_FRACTION", "verify_handoff", "finish_on_top"]
 
@@ -62,8 +62,7 @@ def _step_tests(s: LMState, fj: ResidualJacobian, bargs, opts: LMOptions, m: int
     top rung's Gauss–Newton ``ftol`` (:func:`~adaptprec.batch.lm_batched.rung_ftol`:
     with ``opts.se_accept``, at least the standard-error test's)."""
     bounds = fj.bounds(bargs)
-    eps = 16.0 * float(np.finfo(s.jtj.dtype).eps) / 2
-    dx = _damped_solve(s.jtj, s.jtf, eps * s.d2, s.x, bounds)
+    dx = damped_solve_fits_last(s.jtj, s.jtf, gauss_newton_shift(s.jtj, s.d2), s.x, bounds)
     avail = 0.5 * jnp.abs(jnp.sum(s.jtf * dx, axis=0))
     f_ok = avail <= rung_ftol(opts, m, s.x.shape[0]) * s.cost
     dxn = jnp.sqrt(jnp.sum(s.d2 * dx * dx, axis=0))
@@ -100,10 +99,10 @@ def verify_handoff(fj: ResidualJacobian, low: LMState, bargs, sargs,
         >>> top.status.tolist(), top.active.tolist()   # noisy fit accepted; exact fit iterates
         ([2, 99], [False, True])
     """
-    b_last = _moved(bargs, 0, -1)
+    b_last = move_batch_axis(bargs, 0, -1)
     x = low.x.T
     m = jax.eval_shape(fj.fits_last, x, b_last, sargs)[0].shape[0]
-    s = _init(fj, x, b_last, sargs, opts, None)
+    s = init_fits_last(fj, x, b_last, sargs, opts, None)
     dx, f_ok, x_ok, bounds = _step_tests(s, fj, b_last, opts, m)
     accept = s.active & (f_ok | x_ok)
     xn = s.x + dx
@@ -119,7 +118,7 @@ def verify_handoff(fj: ResidualJacobian, low: LMState, bargs, sargs,
         x=jnp.where(accept, xn, s.x), status=jnp.where(accept, code, s.status),
         active=s.active & ~accept, lam=lam,
         nit=low.nit + accept.astype(jnp.int32), nfev=low.nfev + one, njev=low.njev + one)
-    return _to_fits_first(s)
+    return to_fits_first(s)
 
 
 
@@ -134,6 +133,11 @@ def finish_on_top(fj: ResidualJacobian, low: LMState, bargs, sargs, opts: LMOpti
     nothing.
     """
     s = verify_handoff(fj, low, bargs, sargs, opts)
+    # ``max_steps`` is per rung: the top rung's iterations count from zero, else a fit
+    # that used the lower rung's budget (Arrhenius from ones crawling on float32) got one
+    # float64 step
+    low_nit = low.nit.astype(s.nit.dtype)
+    s = s._replace(nit=s.nit - low_nit)
     few = int(min(few, s.x.shape[0]))
 
     def some(s):
@@ -148,4 +152,5 @@ def finish_on_top(fj: ResidualJacobian, low: LMState, bargs, sargs, opts: LMOpti
 
     count = jnp.sum(s.active, dtype=jnp.int32)
     branch = jnp.where(count == 0, 0, jnp.where(count <= few, 1, 2))
-    return jax.lax.switch(branch, (lambda s: s, some, many), s)
+    s = jax.lax.switch(branch, (lambda s: s, some, many), s)
+    return s._replace(nit=s.nit + low_nit)
