@@ -199,3 +199,26 @@ def test_batched_runaway_status_needs_a_flat_direction_too():
                         cost=jnp.full(2, 0.5 * float(f @ f)))
     status = runaway_status(s, jnp.ones((2, 2)))
     assert status.tolist() == [3, int(ap.Status.RUNAWAY)]
+
+
+@pytest.mark.slow   # 5.6 s at load 4 on 2 cores (the adaptive ladder's compilation)
+def test_batched_arrhenius_from_ones_converges():
+    # issue 32: solve_nlsq_batch crawled here (status 0 after max_steps) where solve_nlsq
+    # succeeds: the damping floor lam >= eps against the running maximum of diag(J^T J)
+    # kept damping A by 1e7 times its curvature (batch/lm_batched.py::curvature_ratio),
+    # and the float64 rung got one step after float32 used the budget (max_steps is per
+    # rung). Four fits, two noise draws each: all succeed, none RUNAWAY, all solved.
+    p = PROBLEMS["arrhenius"]
+    f = p.model(jnp)
+    rng = np.random.default_rng(3)
+    truth = f(p.xdata, 3.6e11, 7.5e4)
+    ys = np.stack([p.ydata, p.ydata] + [
+        np.asarray(truth) * (1 + 0.02 * rng.standard_normal(p.xdata.size))
+        for _ in range(2)])
+    res = ap.solve_nlsq_batch(lambda q, x: f(x, q[0], q[1]), jnp.ones((4, 2)),
+                              (jnp.asarray(p.xdata),), in_axes=None, ydata=jnp.asarray(ys),
+                              sigma=jnp.asarray(p.sigma))
+    assert np.asarray(res.success).all(), np.asarray(res.status)
+    for k in range(2):      # the problem's own data: its reference minimum
+        assert is_solved(p, np.asarray(res.x[k]))
+    np.testing.assert_allclose(np.asarray(res.x[:, 1]), 7.5e4, rtol=0.05)
