@@ -134,6 +134,63 @@ def test_starts_span_decades_and_respect_bounds():
     assert np.median(B[:, 0]) < 10.0  # log-uniform in a box of seven decades
 
 
+def _decay(p, x, y):
+    return p[0] * jnp.exp(-p[1] * x) - y
+
+
+_DECAY_X = np.linspace(0.0, 5.0, 40)
+_DECAY_Y = 3.0 * np.exp(-1.3 * _DECAY_X)
+
+
+def test_throw_searches_first_then_raises():
+    # one step per fit: the local fit fails (status 0); with throw=True the search still
+    # runs (it raised before searching) and the error says what it did
+    with pytest.raises(RuntimeError, match=r"status 0.*starts='auto'.*3 start\(s\) run"):
+        ap.solve_nlsq(_decay, np.ones(2), args=(_DECAY_X, _DECAY_Y), max_steps=1,
+                      throw=True, starts=AutoStarts(max_starts=3, seconds=60.0))
+    # a success is returned as without throw
+    res = ap.solve_nlsq(_decay, np.ones(2), args=(_DECAY_X, _DECAY_Y), throw=True,
+                        starts="auto")
+    assert bool(res.success) and res.starts_run == 0
+
+
+def test_automatic_budget_caps_the_whole_call(monkeypatch):
+    # the default budget (seconds=None) counts from the call's start, the local fit
+    # included: min(SEARCH_FACTOR x the local fit, AUTO_SECONDS), and a fit is not
+    # started when the slowest so far would end past it, the first MIN_STARTS included
+    # once AUTO_SECONDS is reached. A clock that advances 0.125 s per reading: the local
+    # fit "takes" 0.125 s, so the budget is 0.9 s (not 1.25 s) and two fits fit in it.
+    from types import SimpleNamespace
+
+    from adaptprec.nlsq import _auto_starts as A
+
+    clock = {"t": 0.0}
+
+    def tick():
+        clock["t"] += 0.125
+        return clock["t"]
+
+    monkeypatch.setattr(A, "time", SimpleNamespace(perf_counter=tick))
+    res = ap.solve_nlsq(_decay, np.ones(2), args=(_DECAY_X, _DECAY_Y), max_steps=1,
+                        starts="auto")
+    assert res.starts_run == 2 < MIN_STARTS, res.search
+    assert f"budget {A.AUTO_SECONDS:.2g} s" in res.search and "spent" in res.search
+
+
+def test_streamed_fits_refuse_starts_auto():
+    # a streamed fit (chunk_size=, Chunks) runs one pass over the data per iteration;
+    # starts="auto" is not offered there (a clear error, as for starts=K); large host
+    # data that would stream by itself is fitted in memory when starts is given
+    from adaptprec.nlsq._inputs import OptionNotOffered
+
+    with pytest.raises(OptionNotOffered, match="starts"):
+        ap.solve_nlsq(_decay, np.ones(2), args=(_DECAY_X, _DECAY_Y), chunk_size=16,
+                      starts="auto")
+    with pytest.raises(OptionNotOffered, match="starts"):
+        ap.curve_fit(lambda x, a, k: a * jnp.exp(-k * x), _DECAY_X, _DECAY_Y,
+                     p0=[1.0, 1.0], chunk_size=16, starts="auto")
+
+
 def test_inside_jit_it_raises_a_clear_error():
     with pytest.raises(ValueError, match="jit"):
         jax.jit(lambda x0: ap.solve_nlsq(_gauss_residual, x0, args=_gauss_args(),

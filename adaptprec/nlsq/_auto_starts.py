@@ -81,8 +81,17 @@ NOISE_RATIO = 4.0
 CHI2_TAIL_Z = 4.753
 #: degrees of freedom ``m - n`` below which the noise is not judged (too few points)
 MIN_DOF = 6
-#: starts whose fits run whatever the time budget says (each bounded by its step cap)
+#: starts whose fits run whatever an explicit ``seconds`` budget says (each bounded by its
+#: step cap); with the automatic budget only while within :data:`AUTO_SECONDS`
 MIN_STARTS = 4
+#: the automatic budget (``seconds=None``), for the whole call from its start (the local
+#: fit included): at most ``SEARCH_FACTOR`` times the local fit's wall time ...
+SEARCH_FACTOR = 10.0
+#: ... and never more than this (issue 32's bound: a failing fit costs at most 1 s beyond
+#: scipy's time, <= 10x a successful fit of the same model; a fit is not started when the
+#: slowest fit so far would not finish before the budget ends, since a promoted fit
+#: is one executable call that no deadline interrupts)
+AUTO_SECONDS = 0.9
 
 
 class AutoStarts(NamedTuple):
@@ -92,15 +101,17 @@ class AutoStarts(NamedTuple):
     ``"chi2"`` (the residuals are whitened by absolute sigma: ``chi^2/(m-n)`` near 1);
     ``order``: the data order for ``"diff"`` (indices; ``None``: as given);
     ``max_starts``: fits beyond the local one (``None``: ``10 (n + 1)``);
-    ``seconds``: wall-time budget of the search's fits (not the local fit, not the
-    ranking; the first :data:`MIN_STARTS` fits run regardless);
+    ``seconds``: ``None`` (default) for the automatic budget of the whole call, local fit
+    included: ``min(SEARCH_FACTOR * t_local, AUTO_SECONDS)`` (10x the local fit's time,
+    at most 0.9 s); or the wall-time budget of the search's fits (not the local fit, not
+    the ranking; the first :data:`MIN_STARTS` fits run regardless);
     ``nfev_budget``: residual evaluations of the search (``None``: no cap beyond
     ``max_starts``); ``seed``: of the Latin hypercube."""
 
     noise: str = "diff"
     order: Any = None
     max_starts: int | None = None
-    seconds: float = 1.0
+    seconds: float | None = None
     nfev_budget: int | None = None
     seed: int = 0
 
@@ -299,14 +310,19 @@ def solve_auto(solve_one, residual, x0, args, *, auto: AutoStarts, **kw):
             "batched engine, traceable) or call solve_nlsq(starts='auto') outside jit.")
     if auto.noise not in ("diff", "chi2"):
         raise ValueError(f"AutoStarts.noise must be 'diff' or 'chi2', got {auto.noise!r}")
+    # throw=True: the fits run without it (a failing local fit must not raise before the
+    # search); the answer raises at the end if it still failed (_raise_if_failed)
+    throw = bool(kw.pop("throw", False))
     local_error = None
+    t_entry = time.perf_counter()
     try:
-        local = solve_one(residual, x0, args, **kw)
+        local = solve_one(residual, x0, args, throw=False, **kw)
     except NonFiniteStartError as exc:  # look for a finite start instead
         local, local_error = None, exc
+    t_local = time.perf_counter() - t_entry
     why = "the residual is not finite at x0" if local is None else needs_search(local, auto)
     if not why:
-        return _as_search(local)
+        return _raise_if_failed(_as_search(local), throw)
     # the search's fits are not the caller's one solve: their fast paths and covariances
     # stay in a block of their own, and the local fit's fast path is withdrawn (a repeat
     # through it would skip the search)
@@ -331,24 +347,40 @@ def solve_auto(solve_one, residual, x0, args, *, auto: AutoStarts, **kw):
     # loaded machine must not turn the search into none)
     t0 = time.perf_counter()
     screen_s = t0 - t_screen
+    if auto.seconds is None:   # automatic: the whole call, local fit included
+        budget = min(SEARCH_FACTOR * t_local, AUTO_SECONDS)
+        soft, hard = t_entry + budget, t_entry + AUTO_SECONDS
+        budget_text = f"budget {budget:.2g} s (min({SEARCH_FACTOR:g}x the local fit, " \
+                      f"{AUTO_SECONDS:g} s))"
+    else:
+        soft, hard = t0 + auto.seconds, np.inf
+        budget_text = f"time budget {auto.seconds:g} s"
     results = [] if local is None else [local]
     best, best_i, run, nfev = local, 0, 0, 0
+    slowest = t_local if local is not None else 0.0   # a fit's wall time, so far
     stop = f"every start with a finite cost run (max_starts={k})"
     for i in order + 1:
         s = starts[i - 1]
-        if run >= MIN_STARTS and time.perf_counter() - t0 > auto.seconds:
-            stop = f"time budget {auto.seconds:g} s spent"
+        now = time.perf_counter()
+        # (a fit that would end past the budget is not started: a promoted fit is one
+        # executable call, which no deadline interrupts)
+        end = now + (slowest if auto.seconds is None else 0.0)
+        if (run >= MIN_STARTS and end > soft) or end > hard:
+            stop = f"{budget_text} spent"
             break
         if auto.nfev_budget is not None and nfev >= auto.nfev_budget:
             stop = f"nfev_budget={auto.nfev_budget} spent"
             break
         run += 1
         try:
-            at = t0 + auto.seconds if run > MIN_STARTS else np.inf
+            at = min(soft if run > MIN_STARTS else np.inf, hard)
             with quiet_starts(), _promote.capture(), deadline(at):
-                res = solve_one(residual, s if plain else unravel(s), args, **kw)
+                res = solve_one(residual, s if plain else unravel(s), args, throw=False,
+                                **kw)
         except (ArithmeticError, ValueError):  # a start the model rejects: next one
             continue
+        finally:
+            slowest = max(slowest, time.perf_counter() - now)
         results.append(res)
         nfev += int(np.asarray(res.nfev))
         if int(np.asarray(res.status)) in (-3, -4):  # not finite there: no fit
@@ -359,7 +391,7 @@ def solve_auto(solve_one, residual, x0, args, *, auto: AutoStarts, **kw):
             stop = f"start {i} passed the tests"
             break
     elapsed = time.perf_counter() - t0
-    if best is None:
+    if best is None:   # (with throw=True too: the same error as without the search)
         raise NonFiniteStartError(
             f"{local_error} starts='auto' found no start with finite residuals among "
             f"{k} tried in {elapsed:.2g} s.") from None
@@ -369,8 +401,22 @@ def solve_auto(solve_one, residual, x0, args, *, auto: AutoStarts, **kw):
     search = (f"starts='auto': {why}; {run} start(s) run in {elapsed:.2g} s (of {k}, "
               f"ranked by their cost in {screen_s:.2g} s, {skipped} not finite), {won}; "
               f"stopped: {stop}")
-    return _as_search(dataclasses.replace(best, **_counts(results, best)),
-                      starts_run=run, search=search)
+    return _raise_if_failed(_as_search(dataclasses.replace(best, **_counts(results, best)),
+                                       starts_run=run, search=search), throw)
+
+
+def _raise_if_failed(res: SearchResult, throw: bool) -> SearchResult:
+    """``res``; with ``throw=True`` and a failed answer (after the search), the error
+    ``solve_nlsq(throw=True)`` raises (an ``equinox.EquinoxRuntimeError``, a
+    ``RuntimeError``), its message ending with what the search did."""
+    if throw and not int(np.asarray(res.status)) > 0:
+        import equinox as eqx  # only on this path: its import is slow
+        from .._status import status_message
+        code = int(np.asarray(res.status))
+        raise eqx.EquinoxRuntimeError(
+            f"solve_nlsq failed (status {code}): {status_message(code)}"
+            + (f" [{res.search}]" if res.search else ""))
+    return res
 
 
 def for_curve_fit(starts, kind: str, absolute_sigma: bool, xdata) -> AutoStarts | None:
