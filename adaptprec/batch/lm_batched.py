@@ -21,14 +21,17 @@ iteration, for all ``B`` fits at once:
    :math:`\rho > 10^{-4}` and the trial is finite;
 4. damping update of Nielsen (1999): on acceptance
    :math:`\lambda \leftarrow \lambda \max(1/3, 1-(2\rho-1)^3)`, :math:`\nu = 2`; on
-   rejection :math:`\lambda \leftarrow \lambda\nu`, :math:`\nu \leftarrow 2\nu`;
+   rejection :math:`\lambda \leftarrow \lambda\nu`, :math:`\nu \leftarrow 2\nu`; the
+   floor of :math:`\lambda` is ``eps`` times :func:`curvature_ratio` (the smallest
+   :math:`\mathrm{diag}(J^\top J)_i / d_i^2`), so the damping can always fall below every
+   parameter's current curvature (the step then becomes Gauss–Newton's);
 5. MINPACK/scipy termination tests per fit (``ftol`` on actual and predicted relative
    reduction, ``xtol`` on the scaled step, ``gtol`` on the largest cosine between the
    residual and a Jacobian column), which set that fit's ``status`` and clear its
    ``active`` bit;
 6. a Gauss–Newton test at every newly accepted point: with
    :math:`\delta_{GN} = -(J^\top J + \epsilon\,\mathrm{diag}(d^2))^{-1}J^\top f`
-   (:math:`\epsilon = 16u`), the reduction still available,
+   (:math:`\epsilon = 8u\,r`, :math:`r` the :func:`curvature_ratio`), the reduction still available,
    :math:`\tfrac12 |J^\top f \cdot \delta_{GN}|`, is at most ``ftol * cost`` (status 2,
    or 4 when also :math:`\|d\,\delta_{GN}\| \le` ``xtol`` :math:`\|d\,x\|`). Unlike the
    MINPACK tests it does not depend on the *actual* reduction, which on a float32 rung is

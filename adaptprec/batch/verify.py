@@ -5,7 +5,7 @@ residual and Jacobian once, at the lower rung's answer :math:`x_\ell`. That eval
 
 * the gradient test (scipy's ``gtol`` on the largest cosine, in float64), and
 * the Gauss–Newton step :math:`\delta = -(J^\top J + \epsilon D^2)^{-1} J^\top f`
-  (:math:`\epsilon = 16u`, projected with bounds), the remaining distance to the
+  (:math:`\epsilon = 8u\,r`, :func:`~adaptprec.batch.lm_batched.gauss_newton_shift`; projected with bounds), the remaining distance to the
   minimum to first order, with its available reduction
   :math:`a = \tfrac12 |J^\top f\cdot\delta| \approx \tfrac12\,\delta^\top J^\top J\,\delta`.
 

@@ -23,9 +23,18 @@ through the same single-start solver, from starts spread by a Latin hypercube
 more decades of positive values), otherwise log-uniform in magnitude across 1 to 4
 decades around ``x0`` (``|x0_j|``, or 1 where ``x0_j = 0``; the sign of ``x0_j`` kept
 three times in four), measured from a one-sided bound. The search stops at the first start
-whose fit would have been accepted, when ``max_starts`` have run, or when ``seconds`` or
-``nfev_budget`` are spent; the best fit (a success before a failure, then the lower cost)
+whose fit would have been accepted, when ``max_starts`` have run, or when the time budget
+or ``nfev_budget`` is spent; the best fit (a success before a failure, then the lower cost)
 is returned, the local fit included, so ``"auto"`` is never worse than ``starts=1``.
+
+The time budget (issue 32: a failing fit costs at most 10x a successful one and at most
+1 s beyond scipy's time): by default the whole call, the local fit included, gets
+``min(SEARCH_FACTOR * t_local, AUTO_SECONDS)`` (10x the local fit's wall time, at most
+0.9 s), and a start is not begun when the slowest fit so far would end past it (a promoted
+fit is one executable call that the host loop's deadline cannot interrupt). An explicit
+``AutoStarts(seconds=...)`` budgets the search's fits alone, the first :data:`MIN_STARTS`
+of them regardless. With ``throw=True`` the fits run without it and the answer raises
+(``equinox.EquinoxRuntimeError``, with the search in its message) only if it failed.
 
 Why one after another, not the batched engine of ``starts=K``: every start reuses the
 local fit's compiled programs (the host driver compiles nothing new), each fit stops on
