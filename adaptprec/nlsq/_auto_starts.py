@@ -28,7 +28,7 @@ or ``nfev_budget`` is spent; the best fit (a success before a failure, then the 
 is returned, the local fit included, so ``"auto"`` is never worse than ``starts=1``.
 
 The time budget (issue 32: a failing fit costs at most 10x a successful one and at most
-1 s beyond scipy's time): by default the whole call, the local fit included, gets
+1 s beyond scipy's time): by default the search's fits, after the local one, get
 ``min(SEARCH_FACTOR * t_local, AUTO_SECONDS)`` (10x the local fit's wall time, at most
 0.9 s), and a start is not begun when the slowest fit so far would end past it (a promoted
 fit is one executable call that the host loop's deadline cannot interrupt). An explicit
@@ -93,13 +93,14 @@ MIN_DOF = 6
 #: starts whose fits run whatever an explicit ``seconds`` budget says (each bounded by its
 #: step cap); with the automatic budget only while within :data:`AUTO_SECONDS`
 MIN_STARTS = 4
-#: the automatic budget (``seconds=None``), for the whole call from its start (the local
-#: fit included): at most ``SEARCH_FACTOR`` times the local fit's wall time ...
+#: the automatic budget (``seconds=None``) of the search's fits, after the local fit: at
+#: most ``SEARCH_FACTOR`` times the local fit's wall time ...
 SEARCH_FACTOR = 10.0
 #: ... and never more than this (issue 32's bound: a failing fit costs at most 1 s beyond
 #: scipy's time, <= 10x a successful fit of the same model; a fit is not started when the
 #: slowest fit so far would not finish before the budget ends, since a promoted fit
-#: is one executable call that no deadline interrupts)
+#: is one executable call that no deadline interrupts). Counted after the local fit: in a
+#: fresh process that one compiles (0.5-1 s), and a budget including it left no search.
 AUTO_SECONDS = 0.9
 
 
@@ -110,10 +111,10 @@ class AutoStarts(NamedTuple):
     ``"chi2"`` (the residuals are whitened by absolute sigma: ``chi^2/(m-n)`` near 1);
     ``order``: the data order for ``"diff"`` (indices; ``None``: as given);
     ``max_starts``: fits beyond the local one (``None``: ``10 (n + 1)``);
-    ``seconds``: ``None`` (default) for the automatic budget of the whole call, local fit
-    included: ``min(SEARCH_FACTOR * t_local, AUTO_SECONDS)`` (10x the local fit's time,
-    at most 0.9 s); or the wall-time budget of the search's fits (not the local fit, not
-    the ranking; the first :data:`MIN_STARTS` fits run regardless);
+    ``seconds``: wall-time budget of the search's fits (not the local fit, not the
+    ranking): ``None`` (default) for ``min(SEARCH_FACTOR * t_local, AUTO_SECONDS)`` (10x
+    the local fit's time, at most 0.9 s; no fit begun that would end past it); a number
+    for that many seconds, the first :data:`MIN_STARTS` fits regardless;
     ``nfev_budget``: residual evaluations of the search (``None``: no cap beyond
     ``max_starts``); ``seed``: of the Latin hypercube."""
 
@@ -356,9 +357,9 @@ def solve_auto(solve_one, residual, x0, args, *, auto: AutoStarts, **kw):
     # loaded machine must not turn the search into none)
     t0 = time.perf_counter()
     screen_s = t0 - t_screen
-    if auto.seconds is None:   # automatic: the whole call, local fit included
+    if auto.seconds is None:   # automatic: relative to the local fit's time
         budget = min(SEARCH_FACTOR * t_local, AUTO_SECONDS)
-        soft, hard = t_entry + budget, t_entry + AUTO_SECONDS
+        soft, hard = t0 + budget, t0 + AUTO_SECONDS
         budget_text = f"budget {budget:.2g} s (min({SEARCH_FACTOR:g}x the local fit, " \
                       f"{AUTO_SECONDS:g} s))"
     else:
