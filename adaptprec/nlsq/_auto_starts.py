@@ -91,7 +91,10 @@ CHI2_TAIL_Z = 4.753
 #: degrees of freedom ``m - n`` below which the noise is not judged (too few points)
 MIN_DOF = 6
 #: starts whose fits run whatever an explicit ``seconds`` budget says (each bounded by its
-#: step cap); with the automatic budget only while within :data:`AUTO_SECONDS`
+#: step cap); with the automatic budget one start runs (within :data:`AUTO_SECONDS`): it
+#: scales with the local fit's time, so a loaded machine does not turn it into none, and
+#: forced fits slower than the local one broke its 10x (Raman from ones: 4 forced fits,
+#: 10x a 43 ms local fit)
 MIN_STARTS = 4
 #: the automatic budget (``seconds=None``) of the search's fits, after the local fit: at
 #: most ``SEARCH_FACTOR`` times the local fit's wall time ...
@@ -113,8 +116,9 @@ class AutoStarts(NamedTuple):
     ``max_starts``: fits beyond the local one (``None``: ``10 (n + 1)``);
     ``seconds``: wall-time budget of the search's fits (not the local fit, not the
     ranking): ``None`` (default) for ``min(SEARCH_FACTOR * t_local, AUTO_SECONDS)`` (10x
-    the local fit's time, at most 0.9 s; no fit begun that would end past it); a number
-    for that many seconds, the first :data:`MIN_STARTS` fits regardless;
+    the local fit's time, at most 0.9 s; no fit begun that would end past it, one
+    regardless); a number for that many seconds, the first :data:`MIN_STARTS` fits
+    regardless;
     ``nfev_budget``: residual evaluations of the search (``None``: no cap beyond
     ``max_starts``); ``seed``: of the Latin hypercube."""
 
@@ -353,17 +357,17 @@ def solve_auto(solve_one, residual, x0, args, *, auto: AutoStarts, **kw):
     order = np.argsort(costs, kind="stable")[:int(finite.sum())]
     skipped = k - order.size
     # the budget counts the fits, not the ranking program's compilation (once per
-    # residual and process); the first MIN_STARTS fits run whatever the clock says (a
+    # residual and process); the first `forced` fits run whatever the clock says (a
     # loaded machine must not turn the search into none)
     t0 = time.perf_counter()
     screen_s = t0 - t_screen
     if auto.seconds is None:   # automatic: relative to the local fit's time
         budget = min(SEARCH_FACTOR * t_local, AUTO_SECONDS)
-        soft, hard = t0 + budget, t0 + AUTO_SECONDS
+        soft, hard, forced = t0 + budget, t0 + AUTO_SECONDS, 1
         budget_text = f"budget {budget:.2g} s (min({SEARCH_FACTOR:g}x the local fit, " \
                       f"{AUTO_SECONDS:g} s))"
     else:
-        soft, hard = t0 + auto.seconds, np.inf
+        soft, hard, forced = t0 + auto.seconds, np.inf, MIN_STARTS
         budget_text = f"time budget {auto.seconds:g} s"
     results = [] if local is None else [local]
     best, best_i, run, nfev = local, 0, 0, 0
@@ -375,7 +379,7 @@ def solve_auto(solve_one, residual, x0, args, *, auto: AutoStarts, **kw):
         # (a fit that would end past the budget is not started: a promoted fit is one
         # executable call, which no deadline interrupts)
         end = now + (slowest if auto.seconds is None else 0.0)
-        if (run >= MIN_STARTS and end > soft) or end > hard:
+        if (run >= forced and end > soft) or end > hard:
             stop = f"{budget_text} spent"
             break
         if auto.nfev_budget is not None and nfev >= auto.nfev_budget:
@@ -383,7 +387,7 @@ def solve_auto(solve_one, residual, x0, args, *, auto: AutoStarts, **kw):
             break
         run += 1
         try:
-            at = min(soft if run > MIN_STARTS else np.inf, hard)
+            at = min(soft if run > forced else np.inf, hard)
             with quiet_starts(), _promote.capture(), deadline(at):
                 res = solve_one(residual, s if plain else unravel(s), args, throw=False,
                                 **kw)
