@@ -371,7 +371,9 @@ def solve_auto(solve_one, residual, x0, args, *, auto: AutoStarts, **kw):
         budget_text = f"time budget {auto.seconds:g} s"
     results = [] if local is None else [local]
     best, best_i, run, nfev = local, 0, 0, 0
-    slowest = t_local if local is not None else 0.0   # a fit's wall time, so far
+    # the slowest search fit so far predicts the next (not the local fit: in a fresh
+    # process its time is mostly compilation, which the search's fits reuse)
+    slowest = 0.0
     stop = f"every start with a finite cost run (max_starts={k})"
     for i in order + 1:
         s = starts[i - 1]
