@@ -29,8 +29,8 @@ is returned, the local fit included, so ``"auto"`` is never worse than ``starts=
 
 The time budget (issue 32: a failing fit costs at most 10x a successful one and at most
 1 s beyond scipy's time): by default the search's fits, after the local one, get
-``min(SEARCH_FACTOR * t_local, AUTO_SECONDS)`` (10x the local fit's wall time, at most
-0.9 s), and a start is not begun when the slowest fit so far would end past it (a promoted
+``SEARCH_FACTOR * t_local`` (10x the local fit's wall time) clipped to
+``[AUTO_MIN_SECONDS, AUTO_SECONDS]`` (0.15-0.9 s), and a start is not begun when the slowest fit so far would end past it (a promoted
 fit is one executable call that the host loop's deadline cannot interrupt). An explicit
 ``AutoStarts(seconds=...)`` budgets the search's fits alone, the first :data:`MIN_STARTS`
 of them regardless. With ``throw=True`` the fits run without it and the answer raises
@@ -105,6 +105,10 @@ SEARCH_FACTOR = 10.0
 #: is one executable call that no deadline interrupts). Counted after the local fit: in a
 #: fresh process that one compiles (0.5-1 s), and a budget including it left no search.
 AUTO_SECONDS = 0.9
+#: ... and never less than this: a cheap local fit is often a promoted program (3-4 ms for
+#: the Gaussian on a background) while the search's fits are not yet, and 10x it found the
+#: Gaussian's answer (7 starts, 60-80 ms) in one of two bench_real runs
+AUTO_MIN_SECONDS = 0.15
 
 
 class AutoStarts(NamedTuple):
@@ -115,9 +119,9 @@ class AutoStarts(NamedTuple):
     ``order``: the data order for ``"diff"`` (indices; ``None``: as given);
     ``max_starts``: fits beyond the local one (``None``: ``10 (n + 1)``);
     ``seconds``: wall-time budget of the search's fits (not the local fit, not the
-    ranking): ``None`` (default) for ``min(SEARCH_FACTOR * t_local, AUTO_SECONDS)`` (10x
-    the local fit's time, at most 0.9 s; no fit begun that would end past it, one
-    regardless); a number for that many seconds, the first :data:`MIN_STARTS` fits
+    ranking): ``None`` (default) for 10x the local fit's time clipped to 0.15-0.9 s
+    (:data:`SEARCH_FACTOR`, :data:`AUTO_MIN_SECONDS`, :data:`AUTO_SECONDS`; no fit begun
+    that would end past it, one regardless); a number for that many seconds, the first :data:`MIN_STARTS` fits
     regardless;
     ``nfev_budget``: residual evaluations of the search (``None``: no cap beyond
     ``max_starts``); ``seed``: of the Latin hypercube."""
@@ -362,10 +366,10 @@ def solve_auto(solve_one, residual, x0, args, *, auto: AutoStarts, **kw):
     t0 = time.perf_counter()
     screen_s = t0 - t_screen
     if auto.seconds is None:   # automatic: relative to the local fit's time
-        budget = min(SEARCH_FACTOR * t_local, AUTO_SECONDS)
+        budget = min(max(SEARCH_FACTOR * t_local, AUTO_MIN_SECONDS), AUTO_SECONDS)
         soft, hard, forced = t0 + budget, t0 + AUTO_SECONDS, 1
-        budget_text = f"budget {budget:.2g} s (min({SEARCH_FACTOR:g}x the local fit, " \
-                      f"{AUTO_SECONDS:g} s))"
+        budget_text = f"budget {budget:.2g} s ({SEARCH_FACTOR:g}x the local fit, within " \
+                      f"[{AUTO_MIN_SECONDS:g}, {AUTO_SECONDS:g}] s)"
     else:
         soft, hard, forced = t0 + auto.seconds, np.inf, MIN_STARTS
         budget_text = f"time budget {auto.seconds:g} s"
