@@ -157,7 +157,7 @@ def test_throw_searches_first_then_raises():
 def test_automatic_budget_caps_the_search(monkeypatch):
     # the default budget (seconds=None) of the search's fits: SEARCH_FACTOR x the local
     # fit clipped to [AUTO_MIN_SECONDS, AUTO_SECONDS], and a fit is not started when the
-    # slowest so far would end past it (only the first runs regardless, within
+    # fastest so far would end past it (only the first runs regardless, within
     # AUTO_SECONDS). A clock that advances 0.125 s per reading: the local fit "takes"
     # 0.125 s, so the budget is 0.9 s (not 1.25 s) and three fits of 0.125 s (two
     # readings apart) fit in it.

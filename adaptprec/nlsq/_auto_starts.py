@@ -30,8 +30,9 @@ is returned, the local fit included, so ``"auto"`` is never worse than ``starts=
 The time budget (issue 32: a failing fit costs at most 10x a successful one and at most
 1 s beyond scipy's time): by default the search's fits, after the local one, get
 ``SEARCH_FACTOR * t_local`` (10x the local fit's wall time) clipped to
-``[AUTO_MIN_SECONDS, AUTO_SECONDS]`` (0.15-0.9 s), and a start is not begun when the slowest fit so far would end past it (a promoted
-fit is one executable call that the host loop's deadline cannot interrupt). An explicit
+``[AUTO_MIN_SECONDS, AUTO_SECONDS]`` (0.25-0.9 s), and a start is not begun when even
+the fastest fit so far would end past it (a promoted fit is one executable call that the
+host loop's deadline cannot interrupt). An explicit
 ``AutoStarts(seconds=...)`` budgets the search's fits alone, the first :data:`MIN_STARTS`
 of them regardless. With ``throw=True`` the fits run without it and the answer raises
 (``equinox.EquinoxRuntimeError``, with the search in its message) only if it failed.
@@ -100,15 +101,16 @@ MIN_STARTS = 4
 #: most ``SEARCH_FACTOR`` times the local fit's wall time ...
 SEARCH_FACTOR = 10.0
 #: ... and never more than this (issue 32's bound: a failing fit costs at most 1 s beyond
-#: scipy's time, <= 10x a successful fit of the same model; a fit is not started when the
-#: slowest fit so far would not finish before the budget ends, since a promoted fit
-#: is one executable call that no deadline interrupts). Counted after the local fit: in a
+#: scipy's time, <= 10x a successful fit of the same model; a fit is not started when
+#: even the fastest fit so far would not finish before the budget ends, since a promoted
+#: fit is one executable call that no deadline interrupts). Counted after the local fit: in a
 #: fresh process that one compiles (0.5-1 s), and a budget including it left no search.
 AUTO_SECONDS = 0.9
 #: ... and never less than this: a cheap local fit is often a promoted program (3-4 ms for
-#: the Gaussian on a background) while the search's fits are not yet, and 10x it found the
-#: Gaussian's answer (7 starts, 60-80 ms) in one of two bench_real runs
-AUTO_MIN_SECONDS = 0.15
+#: the Gaussian on a background) while the search's fits are not yet; its answer takes 7
+#: starts, 15-90 ms (230 ms once under load 5): 10x the local fit found it in one of two
+#: bench_real runs, 0.15 s in five of six calls
+AUTO_MIN_SECONDS = 0.25
 
 
 class AutoStarts(NamedTuple):
@@ -119,10 +121,10 @@ class AutoStarts(NamedTuple):
     ``order``: the data order for ``"diff"`` (indices; ``None``: as given);
     ``max_starts``: fits beyond the local one (``None``: ``10 (n + 1)``);
     ``seconds``: wall-time budget of the search's fits (not the local fit, not the
-    ranking): ``None`` (default) for 10x the local fit's time clipped to 0.15-0.9 s
+    ranking): ``None`` (default) for 10x the local fit's time clipped to 0.25-0.9 s
     (:data:`SEARCH_FACTOR`, :data:`AUTO_MIN_SECONDS`, :data:`AUTO_SECONDS`; no fit begun
-    that would end past it, one regardless); a number for that many seconds, the first :data:`MIN_STARTS` fits
-    regardless;
+    that the fastest fit so far says would end past it, one regardless); a number for
+    that many seconds, the first :data:`MIN_STARTS` fits regardless;
     ``nfev_budget``: residual evaluations of the search (``None``: no cap beyond
     ``max_starts``); ``seed``: of the Latin hypercube."""
 
@@ -375,16 +377,20 @@ def solve_auto(solve_one, residual, x0, args, *, auto: AutoStarts, **kw):
         budget_text = f"time budget {auto.seconds:g} s"
     results = [] if local is None else [local]
     best, best_i, run, nfev = local, 0, 0, 0
-    # the slowest search fit so far predicts the next (not the local fit: in a fresh
-    # process its time is mostly compilation, which the search's fits reuse)
-    slowest = 0.0
+    # the fastest fit so far (the local one included) predicts the next: one fit's time
+    # can be mostly compilation (the local fit in a fresh process; the search's first fit
+    # when the local one was a promoted program), and judged by it the search stopped
+    # after one start (the Gaussian on a background after its textbook fit)
+    fastest = t_local if local is not None else None
     stop = f"every start with a finite cost run (max_starts={k})"
     for i in order + 1:
         s = starts[i - 1]
         now = time.perf_counter()
         # (a fit that would end past the budget is not started: a promoted fit is one
         # executable call, which no deadline interrupts)
-        end = now + (slowest if auto.seconds is None else 0.0)
+        # (the forced fits: only the clock, no prediction; the local fit's time may be
+        # mostly compilation)
+        end = now + ((fastest or 0.0) if auto.seconds is None and run >= forced else 0.0)
         if (run >= forced and end > soft) or end > hard:
             stop = f"{budget_text} spent"
             break
@@ -400,7 +406,8 @@ def solve_auto(solve_one, residual, x0, args, *, auto: AutoStarts, **kw):
         except (ArithmeticError, ValueError):  # a start the model rejects: next one
             continue
         finally:
-            slowest = max(slowest, time.perf_counter() - now)
+            took = time.perf_counter() - now
+            fastest = took if fastest is None else min(fastest, took)
         results.append(res)
         nfev += int(np.asarray(res.nfev))
         if int(np.asarray(res.status)) in (-3, -4):  # not finite there: no fit

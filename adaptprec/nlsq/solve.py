@@ -207,7 +207,7 @@ def solve_nlsq(
         when it failed, was not finite at ``x0``, left a parameter unseen (a zero
         Jacobian column) or a cost far above the noise, local fits from Latin-hypercube
         starts across decades (or in the box) within a budget (default: 10x the local
-        fit's time, clipped to 0.15-0.9 s); the result's
+        fit's time, clipped to 0.25-0.9 s); the result's
         ``starts_run`` and ``search`` (in ``message``) say what ran.
       chunk_size: stream the data through the normal equations in chunks of this many
         points (:mod:`adaptprec.nlsq._stream`): ``args`` may then hold host NumPy arrays
