@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._pytree import replace
-from .._status import Status
 from ..nlsq._buckets import bucket
 from ..nlsq._x64 import float64_entry
 from ..nlsq.common import (DEFAULT_FTOL, DEFAULT_GTOL, DEFAULT_XTOL, check_loss,

@@ -5,7 +5,8 @@ residual and Jacobian once, at the lower rung's answer :math:`x_\ell`. That eval
 
 * the gradient test (scipy's ``gtol`` on the largest cosine, in float64), and
 * the Gauss–Newton step :math:`\delta = -(J^\top J + \epsilon D^2)^{-1} J^\top f`
-  (:math:`\epsilon = 8u\,r`, :func:`~adaptprec.batch.lm_batched.gauss_newton_shift`; projected with bounds), the remaining distance to the
+  (:math:`\epsilon = 8u\,r`, :func:`~adaptprec.batch.lm_batched.gauss_newton_shift`;
+  projected with bounds), the remaining distance to the
   minimum to first order, with its available reduction
   :math:`a = \tfrac12 |J^\top f\cdot\delta| \approx \tfrac12\,\delta^\top J^\top J\,\delta`.
 
@@ -47,7 +48,8 @@ import numpy as np
 from . import _status as st
 from .compaction import gather, run_compacted, scatter, select
 from .lm_batched import (LMOptions, LMState, ResidualJacobian, damped_solve_fits_last,
-                         gauss_newton_shift, init_fits_last, lm_run, move_batch_axis, rung_ftol, to_fits_first)
+                         gauss_newton_shift, init_fits_last, lm_run, move_batch_axis,
+                         rung_ftol, to_fits_first)
 
 __all__ = ["SE_FRACTION", "verify_handoff", "finish_on_top"]
 
