@@ -47,11 +47,9 @@ def _ev_packer(n: int, top) -> Packer:
     return Packer(_ev_avals(n, top), bool_as=top)
 
 
-def final_eval(fun_flat, cfg: LoopConfig, x, args_top, f_scale, gram: bool = False):
+def final_eval(fun_flat, cfg: LoopConfig, x, args_top, f_scale):
     """The final evaluation on the top rung: ``(f, Js, g, cost)`` (residual, loss-scaled
-    Jacobian, gradient, cost), shared by both drivers; with ``gram``, also ``Js^T Js``
-    (accumulated block by block while the rows are in cache: the fused driver's check of
-    a ``HANDED`` end, issue 31)."""
+    Jacobian, gradient, cost), shared by both drivers."""
     top_dt = cfg.rungs[-1]
     loss = cfg.loss
     if cfg.point_axes is not None:
@@ -59,20 +57,15 @@ def final_eval(fun_flat, cfg: LoopConfig, x, args_top, f_scale, gram: bool = Fal
         blocks = PointBlocks(cfg.m, cfg.point_axes)
 
         def body(carry, f, JT):
-            g, cost = carry[:2]
+            g, cost = carry
             f, JT = f.astype(top_dt), JT.astype(top_dt)
             fs, Js = scale_for_robust_loss(loss, f, JT.T, f_scale)
-            out = (g + Js.T @ fs, cost + robust_cost(loss, f, f_scale))
-            if gram:
-                out = out + (carry[2] + Js.T @ Js,)
-            return out, (f, Js)
+            return (g + Js.T @ fs, cost + robust_cost(loss, f, f_scale)), (f, Js)
 
         init = (jnp.zeros((cfg.n,), top_dt), jnp.zeros((), top_dt))
-        if gram:
-            init = init + (jnp.zeros((cfg.n, cfg.n), top_dt),)
-        acc, (f, Js) = blocks.scan_rows(fun_flat, x, blocks.block(args_top), body, init)
-        out = (blocks.points(f), blocks.points(Js)) + acc[:2]
-        return out + acc[2:] if gram else out
+        (g, cost), (f, Js) = blocks.scan_rows(fun_flat, x, blocks.block(args_top), body,
+                                              init)
+        return blocks.points(f), blocks.points(Js), g, cost
     if callable(cfg.jac):
         f = fun_flat(x, *args_top)
         J = jnp.asarray(cfg.jac(x, *args_top))
@@ -83,6 +76,4 @@ def final_eval(fun_flat, cfg: LoopConfig, x, args_top, f_scale, gram: bool = Fal
     J = J.astype(top_dt)
     cost = robust_cost(loss, f, f_scale)
     fs, Js = scale_for_robust_loss(loss, f, J, f_scale)
-    if gram:
-        return f, Js, Js.T @ fs, cost, Js.T @ Js
     return f, Js, Js.T @ fs, cost

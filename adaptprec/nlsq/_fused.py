@@ -27,7 +27,7 @@ from .._policy import cast_floating
 from ._buckets import masked
 from ._compile import cpu_jit
 from ._evaluation import final_eval
-from ._loop import HANDED, LoopConfig, build_loop, one_eval_gate, se_test
+from ._loop import LoopConfig, build_loop
 from ._methods import _njev_is_none, method_fns
 from .common import _NORMAL_EQ_MIN_M, STATUS_MESSAGES, Status, robust_cost
 from .dogbox import dogbox_gnorm, on_bound
@@ -79,39 +79,7 @@ def _at_x0_only(run, cfg: LoopConfig, x0, ctx):
         rung_nfev=jnp.zeros_like(st.rung_nfev).at[top].set(1))
 
 
-def _checked_final(st, x, active, run, cfg: LoopConfig, fun_flat, implicit_x, solve_args,
-                   args_top):
-    """The final evaluation at ``x``, which also verifies a loop that ended ``HANDED``
-    (issue 31, :data:`._loop.NEAR_FACTOR`): its standard-error test at ``x``
-    (:func:`._loop.se_test`) passes -> ``FTOL``, the evaluation counted; fails -> the
-    top rung resumes from ``x`` (a second loop, compiled but run only then) and the
-    final evaluation is repeated at its end. Returns ``(st, x, f, Js, g, cost)``."""
-    x0c, args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol = solve_args
-    top = len(cfg.rungs) - 1
-    f, Js, g, cost, A = final_eval(fun_flat, cfg, x, args_top, f_scale, gram=True)
-    handed = st.status == HANDED
-    ok = se_test(jax.lax.stop_gradient(A), jax.lax.stop_gradient(g),
-                 jax.lax.stop_gradient(cost), cfg.m, cfg.n)
-
-    def verified(_):
-        h = handed.astype(jnp.int32)
-        return (st._replace(status=jnp.where(handed, Status.FTOL, st.status).astype(jnp.int32),
-                            nfev=st.nfev + h, njev=st.njev + h,
-                            rung_nfev=st.rung_nfev.at[top].add(h)),
-                x, f, Js, g, cost)
-
-    def resume(_):
-        st2 = run(x0c, args_all, lb, ub, scale_inv0, jax.lax.stop_gradient(f_scale), ftol,
-                  xtol, gtol, st=st)
-        x2 = implicit_x(jax.lax.stop_gradient(st2.x), args_top, f_scale, active == 0)
-        return (st2, x2) + tuple(final_eval(fun_flat, cfg, x2, args_top, f_scale))
-
-    return jax.lax.cond(handed & ~ok, resume, verified, None)
-
-
 def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder, pad=None):
-    if one_eval_gate(cfg):  # (issue 31) the final evaluation may verify the last step
-        cfg = cfg._replace(final_check=True)
     rungs = cfg.rungs
     top_dt = rungs[-1]
     step_fn, gnorm_fn, delta0_fn = method_fns(cfg.method, cfg.m, cfg.tr)
@@ -171,13 +139,7 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder, pad=N
             active = jnp.zeros(x_star.shape, jnp.int32)
         x = implicit_x(x_star, args_top, f_scale, active == 0)
         # Final evaluation on the top rung: fun, (loss-modified) jac, grad, optimality.
-        if cfg.final_check and cfg.max_nfev != 1:
-            st, x, f, Js, g, cost = _checked_final(st, x, active, run, cfg, fun_flat,
-                                                   implicit_x, (x0c, args_all, lb, ub,
-                                                   scale_inv0, f_scale, ftol, xtol, gtol),
-                                                   args_top)
-        else:
-            f, Js, g, cost = final_eval(fun_flat, cfg, x, args_top, f_scale)
+        f, Js, g, cost = final_eval(fun_flat, cfg, x, args_top, f_scale)
         if pad is not None:
             f, Js = f[:cfg.m], Js[:cfg.m]
         if cfg.has_bounds and cfg.method == "dogbox":

@@ -46,8 +46,7 @@ from ._factor import _factor, _factor_gram, _promote
 from ._state import LoopConfig, Proposal, _Kept, _State
 from ._step_schedule import _consult_schedule, _observes, _sched_set_rung, default_schedule
 
-__all__ = ["LoopConfig", "Proposal", "build_loop", "default_schedule", "one_eval_gate",
-           "se_test"]
+__all__ = ["LoopConfig", "Proposal", "build_loop", "default_schedule"]
 
 #: Rounding-level steps in a row on the top rung before the solve may end (ftol) ...
 NOISE_STEPS = 3
@@ -90,16 +89,6 @@ RESTART_RADIUS = 0.01
 ONE_EVAL_MIN_M = 4096
 #: ... the fraction: the batched engine's (``adaptprec.batch.verify.SE_FRACTION``).
 SE_FRACTION = 1e-3
-#: (issue 31, ``LoopConfig.final_check``) When the check at the hand-off fails but the
-#: Gauss-Newton step is at most ``sqrt(NEAR_FACTOR) * SE_FRACTION`` (a tenth) of every
-#: standard error, the step is taken and the loop ends with status ``HANDED``: the final
-#: evaluation at the returned ``x`` (needed for ``fun``/``jac`` anyway) repeats the check
-#: there, and the solve resumes on the top rung if it fails (:mod:`._fused`). The lower
-#: rung's data rounding leaves such a step (1e6-point double exponential: 1.8e-3 of a
-#: standard error after float32's last step), and one float64 step removes it.
-NEAR_FACTOR = 1e4
-#: The loop's end awaiting that final check (never returned: an internal code).
-HANDED = 98
 
 
 def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Callable,
@@ -120,8 +109,8 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
     share = lower_rung_budget(cfg.max_steps, cfg.n, nr)
     portfolio = cfg.portfolio and cfg.method == "lm" and not cfg.has_bounds
     # (static: smaller problems compile the same step program as before, see ONE_EVAL_MIN_M)
-    gate = one_eval_gate(cfg)
-    final_check = gate and cfg.final_check
+    one_eval_gate = (nr > 1 and cfg.m >= ONE_EVAL_MIN_M and cfg.m > cfg.n
+                     and not cfg.has_bounds and isinstance(loss, str) and loss == "linear")
 
     def fj_branch(i):
         dt = rungs[i]
@@ -224,8 +213,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             noise_dx=jnp.asarray(jnp.inf, top_dt), confirmed=jnp.asarray(False),
             sched=sched0,
             strat=zi, strat_nit=zi, x0_norm=jnp.linalg.norm(x0).astype(top_dt),
-            kept=_Kept(x0, jnp.asarray(jnp.inf, top_dt), zi) if portfolio else None,
-            handed=jnp.asarray(False) if final_check else None)
+            kept=_Kept(x0, jnp.asarray(jnp.inf, top_dt), zi) if portfolio else None)
 
     # One trust-region iteration = propose (model -> trial point z), one evaluation of
     # residual and Jacobian at z (eval_fj, the only part that depends on the residual),
@@ -445,7 +433,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         Delta_n = jnp.where(pending, jnp.where(carried, st.Delta, Delta0_n),
                             jnp.where(discard, st.Delta, Delta_n))
         alpha_n = jnp.where(discard, st.alpha, alpha_n)
-        if gate:
+        if one_eval_gate:
             # (issue 31) A lower rung that converged hands the top rung its point moved by
             # its own last Gauss-Newton step (within its radius): the rung stopped
             # because it can no longer see that step's decrease in the cost, not because
@@ -471,18 +459,13 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         # fit's statistics. Otherwise the top rung iterates from the lower rung's point
         # as before (its first step is this Gauss-Newton step: the fresh radius holds it).
         one_eval = jnp.asarray(False)
-        if gate:
+        if one_eval_gate:
             handoff = on_top & (pending | accepted) & (st.escalations > 0) & ok_z & (
                 st.esc_reason[top] == Reason.VERIFY) & ~(pending & gtol_n)
             if portfolio:
                 handoff = handoff & (st.strat == 0)
             dx, one_code = _one_eval_check(z, R_z, qtf_z, cost_z, scale_inv_n, ftol, xtol,
                                            cfg.m, cfg.n)
-            if final_check:  # a step near enough: verified by the final evaluation
-                q2, two_s2 = jnp.sum(qtf_z * qtf_z), 2.0 * cost_z / (cfg.m - cfg.n)
-                near = handoff & (one_code == 0) & ~st.handed & jnp.all(
-                    jnp.isfinite(dx)) & (q2 <= NEAR_FACTOR * SE_FRACTION ** 2 * two_s2)
-                one_code = jnp.where(near, HANDED, one_code)
             one_eval = handoff & (one_code > 0)
             one_eval, = _materialise(one_eval)
             x_n = jnp.where(one_eval, z + dx, x_n)
@@ -497,7 +480,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         # a point just evaluated on the top rung that already satisfies gtol ends the
         # solve there, as scipy's first test of each iteration does
         status = jnp.where(on_top & pending & gtol_n, Status.GTOL, status)
-        if gate:
+        if one_eval_gate:
             status = jnp.where(one_eval, one_code, status)
         # ---- (issue 15) after an escalation the top rung confirms convergence with one
         # more step: its first steps start from a lower rung's converged point, and a
@@ -593,23 +576,14 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             esc_reason=jnp.where(want_up, st.esc_reason.at[rung_n].set(reason),
                                  st.esc_reason),
             sched=_sched_set_rung(sched_n, rung_n),
-            strat=strat_n, strat_nit=strat_nit_n, kept=kept_n, x0_norm=st.x0_norm,
-            handed=st.handed)
+            strat=strat_n, strat_nit=strat_nit_n, kept=kept_n, x0_norm=st.x0_norm)
 
-    def run(x0, args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol, st=None):
-        """The solve from ``x0``; or, given ``st`` (a state the loop ended with status
-        ``HANDED`` whose final check failed), the top rung resumed from ``st.x``."""
+    def run(x0, args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol):
         if blocks is not None:  # once, outside the loop: data split into blocks
             args_all = tuple(blocks.block(a) for a in args_all)
         ctx = (args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol, x0)
-        if st is None:
-            st = init(x0, ctx)
-        else:  # evaluate at the point on the top rung, then iterate there as usual
-            st = st._replace(status=jnp.asarray(Status.RUNNING, jnp.int32),
-                             pending=jnp.asarray(True), handed=jnp.asarray(True),
-                             rung=jnp.asarray(top, jnp.int32))
         st = lax.while_loop(lambda s: s.status == Status.RUNNING,
-                            lambda s: body(s, ctx), st)
+                            lambda s: body(s, ctx), init(x0, ctx))
         return finish(st)
 
     def finish(st: _State) -> _State:
@@ -618,10 +592,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             return st
         # (the portfolio's choice of end happens in ``advance``: finish runs inside the
         # host driver's step program, and two selections there cost compile time)
-        status = verify_minimum(st.status, st.x, st.R, st.qtf, st.fsn)
-        if final_check:  # (the final evaluation checks a HANDED end: _fused)
-            status = jnp.where(st.status == HANDED, HANDED, status)
-        return st._replace(status=status)
+        return st._replace(status=verify_minimum(st.status, st.x, st.R, st.qtf, st.fsn))
 
     run.init = init
     run.body = body
@@ -633,28 +604,10 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
     return run
 
 
-def one_eval_gate(cfg: LoopConfig) -> bool:
-    """Whether a solve verifies the hand-off in one top-rung evaluation (static): a
-    ladder, at least :data:`ONE_EVAL_MIN_M` residuals, no bounds, the linear loss."""
-    return (len(cfg.rungs) > 1 and cfg.m >= ONE_EVAL_MIN_M and cfg.m > cfg.n
-            and not cfg.has_bounds and isinstance(cfg.loss, str) and cfg.loss == "linear")
-
-
-def se_test(A, g, cost, m: int, n: int):
-    """The standard-error test of :func:`_one_eval_check` from the Gram matrix
-    ``A = J^T J`` and the gradient ``g = J^T f`` at a point (the final evaluation's):
-    ``g^T A^+ g <= SE_FRACTION^2 2 cost / (m - n)``, finite."""
-    lam, V = jnp.linalg.eigh(A)
-    keep = lam > A.shape[0] * jnp.finfo(A.dtype).eps * jnp.max(lam)
-    c = V.T @ g
-    q2 = jnp.sum(jnp.where(keep, c * c / jnp.where(keep, lam, 1.0), 0.0))
-    return jnp.isfinite(q2) & (q2 <= SE_FRACTION ** 2 * 2.0 * cost / (m - n))
-
-
 def _gauss_newton_step(R, qtf, scale_inv):
     """The Gauss-Newton step ``dx`` of the model ``(R, qtf)`` (minimum-norm on its
-    numerical range) and its norm ``||p||`` in the scaled variables of
-    :func:`.lm.lm_step` (``dx = p / scale_inv``)."""
+    numerical range, in the scaled variables ``D x``, ``D = 1 / scale_inv``... as
+    :func:`.lm.lm_step` holds them) and its scaled norm ``||p||``, ``dx = D^-1 p``."""
     d = 1.0 / scale_inv
     U, s, VT = jnp.linalg.svd(R * d[None, :], full_matrices=False)
     keep = s > jnp.finfo(s.dtype).eps * s.shape[0] * s[0]

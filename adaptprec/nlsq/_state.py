@@ -52,11 +52,6 @@ class LoopConfig(NamedTuple):
     #: step. Set by ``solve_nlsq`` for an ``"adaptive"`` solve that runs float64 alone
     #: (``_ladder.SMALL_F64_MN``); an explicit ``precision="f64"`` keeps scipy's rules.
     adaptive_stop: bool = False
-    #: (issue 31) set by the fused driver for a large fit (:func:`._loop.one_eval_gate`):
-    #: the top rung's last Gauss-Newton step after the hand-off may be verified by the
-    #: final evaluation at the returned ``x`` instead of one more evaluation in the loop
-    #: (the loop ends with :data:`._loop.HANDED`; see :mod:`._fused`).
-    final_check: bool = False
 
 
 class _State(NamedTuple):
@@ -95,9 +90,6 @@ class _State(NamedTuple):
     kept: Any = None
     #: ``||x0||`` (the runaway test of the portfolio's end)
     x0_norm: jax.Array = None
-    #: (issue 31, ``LoopConfig.final_check``) the loop has ended once with an unverified
-    #: step (:data:`._loop.HANDED`): a resumed loop verifies by evaluating again
-    handed: jax.Array = None
 
 
 class _Kept(NamedTuple):
