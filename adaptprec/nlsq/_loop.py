@@ -22,6 +22,16 @@ of the budget (:func:`.common.lower_rung_budget`; the rung above continues the p
 radius included). A lower rung never ends a solve: ``max_steps`` ends it only on the top
 rung, and after an escalation the top rung confirms its first convergence test with one
 more step.
+
+Large fits (issue 31; :func:`one_eval_gate`: a ladder, ``m >=`` :data:`ONE_EVAL_MIN_M`, no
+bounds, the linear loss) verify the hand-off instead of iterating float64 to its own
+tolerances: a lower rung that converged (``VERIFY``) hands over its point moved by its own
+last Gauss-Newton step; at the top rung's evaluation there (and after each accepted
+top-rung step) the Gauss-Newton step is taken and the solve ends when it is within
+:data:`SE_FRACTION` of every standard error or meets ``ftol``/``xtol``
+(:func:`_one_eval_check`; no confirming step). The criterion, in docs/nlsq.md: the
+parameters agree with float64 alone's within a thousandth of their standard errors.
+Smaller problems compile and run exactly as before (NIST StRD bit for bit).
 """
 
 from __future__ import annotations
