@@ -56,7 +56,7 @@ from ._factor import _factor, _factor_gram, _promote
 from ._state import LoopConfig, Proposal, _Kept, _State
 from ._step_schedule import _consult_schedule, _observes, _sched_set_rung, default_schedule
 
-__all__ = ["LoopConfig", "Proposal", "build_loop", "default_schedule"]
+__all__ = ["LoopConfig", "Proposal", "build_loop", "default_schedule", "one_eval_gate"]
 
 #: Rounding-level steps in a row on the top rung before the solve may end (ftol) ...
 NOISE_STEPS = 3
@@ -119,8 +119,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
     share = lower_rung_budget(cfg.max_steps, cfg.n, nr)
     portfolio = cfg.portfolio and cfg.method == "lm" and not cfg.has_bounds
     # (static: smaller problems compile the same step program as before, see ONE_EVAL_MIN_M)
-    one_eval_gate = (nr > 1 and cfg.m >= ONE_EVAL_MIN_M and cfg.m > cfg.n
-                     and not cfg.has_bounds and isinstance(loss, str) and loss == "linear")
+    gate = one_eval_gate(cfg)
 
     def fj_branch(i):
         dt = rungs[i]
@@ -443,7 +442,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         Delta_n = jnp.where(pending, jnp.where(carried, st.Delta, Delta0_n),
                             jnp.where(discard, st.Delta, Delta_n))
         alpha_n = jnp.where(discard, st.alpha, alpha_n)
-        if one_eval_gate:
+        if gate:
             # (issue 31) A lower rung that converged hands the top rung its point moved by
             # its own last Gauss-Newton step (within its radius): the rung stopped
             # because it can no longer see that step's decrease in the cost, not because
@@ -469,7 +468,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         # fit's statistics. Otherwise the top rung iterates from the lower rung's point
         # as before (its first step is this Gauss-Newton step: the fresh radius holds it).
         one_eval = jnp.asarray(False)
-        if one_eval_gate:
+        if gate:
             handoff = on_top & (pending | accepted) & (st.escalations > 0) & ok_z & (
                 st.esc_reason[top] == Reason.VERIFY) & ~(pending & gtol_n)
             if portfolio:
@@ -490,7 +489,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         # a point just evaluated on the top rung that already satisfies gtol ends the
         # solve there, as scipy's first test of each iteration does
         status = jnp.where(on_top & pending & gtol_n, Status.GTOL, status)
-        if one_eval_gate:
+        if gate:
             status = jnp.where(one_eval, one_code, status)
         # ---- (issue 15) after an escalation the top rung confirms convergence with one
         # more step: its first steps start from a lower rung's converged point, and a
@@ -612,6 +611,13 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
     run.fj_branches = fj_branches
     run.blocks = blocks
     return run
+
+
+def one_eval_gate(cfg: LoopConfig) -> bool:
+    """Whether a solve verifies the hand-off in one top-rung evaluation (static): a
+    ladder, at least :data:`ONE_EVAL_MIN_M` residuals, no bounds, the linear loss."""
+    return (len(cfg.rungs) > 1 and cfg.m >= ONE_EVAL_MIN_M and cfg.m > cfg.n
+            and not cfg.has_bounds and isinstance(cfg.loss, str) and cfg.loss == "linear")
 
 
 def _gauss_newton_step(R, qtf, scale_inv):
