@@ -91,9 +91,10 @@ PORTFOLIO = True
 RESTART_RADIUS = 0.01
 #: (issue 31) The hand-off verified in ONE top-rung evaluation (see ``advance``): from
 #: this many residuals on (the normal-equation fits, ``common._NORMAL_EQ_MIN_M``), an
-#: unbounded fit with the linear loss whose lower rung converged is accepted at the top
-#: rung's first evaluation when its Gauss-Newton step there is at most ``SE_FRACTION``
-#: of every parameter's standard error. Smaller problems keep iterating on the top rung:
+#: unbounded fit with the linear loss whose lower rung converged is accepted at a top-rung
+#: evaluation (its first, or after an accepted step) when its Gauss-Newton step there is
+#: at most ``SE_FRACTION`` of every parameter's standard error (:func:`one_eval_gate`,
+#: :func:`_one_eval_check`). Smaller problems keep iterating on the top rung:
 #: there the answer is judged to full float64 accuracy (NIST StRD's certified values
 #: carry 10-11 digits, far below a thousandth of a standard error).
 ONE_EVAL_MIN_M = 4096
@@ -462,9 +463,9 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             # (issue 31) A lower rung that converged hands the top rung its point moved by
             # its own last Gauss-Newton step (within its radius): the rung stopped
             # because it can no longer see that step's decrease in the cost, not because
-            # its model lost the step (1e6-point double exponential: float32's point is
-            # 5e-3 standard errors off, and float64's check at it fails by that; after
-            # the step float64's first evaluation passes it).
+            # its model lost the step (1e6-point double exponential: float32's point
+            # 4.8e-3 standard errors from float64's answer, 1.6e-3 after the step; at
+            # 1e5 points float64's first evaluation then passes the check).
             hand = want_up & (rung_n == top) & (reason == Reason.VERIFY) & ok_n
             dl, pl = _gauss_newton_step(R_n, qtf_n, scale_inv_n)
             hand = hand & (pl <= Delta_n) & jnp.all(jnp.isfinite(dl))
@@ -638,8 +639,8 @@ def one_eval_gate(cfg: LoopConfig) -> bool:
 
 def _gauss_newton_step(R, qtf, scale_inv):
     """The Gauss-Newton step ``dx`` of the model ``(R, qtf)`` (minimum-norm on its
-    numerical range, in the scaled variables ``D x``, ``D = 1 / scale_inv``... as
-    :func:`.lm.lm_step` holds them) and its scaled norm ``||p||``, ``dx = D^-1 p``."""
+    numerical range) and its norm ``||p||`` in the scaled variables of
+    :func:`.lm.lm_step` (``dx = p / scale_inv``)."""
     d = 1.0 / scale_inv
     U, s, VT = jnp.linalg.svd(R * d[None, :], full_matrices=False)
     keep = s > jnp.finfo(s.dtype).eps * s.shape[0] * s[0]
