@@ -55,7 +55,10 @@ def test_streamed_equals_in_memory_blocked(in_memory, streamed):
     assert int(in_memory.status) > 0 and int(streamed.status) > 0
     np.testing.assert_allclose(streamed.x, in_memory.x, rtol=1e-10)
     np.testing.assert_allclose(streamed.cost, in_memory.cost, rtol=1e-12)
-    np.testing.assert_allclose(streamed.grad, in_memory.grad, atol=1e-8)
+    # (issue 31) either may end on the hand-off's one-evaluation check: its Gauss-Newton
+    # step taken unevaluated leaves a gradient of ~1e-8 here (the cost's is ~1; a
+    # thousandth of a standard error would be ~1e-3), not the 1e-13 of iterating on
+    np.testing.assert_allclose(streamed.grad, in_memory.grad, atol=1e-6)
     # the adaptive ladder: f32 first, the answer on the top rung
     assert streamed.rung_name == "f64" and int(streamed.escalations) == 1
     assert int(streamed.rung_nfev[0]) > 0 and int(streamed.rung_nfev[1]) > 0
