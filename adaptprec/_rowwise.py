@@ -31,7 +31,7 @@ from jax import lax
 
 from . import _jaxpr as jx
 from ._autocast.interpret import _is_dynamic
-from ._first_order import error_of_samples
+from ._first_order import error_of_samples, materialized
 
 __all__ = ["row_inputs", "sampled_rows_error", "ROWS", "MIN_BATCH"]
 
@@ -237,4 +237,6 @@ def sampled_rows_error(fn: Callable, inputs: tuple, mask: tuple, cast_out, ref_d
 
     a, kw = jax.tree_util.tree_unflatten(treedef, [take(i, x) for i, x in enumerate(leaves)])
     ref = jax.tree_util.tree_leaves(fn(*a, **kw))
-    return error_of_samples([y[idx] for y in cast_out], ref)
+    # rows read from the materialized outputs (a cond's operands), as the sampled check
+    # of entries does: a gather fused into the rung's producers splits its fusions
+    return error_of_samples([materialized(lambda y: y[idx], y) for y in cast_out], ref)
