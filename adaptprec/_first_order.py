@@ -675,10 +675,11 @@ def is_entrywise(flat_fn: Callable, avals) -> bool:
     return ok(closed.jaxpr)
 
 
-def sampled_error(fn: Callable, args: tuple, kwargs: dict, inputs: tuple, cast_out,
+def sampled_error(fn: Callable, args: tuple, kwargs: dict, inputs: tuple, outs, dtypes,
                   ref_dtype, k: int = 256, seed: int = 0) -> jax.Array:
     """Normwise relative difference, on ``k`` evenly spaced entries (offset by
-    ``seed``), between the rung's outputs ``cast_out`` and ``fn`` re-evaluated in
+    ``seed``), between the rung's outputs ``outs`` (each sample cast to the dtype in
+    ``dtypes`` it is returned in) and ``fn`` re-evaluated in
     ``ref_dtype`` from the user's inputs (an entrywise ``fn``: :func:`is_entrywise`).
     ``max |y_s - ref_s| / max |ref_s|`` (inf when a discrete output differs)."""
     leaves, treedef = jax.tree_util.tree_flatten(inputs)
@@ -700,8 +701,8 @@ def sampled_error(fn: Callable, args: tuple, kwargs: dict, inputs: tuple, cast_o
     # their producers, the gather made XLA split the rung's own fusion and write its
     # intermediates (exp and log1p of 2^20 entries: the check cost ~0.5 of the rung; an
     # optimization_barrier is dropped by XLA:CPU before fusion)
-    return error_of_samples([materialized(lambda y: jnp.ravel(y)[idx], y)
-                             for y in cast_out], ref)
+    return error_of_samples([materialized(lambda y: jnp.ravel(y)[idx], y).astype(dt)
+                             for y, dt in zip(outs, dtypes)], ref)
 
 
 def error_of_samples(samples, ref):

@@ -98,12 +98,15 @@ _WHAT = {"mca": "Monte Carlo check", "first_order": "first-order error bound",
                    "statistical)", "screen": "screens only (cancellation, finite)",
          "sample_rows": "sampled check (16 rows re-evaluated in the widest dtype; "
                         "statistical)",
+         "sample_conv": "sampled check (256 output positions of the convolution "
+                        "re-evaluated in the widest dtype; statistical)",
          "none": "finite only: accuracy not checked"}
 
 
 def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
                 scale: float = 1.0, backend: str | None = None,
-                entrywise: bool = False, rowwise: bool = False) -> Plan:
+                entrywise: bool = False, rowwise: bool = False,
+                conv: bool = False) -> Plan:
     """The cheapest plan that still checks every answer it returns.
 
     ``rung_fn(k)``: a function of the arrays computing rung ``k``'s outputs;
@@ -113,7 +116,9 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
     (the batch size when planned per element under ``vmap``); ``entrywise``: the kernel
     may be checked on a sample of entries; ``rowwise``: on a sample of rows
     (:mod:`adaptprec._rowwise`), chosen when the first-order bound costs more than
-    ``ROW_SAMPLE_ABOVE`` of the rung.
+    ``ROW_SAMPLE_ABOVE`` of the rung; ``conv``: the kernel is one convolution, checked
+    on a sample of output positions (:mod:`adaptprec._convsample`; ~1% of the rung, so
+    preferred, as the sampled entries of an entrywise kernel are).
     """
     table = _cost.throughput_for(backend)
     top = n_rungs - 1
@@ -199,7 +204,8 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
                        f"{_fmt(next_total)} with its check, {how})")
             continue
         method, c = None, None
-        methods = (("sample",) if entrywise else ()) + ("first_order", "mca")
+        methods = (("sample",) if entrywise else ()) + (
+            ("sample_conv",) if conv else ()) + ("first_order", "mca")
         if rowwise and not entrywise:
             fo = check_cost(k, "first_order")
             if fo is None or fo > ROW_SAMPLE_ABOVE * cost[k]:

@@ -212,10 +212,11 @@ def _retraces(flat_fn, avals, mask, batch) -> bool:
                                jax.tree_util.tree_leaves(full)))
 
 
-def sampled_rows_error(fn: Callable, inputs: tuple, mask: tuple, cast_out, ref_dtype,
+def sampled_rows_error(fn: Callable, inputs: tuple, mask: tuple, outs, dtypes, ref_dtype,
                        k: int = ROWS, seed: int = 0) -> jax.Array:
     """Normwise relative difference, on ``k`` evenly spaced rows (offset by ``seed``),
-    between the rung's outputs ``cast_out`` and ``fn`` re-evaluated in ``ref_dtype``
+    between the rung's outputs ``outs`` (cast to ``dtypes``) and ``fn`` re-evaluated in
+    ``ref_dtype``
     from the user's ``inputs`` (``(args, kwargs)``), sliced to those rows where ``mask``
     (over the dynamic leaves) says they are row inputs. ``inf`` when a discrete output
     differs."""
@@ -239,4 +240,5 @@ def sampled_rows_error(fn: Callable, inputs: tuple, mask: tuple, cast_out, ref_d
     ref = jax.tree_util.tree_leaves(fn(*a, **kw))
     # rows read from the materialized outputs (a cond's operands), as the sampled check
     # of entries does: a gather fused into the rung's producers splits its fusions
-    return error_of_samples([materialized(lambda y: y[idx], y) for y in cast_out], ref)
+    return error_of_samples([materialized(lambda y: y[idx], y).astype(dt)
+                             for y, dt in zip(outs, dtypes)], ref)

@@ -465,7 +465,8 @@ class MixedPrecisionManager:
         rung = int(np.asarray(report.rung))
         checked = report.checks[rung] if report.checks else "mca"
         if (bool(np.asarray(report.ok)) and rung < len(self.rungs) - 1
-                and checked in ("mca", "first_order", "sample", "sample_rows")):
+                and checked in ("mca", "first_order", "sample", "sample_rows",
+                                   "sample_conv")):
             spec[spec_key] = [rung, 0, spec.get(spec_key, [None, 0, None])[2]]
         else:
             spec.pop(spec_key, None)
@@ -522,7 +523,8 @@ class _Program:
                 plan = _plan.choose_plan(self.n_rungs, tuple(self.mgr.ladder), g.rtol,
                                          self._rung_fn, self._check_fn, avals, size,
                                          entrywise=self._entrywise(avals),
-                                         rowwise=self._rowwise(avals))
+                                         rowwise=self._rowwise(avals),
+                                         conv=self._conv(avals))
             self._plans[key] = plan
         self.plan = plan
         return plan
@@ -552,6 +554,14 @@ class _Program:
 
         flat = self._flat_kernel()
         return flat is not None and row_inputs(flat, avals) is not None
+
+    def _conv(self, avals) -> bool:
+        """Plain-dtype rungs and a kernel that is one convolution: checkable on a
+        sample of output positions."""
+        from ._convsample import conv_kernel
+
+        flat = self._flat_kernel()
+        return flat is not None and conv_kernel(flat, avals) is not None
 
     def _rung_fn(self, k):
         def rung(*d):
@@ -619,7 +629,10 @@ class _Program:
         cast = [x.astype(odt) if _is_floating_array(x) else x for x in leaves]
         return call, (args, kwargs), (cargs, ckw), out, cast
 
-    def attempt(self, k, *dyn, batched=False):
+    def attempt(self, k, *dyn, batched=False, raw=False):
+        """``(outputs, codes, values, ok)`` of rung ``k``; ``raw``: the outputs as the
+        rung returned them (:meth:`single` casts them inside the branch that accepts
+        them), else cast to the output dtype."""
         call, inputs, (cargs, ckw), out, cast = self.call_at(k, dyn)
         dtype = self.mgr.ladder[k]
         nxt = None
@@ -633,7 +646,19 @@ class _Program:
         codes = jnp.stack([r.code for r in results])
         values = jnp.stack([r.value for r in results])
         ok = jnp.all(jnp.stack([r.ok for r in results]))
+        if raw:
+            # (16-bit leaves cast here, as before: XLA:CPU computes them in float32 and
+            # may drop their rounding next to the cast (excess precision); cast in a
+            # branch, the rounding stays and an unbatched call would differ from the same
+            # element of a vmapped one)
+            leaves = jax.tree_util.tree_leaves(out)
+            return tuple(c if _is_floating_array(x) and jnp.dtype(x.dtype).itemsize < 4
+                         else x for x, c in zip(leaves, cast)), codes, values, ok
         return tuple(cast), codes, values, ok
+
+    def cast_leaves(self, leaves, dyn):
+        odt = self.out_dtype(dyn)
+        return tuple(x.astype(odt) if _is_floating_array(x) else x for x in leaves)
 
     def fresh(self, k, attempt_out, batch=()):
         out, c, v, ok = attempt_out
@@ -649,20 +674,27 @@ class _Program:
     def single(self, *dyn):
         plan = self.plan_for(dyn)
         tried = [k for k in range(self.n_rungs) if plan.attempt[k]]
-        rec = self.fresh(tried[0], self.attempt(tried[0], *dyn))
+        # a rung's outputs travel raw (in its dtype) and are cast to the output dtype
+        # inside the branch that accepts them: a cond returning an operand copies it,
+        # while a cast computed in the branch writes the result in place (conv 8x64x64x32
+        # f32 rung: the copy of its f64 output was ~0.2 of plain f64, issue 31)
+        rec = self.fresh(tried[0], self.attempt(tried[0], *dyn, raw=True))
+
+        def accept(rec):
+            return (self.cast_leaves(rec[0], dyn),) + tuple(rec[1:])
 
         def climb(i, rec):
             if i >= len(tried):
-                return rec
+                return accept(rec)
             k = tried[i]
 
             def go(rec):
-                out, c, v, ok = self.attempt(k, *dyn)
+                out, c, v, ok = self.attempt(k, *dyn, raw=True)
                 return climb(i + 1, (out, _set_rung_row(rec[1], k, c),
                                      _set_rung_row(rec[2], k, v),
                                      jnp.asarray(k, jnp.int32), ok))
 
-            return lax.cond(rec[4], lambda r: r, go, rec)
+            return lax.cond(rec[4], accept, go, rec)
 
         rec = climb(1, rec)
         self.emit(rec)
