@@ -946,6 +946,14 @@ def adaptive(fn: Callable | None = None, *, ladder: Any = "bf16,f32,f64",
     ``fn``'s signature, returns what ``fn`` returns (floating leaves in the output dtype),
     and has ``.with_report(*args, **kwargs) -> (out, Report)``.
 
+    **Pass** ``rtol=`` **for verified accuracy.** Without it (and without an accuracy
+    guard in ``guards=``) the only guard is ``guards.finite()``: the first rung whose
+    output is finite is returned, on the default ladder usually bfloat16 (~2-3
+    significant digits, cast to the inputs' dtype), and its report says "finite only:
+    accuracy not checked". With ``rtol=1e-3`` a rung is accepted only when its estimated
+    relative rounding error is at most ``1e-3``, and the cost model chooses how that is
+    checked (docs/runtime.md, "When adaptivity pays").
+
     Example:
         >>> import jax, jax.numpy as jnp
         >>> import adaptprec as ap
