@@ -312,6 +312,34 @@ def test_a_measured_plan_keeps_the_tables_choice_near_break_even(monkeypatch):
     assert rep.checks[1] == "skipped" and rep.rung_name == "f64", rep.plan
 
 
+def test_a_contradicting_timing_is_taken_again(monkeypatch):
+    # issue 31: a burst of load made conv's f32 rung time like f64 in one run of
+    # several; a rung the table says pays is dropped only when a second timing, of the
+    # rung with its check against the plan above directly, agrees
+    from adaptprec import _cost
+    x = jnp.asarray(np.random.default_rng(0).uniform(0.0, 2.0, N))
+
+    def plan_with(second):
+        calls = []
+
+        def fake_measure(fns, avals, *a, **k):
+            calls.append(len(fns))
+            if len(fns) == 3:                 # the rungs: f32 timed as slow as f64
+                return [2e-3, 0.98e-3, 1e-3]
+            if calls.count(2) == 1:           # f32's check and f32 alone: +2%
+                return [1.02, 1.0]
+            return [second, 1.0]              # f32 + check against the plan above
+        monkeypatch.setattr(_cost, "measure_many", fake_measure)
+        f = ap.adaptive(_big_elementwise, rtol=1e-3)    # the table: f32 pays (~0.5x)
+        return f.with_report(x)[1]
+
+    rep = plan_with(0.55)
+    assert rep.checks[1] != "skipped" and rep.rung_name == "f32", rep.plan
+    assert "measured twice" in rep.plan[1]
+    rep = plan_with(0.97)        # both timings say no: dropped
+    assert rep.checks[1] == "skipped" and rep.rung_name == "f64", rep.plan
+
+
 # ------------------------------------------------------- sampled convolution check
 
 
