@@ -328,7 +328,10 @@ class MixedPrecisionManager:
             return None
         if len(sig) != len(args):
             return None
-        prog = self._fast.get((fn, x64_enabled(), sig))
+        try:
+            prog = self._fast.get((fn, x64_enabled(), sig))
+        except TypeError:   # an unhashable kernel sharing the manager: never fast
+            return None
         return None if prog is None else prog(*args)[0]
 
     def _dispatch(self, fn, args, kwargs, with_report: bool):

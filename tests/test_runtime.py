@@ -509,3 +509,19 @@ def test_settled_eager_calls_take_the_fast_path(monkeypatch):
         g(big)
     assert not g.manager._fast
     assert g.with_report(big)[1].checks[1] == "skipped"     # learned: f32 fails here
+
+
+def test_fast_path_with_a_shared_manager_and_an_unhashable_kernel():
+    class Unhashable:
+        __hash__ = None
+        __name__ = "unhashable"
+
+        def __call__(self, x):
+            return jnp.sin(x)
+
+    deco = ap.adaptive(ladder="f32,f64", plan="all")   # one manager for both kernels
+    f, g = deco(jnp.cos), deco(Unhashable())
+    x = jnp.linspace(0.0, 1.0, 8)
+    f(x), f(x)
+    assert f.manager is g.manager and g.manager._fast
+    np.testing.assert_allclose(np.asarray(g(x)), np.sin(np.asarray(x)), rtol=1e-6)
