@@ -15,8 +15,8 @@ with ``jit``, ``vmap`` and ``grad``. Rules, for a kernel with an accuracy guard:
 * **Lower rungs**, top down: rung ``r`` is skipped when its a-priori probabilistic error
   ``u_r * sqrt(n)`` (``n`` the longest accumulation: a contraction or a sum; Higham &
   Mary 2019) exceeds ``rtol`` (it would almost surely fail), or when it and its check
-  cost more than ``MARGIN`` of the plan above it: ``cost(r) + check(r) > MARGIN *
-  (cost(s) + check(s))``, ``s`` the next rung tried above it. A *measured* plan keeps
+  cost more than ``MARGIN`` of the plan above it: ``cost(r) + check(r) +
+  ATTEMPT_OVERHEAD > MARGIN * (cost(s) + check(s))``, ``s`` the next rung tried above it. A *measured* plan keeps
   the throughput table's decision unless the timings disagree by more than a margin
   (``KEEP``, ``MARGIN**2``: hysteresis, so near break-even plans do not flip with load);
   a rung the table says pays is dropped only when a second timing, of the rung with its
@@ -56,6 +56,13 @@ MARGIN = 0.8
 #: when the table says it does not pay, the measurement must show ``<= MARGIN * MARGIN``
 #: of the plan above to try it.
 KEEP = 0.9
+
+
+#: Seconds a tried lower rung adds to a call beyond its program and check, which the
+#: per-program timings do not see: the escalation's ``cond`` and finite check, and an
+#: eager call's escalation bookkeeping (~30-70 us here). Decides small kernels (a 0.65 ms
+#: MLP planned f32 + sampled rows measured 1.31x f64 per call, issue 31).
+ATTEMPT_OVERHEAD = 5e-5
 
 
 #: A row-separable kernel's lower rung is checked on a sample of rows (statistical)
@@ -225,7 +232,7 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
             pays = (c_model is not None
                     and modelled[k] + c_model <= MARGIN * next_model)
             limit = KEEP if pays else MARGIN * MARGIN
-        if pays and ck + c > limit * next_total:
+        if pays and ck + c + ATTEMPT_OVERHEAD > limit * next_total:
             # the timings contradict the table: timed again, the rung with its check
             # against the plan above directly (a burst of load on the shared machine made
             # conv's float32 rung look as slow as float64 in one of several runs); it is
@@ -234,9 +241,10 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
             if mine <= limit * theirs:      # (the rung/check split of the first timing)
                 total, frac = mine / theirs * next_total, c / max(ck + c, 1e-30)
                 ck, c, how_k = total * (1.0 - frac), total * frac, "measured twice"
-        if c is None or ck + c > limit * next_total:
+        if c is None or ck + c + ATTEMPT_OVERHEAD > limit * next_total:
             what = ("no check models it" if c is None else
-                    f"it and its check ({_fmt(ck + c)}) would cost more than "
+                    f"it and its check ({_fmt(ck + c)}, + {_fmt(ATTEMPT_OVERHEAD)} per "
+                    f"call) would cost more than "
                     f"{limit:.0%} of the plan above it ({_fmt(next_total)})")
             note[k] = f"skipped: {what}, {how_k}"
             continue
