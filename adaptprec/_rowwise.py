@@ -31,7 +31,7 @@ from jax import lax
 
 from . import _jaxpr as jx
 from ._autocast.interpret import _is_dynamic
-from ._first_order import error_of_samples
+from ._first_order import error_of_samples, materialized
 
 __all__ = ["row_inputs", "sampled_rows_error", "ROWS", "MIN_BATCH"]
 
@@ -212,10 +212,11 @@ def _retraces(flat_fn, avals, mask, batch) -> bool:
                                jax.tree_util.tree_leaves(full)))
 
 
-def sampled_rows_error(fn: Callable, inputs: tuple, mask: tuple, cast_out, ref_dtype,
+def sampled_rows_error(fn: Callable, inputs: tuple, mask: tuple, outs, dtypes, ref_dtype,
                        k: int = ROWS, seed: int = 0) -> jax.Array:
     """Normwise relative difference, on ``k`` evenly spaced rows (offset by ``seed``),
-    between the rung's outputs ``cast_out`` and ``fn`` re-evaluated in ``ref_dtype``
+    between the rung's outputs ``outs`` (cast to ``dtypes``) and ``fn`` re-evaluated in
+    ``ref_dtype``
     from the user's ``inputs`` (``(args, kwargs)``), sliced to those rows where ``mask``
     (over the dynamic leaves) says they are row inputs. ``inf`` when a discrete output
     differs."""
@@ -237,4 +238,7 @@ def sampled_rows_error(fn: Callable, inputs: tuple, mask: tuple, cast_out, ref_d
 
     a, kw = jax.tree_util.tree_unflatten(treedef, [take(i, x) for i, x in enumerate(leaves)])
     ref = jax.tree_util.tree_leaves(fn(*a, **kw))
-    return error_of_samples([y[idx] for y in cast_out], ref)
+    # rows read from the materialized outputs (a cond's operands), as the sampled check
+    # of entries does: a gather fused into the rung's producers splits its fusions
+    return error_of_samples([materialized(lambda y: y[idx], y).astype(dt)
+                             for y, dt in zip(outs, dtypes)], ref)

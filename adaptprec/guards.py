@@ -328,15 +328,16 @@ class _Finite(Guard):
         # float64 and inf in the float32 the caller gets (newcomer audit 3)
         if ctx.cast_out is None:
             return finite_values(ctx.out)
-        cast = finite_values(tuple(ctx.cast_out))
         raw_leaves = _float_leaves(ctx.out)
         cast_leaves = _float_leaves(tuple(ctx.cast_out))
         if len(raw_leaves) == len(cast_leaves) and all(
                 jnp.finfo(c.dtype).maxexp >= jnp.finfo(r.dtype).maxexp
                 for r, c in zip(raw_leaves, cast_leaves)):
             # a cast to an equal or wider range keeps finite values finite and non-finite
-            # ones non-finite: one pass over the output is enough (issue 31)
-            return cast
+            # ones non-finite: one pass over the rung's own output is enough (issue 31;
+            # in its dtype: fewer bytes, and the runtime casts only the accepted output)
+            return finite_values(ctx.out)
+        cast = finite_values(tuple(ctx.cast_out))
         raw = finite_values(ctx.out)
         # value: the non-finite entries of the output (raw or as returned, the larger)
         return GuardResult.make(raw.ok & cast.ok, NONFINITE,
@@ -823,6 +824,8 @@ class _Accuracy(Guard):
             return self.sampled(ctx)
         if ctx.check == "sample_rows":
             return self.sampled_rows(ctx)
+        if ctx.check == "sample_conv":
+            return self.sampled_conv(ctx)
         if ctx.check in ("none", "speculative"):
             # the plan skipped the top rung's screens (they cost more than the budget):
             # the report says "not checked"; the finite guard still runs
@@ -840,9 +843,8 @@ class _Accuracy(Guard):
         missed (the report says "sampled")."""
         from ._first_order import sampled_error
         ref = np.float64 if jax.config.jax_enable_x64 else np.float32
-        err = sampled_error(ctx.fn, ctx.args, ctx.kwargs, ctx.inputs,
-                            ctx.cast_out if ctx.cast_out is not None else
-                            jax.tree_util.tree_leaves(ctx.out), ref, self.SAMPLE, self.seed)
+        err = sampled_error(ctx.fn, ctx.args, ctx.kwargs, ctx.inputs, *_returned(ctx), ref,
+                            self.SAMPLE, self.seed)
         err = jnp.maximum(self.SAMPLE_SAFETY * err, jnp.float32(self._floor(ctx)))
         return GuardResult.make(err <= self.rtol, INACCURATE, digits_from_error(err, ctx.u))
 
@@ -869,9 +871,36 @@ class _Accuracy(Guard):
         if mask is None:    # the plan chose it for a row-separable kernel: not reached
             raise TypeError("check 'sample_rows' on a kernel that is not row-separable")
         ref = np.float64 if jax.config.jax_enable_x64 else np.float32
-        err = sampled_rows_error(ctx.fn, ctx.inputs, mask,
-                                 ctx.cast_out if ctx.cast_out is not None else
-                                 jax.tree_util.tree_leaves(ctx.out), ref, seed=self.seed)
+        err = sampled_rows_error(ctx.fn, ctx.inputs, mask, *_returned(ctx), ref,
+                                 seed=self.seed)
+        err = jnp.maximum(self.SAMPLE_SAFETY * err, jnp.float32(self._floor(ctx)))
+        return GuardResult.make(err <= self.rtol, INACCURATE, digits_from_error(err, ctx.u))
+
+    def sampled_conv(self, ctx) -> GuardResult:
+        """Convolution kernels (:mod:`adaptprec._convsample`): ``POSITIONS`` evenly
+        spaced output positions (every channel) re-evaluated in the widest dtype on the
+        input windows they read; the largest normwise difference, times
+        ``SAMPLE_SAFETY``. Statistical: a bad position between the samples is missed
+        (the report says "sampled")."""
+        from ._autocast.interpret import _is_dynamic
+        from ._convsample import conv_kernel, sampled_conv_error
+        leaves = jax.tree_util.tree_leaves(ctx.inputs)
+        dyn = [x for x in leaves if _is_dynamic(x)]
+        fn_leaves, treedef = jax.tree_util.tree_flatten(ctx.inputs)
+        pos = [i for i, x in enumerate(fn_leaves) if _is_dynamic(x)]
+
+        def flat(*d):
+            full = list(fn_leaves)
+            for i, x in zip(pos, d):
+                full[i] = x
+            a, kw = jax.tree_util.tree_unflatten(treedef, full)
+            return jax.tree_util.tree_leaves(ctx.fn(*a, **kw))
+
+        conv = conv_kernel(flat, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in dyn])
+        if conv is None:    # the plan chose it for a convolution: not reached
+            raise TypeError("check 'sample_conv' on a kernel that is not one convolution")
+        ref = np.float64 if jax.config.jax_enable_x64 else np.float32
+        err = sampled_conv_error(conv, dyn, *_returned(ctx), ref, seed=self.seed)
         err = jnp.maximum(self.SAMPLE_SAFETY * err, jnp.float32(self._floor(ctx)))
         return GuardResult.make(err <= self.rtol, INACCURATE, digits_from_error(err, ctx.u))
 
@@ -941,6 +970,16 @@ class _Accuracy(Guard):
         cancels = ((res.cancellation > self.rtol) & (res.cancellation > 2.0 * ctx.u)) | lost
         code = jnp.where(cancels, CANCELLATION, INACCURATE)
         return GuardResult.make(err <= self.rtol, code, digits_from_error(err, ctx.u))
+
+
+def _returned(ctx) -> tuple[list, list]:
+    """``(the rung's output leaves, the dtype each is returned in)``: the sampled checks
+    read their samples from the rung's own outputs and cast the samples, so no check
+    needs the whole cast output (the runtime casts only the output it accepts)."""
+    raw = jax.tree_util.tree_leaves(ctx.out)
+    if ctx.cast_out is None:
+        return raw, [x.dtype for x in raw]
+    return raw, [c.dtype for c in ctx.cast_out]
 
 
 def _output_roundoff(ctx) -> float:

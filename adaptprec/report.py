@@ -142,6 +142,10 @@ class Report(Module):
                 return (f"{low}~{d:.1f} digits verified on sampled entries (rtol "
                         f"{rtols[i]:g}; statistical: entries between the samples are not "
                         "checked)")
+            if used == {"sample_conv"}:
+                return (f"{low}~{d:.1f} digits verified on sampled output positions (rtol "
+                        f"{rtols[i]:g}; statistical: positions between the samples are "
+                        "not checked)")
             if used == {"sample_rows"}:
                 return (f"{low}~{d:.1f} digits verified on sampled rows (rtol "
                         f"{rtols[i]:g}; statistical: rows between the samples are not "

@@ -51,7 +51,7 @@ from ._rungs import Rung, is_rung_object, normalize_ladder
 from .guards import (SPOT_CHECK, Guard, GuardContext, accuracy, as_guard, finite,
                      output_error)
 from ._policy import Policy, _is_floating_array, cast_floating
-from .precision import dtype_name, unit_roundoff
+from .precision import dtype_name, unit_roundoff, x64_enabled
 from .report import Report, _reason
 from ._x64_rule import float64_call
 
@@ -68,6 +68,18 @@ ESCALATED_CALLS, RETRY_EVERY = 2, 16
 
 
 _DYNAMIC_TYPES: set = set()     # types seen to be arrays (isinstance on jax.Array is slow)
+
+
+_CONCRETE_TYPES: set = set()    # concrete array types (not tracers): the eager fast path
+
+
+def _concrete_type(t) -> bool:
+    if t in _CONCRETE_TYPES:
+        return True
+    if issubclass(t, jax.core.Tracer) or not issubclass(t, (jax.Array, np.ndarray)):
+        return False
+    _CONCRETE_TYPES.add(t)
+    return True
 
 
 def _is_dynamic(x) -> bool:
@@ -249,6 +261,9 @@ class MixedPrecisionManager:
         self._cache: dict = {}
         self._spec: dict = {}   # speculation per (kernel, shapes): [rung, calls, program]
         self._esc: dict = {}    # eager escalations per (kernel, shapes): _skip_failing
+        # eager plain calls whose program is settled (no escalation memory to keep):
+        # (kernel, x64, (shape, dtype) per positional array) -> compiled (out, rung)
+        self._fast: dict = {}
 
     def __repr__(self):
         return (f"MixedPrecisionManager(ladder={','.join(self.rung_names)!r}, guards="
@@ -300,6 +315,25 @@ class MixedPrecisionManager:
         """
         return self._dispatch(fn, args, kwargs, False)
 
+    def fast_call(self, fn, args):
+        """``call(fn, *args)`` for positional concrete arrays whose program is settled
+        (see ``_dispatch``), else ``None``: an eager plain call's Python overhead (~30
+        us of pytree flattening, cache keys and escalation bookkeeping) is the 1.1-1.3x
+        of a 0.3 ms kernel (issue 31)."""
+        if not self._fast:
+            return None
+        try:
+            sig = tuple((a.shape, a.dtype) for a in args if _concrete_type(type(a)))
+        except AttributeError:
+            return None
+        if len(sig) != len(args):
+            return None
+        try:
+            prog = self._fast.get((fn, x64_enabled(), sig))
+        except TypeError:   # an unhashable kernel sharing the manager: never fast
+            return None
+        return None if prog is None else prog(*args)[0]
+
     def _dispatch(self, fn, args, kwargs, with_report: bool):
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
@@ -342,6 +376,11 @@ class MixedPrecisionManager:
             out, rung = target[3](*dyn)
             if spec_key is not None and learned is None and self.plan == "auto":
                 self._note_rung(spec_key, rung)
+            if (spec_key is not None and not kwargs and len(dyn) == len(args)
+                    and (self.plan != "auto" or self._esc.get(spec_key, {}).get("off"))):
+                # nothing learned from later calls (a plan with one rung tried, or
+                # plan="all"): they go straight to this program (fast_call)
+                self._fast[(fn, x64_enabled(), spec_key[1])] = target[3]
             return out
         if self.speculate and spec_key is not None:
             res = self._speculative(spec_key, compiled[2], dyn)
@@ -429,7 +468,8 @@ class MixedPrecisionManager:
         rung = int(np.asarray(report.rung))
         checked = report.checks[rung] if report.checks else "mca"
         if (bool(np.asarray(report.ok)) and rung < len(self.rungs) - 1
-                and checked in ("mca", "first_order", "sample", "sample_rows")):
+                and checked in ("mca", "first_order", "sample", "sample_rows",
+                                   "sample_conv")):
             spec[spec_key] = [rung, 0, spec.get(spec_key, [None, 0, None])[2]]
         else:
             spec.pop(spec_key, None)
@@ -486,7 +526,8 @@ class _Program:
                 plan = _plan.choose_plan(self.n_rungs, tuple(self.mgr.ladder), g.rtol,
                                          self._rung_fn, self._check_fn, avals, size,
                                          entrywise=self._entrywise(avals),
-                                         rowwise=self._rowwise(avals))
+                                         rowwise=self._rowwise(avals),
+                                         conv=self._conv(avals))
             self._plans[key] = plan
         self.plan = plan
         return plan
@@ -516,6 +557,14 @@ class _Program:
 
         flat = self._flat_kernel()
         return flat is not None and row_inputs(flat, avals) is not None
+
+    def _conv(self, avals) -> bool:
+        """Plain-dtype rungs and a kernel that is one convolution: checkable on a
+        sample of output positions."""
+        from ._convsample import conv_kernel
+
+        flat = self._flat_kernel()
+        return flat is not None and conv_kernel(flat, avals) is not None
 
     def _rung_fn(self, k):
         def rung(*d):
@@ -583,7 +632,10 @@ class _Program:
         cast = [x.astype(odt) if _is_floating_array(x) else x for x in leaves]
         return call, (args, kwargs), (cargs, ckw), out, cast
 
-    def attempt(self, k, *dyn, batched=False):
+    def attempt(self, k, *dyn, batched=False, raw=False):
+        """``(outputs, codes, values, ok)`` of rung ``k``; ``raw``: the outputs as the
+        rung returned them (:meth:`single` casts them inside the branch that accepts
+        them), else cast to the output dtype."""
         call, inputs, (cargs, ckw), out, cast = self.call_at(k, dyn)
         dtype = self.mgr.ladder[k]
         nxt = None
@@ -597,7 +649,19 @@ class _Program:
         codes = jnp.stack([r.code for r in results])
         values = jnp.stack([r.value for r in results])
         ok = jnp.all(jnp.stack([r.ok for r in results]))
+        if raw:
+            # (16-bit leaves cast here, as before: XLA:CPU computes them in float32 and
+            # may drop their rounding next to the cast (excess precision); cast in a
+            # branch, the rounding stays and an unbatched call would differ from the same
+            # element of a vmapped one)
+            leaves = jax.tree_util.tree_leaves(out)
+            return tuple(c if _is_floating_array(x) and jnp.dtype(x.dtype).itemsize < 4
+                         else x for x, c in zip(leaves, cast)), codes, values, ok
         return tuple(cast), codes, values, ok
+
+    def cast_leaves(self, leaves, dyn):
+        odt = self.out_dtype(dyn)
+        return tuple(x.astype(odt) if _is_floating_array(x) else x for x in leaves)
 
     def fresh(self, k, attempt_out, batch=()):
         out, c, v, ok = attempt_out
@@ -613,20 +677,27 @@ class _Program:
     def single(self, *dyn):
         plan = self.plan_for(dyn)
         tried = [k for k in range(self.n_rungs) if plan.attempt[k]]
-        rec = self.fresh(tried[0], self.attempt(tried[0], *dyn))
+        # a rung's outputs travel raw (in its dtype) and are cast to the output dtype
+        # inside the branch that accepts them: a cond returning an operand copies it,
+        # while a cast computed in the branch writes the result in place (conv 8x64x64x32
+        # f32 rung: the copy of its f64 output was ~0.2 of plain f64, issue 31)
+        rec = self.fresh(tried[0], self.attempt(tried[0], *dyn, raw=True))
+
+        def accept(rec):
+            return (self.cast_leaves(rec[0], dyn),) + tuple(rec[1:])
 
         def climb(i, rec):
             if i >= len(tried):
-                return rec
+                return accept(rec)
             k = tried[i]
 
             def go(rec):
-                out, c, v, ok = self.attempt(k, *dyn)
+                out, c, v, ok = self.attempt(k, *dyn, raw=True)
                 return climb(i + 1, (out, _set_rung_row(rec[1], k, c),
                                      _set_rung_row(rec[2], k, v),
                                      jnp.asarray(k, jnp.int32), ok))
 
-            return lax.cond(rec[4], lambda r: r, go, rec)
+            return lax.cond(rec[4], accept, go, rec)
 
         rec = climb(1, rec)
         self.emit(rec)
@@ -851,6 +922,10 @@ class AdaptiveFunction:
 
     def __call__(self, *args, **kwargs):
         # without the report: work that only fed it is not computed (manager.call)
+        if not kwargs:
+            out = self.manager.fast_call(self.fn, args)
+            if out is not None:
+                return out
         return self.manager.call(self.fn, *args, **kwargs)
 
     def with_report(self, *args, **kwargs) -> tuple[Any, Report]:
@@ -873,6 +948,14 @@ def adaptive(fn: Callable | None = None, *, ladder: Any = "bf16,f32,f64",
     :class:`MixedPrecisionManager` and are validated here, at wrap time. The result keeps
     ``fn``'s signature, returns what ``fn`` returns (floating leaves in the output dtype),
     and has ``.with_report(*args, **kwargs) -> (out, Report)``.
+
+    **Pass** ``rtol=`` **for verified accuracy.** Without it (and without an accuracy
+    guard in ``guards=``) the only guard is ``guards.finite()``: the first rung whose
+    output is finite is returned, on the default ladder usually bfloat16 (~2-3
+    significant digits, cast to the inputs' dtype), and its report says "finite only:
+    accuracy not checked". With ``rtol=1e-3`` a rung is accepted only when its estimated
+    relative rounding error is at most ``1e-3``, and the cost model chooses how that is
+    checked (docs/runtime.md, "When adaptivity pays").
 
     Example:
         >>> import jax, jax.numpy as jnp

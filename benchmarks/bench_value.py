@@ -280,7 +280,8 @@ def gpu_paper(ks):
             plan = _plan.choose_plan(3, tuple(prog.mgr.ladder), rtol, prog._rung_fn,
                                      prog._check_fn, avals, backend="gpu",
                                      entrywise=prog._entrywise(avals),
-                                     rowwise=prog._rowwise(avals))
+                                     rowwise=prog._rowwise(avals),
+                                     conv=prog._conv(avals))
             steps = ",".join((c or "mca") if a else "skipped"
                              for a, c in zip(plan.attempt, plan.check))
             print(f"{name:22s} {cost[0] / cost[2]:8.3f} {cost[1] / cost[2]:8.3f}  {steps}")

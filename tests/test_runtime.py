@@ -480,3 +480,48 @@ def test_eager_calls_skip_a_rung_that_failed_on_their_data(monkeypatch):
     g = ap.adaptive(jnp.exp, ladder="f32,f64", rtol=1e-3)
     assert all(g.with_report(jnp.array([100.0]))[1].checks[0] != "skipped"
                for _ in range(4))
+
+
+def test_settled_eager_calls_take_the_fast_path(monkeypatch):
+    # issue 31: once an eager plain call's program is settled (no escalation memory to
+    # keep), later calls with the same array shapes skip the pytree/caching bookkeeping
+    from adaptprec import _cost
+    monkeypatch.setattr(_cost, "MEASURE", False)
+    x = jnp.linspace(0.0, 1.0, 2 ** 16)
+    f = ap.adaptive(lambda v: jnp.exp(v) * 2.0, ladder="bf16,f64", rtol=1e-3)  # f64 alone
+    ys = [f(x) for _ in range(3)]
+    assert len(f.manager._fast) == 1
+    called = []
+    (prog,) = f.manager._fast.values()
+    f.manager._fast[next(iter(f.manager._fast))] = lambda *a: called.append(1) or prog(*a)
+    y = f(x)
+    assert called == [1]
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(f.with_report(x)[0]))
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(ys[0]))
+    # other shapes, dtypes, kwargs and traced calls take the full path
+    f(x[:100]), f(x.astype(jnp.float32)), f(v=x), jax.jit(f)(x)
+    assert called == [1]
+    # a plan with escalation memory (f32 + check, then f64) keeps the full path: a rung
+    # failing on the data must still be learned
+    big = jnp.full(2 ** 16, 100.0)
+    g = ap.adaptive(lambda v: jnp.exp(v) * 1e-30, rtol=1e-3)
+    for _ in range(3):
+        g(big)
+    assert not g.manager._fast
+    assert g.with_report(big)[1].checks[1] == "skipped"     # learned: f32 fails here
+
+
+def test_fast_path_with_a_shared_manager_and_an_unhashable_kernel():
+    class Unhashable:
+        __hash__ = None
+        __name__ = "unhashable"
+
+        def __call__(self, x):
+            return jnp.sin(x)
+
+    deco = ap.adaptive(ladder="f32,f64", plan="all")   # one manager for both kernels
+    f, g = deco(jnp.cos), deco(Unhashable())
+    x = jnp.linspace(0.0, 1.0, 8)
+    f(x), f(x)
+    assert f.manager is g.manager and g.manager._fast
+    np.testing.assert_allclose(np.asarray(g(x)), np.sin(np.asarray(x)), rtol=1e-6)
