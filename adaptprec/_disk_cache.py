@@ -50,6 +50,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import os
 import pickle
@@ -64,7 +65,8 @@ import numpy as np
 from ._lapack_init import ensure_lapack
 
 __all__ = ["cache_dir", "compiled", "compiled_lowered", "on_disk", "prefetch",
-           "load_meta", "store_meta", "stats", "clear_memory", "MAX_BYTES"]
+           "prefetch_lowered", "deferred", "load_meta", "store_meta", "stats", "clear_memory",
+           "MAX_BYTES"]
 
 _FORMAT = 2  # 2: a checksum of the payload, the device count in the key
 #: default size bound of the cache directory (bytes); ``$ADAPTPREC_CACHE_MAX_MB``
@@ -407,6 +409,7 @@ def compiled(jitted, key: tuple, args: tuple, options: dict | None = None):
         pending = _pending.pop(mem_key, None)
     comp, loaded = None, False
     if pending is not None:   # started by prefetch(): wait for it
+        pending.start()   # (deferred: see deferred())
         pending.done.wait()
         comp, loaded = pending.value, pending.loaded
         _stats["prefetched"] += comp is not None and loaded
@@ -460,11 +463,52 @@ def compiled_lowered(lowered, key: tuple, args: tuple, options: dict | None = No
     return compiled(_Lowered(), key, args, options)
 
 
+def prefetch_lowered(lowered, key: tuple, args: tuple, options: dict | None = None) -> bool:
+    """:func:`prefetch` for a program already lowered: its compilation (or load, when
+    on disk) starts in a background thread and the caller's thread is free meanwhile
+    (to lower other programs); a later :func:`compiled_lowered` or :func:`compiled`
+    with the same key waits for it."""
+
+    class _Lowered:
+        def lower(self, *_):
+            return lowered
+
+    return prefetch(key, args, options, _Lowered())
+
+
 class _Pending:
-    __slots__ = ("done", "value", "loaded")
+    __slots__ = ("done", "value", "loaded", "thread", "started")
 
     def __init__(self, loaded: bool):
         self.done, self.value, self.loaded = threading.Event(), None, loaded
+        self.thread, self.started = None, False
+
+    def start(self) -> None:
+        """Start the background thread (once; it may have been deferred)."""
+        with _lock:
+            if self.started or self.thread is None:
+                return
+            self.started = True
+        self.thread.start()
+
+
+_defer = threading.local()
+
+
+@contextlib.contextmanager
+def deferred():
+    """The background compilations and loads :func:`prefetch` starts in this thread
+    within the block begin when it ends (or when a :func:`compiled` needs one): to
+    lower programs while another compiles, without their compilations competing with
+    it for the cores (:func:`adaptprec.nlsq._promote.first_solve`)."""
+    prev = getattr(_defer, "list", None)
+    _defer.list = held = []
+    try:
+        yield
+    finally:
+        _defer.list = prev
+        for pending in held:
+            pending.start()
 
 
 def prefetch(key: tuple, args: tuple, options: dict | None = None, jitted=None) -> bool:
@@ -524,6 +568,7 @@ def prefetch(key: tuple, args: tuple, options: dict | None = None, jitted=None) 
             _pending.pop(next(iter(_pending)))
 
     def run():
+        comp = None
         try:
             if lowered is None:
                 pending.value = _load(path, full_key)
@@ -531,16 +576,23 @@ def prefetch(key: tuple, args: tuple, options: dict | None = None, jitted=None) 
                 pending.value = comp = lowered.compile()
                 with _lock:
                     _stats["compiles"] += 1
-                if path is not None:
-                    _store(directory, path, full_key, comp)
         except BaseException:  # _load handles its own errors; never leave it waiting
             pending.value = None
         finally:
             pending.done.set()
+        if comp is not None and path is not None:
+            # after the waiting caller has its program (serialising a whole-solve
+            # program and writing it took ~25 ms)
+            _store(directory, path, full_key, comp)
 
     # Not a daemon: Python joins it before shutting down. A daemon thread still inside
     # XLA's deserialisation when a short script ends aborts the process at exit
     # ("terminate called after throwing ...", exit code 134: a warm-cache fit that ran on
     # the promoted program and never waited for the prefetched step programs).
-    threading.Thread(target=run, name="adaptprec-prefetch", daemon=False).start()
+    pending.thread = threading.Thread(target=run, name="adaptprec-prefetch", daemon=False)
+    held = getattr(_defer, "list", None)
+    if held is not None:   # within deferred(): started when it ends
+        held.append(pending)
+    else:
+        pending.start()
     return True

@@ -457,17 +457,9 @@ def _whole_fn(sp: StepPrograms, evaluate, final, M: int, is_padded: bool):
 _prefetched: set = set()
 
 
-def _prefetch_step(sp: StepPrograms, cfg: LoopConfig) -> None:
-    """Start loading the step programs from the disk cache in the background (they do
-    not depend on the residual: the load overlaps with tracing it; issue 14). Once per
-    step configuration and process (their shapes follow from it)."""
-    from ..precision import x64_enabled
-
-    once = (sp.step.cache_key, x64_enabled())
-    with _lock:
-        if once in _prefetched:
-            return
-        _prefetched.add(once)
+def _step_avals(sp: StepPrograms, cfg: LoopConfig) -> tuple:
+    """The argument shapes of ``init`` and of ``step`` (they follow from the step
+    configuration)."""
     top = np.dtype(cfg.rungs[-1])
     sds = jax.ShapeDtypeStruct
 
@@ -475,10 +467,39 @@ def _prefetch_step(sp: StepPrograms, cfg: LoopConfig) -> None:
         return tuple(sds((k,), d) for k, d in zip(p.sizes, p.dtypes))
 
     ctx, m = vecs(sp.ctx), sds((), np.int32)
-    _disk_cache.prefetch(sp.init.cache_key, (sds((cfg.n,), top), ctx, m), sp.init.options,
-                         sp.init.tuned)
-    _disk_cache.prefetch(sp.step.cache_key, (vecs(sp.carry), vecs(_ev_packer(cfg.n, top)),
-                                             ctx, m), sp.step.options, sp.step.tuned)
+    return ((sds((cfg.n,), top), ctx, m),
+            (vecs(sp.carry), vecs(_ev_packer(cfg.n, top)), ctx, m))
+
+
+def _step_once(sp: StepPrograms) -> tuple:
+    from ..precision import x64_enabled
+
+    return sp.step.cache_key, x64_enabled()
+
+
+def _steps_cold(sp: StepPrograms, cfg: LoopConfig) -> bool:
+    """Whether the host loop's first solve would compile the step programs: neither
+    fetched in this process nor in the disk cache."""
+    with _lock:
+        if _step_once(sp) in _prefetched:
+            return False
+    return not _disk_cache.on_disk(sp.step.cache_key, _step_avals(sp, cfg)[1],
+                                   sp.step.options)
+
+
+def _prefetch_step(sp: StepPrograms, cfg: LoopConfig) -> None:
+    """Start loading the step programs from the disk cache in the background (they do
+    not depend on the residual: the load overlaps with tracing it; issue 14), or, not
+    on disk, lower them here and compile them in the background. Once per step
+    configuration and process (their shapes follow from it)."""
+    once = _step_once(sp)
+    with _lock:
+        if once in _prefetched:
+            return
+        _prefetched.add(once)
+    init_args, step_args = _step_avals(sp, cfg)
+    _disk_cache.prefetch(sp.init.cache_key, init_args, sp.init.options, sp.init.tuned)
+    _disk_cache.prefetch(sp.step.cache_key, step_args, sp.step.options, sp.step.tuned)
 
 
 def _prefetch_residual(evaluate, final, n: int, top, consts, mask, args, f_scale, lb, ub,
@@ -514,7 +535,13 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
     rungs = cfg.rungs
     top = np.dtype(rungs[-1])
     sp = _step_programs(cfg)
-    _prefetch_step(sp, cfg)
+    # a model's first solve on cold step programs compiles the whole-solve program
+    # instead (_promote.FIRST_SOLVE); not within a deadline (a promoted solve cannot
+    # be stopped)
+    first = (_promote.FIRST_SOLVE and getattr(_deadline, "at", None) is None
+             and _promote.mode() != "off" and _steps_cold(sp, cfg))
+    if not first:
+        _prefetch_step(sp, cfg)
     traced = _prepare(residual, fun_flat, x0, args, cfg, pad)
     m = cfg.m
     is_padded = pad is not None
@@ -549,6 +576,12 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
     # when a new bucket needs them: loading them in the background meanwhile was
     # measured worse, 0.6 s instead of 0.3 s for a new bucket fitted right after)
     whole = _promote.lookup(pkey) or _promote.lookup_disk(pkey, make_build)
+    if whole is None and first:
+        # the step programs are lowered while XLA compiles the whole solve, and compile
+        # in the background after it (for the next model and the disk cache)
+        whole = _promote.first_solve(pkey, make_build, lambda: _prefetch_step(sp, cfg))
+        if whole is None:   # (failed) the host loop serves after all
+            _prefetch_step(sp, cfg)
     fields = None
     if whole is not None:
         try:  # one executable call (NumPy straight in: jit's C++ path transfers it)
