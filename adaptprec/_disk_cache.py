@@ -65,7 +65,7 @@ import numpy as np
 from ._lapack_init import ensure_lapack
 
 __all__ = ["cache_dir", "compiled", "compiled_lowered", "on_disk", "prefetch",
-           "prefetch_lowered", "deferred", "load_meta", "store_meta", "stats", "clear_memory",
+           "prefetch_lowered", "deferred", "signature", "load_meta", "store_meta", "stats", "clear_memory",
            "MAX_BYTES"]
 
 _FORMAT = 2  # 2: a checksum of the payload, the device count in the key
@@ -204,18 +204,49 @@ def _environment() -> tuple:
     return _fingerprint[0]
 
 
-def _aval(a):
+_dtype_names: tuple = ({}, {})   # per x64 state: dtype -> the canonical dtype's name
+
+
+def _dtype_name(dtype, names: dict) -> str:
+    """``str(jax.dtypes.canonicalize_dtype(dtype))`` (``jnp.result_type``'s string),
+    memoised (``names``: the current x64 state's): a signature is computed at every
+    lookup."""
+    name = names.get(dtype)
+    if name is None:
+        name = names[dtype] = str(jax.dtypes.canonicalize_dtype(dtype))
+    return name
+
+
+def _aval(a, names: dict):
+    if isinstance(a, np.ndarray):
+        return a.shape, _dtype_name(a.dtype, names), False
+    if isinstance(a, (jax.Array, jax.ShapeDtypeStruct)):
+        return a.shape, _dtype_name(a.dtype, names), a.weak_type
     weak = isinstance(a, (bool, int, float, complex))
     if hasattr(a, "aval"):
         weak = a.aval.weak_type
-    if isinstance(a, (np.ndarray, jax.Array)):  # result_type's string, ~3x cheaper
-        return (a.shape, str(jax.dtypes.canonicalize_dtype(a.dtype)), weak)
     return (tuple(np.shape(a)), str(jax.numpy.result_type(a)), weak)
 
 
-def _signature(args) -> tuple:
+def signature(args) -> tuple:
+    """The arguments' structure, shapes, canonical dtypes and weak types: the in-memory
+    key of a program with the program's key (a repeat's lookups: ~1 us per leaf; this
+    replaced the host driver's own memo above it, issue 32), and in the disk key
+    (``repr``)."""
+    from .precision import x64_enabled
+
+    names = _dtype_names[x64_enabled()]
     leaves, treedef = jax.tree.flatten(args)
-    return str(treedef), tuple(_aval(a) for a in leaves)
+    out = []
+    for a in leaves:   # (the common kinds inline: a call per leaf is most of the cost)
+        if isinstance(a, np.ndarray):
+            out.append((a.shape, names.get(a.dtype) or _dtype_name(a.dtype, names), False))
+        elif isinstance(a, jax.Array):
+            out.append((a.shape, names.get(a.dtype) or _dtype_name(a.dtype, names),
+                        a.weak_type))
+        else:
+            out.append(_aval(a, names))
+    return treedef, tuple(out)
 
 
 def _max_bytes() -> int:
@@ -397,14 +428,18 @@ def compiled(jitted, key: tuple, args: tuple, options: dict | None = None):
     (and then stored). ``key`` names the program (with ``jitted``'s compiler
     ``options``, it must determine the program given the argument shapes); the result is
     a ``jax.stages.Compiled`` to call with arguments of the same shapes and dtypes."""
-    sig = _signature(args)
+    sig = signature(args)
     mem_key = (key, sig)
-    with _lock:
-        hit = _memory.get(mem_key)
-        if hit is not None:
+    # (without the lock: a repeat's lookups are its host loop's overhead; each
+    # OrderedDict call is atomic under the GIL)
+    hit = _memory.get(mem_key)
+    if hit is not None:
+        try:
             _memory.move_to_end(mem_key)
-            _stats["memory_hits"] += 1
-            return hit
+        except KeyError:   # evicted by another thread meanwhile
+            pass
+        _stats["memory_hits"] += 1
+        return hit
     with _lock:
         pending = _pending.pop(mem_key, None)
     comp, loaded = None, False
@@ -443,7 +478,7 @@ def background_compile() -> bool:
 def on_disk(key: tuple, args: tuple, options: dict | None = None) -> bool:
     """Whether :func:`compiled` would find ``key``'s program (for these argument shapes
     and compiler ``options``) in memory or on disk, without loading or compiling it."""
-    sig = _signature(args)
+    sig = signature(args)
     with _lock:
         if (key, sig) in _memory:
             return True
@@ -543,7 +578,7 @@ def prefetch(key: tuple, args: tuple, options: dict | None = None, jitted=None) 
         >>> _ = (os.environ.pop("ADAPTPREC_CACHE_DIR") if saved is None
         ...      else os.environ.update(ADAPTPREC_CACHE_DIR=saved))
     """
-    sig = _signature(args)
+    sig = signature(args)
     mem_key = (key, sig)
     with _lock:
         if mem_key in _memory or mem_key in _pending:

@@ -233,3 +233,23 @@ def test_cache_command_info_and_clear_touch_only_the_cache_entries(tmp_path, mon
     assert dc.disk_info()["entries"] == 0
     monkeypatch.setenv("ADAPTPREC_CACHE_DIR", "off")
     assert main(["cache"]) == 0 and "off" in capsys.readouterr().out
+
+
+def test_deferred_prefetch_starts_when_the_block_ends_or_when_needed(tmp_path,
+                                                                      monkeypatch):
+    from adaptprec import _disk_cache as dc
+
+    monkeypatch.setenv("ADAPTPREC_CACHE_DIR", str(tmp_path))
+    x = jnp.ones(3)
+    f, g = jax.jit(lambda x: x * 3.0 + 1.0), jax.jit(lambda x: x * 5.0 - 1.0)
+    fkey, gkey = ("test-deferred", "f"), ("test-deferred", "g")
+    with dc.deferred():
+        assert dc.prefetch(fkey, (x,), None, f) and dc.prefetch(gkey, (x,), None, g)
+        pending = {k: dc._pending[(k, dc.signature((x,)))] for k in (fkey, gkey)}
+        assert not any(p.started for p in pending.values())   # held by the block
+        # a program needed inside the block starts at once (no wait on a held thread)
+        assert float(dc.compiled(f, fkey, (x,))(x)[0]) == 4.0
+        assert pending[fkey].started and not pending[gkey].started
+    assert pending[gkey].started          # the block's end started the rest
+    assert pending[gkey].done.wait(60)
+    assert float(dc.compiled(g, gkey, (x,))(x)[0]) == 4.0

@@ -79,7 +79,6 @@ def clear_cache() -> None:
     with _lock:
         _programs.clear()
         _prepared.clear()
-        _executables.clear()
         _prefetched.clear()
         _stats.update(programs_built=0, program_hits=0, traces=0)
 
@@ -321,47 +320,9 @@ def _prepare(residual, fun_flat, x0_flat, args, cfg: LoopConfig, pad):
 
 
 # ----------------------------------------------------------------------------- driver
-#: (program key, x64, fast signature of the arguments) -> executable: a repeat's lookups
-#: skip :func:`adaptprec._disk_cache.compiled`'s signature (``jnp.result_type`` per
-#: leaf: ~0.9 ms per lookup, 4 lookups per solve; issue 32 item 5)
-_executables: collections.OrderedDict = collections.OrderedDict()
-
-
-def _fast_sig(args):
-    """Shapes, dtypes and weak types of ``args``' leaves, without JAX's dtype rules: at
-    least as fine as the disk cache's signature under one x64 state (``None`` for a leaf
-    kind it does not know: no memo then)."""
-    leaves, treedef = jax.tree.flatten(args)
-    out = []
-    for a in leaves:
-        if isinstance(a, np.ndarray):
-            out.append((a.shape, a.dtype.str, False))
-        elif isinstance(a, jax.Array):
-            out.append((a.shape, a.dtype.str, a.weak_type))
-        elif isinstance(a, (bool, int, float)):
-            out.append(type(a))
-        else:
-            return None
-    return treedef, tuple(out)
-
-
 def _compiled(prog, *args):
     """``prog``'s executable for these arguments (memory, disk cache, or compiled)."""
-    from ..precision import x64_enabled
-
-    sig = _fast_sig(args)
-    key = None if sig is None else (prog.cache_key, repr(prog.options), x64_enabled(), sig)
-    if key is not None:
-        hit = _executables.get(key)
-        if hit is not None:
-            return hit
-    exe = _disk_cache.compiled(prog.tuned, prog.cache_key, args, prog.options)
-    if key is not None:
-        with _lock:
-            _executables[key] = exe
-            if len(_executables) > 4 * _SIZE:
-                _executables.popitem(last=False)
-    return exe
+    return _disk_cache.compiled(prog.tuned, prog.cache_key, args, prog.options)
 
 
 _deadline = threading.local()
@@ -509,16 +470,14 @@ def _prefetch_residual(evaluate, final, n: int, top, consts, mask, args, f_scale
     meanwhile the loop runs (arguments as :func:`_solve_host_loop` passes them)."""
     from ..precision import x64_enabled
 
-    sig = _fast_sig((consts, mask, args, f_scale))
-    once = None if sig is None else (evaluate.cache_key, final.cache_key, x64_enabled(),
-                                     n, str(top), sig)
-    if once is not None and once in _prefetched:
+    once = (evaluate.cache_key, final.cache_key, x64_enabled(), n, str(top),
+            _disk_cache.signature((consts, mask, args, f_scale)))
+    if once in _prefetched:
         return  # a repeat: both programs were fetched for these shapes
-    if once is not None:
-        with _lock:
-            _prefetched.add(once)
-            if len(_prefetched) > 16 * _SIZE:
-                _prefetched.clear()
+    with _lock:
+        _prefetched.add(once)
+        if len(_prefetched) > 16 * _SIZE:
+            _prefetched.clear()
     sds = jax.ShapeDtypeStruct
     ctl, z = sds((2,), np.int32), sds((n,), top)
     _disk_cache.prefetch(evaluate.cache_key, (ctl, z, consts, mask, args, f_scale),
