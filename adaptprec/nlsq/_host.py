@@ -22,6 +22,8 @@ more than ``_promote.PROMOTE_AFTER`` times (for ``_promote.PROMOTE_SECONDS`` of
 host-loop time) in a process gets the same ``init``/``evaluate``/``step``/
 ``final`` functions compiled into one program (in a background thread, at the same
 options, so the bits do not change); later fits of that model are one executable call.
+While the step programs are cold (built neither in this process nor on disk), a model's
+first solve compiles that program at once instead (``_promote.first_solve``).
 
 Example:
     >>> import jax.numpy as jnp, numpy as np

@@ -18,6 +18,12 @@ solves of that computation are one executable call and one read-back.
   worse: holding the GIL, it slowed every host-loop solve meanwhile ~3x.) The thread
   runs with the caller's x64 state (``jax.enable_x64`` is thread-local); at exit a
   running compilation is waited for.
+* **First solve.** Where the host loop's first solve would compile the step programs
+  too (none built in this process or on disk: a fresh process on an empty cache, or a
+  new parameter count or options), a model's first solve compiles its whole-solve
+  program instead (:func:`first_solve`, :data:`FIRST_SOLVE`): about the same cost for
+  that solve, and every later one is promoted from the start. The step programs are
+  lowered while XLA compiles it and compiled after it, for later models.
 * **Disk.** It is stored in adaptprec's program cache (:mod:`adaptprec._disk_cache`),
   keyed on the residual's identity, so a fresh process of the same script finds it and
   runs the whole-solve program from its first fit.
@@ -181,6 +187,9 @@ def _layout_key(key):
 def _lower(build: Build):
     """Trace and lower one whole-solve program (one trace; Python, so in the calling
     thread): ``(lowered, layout of the packed results)``."""
+    from .._lapack_init import ensure_lapack
+
+    ensure_lapack()   # (else lowering a QR imports all of scipy.linalg: 0.2-0.4 s)
     box = {}
 
     def packed(*a):
