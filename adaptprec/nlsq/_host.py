@@ -149,12 +149,26 @@ class StepPrograms(NamedTuple):
 
     init: Any
     step: Any
-    carry: Packer  #: ``(state, proposal)``
+    carry: Packer  #: ``(state, proposal)`` (built on first use)
     ctx: Packer  #: ``(lb, ub, scale_inv0, f_scale, ftol, xtol, gtol, x0)``
     #: the unpacked functions behind them (for the promoted program):
     #: ``init_tree(x0, ctx, m) -> (state, proposal)``, ``loop(m)`` (:func:`build_loop`)
     init_tree: Any = None
     loop: Any = None
+
+
+class _Lazy:
+    """An object built on first use (its attributes are the built object's): the step
+    state's layout, which a first solve on the whole-solve program needs only once it
+    lowers the step programs, while XLA compiles (:func:`._promote.first_solve`)."""
+
+    def __init__(self, build):
+        self._build, self._built = build, None
+
+    def __getattr__(self, name):
+        if self._built is None:   # (two threads may build it both: the same layout)
+            self._built = self._build()
+        return getattr(self._built, name)
 
 
 def _step_programs(cfg: LoopConfig) -> StepPrograms:
@@ -183,15 +197,21 @@ def _build_step_programs(cfg: LoopConfig) -> StepPrograms:
 
     vec, sca = jax.ShapeDtypeStruct((scfg.n,), top), jax.ShapeDtypeStruct((), top)
     ctx_packer = Packer((vec, vec, vec, sca, sca, sca, sca, vec))
-    # the state's layout: from an earlier process (disk cache) or by tracing ``init``
-    carry_packer = _disk_cache.load_meta(("step-layout", scfg))
-    if not isinstance(carry_packer, Packer):
-        ctx_avals = tuple(jax.ShapeDtypeStruct((k,), d)
-                          for k, d in zip(ctx_packer.sizes, ctx_packer.dtypes))
-        carry_packer = Packer(jax.eval_shape(
-            lambda x0, ctxv, m: init_tree(x0, ctx_packer.unpack(ctxv), m), vec, ctx_avals,
-            jax.ShapeDtypeStruct((), jnp.int32)))
-        _disk_cache.store_meta(("step-layout", scfg), carry_packer)
+
+    def carry_layout() -> Packer:
+        """The state's layout: from an earlier process (disk cache) or by tracing
+        ``init`` (~30 ms)."""
+        packer = _disk_cache.load_meta(("step-layout", scfg))
+        if not isinstance(packer, Packer):
+            ctx_avals = tuple(jax.ShapeDtypeStruct((k,), d)
+                              for k, d in zip(ctx_packer.sizes, ctx_packer.dtypes))
+            packer = Packer(jax.eval_shape(
+                lambda x0, ctxv, m: init_tree(x0, ctx_packer.unpack(ctxv), m), vec,
+                ctx_avals, jax.ShapeDtypeStruct((), jnp.int32)))
+            _disk_cache.store_meta(("step-layout", scfg), packer)
+        return packer
+
+    carry_packer = _Lazy(carry_layout)
 
     def init(x0, ctxv, m):
         st, prop = init_tree(x0, ctx_packer.unpack(ctxv), m)
@@ -420,18 +440,20 @@ def _whole_fn(sp: StepPrograms, evaluate, final, M: int, is_padded: bool):
 _prefetched: set = set()
 
 
-def _step_avals(sp: StepPrograms, cfg: LoopConfig) -> tuple:
-    """The argument shapes of ``init`` and of ``step`` (they follow from the step
-    configuration)."""
-    top = np.dtype(cfg.rungs[-1])
+def _vecs(p: Packer) -> tuple:
+    return tuple(jax.ShapeDtypeStruct((k,), d) for k, d in zip(p.sizes, p.dtypes))
+
+
+def _init_avals(sp: StepPrograms, cfg: LoopConfig) -> tuple:
+    """The argument shapes of ``init`` (they follow from the step configuration)."""
     sds = jax.ShapeDtypeStruct
+    return sds((cfg.n,), np.dtype(cfg.rungs[-1])), _vecs(sp.ctx), sds((), np.int32)
 
-    def vecs(p: Packer):
-        return tuple(sds((k,), d) for k, d in zip(p.sizes, p.dtypes))
 
-    ctx, m = vecs(sp.ctx), sds((), np.int32)
-    return ((sds((cfg.n,), top), ctx, m),
-            (vecs(sp.carry), vecs(_ev_packer(cfg.n, top)), ctx, m))
+def _step_avals(sp: StepPrograms, cfg: LoopConfig) -> tuple:
+    """The argument shapes of ``step`` (the state's layout: built here if not yet)."""
+    _, ctx, m = _init_avals(sp, cfg)
+    return _vecs(sp.carry), _vecs(_ev_packer(cfg.n, np.dtype(cfg.rungs[-1]))), ctx, m
 
 
 def _step_once(sp: StepPrograms) -> tuple:
@@ -442,12 +464,13 @@ def _step_once(sp: StepPrograms) -> tuple:
 
 def _steps_cold(sp: StepPrograms, cfg: LoopConfig) -> bool:
     """Whether the host loop's first solve would compile the step programs: neither
-    fetched in this process nor in the disk cache."""
+    fetched in this process nor in the disk cache (``init`` is looked for: ``step``'s
+    shapes need the state's layout, and both are stored by one process)."""
     with _lock:
         if _step_once(sp) in _prefetched:
             return False
-    return not _disk_cache.on_disk(sp.step.cache_key, _step_avals(sp, cfg)[1],
-                                   sp.step.options)
+    return not _disk_cache.on_disk(sp.init.cache_key, _init_avals(sp, cfg),
+                                   sp.init.options)
 
 
 def _prefetch_step(sp: StepPrograms, cfg: LoopConfig) -> None:
@@ -460,9 +483,10 @@ def _prefetch_step(sp: StepPrograms, cfg: LoopConfig) -> None:
         if once in _prefetched:
             return
         _prefetched.add(once)
-    init_args, step_args = _step_avals(sp, cfg)
-    _disk_cache.prefetch(sp.init.cache_key, init_args, sp.init.options, sp.init.tuned)
-    _disk_cache.prefetch(sp.step.cache_key, step_args, sp.step.options, sp.step.tuned)
+    _disk_cache.prefetch(sp.init.cache_key, _init_avals(sp, cfg), sp.init.options,
+                         sp.init.tuned)
+    _disk_cache.prefetch(sp.step.cache_key, _step_avals(sp, cfg), sp.step.options,
+                         sp.step.tuned)
 
 
 def _prefetch_residual(evaluate, final, n: int, top, consts, mask, args, f_scale, lb, ub,
