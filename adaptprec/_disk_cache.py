@@ -65,7 +65,7 @@ import numpy as np
 from ._lapack_init import ensure_lapack
 
 __all__ = ["cache_dir", "compiled", "compiled_lowered", "on_disk", "prefetch",
-           "prefetch_lowered", "deferred", "signature", "load_meta", "store_meta", "stats", "clear_memory",
+           "prefetch_lowered", "held", "start_held", "signature", "load_meta", "store_meta", "stats", "clear_memory",
            "MAX_BYTES"]
 
 _FORMAT = 2  # 2: a checksum of the payload, the device count in the key
@@ -444,7 +444,7 @@ def compiled(jitted, key: tuple, args: tuple, options: dict | None = None):
         pending = _pending.pop(mem_key, None)
     comp, loaded = None, False
     if pending is not None:   # started by prefetch(): wait for it
-        pending.start()   # (deferred: see deferred())
+        pending.start()   # (held: see held())
         pending.done.wait()
         comp, loaded = pending.value, pending.loaded
         _stats["prefetched"] += comp is not None and loaded
@@ -528,22 +528,55 @@ class _Pending:
 
 
 _defer = threading.local()
+_held: list = []   # pendings whose thread waits for a start (see held())
+_exit_hook: list = []
 
 
 @contextlib.contextmanager
-def deferred():
-    """The background compilations and loads :func:`prefetch` starts in this thread
-    within the block begin when it ends (or when a :func:`compiled` needs one): to
-    lower programs while another compiles, without their compilations competing with
-    it for the cores (:func:`adaptprec.nlsq._promote.first_solve`)."""
-    prev = getattr(_defer, "list", None)
-    _defer.list = held = []
+def held():
+    """The background compilations and loads :func:`prefetch` would start in this thread
+    within the block are held: each starts when a :func:`compiled` or :func:`prefetch`
+    of its program asks for it, at :func:`start_held`, or at process exit when the
+    cache is on (then it is compiled and stored, for later processes). To lower programs
+    for later while another compiles, without their compilations competing for the cores
+    with it and with the calls after it (:func:`adaptprec.nlsq._promote.first_solve`:
+    the host driver's step programs, held during and after a first solve on the
+    whole-solve program: compiled beside the calls after it, they made calls 2-30 of a
+    fresh-process loop ~3x slower)."""
+    prev = getattr(_defer, "on", False)
+    _defer.on = True
     try:
         yield
     finally:
-        _defer.list = prev
-        for pending in held:
-            pending.start()
+        _defer.on = prev
+
+
+def start_held() -> None:
+    """Start every held compilation (someone runs the host loop now: they are due)."""
+    while _held:
+        try:
+            _held.pop().start()
+        except IndexError:   # (emptied by another thread meanwhile)
+            break
+
+
+def _finish_held_at_exit() -> None:
+    """At exit: compile and store what is still held (the cache is on; otherwise it is
+    dropped). Joined here: the interpreter's own join of non-daemon threads ran before
+    the exit hooks, and XLA must not run into the interpreter's finalisation."""
+    if cache_dir() is None:
+        return
+    todo = []
+    while _held:
+        try:
+            todo.append(_held.pop())
+        except IndexError:
+            break
+    for pending in todo:
+        pending.start()
+    for pending in todo:
+        if pending.thread is not None:
+            pending.thread.join(timeout=120)
 
 
 def prefetch(key: tuple, args: tuple, options: dict | None = None, jitted=None) -> bool:
@@ -581,8 +614,12 @@ def prefetch(key: tuple, args: tuple, options: dict | None = None, jitted=None) 
     sig = signature(args)
     mem_key = (key, sig)
     with _lock:
-        if mem_key in _memory or mem_key in _pending:
+        if mem_key in _memory:
             return False
+        pending = _pending.get(mem_key)
+    if pending is not None:
+        pending.start()   # (held: asked for now)
+        return False
     directory, path, full_key = _entry((key, sig, sorted((options or {}).items())))
     on_disk_ = path is not None and os.path.exists(path)
     if not on_disk_ and (jitted is None or not background_compile()):
@@ -625,9 +662,14 @@ def prefetch(key: tuple, args: tuple, options: dict | None = None, jitted=None) 
     # ("terminate called after throwing ...", exit code 134: a warm-cache fit that ran on
     # the promoted program and never waited for the prefetched step programs).
     pending.thread = threading.Thread(target=run, name="adaptprec-prefetch", daemon=False)
-    held = getattr(_defer, "list", None)
-    if held is not None:   # within deferred(): started when it ends
-        held.append(pending)
+    if getattr(_defer, "on", False):   # within held(): started when asked for
+        with _lock:
+            _held.append(pending)
+            if not _exit_hook:
+                import atexit
+
+                atexit.register(_finish_held_at_exit)
+                _exit_hook.append(True)
     else:
         pending.start()
     return True

@@ -235,21 +235,27 @@ def test_cache_command_info_and_clear_touch_only_the_cache_entries(tmp_path, mon
     assert main(["cache"]) == 0 and "off" in capsys.readouterr().out
 
 
-def test_deferred_prefetch_starts_when_the_block_ends_or_when_needed(tmp_path,
-                                                                      monkeypatch):
+def test_held_prefetches_start_when_asked_for(tmp_path, monkeypatch):
     from adaptprec import _disk_cache as dc
 
     monkeypatch.setenv("ADAPTPREC_CACHE_DIR", str(tmp_path))
     x = jnp.ones(3)
-    f, g = jax.jit(lambda x: x * 3.0 + 1.0), jax.jit(lambda x: x * 5.0 - 1.0)
-    fkey, gkey = ("test-deferred", "f"), ("test-deferred", "g")
-    with dc.deferred():
-        assert dc.prefetch(fkey, (x,), None, f) and dc.prefetch(gkey, (x,), None, g)
-        pending = {k: dc._pending[(k, dc.signature((x,)))] for k in (fkey, gkey)}
-        assert not any(p.started for p in pending.values())   # held by the block
-        # a program needed inside the block starts at once (no wait on a held thread)
-        assert float(dc.compiled(f, fkey, (x,))(x)[0]) == 4.0
-        assert pending[fkey].started and not pending[gkey].started
-    assert pending[gkey].started          # the block's end started the rest
-    assert pending[gkey].done.wait(60)
-    assert float(dc.compiled(g, gkey, (x,))(x)[0]) == 4.0
+    progs = {k: (("test-held", k), jax.jit(lambda x, c=c: x * c + 1.0))
+             for k, c in (("f", 3.0), ("g", 5.0), ("h", 7.0))}
+    with dc.held():
+        assert all(dc.prefetch(key, (x,), None, fn) for key, fn in progs.values())
+    pending = {k: dc._pending[(key, dc.signature((x,)))] for k, (key, _) in progs.items()}
+    assert not any(p.started for p in pending.values())   # lowered, not compiling
+    # a program asked for starts at once (no wait on a held thread) ...
+    key, fn = progs["f"]
+    assert float(dc.compiled(fn, key, (x,))(x)[0]) == 4.0
+    assert pending["f"].started and not pending["g"].started
+    # ... as does a prefetch of it, and start_held() starts the rest
+    key, fn = progs["g"]
+    assert not dc.prefetch(key, (x,), None, fn) and pending["g"].started
+    dc.start_held()
+    assert pending["h"].started and pending["h"].done.wait(60)
+    key, fn = progs["h"]
+    assert float(dc.compiled(fn, key, (x,))(x)[0]) == 8.0
+    pending["h"].thread.join(60)   # (it stores after handing the program over)
+    assert len(_entries(str(tmp_path))) == 3   # each compiled in the background, stored

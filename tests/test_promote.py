@@ -205,6 +205,35 @@ def test_first_solve_that_fails_leaves_the_host_loop(tmp_path, monkeypatch):
     assert _leaves_equal(a, ap.solve_nlsq(resid, np.ones(2), args=(t, y), max_steps=538))
 
 
+COLD_THEN_NEW_MODEL = r"""
+import numpy as np, jax.numpy as jnp
+import adaptprec as ap
+from adaptprec import _disk_cache
+from adaptprec.nlsq import _promote
+t = np.linspace(0.0, 4.0, 50)
+y = 2.5 * np.exp(-1.3 * t) + 0.5 + 0.01 * np.sin(9 * t)
+models = [lambda t, a, k, c: a * jnp.exp(-k * t) + c, lambda t, a, k, c: a / (1 + k * t) + c]
+ap.curve_fit(models[WHICH], t, y, p0=[1.0, 1.0, 0.0])
+print(_promote.stats()["first_solves"], _disk_cache.stats()["compiles"])
+"""
+
+
+@pytest.mark.slow
+def test_step_programs_of_a_first_solve_reach_the_disk_at_exit(tmp_path, monkeypatch):
+    # a first solve holds the step programs it lowered (compiling them beside the calls
+    # after it slowed those); the process compiles and stores them at exit, so a new
+    # model in the next process runs the host loop on them: only its own two programs
+    # (evaluate, final) compile there
+    monkeypatch.setenv("ADAPTPREC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ADAPTPREC_PROMOTE", "background")
+    one = run_python(COLD_THEN_NEW_MODEL.replace("WHICH", "0"), x64=False, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert one.stdout.split() == ["1", "1"]   # the whole-solve program only
+    two = run_python(COLD_THEN_NEW_MODEL.replace("WHICH", "1"), x64=False, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert two.stdout.split() == ["0", "2"]
+
+
 FRESH = r"""
 import os, sys, numpy as np, jax, jax.numpy as jnp
 import adaptprec as ap

@@ -23,7 +23,8 @@ solves of that computation are one executable call and one read-back.
   new parameter count or options), a model's first solve compiles its whole-solve
   program instead (:func:`first_solve`, :data:`FIRST_SOLVE`): about the same cost for
   that solve, and every later one is promoted from the start. The step programs are
-  lowered while XLA compiles it and compiled after it, for later models.
+  lowered while XLA compiles it, and compiled when a later model needs them (or at
+  exit, for the disk cache).
 * **Disk.** It is stored in adaptprec's program cache (:mod:`adaptprec._disk_cache`),
   keyed on the residual's identity, so a fresh process of the same script finds it and
   runs the whole-solve program from its first fit.
@@ -97,8 +98,9 @@ NO_HOIST_PASSES = "while-loop-invariant-code-motion"
 #: 0.70 s in a fresh process), while every later solve of the model is one executable
 #: call (0.4 ms) instead of the host loop's ~3 ms until promotion (issue 32 item 5:
 #: calls 2-100 of a fresh-process loop). Its step programs are lowered meanwhile and
-#: compiled in the background, so later models find them and take the host loop's cheap
-#: first solve. The same bits either way (the promoted program's, tests/test_promote.py).
+#: compiled when a later model's host loop needs them, or at exit for the disk cache,
+#: so later models and processes take the host loop's cheap first solve. The same bits
+#: either way (the promoted program's, tests/test_promote.py).
 FIRST_SOLVE = True
 _MODES = ("background", "sync", "off")
 _SIZE = 64
@@ -359,9 +361,8 @@ def first_solve(key, make_build, meanwhile=None) -> Whole | None:
     is ``off`` or ``key`` failed before, or if it fails now: the host loop serves).
     Its lowering runs here, its compilation in a background thread (released GIL):
     ``meanwhile()`` runs in this thread during it (the host driver lowers its step
-    programs there, for later models and the disk cache; what it prefetches compiles
-    once this program has: :func:`adaptprec._disk_cache.deferred`), then this waits for
-    the program."""
+    programs there, for later models and the disk cache; what it prefetches is held:
+    :func:`adaptprec._disk_cache.held`), then this waits for the program."""
     if not FIRST_SOLVE or mode() == "off":
         return None
     with _lock:
@@ -374,11 +375,12 @@ def first_solve(key, make_build, meanwhile=None) -> Whole | None:
         build = make_build()
         lowered, out = _lower(build)
         _disk_cache.prefetch_lowered(lowered, build.key, build.args, _options())
-        # what meanwhile() prefetches compiles after this program, not beside it
-        with _disk_cache.deferred():
+        # what meanwhile() prefetches is held: compiled when needed or at exit, not
+        # beside this program or the solves after it
+        with _disk_cache.held():
             if meanwhile is not None:
                 meanwhile()
-            whole = _compile(build, lowered, out)   # waits for its compilation
+        whole = _compile(build, lowered, out)   # waits for its compilation
     except Exception:
         with _lock:
             _failed.add(key)
