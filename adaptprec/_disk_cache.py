@@ -65,7 +65,7 @@ import numpy as np
 from ._lapack_init import ensure_lapack
 
 __all__ = ["cache_dir", "compiled", "compiled_lowered", "on_disk", "prefetch",
-           "prefetch_lowered", "held", "start_held", "signature", "load_meta", "store_meta", "stats", "clear_memory",
+           "prefetch_lowered", "held", "hold", "start_held", "signature", "load_meta", "store_meta", "stats", "clear_memory",
            "MAX_BYTES"]
 
 _FORMAT = 2  # 2: a checksum of the payload, the device count in the key
@@ -519,7 +519,7 @@ class _Pending:
         self.thread, self.started = None, False
 
     def start(self) -> None:
-        """Start the background thread (once; it may have been deferred)."""
+        """Start the background thread (once; it may have been held)."""
         with _lock:
             if self.started or self.thread is None:
                 return
@@ -528,8 +528,18 @@ class _Pending:
 
 
 _defer = threading.local()
-_held: list = []   # pendings whose thread waits for a start (see held())
+_held: list = []    # pendings whose thread waits for a start (see held())
+_tasks: dict = {}   # key -> work put off (see hold())
 _exit_hook: list = []
+
+
+def _exit_hook_registered() -> None:
+    with _lock:
+        if not _exit_hook:
+            import atexit
+
+            atexit.register(_finish_held_at_exit)
+            _exit_hook.append(True)
 
 
 @contextlib.contextmanager
@@ -537,12 +547,7 @@ def held():
     """The background compilations and loads :func:`prefetch` would start in this thread
     within the block are held: each starts when a :func:`compiled` or :func:`prefetch`
     of its program asks for it, at :func:`start_held`, or at process exit when the
-    cache is on (then it is compiled and stored, for later processes). To lower programs
-    for later while another compiles, without their compilations competing for the cores
-    with it and with the calls after it (:func:`adaptprec.nlsq._promote.first_solve`:
-    the host driver's step programs, held during and after a first solve on the
-    whole-solve program: compiled beside the calls after it, they made calls 2-30 of a
-    fresh-process loop ~3x slower)."""
+    cache is on (then it is compiled and stored, for later processes)."""
     prev = getattr(_defer, "on", False)
     _defer.on = True
     try:
@@ -551,30 +556,64 @@ def held():
         _defer.on = prev
 
 
-def start_held() -> None:
-    """Start every held compilation (someone runs the host loop now: they are due)."""
-    while _held:
+def hold(key, task) -> None:
+    """Put ``task()`` (work that lowers and prefetches programs) off, once per ``key``:
+    it runs at :func:`start_held`, or at process exit when the cache is on, so its
+    programs reach the disk for later processes without costing this one's calls. The
+    host driver's step programs after a first solve on the whole-solve program
+    (:func:`adaptprec.nlsq._promote.first_solve`): lowered during that solve they cost it
+    ~5-10% more CPU, and compiled beside the calls after it they made calls 2-30 of a
+    fresh-process loop ~3x slower."""
+    from .precision import x64_enabled
+
+    x64 = x64_enabled()   # (the caller's: curve_fit's float64 scope, say)
+
+    def in_scope():
+        with jax.enable_x64(x64):
+            task()
+
+    with _lock:
+        _tasks.setdefault(key, in_scope)
+    _exit_hook_registered()
+
+
+def _run_tasks() -> None:
+    while True:
+        with _lock:
+            if not _tasks:
+                return
+            task = _tasks.pop(next(iter(_tasks)))
         try:
-            _held.pop().start()
-        except IndexError:   # (emptied by another thread meanwhile)
-            break
+            task()
+        except Exception:  # noqa: BLE001 - work for later only
+            pass
+
+
+def _take_held() -> list:
+    with _lock:
+        todo = list(_held)
+        _held.clear()
+    return todo
+
+
+def start_held() -> list:
+    """Run the tasks put off by :func:`hold` (their prefetches held too) and start every
+    held compilation; returns the pendings started."""
+    with held():
+        _run_tasks()
+    todo = _take_held()
+    for pending in todo:
+        pending.start()
+    return todo
 
 
 def _finish_held_at_exit() -> None:
-    """At exit: compile and store what is still held (the cache is on; otherwise it is
-    dropped). Joined here: the interpreter's own join of non-daemon threads ran before
-    the exit hooks, and XLA must not run into the interpreter's finalisation."""
+    """At exit, when the cache is on (otherwise it is dropped): :func:`start_held`, and
+    wait for it (the interpreter's own join of non-daemon threads ran before the exit
+    hooks, and XLA must not run into the interpreter's finalisation)."""
     if cache_dir() is None:
         return
-    todo = []
-    while _held:
-        try:
-            todo.append(_held.pop())
-        except IndexError:
-            break
-    for pending in todo:
-        pending.start()
-    for pending in todo:
+    for pending in start_held():
         if pending.thread is not None:
             pending.thread.join(timeout=120)
 
@@ -665,11 +704,7 @@ def prefetch(key: tuple, args: tuple, options: dict | None = None, jitted=None) 
     if getattr(_defer, "on", False):   # within held(): started when asked for
         with _lock:
             _held.append(pending)
-            if not _exit_hook:
-                import atexit
-
-                atexit.register(_finish_held_at_exit)
-                _exit_hook.append(True)
+        _exit_hook_registered()
     else:
         pending.start()
     return True

@@ -253,7 +253,11 @@ def test_held_prefetches_start_when_asked_for(tmp_path, monkeypatch):
     # ... as does a prefetch of it, and start_held() starts the rest
     key, fn = progs["g"]
     assert not dc.prefetch(key, (x,), None, fn) and pending["g"].started
+    ran = []
+    dc.hold(("test-held", "task"), lambda: ran.append(1))
+    dc.hold(("test-held", "task"), lambda: ran.append(2))   # (once per key)
     dc.start_held()
+    assert ran == [1]
     assert pending["h"].started and pending["h"].done.wait(60)
     key, fn = progs["h"]
     assert float(dc.compiled(fn, key, (x,))(x)[0]) == 8.0

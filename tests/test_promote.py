@@ -167,8 +167,7 @@ def test_first_solve_on_cold_step_programs_runs_the_whole_program(tmp_path, monk
     after = _promote.stats()
     assert after["first_solves"] == before["first_solves"] + 1
     assert after["promoted"] == before["promoted"] + 1 and after["ready"] >= 1
-    # the host loop (promotion off) gives the same bits, on the step programs lowered
-    # during the first solve and compiled after it
+    # the host loop (promotion off) gives the same bits (compiling the step programs)
     monkeypatch.setenv("ADAPTPREC_PROMOTE", "off")
     b = _cold_config_solve(resid, t, y)
     assert _leaves_equal(a, b) and int(a.status) > 0
@@ -220,10 +219,10 @@ print(_promote.stats()["first_solves"], _disk_cache.stats()["compiles"])
 
 @pytest.mark.slow
 def test_step_programs_of_a_first_solve_reach_the_disk_at_exit(tmp_path, monkeypatch):
-    # a first solve holds the step programs it lowered (compiling them beside the calls
-    # after it slowed those); the process compiles and stores them at exit, so a new
-    # model in the next process runs the host loop on them: only its own two programs
-    # (evaluate, final) compile there
+    # a first solve puts the step programs off (lowered in it, they cost it CPU;
+    # compiled beside the calls after it, they slowed those); the process builds and
+    # stores them at exit, so a new model in the next process runs the host loop on
+    # them: only its own two programs (evaluate, final) compile there
     monkeypatch.setenv("ADAPTPREC_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("ADAPTPREC_PROMOTE", "background")
     one = run_python(COLD_THEN_NEW_MODEL.replace("WHICH", "0"), x64=False, timeout=300)

@@ -159,8 +159,8 @@ class StepPrograms(NamedTuple):
 
 class _Lazy:
     """An object built on first use (its attributes are the built object's): the step
-    state's layout, which a first solve on the whole-solve program needs only once it
-    lowers the step programs, while XLA compiles (:func:`._promote.first_solve`)."""
+    state's layout, which a first solve on the whole-solve program does not need
+    (:func:`._promote.first_solve`)."""
 
     def __init__(self, build):
         self._build, self._built = build, None
@@ -527,7 +527,6 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
              and _promote.mode() != "off" and _steps_cold(sp, cfg))
     if not first:
         _prefetch_step(sp, cfg)
-        _disk_cache.start_held()   # (programs a first solve lowered for later: due now)
     traced = _prepare(residual, fun_flat, x0, args, cfg, pad)
     m = cfg.m
     is_padded = pad is not None
@@ -563,12 +562,12 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
     # measured worse, 0.6 s instead of 0.3 s for a new bucket fitted right after)
     whole = _promote.lookup(pkey) or _promote.lookup_disk(pkey, make_build)
     if whole is None and first:
-        # the step programs are lowered while XLA compiles the whole solve, and held
-        # (for the next model, or the disk cache at exit)
-        whole = _promote.first_solve(pkey, make_build, lambda: _prefetch_step(sp, cfg))
+        whole = _promote.first_solve(pkey, make_build)
         if whole is None:   # (failed) the host loop serves after all
             _prefetch_step(sp, cfg)
-            _disk_cache.start_held()
+        else:   # the step programs: built at exit for the disk cache (later processes)
+            _disk_cache.hold(("step-programs", _step_once(sp)),
+                             lambda: _prefetch_step(sp, cfg))
     fields = None
     if whole is not None:
         try:  # one executable call (NumPy straight in: jit's C++ path transfers it)

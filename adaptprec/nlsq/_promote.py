@@ -23,8 +23,7 @@ solves of that computation are one executable call and one read-back.
   new parameter count or options), a model's first solve compiles its whole-solve
   program instead (:func:`first_solve`, :data:`FIRST_SOLVE`): about the same cost for
   that solve, and every later one is promoted from the start. The step programs are
-  lowered while XLA compiles it, and compiled when a later model needs them (or at
-  exit, for the disk cache).
+  lowered and compiled at exit instead (with the disk cache on), for later processes.
 * **Disk.** It is stored in adaptprec's program cache (:mod:`adaptprec._disk_cache`),
   keyed on the residual's identity, so a fresh process of the same script finds it and
   runs the whole-solve program from its first fit.
@@ -97,10 +96,11 @@ NO_HOIST_PASSES = "while-loop-invariant-code-motion"
 #: costs as much as the whole solve's program (4PL, 12 points, x64 off: 0.70 s against
 #: 0.70 s in a fresh process), while every later solve of the model is one executable
 #: call (0.4 ms) instead of the host loop's ~3 ms until promotion (issue 32 item 5:
-#: calls 2-100 of a fresh-process loop). Its step programs are lowered meanwhile and
-#: compiled when a later model's host loop needs them, or at exit for the disk cache,
-#: so later models and processes take the host loop's cheap first solve. The same bits
-#: either way (the promoted program's, tests/test_promote.py).
+#: calls 2-100 of a fresh-process loop). The step programs are then lowered, compiled
+#: and stored at exit (:func:`adaptprec._disk_cache.hold`; with the cache on), so later
+#: processes take the host loop's cheap first solve for a new model; later models of
+#: this process with the same step options take a first solve too. The same bits either
+#: way (the promoted program's, tests/test_promote.py).
 FIRST_SOLVE = True
 _MODES = ("background", "sync", "off")
 _SIZE = 64
@@ -355,14 +355,10 @@ def lookup_disk(key, make_build) -> Whole | None:
     return whole
 
 
-def first_solve(key, make_build, meanwhile=None) -> Whole | None:
+def first_solve(key, make_build) -> Whole | None:
     """The whole-solve program of ``key`` compiled now, for a model's first solve when the
     host driver's step programs are cold (:data:`FIRST_SOLVE`; ``None`` when promotion
-    is ``off`` or ``key`` failed before, or if it fails now: the host loop serves).
-    Its lowering runs here, its compilation in a background thread (released GIL):
-    ``meanwhile()`` runs in this thread during it (the host driver lowers its step
-    programs there, for later models and the disk cache; what it prefetches is held:
-    :func:`adaptprec._disk_cache.held`), then this waits for the program."""
+    is ``off`` or ``key`` failed before, or if it fails now: the host loop serves)."""
     if not FIRST_SOLVE or mode() == "off":
         return None
     with _lock:
@@ -374,12 +370,8 @@ def first_solve(key, make_build, meanwhile=None) -> Whole | None:
     try:
         build = make_build()
         lowered, out = _lower(build)
+        # compiled in a thread, so that storing it on disk happens after this has it
         _disk_cache.prefetch_lowered(lowered, build.key, build.args, _options())
-        # what meanwhile() prefetches is held: compiled when needed or at exit, not
-        # beside this program or the solves after it
-        with _disk_cache.held():
-            if meanwhile is not None:
-                meanwhile()
         whole = _compile(build, lowered, out)   # waits for its compilation
     except Exception:
         with _lock:
