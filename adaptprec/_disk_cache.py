@@ -679,22 +679,23 @@ def prefetch(key: tuple, args: tuple, options: dict | None = None, jitted=None) 
             _pending.pop(next(iter(_pending)))
 
     def run():
-        comp = None
         try:
             if lowered is None:
                 pending.value = _load(path, full_key)
             else:
-                pending.value = comp = lowered.compile()
+                comp = lowered.compile()
                 with _lock:
                     _stats["compiles"] += 1
+                if path is not None:
+                    # before anyone runs it: serialising an executable that has run
+                    # failed now and then ("UNIMPLEMENTED: `LessThan` is not
+                    # serializable", a whole-solve program, jax 0.10.2)
+                    _store(directory, path, full_key, comp)
+                pending.value = comp
         except BaseException:  # _load handles its own errors; never leave it waiting
             pending.value = None
         finally:
             pending.done.set()
-        if comp is not None and path is not None:
-            # after the waiting caller has its program (serialising a whole-solve
-            # program and writing it took ~25 ms)
-            _store(directory, path, full_key, comp)
 
     # Not a daemon: Python joins it before shutting down. A daemon thread still inside
     # XLA's deserialisation when a short script ends aborts the process at exit

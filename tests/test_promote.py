@@ -190,6 +190,7 @@ def test_first_solve_that_fails_leaves_the_host_loop(tmp_path, monkeypatch):
         raise RuntimeError("lowering failed")
 
     monkeypatch.setattr(_promote, "_lower", broken)
+    monkeypatch.setattr(_promote, "_stats", dict(_promote._stats))  # (counts restored)
     t, y = _data(40, seed=12)
 
     def resid(p, t, y):
