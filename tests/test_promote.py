@@ -157,6 +157,7 @@ def test_first_solve_on_cold_step_programs_runs_the_whole_program(tmp_path, monk
     monkeypatch.setenv("ADAPTPREC_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("ADAPTPREC_PROMOTE", "background")
     monkeypatch.setattr(_promote, "FIRST_SOLVE", True)
+    monkeypatch.setattr(_host, "_first_solved", set())   # (one first solve a process)
     t, y = _data(40, seed=11)
 
     def resid(p, t, y):
@@ -171,8 +172,7 @@ def test_first_solve_on_cold_step_programs_runs_the_whole_program(tmp_path, monk
     monkeypatch.setenv("ADAPTPREC_PROMOTE", "off")
     b = _cold_config_solve(resid, t, y)
     assert _leaves_equal(a, b) and int(a.status) > 0
-    # another model on the same step configuration: its step programs are there, so its
-    # first solve runs the host loop (compiling only the model's own programs)
+    # another model: one first solve a process, so its first solve runs the host loop
     monkeypatch.setenv("ADAPTPREC_PROMOTE", "background")
     c = _cold_config_solve(lambda p, t, y: p[0] * jnp.exp(-p[1] * t) + 0.0 - y, t, y)
     assert _promote.stats()["first_solves"] == after["first_solves"]
@@ -185,6 +185,7 @@ def test_first_solve_that_fails_leaves_the_host_loop(tmp_path, monkeypatch):
     monkeypatch.setenv("ADAPTPREC_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("ADAPTPREC_PROMOTE", "background")
     monkeypatch.setattr(_promote, "FIRST_SOLVE", True)
+    monkeypatch.setattr(_host, "_first_solved", set())
 
     def broken(build):
         raise RuntimeError("lowering failed")

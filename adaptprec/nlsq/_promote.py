@@ -20,10 +20,11 @@ solves of that computation are one executable call and one read-back.
   running compilation is waited for.
 * **First solve.** Where the host loop's first solve would compile the step programs
   too (none built in this process or on disk: a fresh process on an empty cache, or a
-  new parameter count or options), a model's first solve compiles its whole-solve
+  new parameter count or options), the process's first model compiles its whole-solve
   program instead (:func:`first_solve`, :data:`FIRST_SOLVE`): about the same cost for
   that solve, and every later one is promoted from the start. The step programs are
-  lowered and compiled at exit instead (with the disk cache on), for later processes.
+  built by the next model's solve, or at exit (with the disk cache on), for later
+  processes.
 * **Disk.** It is stored in adaptprec's program cache (:mod:`adaptprec._disk_cache`),
   keyed on the residual's identity, so a fresh process of the same script finds it and
   runs the whole-solve program from its first fit.
@@ -92,15 +93,18 @@ NO_HOIST_PASSES = "while-loop-invariant-code-motion"
 #: A model's first solve runs the whole-solve program, compiled then
 #: (:func:`first_solve`), when the host driver's step programs are cold: neither built in
 #: this process nor in the disk cache (a fresh process on an empty cache, or a new step
-#: configuration). The host loop's first solve would then compile its step programs, which
+#: configuration), and no first solve ran in this process before. The host loop's first solve would then compile its step programs, which
 #: costs as much as the whole solve's program (4PL, 12 points, x64 off: 0.70 s against
 #: 0.70 s in a fresh process), while every later solve of the model is one executable
 #: call (0.4 ms) instead of the host loop's ~3 ms until promotion (issue 32 item 5:
 #: calls 2-100 of a fresh-process loop). The step programs are then lowered, compiled
 #: and stored at exit (:func:`adaptprec._disk_cache.hold`; with the cache on), so later
-#: processes take the host loop's cheap first solve for a new model; later models of
-#: this process with the same step options take a first solve too. The same bits either
-#: way (the promoted program's, tests/test_promote.py).
+#: processes take the host loop's cheap first solve for a new model. One first solve
+#: per process (the first model, which a loop most likely repeats): a model fitted once
+#: pays the whole-solve program on top of the step programs the next model builds, so a
+#: script of many one-off models (the NIST suite) would pay it for every step
+#: configuration. The same bits either way (the promoted program's,
+#: tests/test_promote.py).
 FIRST_SOLVE = True
 _MODES = ("background", "sync", "off")
 _SIZE = 64
