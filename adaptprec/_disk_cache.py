@@ -50,6 +50,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import os
 import pickle
@@ -64,7 +65,8 @@ import numpy as np
 from ._lapack_init import ensure_lapack
 
 __all__ = ["cache_dir", "compiled", "compiled_lowered", "on_disk", "prefetch",
-           "load_meta", "store_meta", "stats", "clear_memory", "MAX_BYTES"]
+           "prefetch_lowered", "held", "hold", "start_held", "signature", "load_meta", "store_meta", "stats", "clear_memory",
+           "MAX_BYTES"]
 
 _FORMAT = 2  # 2: a checksum of the payload, the device count in the key
 #: default size bound of the cache directory (bytes); ``$ADAPTPREC_CACHE_MAX_MB``
@@ -202,18 +204,49 @@ def _environment() -> tuple:
     return _fingerprint[0]
 
 
-def _aval(a):
+_dtype_names: tuple = ({}, {})   # per x64 state: dtype -> the canonical dtype's name
+
+
+def _dtype_name(dtype, names: dict) -> str:
+    """``str(jax.dtypes.canonicalize_dtype(dtype))`` (``jnp.result_type``'s string),
+    memoised (``names``: the current x64 state's): a signature is computed at every
+    lookup."""
+    name = names.get(dtype)
+    if name is None:
+        name = names[dtype] = str(jax.dtypes.canonicalize_dtype(dtype))
+    return name
+
+
+def _aval(a, names: dict):
+    if isinstance(a, np.ndarray):
+        return a.shape, _dtype_name(a.dtype, names), False
+    if isinstance(a, (jax.Array, jax.ShapeDtypeStruct)):
+        return a.shape, _dtype_name(a.dtype, names), a.weak_type
     weak = isinstance(a, (bool, int, float, complex))
     if hasattr(a, "aval"):
         weak = a.aval.weak_type
-    if isinstance(a, (np.ndarray, jax.Array)):  # result_type's string, ~3x cheaper
-        return (a.shape, str(jax.dtypes.canonicalize_dtype(a.dtype)), weak)
     return (tuple(np.shape(a)), str(jax.numpy.result_type(a)), weak)
 
 
-def _signature(args) -> tuple:
+def signature(args) -> tuple:
+    """The arguments' structure, shapes, canonical dtypes and weak types: the in-memory
+    key of a program with the program's key (a repeat's lookups: ~1 us per leaf; this
+    replaced the host driver's own memo above it, issue 32), and in the disk key
+    (``repr``)."""
+    from .precision import x64_enabled
+
+    names = _dtype_names[x64_enabled()]
     leaves, treedef = jax.tree.flatten(args)
-    return str(treedef), tuple(_aval(a) for a in leaves)
+    out = []
+    for a in leaves:   # (the common kinds inline: a call per leaf is most of the cost)
+        if isinstance(a, np.ndarray):
+            out.append((a.shape, names.get(a.dtype) or _dtype_name(a.dtype, names), False))
+        elif isinstance(a, jax.Array):
+            out.append((a.shape, names.get(a.dtype) or _dtype_name(a.dtype, names),
+                        a.weak_type))
+        else:
+            out.append(_aval(a, names))
+    return treedef, tuple(out)
 
 
 def _max_bytes() -> int:
@@ -395,18 +428,23 @@ def compiled(jitted, key: tuple, args: tuple, options: dict | None = None):
     (and then stored). ``key`` names the program (with ``jitted``'s compiler
     ``options``, it must determine the program given the argument shapes); the result is
     a ``jax.stages.Compiled`` to call with arguments of the same shapes and dtypes."""
-    sig = _signature(args)
+    sig = signature(args)
     mem_key = (key, sig)
-    with _lock:
-        hit = _memory.get(mem_key)
-        if hit is not None:
+    # (without the lock: a repeat's lookups are its host loop's overhead; each
+    # OrderedDict call is atomic under the GIL)
+    hit = _memory.get(mem_key)
+    if hit is not None:
+        try:
             _memory.move_to_end(mem_key)
-            _stats["memory_hits"] += 1
-            return hit
+        except KeyError:   # evicted by another thread meanwhile
+            pass
+        _stats["memory_hits"] += 1
+        return hit
     with _lock:
         pending = _pending.pop(mem_key, None)
     comp, loaded = None, False
     if pending is not None:   # started by prefetch(): wait for it
+        pending.start()   # (held: see held())
         pending.done.wait()
         comp, loaded = pending.value, pending.loaded
         _stats["prefetched"] += comp is not None and loaded
@@ -440,7 +478,7 @@ def background_compile() -> bool:
 def on_disk(key: tuple, args: tuple, options: dict | None = None) -> bool:
     """Whether :func:`compiled` would find ``key``'s program (for these argument shapes
     and compiler ``options``) in memory or on disk, without loading or compiling it."""
-    sig = _signature(args)
+    sig = signature(args)
     with _lock:
         if (key, sig) in _memory:
             return True
@@ -460,11 +498,124 @@ def compiled_lowered(lowered, key: tuple, args: tuple, options: dict | None = No
     return compiled(_Lowered(), key, args, options)
 
 
+def prefetch_lowered(lowered, key: tuple, args: tuple, options: dict | None = None) -> bool:
+    """:func:`prefetch` for a program already lowered: its compilation (or load, when
+    on disk) starts in a background thread and the caller's thread is free meanwhile
+    (to lower other programs); a later :func:`compiled_lowered` or :func:`compiled`
+    with the same key waits for it."""
+
+    class _Lowered:
+        def lower(self, *_):
+            return lowered
+
+    return prefetch(key, args, options, _Lowered())
+
+
 class _Pending:
-    __slots__ = ("done", "value", "loaded")
+    __slots__ = ("done", "value", "loaded", "thread", "started")
 
     def __init__(self, loaded: bool):
         self.done, self.value, self.loaded = threading.Event(), None, loaded
+        self.thread, self.started = None, False
+
+    def start(self) -> None:
+        """Start the background thread (once; it may have been held)."""
+        with _lock:
+            if self.started or self.thread is None:
+                return
+            self.started = True
+        self.thread.start()
+
+
+_defer = threading.local()
+_held: list = []    # pendings whose thread waits for a start (see held())
+_tasks: dict = {}   # key -> work put off (see hold())
+_exit_hook: list = []
+
+
+def _exit_hook_registered() -> None:
+    with _lock:
+        if not _exit_hook:
+            import atexit
+
+            atexit.register(_finish_held_at_exit)
+            _exit_hook.append(True)
+
+
+@contextlib.contextmanager
+def held():
+    """The background compilations and loads :func:`prefetch` would start in this thread
+    within the block are held: each starts when a :func:`compiled` or :func:`prefetch`
+    of its program asks for it, at :func:`start_held`, or at process exit when the
+    cache is on (then it is compiled and stored, for later processes)."""
+    prev = getattr(_defer, "on", False)
+    _defer.on = True
+    try:
+        yield
+    finally:
+        _defer.on = prev
+
+
+def hold(key, task) -> None:
+    """Put ``task()`` (work that lowers and prefetches programs) off, once per ``key``:
+    it runs at :func:`start_held`, or at process exit when the cache is on, so its
+    programs reach the disk for later processes without costing this one's calls. The
+    host driver's step programs after a first solve on the whole-solve program
+    (:func:`adaptprec.nlsq._promote.first_solve`): lowered during that solve they cost it
+    ~5-10% more CPU, and compiled beside the calls after it they made calls 2-30 of a
+    fresh-process loop ~3x slower."""
+    from .precision import x64_enabled
+
+    x64 = x64_enabled()   # (the caller's: curve_fit's float64 scope, say)
+
+    def in_scope():
+        with jax.enable_x64(x64):
+            task()
+
+    with _lock:
+        _tasks.setdefault(key, in_scope)
+    _exit_hook_registered()
+
+
+def _run_tasks() -> None:
+    while True:
+        with _lock:
+            if not _tasks:
+                return
+            task = _tasks.pop(next(iter(_tasks)))
+        try:
+            task()
+        except Exception:  # noqa: BLE001 - work for later only
+            pass
+
+
+def _take_held() -> list:
+    with _lock:
+        todo = list(_held)
+        _held.clear()
+    return todo
+
+
+def start_held() -> list:
+    """Run the tasks put off by :func:`hold` (their prefetches held too) and start every
+    held compilation; returns the pendings started."""
+    with held():
+        _run_tasks()
+    todo = _take_held()
+    for pending in todo:
+        pending.start()
+    return todo
+
+
+def _finish_held_at_exit() -> None:
+    """At exit, when the cache is on (otherwise it is dropped): :func:`start_held`, and
+    wait for it (the interpreter's own join of non-daemon threads ran before the exit
+    hooks, and XLA must not run into the interpreter's finalisation)."""
+    if cache_dir() is None:
+        return
+    for pending in start_held():
+        if pending.thread is not None:
+            pending.thread.join(timeout=120)
 
 
 def prefetch(key: tuple, args: tuple, options: dict | None = None, jitted=None) -> bool:
@@ -499,11 +650,15 @@ def prefetch(key: tuple, args: tuple, options: dict | None = None, jitted=None) 
         >>> _ = (os.environ.pop("ADAPTPREC_CACHE_DIR") if saved is None
         ...      else os.environ.update(ADAPTPREC_CACHE_DIR=saved))
     """
-    sig = _signature(args)
+    sig = signature(args)
     mem_key = (key, sig)
     with _lock:
-        if mem_key in _memory or mem_key in _pending:
+        if mem_key in _memory:
             return False
+        pending = _pending.get(mem_key)
+    if pending is not None:
+        pending.start()   # (held: asked for now)
+        return False
     directory, path, full_key = _entry((key, sig, sorted((options or {}).items())))
     on_disk_ = path is not None and os.path.exists(path)
     if not on_disk_ and (jitted is None or not background_compile()):
@@ -528,11 +683,15 @@ def prefetch(key: tuple, args: tuple, options: dict | None = None, jitted=None) 
             if lowered is None:
                 pending.value = _load(path, full_key)
             else:
-                pending.value = comp = lowered.compile()
+                comp = lowered.compile()
                 with _lock:
                     _stats["compiles"] += 1
                 if path is not None:
+                    # before anyone runs it: serialising an executable that has run
+                    # failed now and then ("UNIMPLEMENTED: `LessThan` is not
+                    # serializable", a whole-solve program, jax 0.10.2)
                     _store(directory, path, full_key, comp)
+                pending.value = comp
         except BaseException:  # _load handles its own errors; never leave it waiting
             pending.value = None
         finally:
@@ -542,5 +701,11 @@ def prefetch(key: tuple, args: tuple, options: dict | None = None, jitted=None) 
     # XLA's deserialisation when a short script ends aborts the process at exit
     # ("terminate called after throwing ...", exit code 134: a warm-cache fit that ran on
     # the promoted program and never waited for the prefetched step programs).
-    threading.Thread(target=run, name="adaptprec-prefetch", daemon=False).start()
+    pending.thread = threading.Thread(target=run, name="adaptprec-prefetch", daemon=False)
+    if getattr(_defer, "on", False):   # within held(): started when asked for
+        with _lock:
+            _held.append(pending)
+        _exit_hook_registered()
+    else:
+        pending.start()
     return True

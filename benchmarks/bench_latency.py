@@ -36,9 +36,11 @@ its ~100 source files again, 40-90 ms of the import row; so the children get a b
 cache in a temporary directory (``PYTHONPYCACHEPREFIX``), filled by one warm-up import
 before anything is timed. ``--source-import`` measures the old way (no bytecode cache).
 
-(e) ``--fresh-loop`` (only this): 100 curve_fit calls of a 4PL fit (12 points, bounds,
-    new data each call) in a fresh process with an EMPTY adaptprec cache, against scipy:
-    the first call, then calls 2-100 together (issue 32: <= 3x scipy's 99 calls).
+(e) ``--fresh-loop`` (only this): 100 curve_fit calls of a 4PL fit (12 points, with
+    bounds and without, new data each call) in a fresh process with an EMPTY adaptprec
+    cache, against scipy: the first call, then calls 2-100 together (issue 32: <= 3x
+    scipy's 99 calls). scipy runs in its own fresh process and again in adaptprec's,
+    after it (the ratio under the same load).
 
 Run:  python benchmarks/bench_latency.py [--quick] [--fresh-loop]
 """
@@ -198,21 +200,39 @@ def _loop_child(lib: str, reps: int) -> dict:
         def f(x, bottom, hill, ec50, top):
             return top + (bottom - top) / (1.0 + (x / ec50) ** hill)
     t_import = time.perf_counter() - t0
-    times = []
-    for y in ys:
-        t = time.perf_counter()
-        if variant == "free":
-            curve_fit(f, conc, y, p0=p0)
-        else:
-            curve_fit(f, conc, y, p0=p0, bounds=bounds)
-        times.append(time.perf_counter() - t)
+
+    def loop(fit):
+        times = []
+        for y in ys:
+            t = time.perf_counter()
+            if variant == "free":
+                fit(f, conc, y, p0=p0)
+            else:
+                fit(f, conc, y, p0=p0, bounds=bounds)
+            times.append(time.perf_counter() - t)
+        return times
+
+    times = loop(curve_fit)
     out = {"import": t_import, "first": times[0], "calls_2_on": sum(times[1:]),
            "median_2_on": sorted(times[1:])[len(times) // 2], "times": times}
     if lib == "adaptprec":
+        import threading
+
         from adaptprec.nlsq import _promote
 
-        out["promoted"] = _promote.stats()["promoted"]
-        out["disk_loads"] = _promote.stats()["disk_loads"]
+        st = _promote.stats()
+        out.update(promoted=st["promoted"], first_solves=st["first_solves"],
+                   disk_loads=st["disk_loads"])
+        # scipy's loop in this process too, once adaptprec's background work has ended:
+        # the ratio under the same machine load (the other process's is noisier)
+        _promote.wait()
+        for th in threading.enumerate():
+            if th.name == "adaptprec-prefetch":
+                th.join()
+        import scipy.optimize
+
+        here = loop(scipy.optimize.curve_fit)   # (f has operators only: NumPy works)
+        out["scipy_here_2_on"] = sum(here[1:])
     return out
 
 
@@ -234,8 +254,12 @@ def fresh_loop(reps: int = 100) -> dict:
         print("  adaptprec calls " + ", ".join(
             f"{lo + 1}-{hi}: {1e3 * sum(t[lo:hi]):.1f}"
             for lo, hi in ((1, 10), (10, 30), (30, 60), (60, reps))))
-        print(f"  promoted programs: {ap['promoted']}, loaded from disk: "
-              f"{ap['disk_loads']}\n")
+        print(f"  scipy's calls 2-{reps} in adaptprec's process (after it): "
+              f"{_ms(ap['scipy_here_2_on']).strip()} ms; calls 2-{reps} ratio "
+              f"{ap['calls_2_on'] / ap['scipy_here_2_on']:.2f}")
+        print(f"  promoted programs: {ap['promoted']} (on a first solve: "
+              f"{ap['first_solves']}), loaded from disk: {ap['disk_loads']}; load average "
+              f"{os.getloadavg()[0]:.2f}\n")
         out[what] = {"adaptprec": ap, "scipy": sp}
     return out
 

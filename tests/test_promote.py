@@ -19,9 +19,11 @@ from test_latency import _data, _expo, count_compiles
 
 @pytest.fixture
 def promote(monkeypatch):
-    """Promotion on, synchronous (deterministic), after ``PROMOTE_AFTER`` solves."""
+    """Promotion on, synchronous (deterministic), after ``PROMOTE_AFTER`` solves (and not
+    on a first solve: whether the step programs are cold depends on the tests before)."""
     monkeypatch.setenv("ADAPTPREC_PROMOTE", "sync")
     monkeypatch.setattr(_promote, "PROMOTE_SECONDS", 0.0)
+    monkeypatch.setattr(_promote, "FIRST_SOLVE", False)
     yield _promote
     monkeypatch.setenv("ADAPTPREC_PROMOTE", "off")
 
@@ -61,13 +63,14 @@ def expo_promoted():
     import os
 
     saved, seconds = os.environ.get("ADAPTPREC_PROMOTE"), _promote.PROMOTE_SECONDS
+    first_solve = _promote.FIRST_SOLVE
     os.environ["ADAPTPREC_PROMOTE"] = "sync"
-    _promote.PROMOTE_SECONDS = 0.0
+    _promote.PROMOTE_SECONDS, _promote.FIRST_SOLVE = 0.0, False
     t, y = _data(60, seed=1)
     sig = np.full(60, 0.01)
     first = [ap.curve_fit(_expo, t, y, p0=[1.0, 1.0, 0.0], sigma=sig)
              for _ in range(_promote.PROMOTE_AFTER + 2)]  # host loops, then promoted
-    _promote.PROMOTE_SECONDS = seconds
+    _promote.PROMOTE_SECONDS, _promote.FIRST_SOLVE = seconds, first_solve
     yield t, y, sig, first
     os.environ["ADAPTPREC_PROMOTE"] = saved or "off"
 
@@ -129,6 +132,7 @@ def test_background_promotion_switches_when_ready(monkeypatch):
     monkeypatch.setenv("ADAPTPREC_PROMOTE", "background")
     monkeypatch.setattr(_promote, "PROMOTE_AFTER", 0)
     monkeypatch.setattr(_promote, "PROMOTE_SECONDS", 0.0)
+    monkeypatch.setattr(_promote, "FIRST_SOLVE", False)
     t, y = _data(40, seed=7)
 
     def resid(p, t, y):
@@ -143,6 +147,94 @@ def test_background_promotion_switches_when_ready(monkeypatch):
     monkeypatch.setenv("ADAPTPREC_PROMOTE", "off")
 
 
+def _cold_config_solve(resid, t, y, **kw):
+    # max_steps=537: a step configuration no other test builds, so its step programs are
+    # cold (neither built in this process nor in the test's empty cache directory)
+    return ap.solve_nlsq(resid, np.ones(2), args=(t, y), max_steps=537, **kw)
+
+
+def test_first_solve_on_cold_step_programs_runs_the_whole_program(tmp_path, monkeypatch):
+    monkeypatch.setenv("ADAPTPREC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ADAPTPREC_PROMOTE", "background")
+    monkeypatch.setattr(_promote, "FIRST_SOLVE", True)
+    monkeypatch.setattr(_host, "_first_solved", set())   # (one first solve a process)
+    t, y = _data(40, seed=11)
+
+    def resid(p, t, y):
+        return p[0] * jnp.exp(-p[1] * t) - y
+
+    before = _promote.stats()
+    a = _cold_config_solve(resid, t, y)
+    after = _promote.stats()
+    assert after["first_solves"] == before["first_solves"] + 1
+    assert after["promoted"] == before["promoted"] + 1 and after["ready"] >= 1
+    # the host loop (promotion off) gives the same bits (compiling the step programs)
+    monkeypatch.setenv("ADAPTPREC_PROMOTE", "off")
+    b = _cold_config_solve(resid, t, y)
+    assert _leaves_equal(a, b) and int(a.status) > 0
+    # another model: one first solve a process, so its first solve runs the host loop
+    monkeypatch.setenv("ADAPTPREC_PROMOTE", "background")
+    c = _cold_config_solve(lambda p, t, y: p[0] * jnp.exp(-p[1] * t) + 0.0 - y, t, y)
+    assert _promote.stats()["first_solves"] == after["first_solves"]
+    assert int(c.status) > 0
+    _promote.wait()
+
+
+@pytest.mark.slow
+def test_first_solve_that_fails_leaves_the_host_loop(tmp_path, monkeypatch):
+    monkeypatch.setenv("ADAPTPREC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ADAPTPREC_PROMOTE", "background")
+    monkeypatch.setattr(_promote, "FIRST_SOLVE", True)
+    monkeypatch.setattr(_host, "_first_solved", set())
+
+    def broken(build):
+        raise RuntimeError("lowering failed")
+
+    monkeypatch.setattr(_promote, "_lower", broken)
+    monkeypatch.setattr(_promote, "_stats", dict(_promote._stats))  # (counts restored)
+    t, y = _data(40, seed=12)
+
+    def resid(p, t, y):
+        return p[0] * jnp.exp(-p[1] * t) + 0.5 - y
+
+    before = _promote.stats()
+    a = ap.solve_nlsq(resid, np.ones(2), args=(t, y), max_steps=538)
+    assert _promote.stats()["failures"] == before["failures"] + 1
+    assert _promote.stats()["first_solves"] == before["first_solves"]
+    np.testing.assert_allclose(np.asarray(a.x), [2.5, 1.3], rtol=0.01)
+    monkeypatch.setenv("ADAPTPREC_PROMOTE", "off")   # the host loop's answer
+    assert _leaves_equal(a, ap.solve_nlsq(resid, np.ones(2), args=(t, y), max_steps=538))
+
+
+COLD_THEN_NEW_MODEL = r"""
+import numpy as np, jax.numpy as jnp
+import adaptprec as ap
+from adaptprec import _disk_cache
+from adaptprec.nlsq import _promote
+t = np.linspace(0.0, 4.0, 50)
+y = 2.5 * np.exp(-1.3 * t) + 0.5 + 0.01 * np.sin(9 * t)
+models = [lambda t, a, k, c: a * jnp.exp(-k * t) + c, lambda t, a, k, c: a / (1 + k * t) + c]
+ap.curve_fit(models[WHICH], t, y, p0=[1.0, 1.0, 0.0])
+print(_promote.stats()["first_solves"], _disk_cache.stats()["compiles"])
+"""
+
+
+@pytest.mark.slow
+def test_step_programs_of_a_first_solve_reach_the_disk_at_exit(tmp_path, monkeypatch):
+    # a first solve puts the step programs off (lowered in it, they cost it CPU;
+    # compiled beside the calls after it, they slowed those); the process builds and
+    # stores them at exit, so a new model in the next process runs the host loop on
+    # them: only its own two programs (evaluate, final) compile there
+    monkeypatch.setenv("ADAPTPREC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ADAPTPREC_PROMOTE", "background")
+    one = run_python(COLD_THEN_NEW_MODEL.replace("WHICH", "0"), x64=False, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert one.stdout.split() == ["1", "1"]   # the whole-solve program only
+    two = run_python(COLD_THEN_NEW_MODEL.replace("WHICH", "1"), x64=False, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert two.stdout.split() == ["0", "2"]
+
+
 FRESH = r"""
 import os, sys, numpy as np, jax, jax.numpy as jnp
 import adaptprec as ap
@@ -152,12 +244,16 @@ t = np.linspace(0.0, 4.0, 50)
 y = 2.5 * np.exp(-1.3 * t) + 0.5 + 0.01 * np.sin(9 * t)
 model = lambda t, a, k, c: a * jnp.exp(-k * t) + c
 out = [ap.curve_fit(model, t, y, p0=[1.0, 1.0, 0.0]) for _ in range(3)]
+# the first fit's program was lowered without jaxlib's LAPACK start-up (all of scipy.linalg)
+assert "scipy.linalg" not in sys.modules
 assert not jax.config.read("jax_enable_x64")
 for p, c in out:
     assert p.dtype == np.float64 and c.dtype == np.float64
     np.testing.assert_array_equal(p, out[0][0]); np.testing.assert_array_equal(c, out[0][1])
 st = _promote.stats()
 # float32 asked for (no x64 scope): host loop, promoted, repeat path agree bit for bit
+# (on new step programs, so not a first solve on the whole-solve program)
+_promote.FIRST_SOLVE = False
 f32 = [ap.curve_fit(model, t, y, p0=[1.0, 1.0, 0.0], precision="f32") for _ in range(4)]
 for p, c in f32:
     assert p.dtype == np.float32

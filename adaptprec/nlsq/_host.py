@@ -22,6 +22,8 @@ more than ``_promote.PROMOTE_AFTER`` times (for ``_promote.PROMOTE_SECONDS`` of
 host-loop time) in a process gets the same ``init``/``evaluate``/``step``/
 ``final`` functions compiled into one program (in a background thread, at the same
 options, so the bits do not change); later fits of that model are one executable call.
+While the step programs are cold (built neither in this process nor on disk), a model's
+first solve compiles that program at once instead (``_promote.first_solve``).
 
 Example:
     >>> import jax.numpy as jnp, numpy as np
@@ -79,8 +81,8 @@ def clear_cache() -> None:
     with _lock:
         _programs.clear()
         _prepared.clear()
-        _executables.clear()
         _prefetched.clear()
+        _first_solved.clear()
         _stats.update(programs_built=0, program_hits=0, traces=0)
 
 
@@ -148,12 +150,26 @@ class StepPrograms(NamedTuple):
 
     init: Any
     step: Any
-    carry: Packer  #: ``(state, proposal)``
+    carry: Packer  #: ``(state, proposal)`` (built on first use)
     ctx: Packer  #: ``(lb, ub, scale_inv0, f_scale, ftol, xtol, gtol, x0)``
     #: the unpacked functions behind them (for the promoted program):
     #: ``init_tree(x0, ctx, m) -> (state, proposal)``, ``loop(m)`` (:func:`build_loop`)
     init_tree: Any = None
     loop: Any = None
+
+
+class _Lazy:
+    """An object built on first use (its attributes are the built object's): the step
+    state's layout, which a first solve on the whole-solve program does not need
+    (:func:`._promote.first_solve`)."""
+
+    def __init__(self, build):
+        self._build, self._built = build, None
+
+    def __getattr__(self, name):
+        if self._built is None:   # (two threads may build it both: the same layout)
+            self._built = self._build()
+        return getattr(self._built, name)
 
 
 def _step_programs(cfg: LoopConfig) -> StepPrograms:
@@ -182,15 +198,21 @@ def _build_step_programs(cfg: LoopConfig) -> StepPrograms:
 
     vec, sca = jax.ShapeDtypeStruct((scfg.n,), top), jax.ShapeDtypeStruct((), top)
     ctx_packer = Packer((vec, vec, vec, sca, sca, sca, sca, vec))
-    # the state's layout: from an earlier process (disk cache) or by tracing ``init``
-    carry_packer = _disk_cache.load_meta(("step-layout", scfg))
-    if not isinstance(carry_packer, Packer):
-        ctx_avals = tuple(jax.ShapeDtypeStruct((k,), d)
-                          for k, d in zip(ctx_packer.sizes, ctx_packer.dtypes))
-        carry_packer = Packer(jax.eval_shape(
-            lambda x0, ctxv, m: init_tree(x0, ctx_packer.unpack(ctxv), m), vec, ctx_avals,
-            jax.ShapeDtypeStruct((), jnp.int32)))
-        _disk_cache.store_meta(("step-layout", scfg), carry_packer)
+
+    def carry_layout() -> Packer:
+        """The state's layout: from an earlier process (disk cache) or by tracing
+        ``init`` (~30 ms)."""
+        packer = _disk_cache.load_meta(("step-layout", scfg))
+        if not isinstance(packer, Packer):
+            ctx_avals = tuple(jax.ShapeDtypeStruct((k,), d)
+                              for k, d in zip(ctx_packer.sizes, ctx_packer.dtypes))
+            packer = Packer(jax.eval_shape(
+                lambda x0, ctxv, m: init_tree(x0, ctx_packer.unpack(ctxv), m), vec,
+                ctx_avals, jax.ShapeDtypeStruct((), jnp.int32)))
+            _disk_cache.store_meta(("step-layout", scfg), packer)
+        return packer
+
+    carry_packer = _Lazy(carry_layout)
 
     def init(x0, ctxv, m):
         st, prop = init_tree(x0, ctx_packer.unpack(ctxv), m)
@@ -321,47 +343,9 @@ def _prepare(residual, fun_flat, x0_flat, args, cfg: LoopConfig, pad):
 
 
 # ----------------------------------------------------------------------------- driver
-#: (program key, x64, fast signature of the arguments) -> executable: a repeat's lookups
-#: skip :func:`adaptprec._disk_cache.compiled`'s signature (``jnp.result_type`` per
-#: leaf: ~0.9 ms per lookup, 4 lookups per solve; issue 32 item 5)
-_executables: collections.OrderedDict = collections.OrderedDict()
-
-
-def _fast_sig(args):
-    """Shapes, dtypes and weak types of ``args``' leaves, without JAX's dtype rules: at
-    least as fine as the disk cache's signature under one x64 state (``None`` for a leaf
-    kind it does not know: no memo then)."""
-    leaves, treedef = jax.tree.flatten(args)
-    out = []
-    for a in leaves:
-        if isinstance(a, np.ndarray):
-            out.append((a.shape, a.dtype.str, False))
-        elif isinstance(a, jax.Array):
-            out.append((a.shape, a.dtype.str, a.weak_type))
-        elif isinstance(a, (bool, int, float)):
-            out.append(type(a))
-        else:
-            return None
-    return treedef, tuple(out)
-
-
 def _compiled(prog, *args):
     """``prog``'s executable for these arguments (memory, disk cache, or compiled)."""
-    from ..precision import x64_enabled
-
-    sig = _fast_sig(args)
-    key = None if sig is None else (prog.cache_key, repr(prog.options), x64_enabled(), sig)
-    if key is not None:
-        hit = _executables.get(key)
-        if hit is not None:
-            return hit
-    exe = _disk_cache.compiled(prog.tuned, prog.cache_key, args, prog.options)
-    if key is not None:
-        with _lock:
-            _executables[key] = exe
-            if len(_executables) > 4 * _SIZE:
-                _executables.popitem(last=False)
-    return exe
+    return _disk_cache.compiled(prog.tuned, prog.cache_key, args, prog.options)
 
 
 _deadline = threading.local()
@@ -455,30 +439,56 @@ def _whole_fn(sp: StepPrograms, evaluate, final, M: int, is_padded: bool):
 
 
 _prefetched: set = set()
+_first_solved: set = set()   # step configurations (_step_once) of a first solve
+
+
+def _vecs(p: Packer) -> tuple:
+    return tuple(jax.ShapeDtypeStruct((k,), d) for k, d in zip(p.sizes, p.dtypes))
+
+
+def _init_avals(sp: StepPrograms, cfg: LoopConfig) -> tuple:
+    """The argument shapes of ``init`` (they follow from the step configuration)."""
+    sds = jax.ShapeDtypeStruct
+    return sds((cfg.n,), np.dtype(cfg.rungs[-1])), _vecs(sp.ctx), sds((), np.int32)
+
+
+def _step_avals(sp: StepPrograms, cfg: LoopConfig) -> tuple:
+    """The argument shapes of ``step`` (the state's layout: built here if not yet)."""
+    _, ctx, m = _init_avals(sp, cfg)
+    return _vecs(sp.carry), _vecs(_ev_packer(cfg.n, np.dtype(cfg.rungs[-1]))), ctx, m
+
+
+def _step_once(sp: StepPrograms) -> tuple:
+    from ..precision import x64_enabled
+
+    return sp.step.cache_key, x64_enabled()
+
+
+def _steps_cold(sp: StepPrograms, cfg: LoopConfig) -> bool:
+    """Whether the host loop's first solve would compile the step programs: neither
+    fetched in this process nor in the disk cache (``init`` is looked for: ``step``'s
+    shapes need the state's layout, and both are stored by one process)."""
+    with _lock:
+        if _step_once(sp) in _prefetched:
+            return False
+    return not _disk_cache.on_disk(sp.init.cache_key, _init_avals(sp, cfg),
+                                   sp.init.options)
 
 
 def _prefetch_step(sp: StepPrograms, cfg: LoopConfig) -> None:
     """Start loading the step programs from the disk cache in the background (they do
-    not depend on the residual: the load overlaps with tracing it; issue 14). Once per
-    step configuration and process (their shapes follow from it)."""
-    from ..precision import x64_enabled
-
-    once = (sp.step.cache_key, x64_enabled())
+    not depend on the residual: the load overlaps with tracing it; issue 14), or, not
+    on disk, lower them here and compile them in the background. Once per step
+    configuration and process (their shapes follow from it)."""
+    once = _step_once(sp)
     with _lock:
         if once in _prefetched:
             return
         _prefetched.add(once)
-    top = np.dtype(cfg.rungs[-1])
-    sds = jax.ShapeDtypeStruct
-
-    def vecs(p: Packer):
-        return tuple(sds((k,), d) for k, d in zip(p.sizes, p.dtypes))
-
-    ctx, m = vecs(sp.ctx), sds((), np.int32)
-    _disk_cache.prefetch(sp.init.cache_key, (sds((cfg.n,), top), ctx, m), sp.init.options,
+    _disk_cache.prefetch(sp.init.cache_key, _init_avals(sp, cfg), sp.init.options,
                          sp.init.tuned)
-    _disk_cache.prefetch(sp.step.cache_key, (vecs(sp.carry), vecs(_ev_packer(cfg.n, top)),
-                                             ctx, m), sp.step.options, sp.step.tuned)
+    _disk_cache.prefetch(sp.step.cache_key, _step_avals(sp, cfg), sp.step.options,
+                         sp.step.tuned)
 
 
 def _prefetch_residual(evaluate, final, n: int, top, consts, mask, args, f_scale, lb, ub,
@@ -488,16 +498,14 @@ def _prefetch_residual(evaluate, final, n: int, top, consts, mask, args, f_scale
     meanwhile the loop runs (arguments as :func:`_solve_host_loop` passes them)."""
     from ..precision import x64_enabled
 
-    sig = _fast_sig((consts, mask, args, f_scale))
-    once = None if sig is None else (evaluate.cache_key, final.cache_key, x64_enabled(),
-                                     n, str(top), sig)
-    if once is not None and once in _prefetched:
+    once = (evaluate.cache_key, final.cache_key, x64_enabled(), n, str(top),
+            _disk_cache.signature((consts, mask, args, f_scale)))
+    if once in _prefetched:
         return  # a repeat: both programs were fetched for these shapes
-    if once is not None:
-        with _lock:
-            _prefetched.add(once)
-            if len(_prefetched) > 16 * _SIZE:
-                _prefetched.clear()
+    with _lock:
+        _prefetched.add(once)
+        if len(_prefetched) > 16 * _SIZE:
+            _prefetched.clear()
     sds = jax.ShapeDtypeStruct
     ctl, z = sds((2,), np.int32), sds((n,), top)
     _disk_cache.prefetch(evaluate.cache_key, (ctl, z, consts, mask, args, f_scale),
@@ -514,7 +522,16 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
     rungs = cfg.rungs
     top = np.dtype(rungs[-1])
     sp = _step_programs(cfg)
-    _prefetch_step(sp, cfg)
+    # a model's first solve on cold step programs compiles the whole-solve program
+    # instead (_promote.FIRST_SOLVE); not within a deadline (a promoted solve cannot
+    # be stopped)
+    # (after a first solve of this step configuration, the step programs are fetched
+    # only when the host loop needs them: not for that model's promoted solves)
+    solved_first = _step_once(sp) in _first_solved
+    first = (not _first_solved and _promote.FIRST_SOLVE and _promote.mode() != "off"
+             and getattr(_deadline, "at", None) is None and _steps_cold(sp, cfg))
+    if not first and not solved_first:
+        _prefetch_step(sp, cfg)
     traced = _prepare(residual, fun_flat, x0, args, cfg, pad)
     m = cfg.m
     is_padded = pad is not None
@@ -549,6 +566,23 @@ def host_solve(residual, fun_flat, unravel, x0_shape, cfg: LoopConfig, pad, x0, 
     # when a new bucket needs them: loading them in the background meanwhile was
     # measured worse, 0.6 s instead of 0.3 s for a new bucket fitted right after)
     whole = _promote.lookup(pkey) or _promote.lookup_disk(pkey, make_build)
+    if whole is None and solved_first:
+        _prefetch_step(sp, cfg)   # another model on this configuration: the host loop
+    if whole is None and first:
+        whole = _promote.first_solve(pkey, make_build)
+        if whole is None:   # (failed) the host loop serves after all
+            _prefetch_step(sp, cfg)
+        else:
+            # one per process: a model fitted once pays the whole-solve program on top
+            # of the step programs the next model of its step configuration builds
+            # (NIST, 27 models twice each in a cold process: 6.2-6.6 s against 4.8-5.2
+            # with one per configuration); later models take the host loop's cheap first
+            # solve. Not needed by later models, the step programs are built at exit,
+            # for the disk cache
+            with _lock:
+                _first_solved.add(_step_once(sp))
+            _disk_cache.hold(("step-programs", _step_once(sp)),
+                             lambda: _prefetch_step(sp, cfg))
     fields = None
     if whole is not None:
         try:  # one executable call (NumPy straight in: jit's C++ path transfers it)

@@ -18,6 +18,13 @@ solves of that computation are one executable call and one read-back.
   worse: holding the GIL, it slowed every host-loop solve meanwhile ~3x.) The thread
   runs with the caller's x64 state (``jax.enable_x64`` is thread-local); at exit a
   running compilation is waited for.
+* **First solve.** Where the host loop's first solve would compile the step programs
+  too (none built in this process or on disk: a fresh process on an empty cache, or a
+  new parameter count or options), the process's first model compiles its whole-solve
+  program instead (:func:`first_solve`, :data:`FIRST_SOLVE`): about the same cost for
+  that solve, and every later one is promoted from the start. The step programs are
+  built by the next model's solve, or at exit (with the disk cache on), for later
+  processes.
 * **Disk.** It is stored in adaptprec's program cache (:mod:`adaptprec._disk_cache`),
   keyed on the residual's identity, so a fresh process of the same script finds it and
   runs the whole-solve program from its first fit.
@@ -52,8 +59,8 @@ from .. import _disk_cache
 from ._compile import cpu_options, tuned_jit
 from ._pack import Packer
 
-__all__ = ["PROMOTE_AFTER", "PROMOTE_SECONDS", "mode", "Whole", "lookup", "record",
-           "wait", "clear", "stats"]
+__all__ = ["PROMOTE_AFTER", "PROMOTE_SECONDS", "FIRST_SOLVE", "mode", "Whole", "lookup",
+           "first_solve", "record", "wait", "clear", "stats"]
 
 #: host-loop solves of one residual computation (and bucket, ladder, options) before its
 #: whole-solve program may be built (the (PROMOTE_AFTER + 1)-th at the earliest) ...
@@ -83,6 +90,22 @@ OPTIMISE = False
 #: ``R`` and ``qtf`` differed in the last bits, then ``x``. Without the pass, all 54 NIST
 #: solves agree bit for bit (benchmarks/promote_bits.py); run time 0-8% more (Hahn1).
 NO_HOIST_PASSES = "while-loop-invariant-code-motion"
+#: A model's first solve runs the whole-solve program, compiled then
+#: (:func:`first_solve`), when the host driver's step programs are cold: neither built in
+#: this process nor in the disk cache (a fresh process on an empty cache, or a new step
+#: configuration), and no first solve ran in this process before. The host loop's first solve would then compile its step programs, which
+#: costs as much as the whole solve's program (4PL, 12 points, x64 off: 0.70 s against
+#: 0.70 s in a fresh process), while every later solve of the model is one executable
+#: call (0.4 ms) instead of the host loop's ~3 ms until promotion (issue 32 item 5:
+#: calls 2-100 of a fresh-process loop). The step programs are then lowered, compiled
+#: and stored at exit (:func:`adaptprec._disk_cache.hold`; with the cache on), so later
+#: processes take the host loop's cheap first solve for a new model. One first solve
+#: per process (the first model, which a loop most likely repeats): a model fitted once
+#: pays the whole-solve program on top of the step programs the next model builds, so a
+#: script of many one-off models (the NIST suite) would pay it for every step
+#: configuration. The same bits either way (the promoted program's,
+#: tests/test_promote.py).
+FIRST_SOLVE = True
 _MODES = ("background", "sync", "off")
 _SIZE = 64
 
@@ -92,7 +115,8 @@ _uses: dict = {}
 _pending: set = set()   # keys queued or compiling
 _failed: set = set()
 _checked: set = set()   # keys already looked for on disk
-_stats = {"promoted": 0, "disk_loads": 0, "failures": 0, "compile_seconds": 0.0}
+_stats = {"promoted": 0, "first_solves": 0, "disk_loads": 0, "failures": 0,
+          "compile_seconds": 0.0}
 _queue: queue.Queue = queue.Queue()
 _tls = threading.local()
 #: entry points' fast plans (see :func:`capture`), keyed by the entry point; cleared
@@ -110,7 +134,8 @@ def mode() -> str:
 
 
 def stats() -> dict:
-    """``promoted`` (programs compiled), ``disk_loads``, ``failures``,
+    """``promoted`` (programs compiled), ``first_solves`` (of them, compiled for a
+    model's first solve: :func:`first_solve`), ``disk_loads``, ``failures``,
     ``compile_seconds`` (summed over promoted programs), ``ready`` (in memory),
     ``pending`` (being compiled)."""
     return {**_stats, "ready": len(_ready), "pending": len(_pending)}
@@ -127,7 +152,8 @@ def clear() -> None:
         _uses.clear()
         _failed.clear()
         _pending.clear()
-        _stats.update(promoted=0, disk_loads=0, failures=0, compile_seconds=0.0)
+        _stats.update(promoted=0, first_solves=0, disk_loads=0, failures=0,
+                      compile_seconds=0.0)
 
 
 class Whole(NamedTuple):
@@ -167,6 +193,9 @@ def _layout_key(key):
 def _lower(build: Build):
     """Trace and lower one whole-solve program (one trace; Python, so in the calling
     thread): ``(lowered, layout of the packed results)``."""
+    from .._lapack_init import ensure_lapack
+
+    ensure_lapack()   # (else lowering a QR imports all of scipy.linalg: 0.2-0.4 s)
     box = {}
 
     def packed(*a):
@@ -327,6 +356,43 @@ def lookup_disk(key, make_build) -> Whole | None:
         return None
     _install(key, whole)
     _stats["disk_loads"] += 1
+    return whole
+
+
+def first_solve(key, make_build) -> Whole | None:
+    """The whole-solve program of ``key`` compiled now, for a model's first solve when the
+    host driver's step programs are cold (:data:`FIRST_SOLVE`; ``None`` when promotion
+    is ``off`` or ``key`` failed before, or if it fails now: the host loop serves)."""
+    if not FIRST_SOLVE or mode() == "off":
+        return None
+    with _lock:
+        if key in _ready:
+            return _ready[key]
+        if key in _pending or key in _failed:
+            return None
+        _pending.add(key)
+    try:
+        build = make_build()
+        lowered, out = _lower(build)
+        # compiled in a thread, so that storing it on disk happens after this has it
+        _disk_cache.prefetch_lowered(lowered, build.key, build.args, _options())
+        whole = _compile(build, lowered, out)   # waits for its compilation
+    except Exception:
+        with _lock:
+            _failed.add(key)
+            _pending.discard(key)
+            _stats["failures"] += 1
+        if mode() == "sync":
+            raise
+        return None
+    except BaseException:   # Ctrl-C: not the model's failure (see record)
+        with _lock:
+            _pending.discard(key)
+        raise
+    _install(key, whole)
+    with _lock:
+        _stats["promoted"] += 1
+        _stats["first_solves"] += 1
     return whole
 
 
