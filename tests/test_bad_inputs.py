@@ -72,6 +72,10 @@ CASES = [
     ("solve_nlsq: residual not callable", lambda: ap.solve_nlsq(3, [1.0]),
      TypeError, "callable"),
     # ---- curve_fit
+    ("curve_fit: p0 too short", lambda: ap.curve_fit(cf_model, T, T, p0=[1.0]),
+     ValueError, r"p0 has 1 value but cf_model\(x, a, b\) takes 2 fit parameters"),
+    ("curve_fit: p0 too long", lambda: ap.curve_fit(cf_model, T, T, p0=[1.0] * 3),
+     ValueError, r"one value per parameter \(a, b\)"),
     ("curve_fit: string p0", lambda: ap.curve_fit(cf_model, T, T, p0="ab"),
      ValueError, "x0 must be numbers"),
     ("curve_fit: jac nonsense", lambda: ap.curve_fit(cf_model, T, T, jac="nonsense"),

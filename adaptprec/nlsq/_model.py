@@ -88,6 +88,28 @@ def _jac_for(jac: Callable, kind: str) -> Callable:
     return J
 
 
+def check_p0_arity(f, n: int) -> None:
+    """A ``ValueError`` naming the model's parameters when ``f(x, *p0)`` with ``n`` values
+    cannot bind to ``f``'s signature (a signature that cannot be inspected is not
+    checked). Called at the boundary, before any tracing: a short ``p0`` otherwise
+    surfaced as the model's own ``TypeError`` from deep inside the first trace."""
+    try:
+        sig = inspect.signature(f)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(None, *([0.0] * n))
+    except TypeError:
+        names = [p.name for p in sig.parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        name = getattr(f, "__name__", "f")
+        raise ValueError(
+            f"p0 has {n} value{'s' if n != 1 else ''} but {name}({', '.join(names)}) takes "
+            f"{len(names) - 1} fit parameter{'s' if len(names) != 2 else ''} after "
+            f"{names[0] if names else 'x'}: give p0 one value per parameter "
+            f"({', '.join(names[1:])})") from None
+
+
 def _n_params(f) -> int:
     try:
         sig = inspect.signature(f)

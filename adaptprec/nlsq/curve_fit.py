@@ -38,7 +38,7 @@ from ._minpack import minpack_fields
 from .result import result_to_host
 from . import _promote
 from ._auto_starts import for_curve_fit
-from ._model import _call, _jac_for, _n_params, _residual_for
+from ._model import _call, _jac_for, _n_params, _residual_for, check_p0_arity
 from ._sharded import point_sharding
 from . import _stream
 from ._stream import Chunks, _is_host_array, covariance_from_gram, solve_stream
@@ -351,6 +351,7 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
     else:
         p0 = jnp.atleast_1d(jnp.asarray(p0, dtype=jnp.result_type(float)))
     n = int(p0.size)
+    check_p0_arity(f, n)
     bounds = as_bounds(bounds, n)
     unbounded = is_concrete(bounds) and all(
         np.all(np.isinf(np.asarray(b, float))) for b in bounds
