@@ -495,6 +495,16 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             one_eval = handoff & (one_code > 0)
             one_eval, = _materialise(one_eval)
             x_n = jnp.where(one_eval, z + dx, x_n)
+            # ... and the model moved with it (Gauss-Newton's linear model at z + dx:
+            # cost minus the decrease it predicts, qtf's part in J's range gone), so the
+            # state's cost, R and qtf describe x (the fused driver's lean final reuses
+            # them instead of evaluating again: the step is a thousandth of a standard
+            # error, the model's error in the cost is second order in it)
+            cost_n = jnp.where(one_eval, jnp.maximum(
+                cost_z - 0.5 * jnp.sum(qtf_z * qtf_z) + 0.5 * jnp.sum(
+                    (qtf_z + R_z @ dx) ** 2), 0.0), cost_n)
+            qtf_n = jnp.where(one_eval, qtf_z + R_z @ dx, qtf_n)
+            fsn_n = jnp.where(one_eval, jnp.sqrt(2.0 * cost_n), fsn_n)
             nit = nit + one_eval.astype(jnp.int32)
             top_steps = top_steps + one_eval.astype(jnp.int32)
         status = jnp.asarray(Status.RUNNING, jnp.int32)
