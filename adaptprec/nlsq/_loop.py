@@ -105,8 +105,12 @@ SE_FRACTION = 1e-3
 #: the scan's fixed cost per block, and 16384 float32 points (6 vectors: 384 KiB) still
 #: sit in L2. 1e6-point double exponential, adaptive/f64 in one process, 21-31
 #: interleaved rounds at load 4-6: 0.997 with 4000-point float32 blocks, 0.963 with
-#: 8000; 8000 vs 15625 in two runs: 0.894 vs 0.822 and 1.003 vs 0.955.
-LOWER_RUNG_BLOCK = 4 * TARGET_BLOCK
+#: 8000; 8000 vs 15625 in two runs: 0.894 vs 0.822 and 1.003 vs 0.955. Measured again
+#: with the final evaluation reused (branch i31cf2, 11 interleaved rounds, load 1.5,
+#: whole curve_fit): float32 blocks of 8000 / 15625 / 31250 points 51.0 / 56.0 / 63.1
+#: ms (float64 alone 63.4); the blocked evaluation alone, float32 8000 points 0.51-0.54
+#: of float64's best (benchmarks/RESULTS.md).
+LOWER_RUNG_BLOCK = 2 * TARGET_BLOCK
 
 
 def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Callable,
@@ -190,7 +194,20 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             init = (jnp.zeros((cfg.n, cfg.n), top_dt), jnp.zeros((cfg.n,), top_dt),
                     jnp.zeros((), top_dt))
             (A, b, cost), _ = rung_blocks[i].scan_rows(fun, xr, args_all[i], block, init)
-            R, qtf = _factor_gram(A.astype(wt), b.astype(wt))
+            if dt != top_dt and isinstance(loss, str) and loss == "linear":
+                # (issue 31) the model moved from the rounded point xr back to x
+                # (f(x) ~ f(xr) + J (x - xr)): float32 holds a parameter only to 6e-8 of
+                # its size, at 1e6 points ~1e-3 of its standard error, and without this
+                # its last Gauss-Newton step aimed from xr (1e6-point double
+                # exponential: handed over 1.3e-3 standard errors from float64's answer,
+                # so float64 had to step once more)
+                d = x - xr.astype(top_dt)
+                Ad = A @ d
+                cost = jnp.maximum(cost + b @ d + 0.5 * (d @ Ad), 0.0)
+                b = b + Ad
+            # (the n x n factorisation in the top dtype: free, and no rounding of the
+            # summed A and b back to the rung)
+            R, qtf = _factor_gram(A, b)
             jok = guards.finite_values((R, qtf)).ok
             fnorm = jnp.sqrt(2.0 * cost)
             return (cost, R.astype(top_dt), qtf.astype(top_dt), fnorm, jok)
