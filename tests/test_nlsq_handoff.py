@@ -55,7 +55,7 @@ def test_default_agrees_with_f64_within_a_thousandth_of_a_standard_error():
     assert worst <= _loop.SE_FRACTION
     nfev = np.asarray(r.rung_nfev)
     assert nfev[0] > 0 and r.escalations == 1      # the float32 rung ran, handed over
-    assert nfev[1] <= 2                            # verified, not iterated (was 3)
+    assert nfev[1] == 1                            # verified, not iterated (was 3, then 2)
     assert int(r.status) in (2, 3, 4)              # FTOL / XTOL / FTOL_XTOL
 
 
@@ -65,7 +65,7 @@ def test_default_agrees_with_f64_within_a_thousandth_of_a_standard_error():
 def test_default_agrees_with_f64_large(model, m, noise):
     worst, r = _compare(model, m, noise=noise)
     assert worst <= _loop.SE_FRACTION
-    assert np.asarray(r.rung_nfev)[-1] <= 2
+    assert np.asarray(r.rung_nfev)[-1] <= 2, np.asarray(r.rung_nfev)
     assert bool(r.success)
 
 

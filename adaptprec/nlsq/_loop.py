@@ -100,6 +100,13 @@ RESTART_RADIUS = 0.01
 ONE_EVAL_MIN_M = 4096
 #: ... the fraction: the batched engine's (``adaptprec.batch.verify.SE_FRACTION``).
 SE_FRACTION = 1e-3
+#: ... or (issue 31, branch i31cf2) a Gauss-Newton step of at most this many standard
+#: errors when the lower rung measured Gauss-Newton contracting fast enough that the
+#: step, taken, leaves at most a tenth of ``SE_FRACTION`` (:func:`_one_eval_check`).
+#: float32's own floor on the 1e6-point double exponential is ~1.1e-3 standard errors
+#: (its ``exp``'s rounding errors correlate with the Jacobian), just above
+#: ``SE_FRACTION``: without this rule float64 evaluated twice.
+SE_TAKEN = 1e-2
 #: (issue 31) Points per block on the rungs below the top (the top rung keeps
 #: ``_blocks.TARGET_BLOCK``): a cheaper rung spends a larger share of its evaluation in
 #: the scan's fixed cost per block, and 16384 float32 points (6 vectors: 384 KiB) still
@@ -256,7 +263,8 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             noise_dx=jnp.asarray(jnp.inf, top_dt), confirmed=jnp.asarray(False),
             sched=sched0,
             strat=zi, strat_nit=zi, x0_norm=jnp.linalg.norm(x0).astype(top_dt),
-            kept=_Kept(x0, jnp.asarray(jnp.inf, top_dt), zi) if portfolio else None)
+            kept=_Kept(x0, jnp.asarray(jnp.inf, top_dt), zi) if portfolio else None,
+            gn_rate=jnp.full((3,), jnp.inf, top_dt) if gate else None)
 
     # One trust-region iteration = propose (model -> trial point z), one evaluation of
     # residual and Jacobian at z (eval_fj, the only part that depends on the residual),
@@ -447,6 +455,19 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         def pick(new, old):
             return jnp.where(take, new, old)
 
+        gn_rate_n = st.gn_rate
+        if gate:
+            # (issue 31) the lower rung's Gauss-Newton steps, in standard errors, at the
+            # points it takes: their ratio measures how fast Gauss-Newton contracts here
+            # (an upper bound: damped or radius-limited steps and the rung's rounding
+            # only make it larger), for _one_eval_check's SE_TAKEN rule
+            q_z = _se_steps(qtf_z, cost_z, cfg.m, cfg.n)
+            prev = st.gn_rate[0]
+            ratio_z = jnp.where(jnp.isfinite(prev) & (prev > 0), q_z / prev, jnp.inf)
+            rec = (~on_top) & take & ok_z & jnp.isfinite(q_z)
+            gn_rate_n = jnp.where(rec, jnp.stack([q_z, ratio_z, st.gn_rate[1]]),
+                                  st.gn_rate)
+
         x_n = pick(z, st.x)
         R_n, qtf_n, fsn_n = pick(R_z, st.R), pick(qtf_z, st.qtf), pick(fsn_z, st.fsn)
         cost_n = pick(cost_z, st.cost)
@@ -508,7 +529,7 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             if portfolio:
                 handoff = handoff & (st.strat == 0)
             dx, one_code = _one_eval_check(z, R_z, qtf_z, cost_z, scale_inv_n, ftol, xtol,
-                                           cfg.m, cfg.n)
+                                           cfg.m, cfg.n, jnp.max(st.gn_rate[1:]))
             one_eval = handoff & (one_code > 0)
             one_eval, = _materialise(one_eval)
             x_n = jnp.where(one_eval, z + dx, x_n)
@@ -629,7 +650,8 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
             esc_reason=jnp.where(want_up, st.esc_reason.at[rung_n].set(reason),
                                  st.esc_reason),
             sched=_sched_set_rung(sched_n, rung_n),
-            strat=strat_n, strat_nit=strat_nit_n, kept=kept_n, x0_norm=st.x0_norm)
+            strat=strat_n, strat_nit=strat_nit_n, kept=kept_n, x0_norm=st.x0_norm,
+            gn_rate=gn_rate_n)
 
     def run(x0, args_all, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol):
         if blocks is not None:  # once, outside the loop: data split into blocks
@@ -675,7 +697,15 @@ def _gauss_newton_step(R, qtf, scale_inv):
     return d * p, jnp.linalg.norm(p)
 
 
-def _one_eval_check(x, R, qtf, cost, scale_inv, ftol, xtol, m: int, n: int):
+def _se_steps(qtf, cost, m: int, n: int):
+    """The Gauss-Newton step's length in standard errors, ``||qtf|| / s`` with
+    ``s^2 = 2 cost / (m - n)`` (``||R dx|| = ||qtf||``; by Cauchy-Schwarz no parameter
+    moves by more than this many of its standard errors)."""
+    s2 = 2.0 * cost / (m - n)
+    return jnp.sqrt(jnp.sum(qtf * qtf) / jnp.maximum(s2, jnp.finfo(s2.dtype).tiny))
+
+
+def _one_eval_check(x, R, qtf, cost, scale_inv, ftol, xtol, m: int, n: int, rate=None):
     r"""The top rung's verdict on a lower rung's converged point ``x`` from its model
     there (``R^T R = J^T J``, ``R^T qtf = J^T f``): ``(dx, code)``, the Gauss-Newton
     step and ``Status.FTOL``/``XTOL``/``FTOL_XTOL`` when it may be taken as the answer,
@@ -691,11 +721,20 @@ def _one_eval_check(x, R, qtf, cost, scale_inv, ftol, xtol, m: int, n: int):
       :math:`\tfrac12 \|qtf\|^2 \le` ``ftol cost`` (``FTOL``), ``||D dx|| <= xtol
       (xtol + ||D x||)`` (``XTOL``).
 
+    * (``SE_TAKEN``) the step, taken, lands within a tenth of ``SE_FRACTION``: it is
+      at most :data:`SE_TAKEN` standard errors and ``rate`` (the contraction the lower
+      rung measured over its last two Gauss-Newton steps, an upper bound) times it is
+      at most ``SE_FRACTION / 10`` (``FTOL``). The step is taken either way; what is
+      left after it is Gauss-Newton's own error, ``rate`` times the step.
+
     A zero residual (``cost = 0``) passes only the tolerances.
     """
     dx, pn = _gauss_newton_step(R, qtf, scale_inv)
     q2 = jnp.sum(qtf * qtf)
     f_ok = (q2 <= SE_FRACTION ** 2 * 2.0 * cost / (m - n)) | (0.5 * q2 <= ftol * cost)
+    if rate is not None:
+        q = _se_steps(qtf, cost, m, n)
+        f_ok = f_ok | ((cost > 0) & (q <= SE_TAKEN) & (rate * q <= 0.1 * SE_FRACTION))
     x_ok = pn <= xtol * (xtol + jnp.linalg.norm(x * scale_inv))
     finite = jnp.isfinite(q2) & jnp.all(jnp.isfinite(dx))
     code = jnp.where(f_ok & x_ok, Status.FTOL_XTOL, jnp.where(
