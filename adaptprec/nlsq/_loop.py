@@ -28,9 +28,11 @@ bounds, the linear loss) verify the hand-off instead of iterating float64 to its
 tolerances: a lower rung that converged (``VERIFY``) hands over its point moved by its own
 last Gauss-Newton step; at the top rung's evaluation there (and after each accepted
 top-rung step) the Gauss-Newton step is taken and the solve ends when it is within
-:data:`SE_FRACTION` of every standard error or meets ``ftol``/``xtol``
-(:func:`_one_eval_check`; no confirming step). The criterion, in docs/nlsq.md: the
-parameters agree with float64 alone's within a thousandth of their standard errors.
+:data:`SE_FRACTION` of every standard error or meets ``ftol``/``xtol``, or is within
+:data:`SE_TAKEN` and the lower rung measured Gauss-Newton contracting enough that the step
+taken leaves a tenth of :data:`SE_FRACTION` (:func:`_one_eval_check`; no confirming step).
+The lower rung's blocked model is moved from its rounded point back to ``x``. The
+criterion, in docs/nlsq.md: the parameters agree with float64 alone's within a thousandth of their standard errors.
 Smaller problems compile and run exactly as before (NIST StRD bit for bit).
 """
 
