@@ -109,3 +109,15 @@ def test_lean_final_falls_back_where_the_gram_route_cannot_decide():
         _, pcov_f, _, _, _ = ap.curve_fit(ab, t, y, p0=p0, full_output=True)
     np.testing.assert_array_equal(np.isinf(np.asarray(pcov)), np.isinf(np.asarray(pcov_f)))
     assert np.isinf(np.asarray(pcov)).any()
+
+
+def test_lean_final_not_under_a_trace():
+    # a traced p0 (concrete data): the solve is traced, so curve_fit takes pcov from the
+    # final evaluation's Jacobian as before (the lean box would hold tracers NumPy cannot
+    # scale); the answer is the eager one
+    import jax
+    t, y = _data(exp3, 12000, 1, 0.01)
+    pe, ce = ap.curve_fit(exp3, t, y, p0=P0[exp3])
+    pj, cj = jax.jit(lambda p: ap.curve_fit(exp3, t, y, p0=p))(jnp.asarray(P0[exp3]))
+    np.testing.assert_array_equal(np.asarray(pj), np.asarray(pe))
+    np.testing.assert_allclose(np.asarray(cj), np.asarray(ce), rtol=1e-6)

@@ -392,11 +392,12 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
     try:
         # a host-driver solve hands back its covariance (computed in its final program)
         # and, when promoted, its fast path
-        # (issue 31) without full_output, eager data and one start: a large blocked fit
-        # may hand back the covariance from its loop's last model instead of fun/jac
-        # (_fused.lean_final; with traced data pcov keeps its derivatives through jac)
-        lean = (_fused.lean_final() if concrete and not full_output and auto is None
-                and kwargs.get("starts", 1) == 1 else contextlib.nullcontext({}))
+        # (issue 31) without full_output, an eager call and one start: a large blocked
+        # fit may hand back the covariance from its loop's last model instead of
+        # fun/jac (_fused.lean_final; traced, pcov keeps its derivatives through jac)
+        lean = (_fused.lean_final() if concrete and is_concrete((p0, bounds))
+                and not full_output and auto is None and kwargs.get("starts", 1) == 1
+                else contextlib.nullcontext({}))
         with _promote.capture(covariance=m < _NUMPY_COVARIANCE_MAX_M) as box, \
                 lean as lean_box:
             res = solve_nlsq(residual, p0, args=(xdata, ydata, *extra), bounds=bounds,
