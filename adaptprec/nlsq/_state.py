@@ -90,6 +90,10 @@ class _State(NamedTuple):
     kept: Any = None
     #: ``||x0||`` (the runaway test of the portfolio's end)
     x0_norm: jax.Array = None
+    #: (issue 31, fits verified in one top-rung evaluation, ``_loop.one_eval_gate``):
+    #: the Gauss-Newton step in standard errors at the lower rung's last point taken,
+    #: and its last two ratios to the one before (the measured contraction; inf: none)
+    gn_rate: jax.Array = None
 
 
 class _Kept(NamedTuple):

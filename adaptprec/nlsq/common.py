@@ -426,8 +426,18 @@ def _covariance(J, null_tol):
     # (s_min > eps max(m, n) s_max) follows from the bound on s_min(J) / s_max(J) through
     # the column scales. Otherwise (rank deficient or ill-conditioned) the SVD route runs,
     # only then (lax.cond).
-    eps = jnp.finfo(J.dtype).eps
-    G = J.T @ J
+    fast, inv = gram_covariance(J.T @ J, m)
+    return jax.lax.cond(fast, lambda: (inv, jnp.asarray(n, jnp.int32)),
+                        lambda: _covariance_svd(J, null_tol))
+
+
+def gram_covariance(G, m: int):
+    """``(ok, (J^T J)^{-1})`` from the Gram matrix ``G = J^T J`` of ``m`` rows (traceable):
+    ``ok`` when inverting the column-scaled ``G`` is as accurate as scipy's SVD route
+    and ``J`` is full rank by scipy's rule (see ``_covariance``); otherwise the caller
+    takes the SVD route of ``J`` (``inv`` is then not the covariance)."""
+    n = G.shape[0]
+    eps = jnp.finfo(G.dtype).eps
     d = jnp.sqrt(jnp.diag(G))
     d_safe = jnp.where(d > 0, d, 1.0)
     lam, V = jnp.linalg.eigh(G / d_safe[:, None] / d_safe[None, :])
@@ -435,13 +445,9 @@ def _covariance(J, null_tol):
     well_conditioned = lam_min >= n * jnp.sqrt(eps) * lam_max
     full_rank = jnp.sqrt(lam_min) * jnp.min(d) > eps * max(m, n) * jnp.sqrt(lam_max) * \
         jnp.max(d)
-    fast = well_conditioned & full_rank & jnp.all(jnp.isfinite(G))
-
-    def from_gram():
-        inv = (V / jnp.where(fast, lam, 1.0)) @ V.T
-        return inv / d_safe[:, None] / d_safe[None, :], jnp.asarray(n, jnp.int32)
-
-    return jax.lax.cond(fast, from_gram, lambda: _covariance_svd(J, null_tol))
+    ok = well_conditioned & full_rank & jnp.all(jnp.isfinite(G))
+    inv = (V / jnp.where(ok, lam, 1.0)) @ V.T
+    return ok, inv / d_safe[:, None] / d_safe[None, :]
 
 
 @functools.cache

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import sys
@@ -36,7 +37,7 @@ from ._inputs import (as_bounds, as_data, as_x0, check_jac_option,
                       initialize_feasible, leastsq_kwargs)
 from ._minpack import minpack_fields
 from .result import result_to_host
-from . import _promote
+from . import _fused, _promote
 from ._auto_starts import for_curve_fit
 from ._model import _call, _jac_for, _n_params, _residual_for, check_p0_arity
 from ._sharded import point_sharding
@@ -392,7 +393,14 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
     try:
         # a host-driver solve hands back its covariance (computed in its final program)
         # and, when promoted, its fast path
-        with _promote.capture(covariance=m < _NUMPY_COVARIANCE_MAX_M) as box:
+        # (issue 31) without full_output, an eager call and one start: a large blocked
+        # fit may hand back the covariance from its loop's last model instead of
+        # fun/jac (_fused.lean_final; traced, pcov keeps its derivatives through jac)
+        lean = (_fused.lean_final() if concrete and is_concrete((p0, bounds))
+                and not full_output and auto is None and kwargs.get("starts", 1) == 1
+                else contextlib.nullcontext({}))
+        with _promote.capture(covariance=m < _NUMPY_COVARIANCE_MAX_M) as box, \
+                lean as lean_box:
             res = solve_nlsq(residual, p0, args=(xdata, ydata, *extra), bounds=bounds,
                              method=method, jac=jac_arg, **{**kwargs, "chunk_size": False})
     except ValueError as exc:
@@ -400,7 +408,9 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
             raise ValueError("Initial guess is outside of provided bounds: "
                              + str(exc).replace("x0", "p0")) from None
         raise
-    if hasattr(res.jac, "toarray"):  # jac_sparsity: res.jac is scipy's csr_array; pcov
+    if "cov" in lean_box:   # a lean fused solve: no fun/jac, (J^T J)^+ from the loop
+        box = {**box, "cov": lean_box["cov"]}
+    elif hasattr(res.jac, "toarray"):  # jac_sparsity: res.jac is scipy's csr_array; pcov
         # needs it dense (scipy 1.17's own curve_fit fails here on the sparse array)
         res = dataclasses.replace(res, jac=res.jac.toarray())
     popt = res.x
@@ -412,7 +422,7 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
     # finite, misleading variance; an intentional difference, docs/scipy.md)
     lm_rule = method == "lm" or (method is None and unbounded)
     # the point count is the residual's size (a scalar ydata broadcasts against f)
-    m = int(res.fun.size)
+    m = int(res.fun.size) if res.fun is not None else lean_box["m"]
     if "cov" in box:  # the host driver's final program computed (J^T J)^+
         pcov = _scale_pcov(box["cov"], res.cost, m, n, lm_rule, absolute_sigma)
     elif is_concrete((res.jac, res.cost)) and m < _NUMPY_COVARIANCE_MAX_M:
