@@ -854,20 +854,9 @@ class _Accuracy(Guard):
         the widest dtype from the user's inputs; the largest normwise difference, times
         ``SAMPLE_SAFETY``. Statistical: a bad row between the samples is missed (the
         report says "sampled rows")."""
-        from ._autocast.interpret import _is_dynamic
         from ._rowwise import row_inputs, sampled_rows_error
-        leaves, treedef = jax.tree_util.tree_flatten(ctx.inputs)
-        dyn = [i for i, x in enumerate(leaves) if _is_dynamic(x)]
-
-        def flat(*d):
-            full = list(leaves)
-            for i, x in zip(dyn, d):
-                full[i] = x
-            a, kw = jax.tree_util.tree_unflatten(treedef, full)
-            return jax.tree_util.tree_leaves(ctx.fn(*a, **kw))
-
-        mask = row_inputs(flat, [jax.ShapeDtypeStruct(leaves[i].shape, leaves[i].dtype)
-                                 for i in dyn])
+        flat, dyn = _dynamic_flat(ctx)
+        mask = row_inputs(flat, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in dyn])
         if mask is None:    # the plan chose it for a row-separable kernel: not reached
             raise TypeError("check 'sample_rows' on a kernel that is not row-separable")
         ref = np.float64 if jax.config.jax_enable_x64 else np.float32
@@ -882,20 +871,8 @@ class _Accuracy(Guard):
         input windows they read; the largest normwise difference, times
         ``SAMPLE_SAFETY``. Statistical: a bad position between the samples is missed
         (the report says "sampled")."""
-        from ._autocast.interpret import _is_dynamic
         from ._convsample import conv_kernel, sampled_conv_error
-        leaves = jax.tree_util.tree_leaves(ctx.inputs)
-        dyn = [x for x in leaves if _is_dynamic(x)]
-        fn_leaves, treedef = jax.tree_util.tree_flatten(ctx.inputs)
-        pos = [i for i, x in enumerate(fn_leaves) if _is_dynamic(x)]
-
-        def flat(*d):
-            full = list(fn_leaves)
-            for i, x in zip(pos, d):
-                full[i] = x
-            a, kw = jax.tree_util.tree_unflatten(treedef, full)
-            return jax.tree_util.tree_leaves(ctx.fn(*a, **kw))
-
+        flat, dyn = _dynamic_flat(ctx)
         conv = conv_kernel(flat, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in dyn])
         if conv is None:    # the plan chose it for a convolution: not reached
             raise TypeError("check 'sample_conv' on a kernel that is not one convolution")
@@ -970,6 +947,24 @@ class _Accuracy(Guard):
         cancels = ((res.cancellation > self.rtol) & (res.cancellation > 2.0 * ctx.u)) | lost
         code = jnp.where(cancels, CANCELLATION, INACCURATE)
         return GuardResult.make(err <= self.rtol, code, digits_from_error(err, ctx.u))
+
+
+def _dynamic_flat(ctx):
+    """``(flat, dyn)``: the kernel as a function of its dynamic input leaves only
+    (``flat(*dyn) -> output leaves``, the static leaves closed over), and those leaves.
+    The sampled checks trace the kernel's structure on ``dyn``'s shapes."""
+    from ._autocast.interpret import _is_dynamic
+    leaves, treedef = jax.tree_util.tree_flatten(ctx.inputs)
+    pos = [i for i, x in enumerate(leaves) if _is_dynamic(x)]
+
+    def flat(*d):
+        full = list(leaves)
+        for i, x in zip(pos, d):
+            full[i] = x
+        a, kw = jax.tree_util.tree_unflatten(treedef, full)
+        return jax.tree_util.tree_leaves(ctx.fn(*a, **kw))
+
+    return flat, [leaves[i] for i in pos]
 
 
 def _returned(ctx) -> tuple[list, list]:
