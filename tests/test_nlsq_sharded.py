@@ -61,14 +61,20 @@ def test_eight_devices_equal_single_device():
     p_ref, c_ref = ap.curve_fit(model, jnp.asarray(t), jnp.asarray(y), p0=X0)
     p, c = ap.curve_fit(model, put(t), put(y), p0=X0)
     np.testing.assert_allclose(p, p_ref, rtol=1e-10)
-    np.testing.assert_allclose(c, c_ref, rtol=1e-7)
+    # (issue 31.3) a large in-memory fit's pcov may be its loop's last model (the Jacobian
+    # a thousandth of a standard error from the returned point: small off-diagonal entries
+    # move by ~2e-7 of themselves): compared on the scale of sqrt(C_ii C_jj)
+    def close(c, c_ref):
+        scale = np.sqrt(np.outer(np.diag(c_ref), np.diag(c_ref)))
+        np.testing.assert_array_less(np.abs(np.asarray(c) - np.asarray(c_ref)), 1e-7 * scale)
+    close(c, c_ref)
     # a NumPy sigma next to sharded data is split like them
     sig = np.full(M, 0.02)
     p_ref, c_ref = ap.curve_fit(model, jnp.asarray(t), jnp.asarray(y), p0=X0,
                                 sigma=jnp.asarray(sig))
     p, c = ap.curve_fit(model, put(t), put(y), p0=X0, sigma=sig)
     np.testing.assert_allclose(p, p_ref, rtol=1e-10)
-    np.testing.assert_allclose(c, c_ref, rtol=1e-7)
+    close(c, c_ref)
 
     print("ok")
     """
