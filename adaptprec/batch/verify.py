@@ -33,7 +33,7 @@ where only the top rung's tolerances can accept) iterates on the top rung from
 ``[eps, lam0]``: a converged fit's small damping makes the first top-rung steps
 Gauss–Newton steps instead of restarting at ``lam0``).
 
-The lower rung stops below half of that (``LMOptions.se_below``, set in
+The lower rung stops below 3/4 of that (``LMOptions.se_below``, set in
 ``batch/api.py``). Why: iterating float64 to its own ``ftol=1e-15`` cost as many float64
 iterations as float64 alone (9.2 vs 9.3 on Gpufit's 2-D Gaussian before this module),
 while one evaluation and one Gauss–Newton step settle the digits a fit's statistics see.
