@@ -27,13 +27,6 @@ the error by the residual-curvature factor). Such a fit ends with status ``FTOL`
 ``FTOL_XTOL``/``XTOL`` when the plain tolerances pass); ``nfev``/``njev``/``nit`` count the
 evaluation and the step once, so ``njev == nit + 1`` over both rungs.
 
-For fits no escalation guard flagged (and a linear loss) the check runs first in a
-cheaper form, :func:`gradient_check`: float64 evaluates only the residual and the gradient
-:math:`J^\top f` (one ``vjp``), and the metric :math:`J^\top J` is the lower rung's at the
-same :math:`x_\ell` (its scaled condition number is below ``cond_tol / u_low``, so its
-rounding changes the step by a few per cent of itself at most; the gradient, which the
-tests are about, is float64's). Fits it does not accept get the full check above.
-
 A fit that fails the check (or has ``m <= n``, no standard errors; or a zero residual,
 where only the top rung's tolerances can accept) iterates on the top rung from
 :math:`x_\ell` with the lower rung's damping carried over (clipped to
@@ -55,7 +48,6 @@ import numpy as np
 from . import _status as st
 from .compaction import gather, run_compacted, scatter, select
 from .._policy import cast_floating
-from ._fits_last import vmap_last
 from .lm_batched import (LMOptions, LMState, ResidualJacobian, _diagonal, _gradient_cosine,
                          _project_gradient, damped_solve_fits_last, gauss_newton_shift,
                          init_fits_last, lm_run, move_batch_axis, rung_ftol, to_fits_first,
@@ -154,20 +146,17 @@ def gradient_check(fj: ResidualJacobian, low: LMState, bargs, sargs, opts: LMOpt
         out = fj.residual(x.astype(fj.rung_dtype), b_r, s_r)
         return jnp.asarray(out).astype(fj.acc_dtype)
 
-    def one(xb, _):
-        f, vjp = jax.vjp(lambda p: residual(p, xb[1]), xb[0].astype(fj.acc_dtype))
-        return f, vjp(f)[0]
+    def one(x, b):
+        f, vjp = jax.vjp(lambda p: residual(p, b), x.astype(fj.acc_dtype))
+        return 0.5 * jnp.sum(f * f), vjp(f)[0]
 
     b_last = move_batch_axis(bargs, 0, -1)
     s = to_fits_last(low)
     bounds = fj.bounds(b_last)
     x = s.x if bounds is None else jnp.clip(s.x, *bounds)
-    # fits last (vmap_last), as the rungs' evaluations: every fit's sums run in the same
-    # order whatever the batch size, so a fit's answer does not depend on its block
-    f, g = vmap_last(one)((x, b_last), None)
-    cost = 0.5 * jnp.sum(f * f, axis=0)
-    m = f.shape[0]
-    jtf = _project_gradient(x, g, bounds)
+    cost, g = jax.vmap(one)(x.T, bargs)
+    m = jax.eval_shape(jax.vmap(residual), x.T, bargs).shape[1]
+    jtf = _project_gradient(x, g.T, bounds)
     d2 = _diagonal(s.jtj)
     s = s._replace(x=x, cost=cost, jtf=jtf, d2=jnp.where(d2 > 0, d2, 1).astype(x.dtype))
     gconv = _gradient_cosine(cost, s.jtj, jtf) <= opts.gtol
