@@ -215,9 +215,7 @@ def solve_ladder(residual: Callable, x0, bargs, sargs, plans: tuple[RungPlan, ..
         if k == len(plans) - 1 and strategy == "staged":
             # one top-rung evaluation verifies every fit (verify.py); only the fits it
             # does not accept iterate there, with their damping carried over
-            # (fits no guard flagged: their lower-rung J^T J is good enough a metric)
-            s = finish_on_top(fj, s, bargs, sargs, plan.opts, caps(size),
-                              trusted=reason == Reason.VERIFY)
+            s = finish_on_top(fj, s, bargs, sargs, plan.opts, caps(size))
             rung = jnp.full((size,), k, jnp.int32)
             continue
         if strategy == "stream":

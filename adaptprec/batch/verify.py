@@ -47,13 +47,11 @@ import numpy as np
 
 from . import _status as st
 from .compaction import gather, run_compacted, scatter, select
-from .._policy import cast_floating
-from .lm_batched import (LMOptions, LMState, ResidualJacobian, _diagonal, _gradient_cosine,
-                         _project_gradient, damped_solve_fits_last, gauss_newton_shift,
-                         init_fits_last, lm_run, move_batch_axis, rung_ftol, to_fits_first,
-                         to_fits_last)
+from .lm_batched import (LMOptions, LMState, ResidualJacobian, damped_solve_fits_last,
+                         gauss_newton_shift, init_fits_last, lm_run, move_batch_axis,
+                         rung_ftol, to_fits_first)
 
-__all__ = ["SE_FRACTION", "verify_handoff", "gradient_check", "finish_on_top"]
+__all__ = ["SE_FRACTION", "verify_handoff", "finish_on_top"]
 
 #: A fit is accepted when its Gauss–Newton step is at most this fraction of every
 #: parameter's standard error (in the covariance's metric, which bounds each parameter):
@@ -126,121 +124,41 @@ def verify_handoff(fj: ResidualJacobian, low: LMState, bargs, sargs,
 
 
 
-def gradient_check(fj: ResidualJacobian, low: LMState, bargs, sargs, opts: LMOptions):
-    """The hand-off check with float64's gradient and the lower rung's curvature.
-
-    Fits first. The top rung evaluates the residual and its gradient ``J^T f`` (one
-    ``vjp``: about 0.4x of the residual-and-Jacobian evaluation, measured on the 2-D
-    Gaussian) at ``low.x``; the metric ``J^T J`` is the lower rung's, at the same ``x``.
-    Only for a linear loss and fits no escalation guard flagged (the caller's ``trusted``):
-    there the scaled condition number is below ``cond_tol / u_low``, so ``J^T J``'s
-    rounding moves the Gauss-Newton step by a few per cent of itself at most, while the
-    gradient, the quantity the standard-error test is about, is float64's.
-
-    Returns ``(accept, x, status)``: the fits the check accepts (finite, and the gradient
-    test or the step tests of :func:`_step_tests` pass), their answers (the Gauss-Newton
-    step taken unless the gradient test passed) and status codes.
-    """
-    def residual(x, b):
-        b_r, s_r = cast_floating(b, fj.rung_dtype), cast_floating(sargs, fj.rung_dtype)
-        out = fj.residual(x.astype(fj.rung_dtype), b_r, s_r)
-        return jnp.asarray(out).astype(fj.acc_dtype)
-
-    def one(x, b):
-        f, vjp = jax.vjp(lambda p: residual(p, b), x.astype(fj.acc_dtype))
-        return 0.5 * jnp.sum(f * f), vjp(f)[0]
-
-    b_last = move_batch_axis(bargs, 0, -1)
-    s = to_fits_last(low)
-    bounds = fj.bounds(b_last)
-    x = s.x if bounds is None else jnp.clip(s.x, *bounds)
-    cost, g = jax.vmap(one)(x.T, bargs)
-    m = jax.eval_shape(jax.vmap(residual), x.T, bargs).shape[1]
-    jtf = _project_gradient(x, g.T, bounds)
-    d2 = _diagonal(s.jtj)
-    s = s._replace(x=x, cost=cost, jtf=jtf, d2=jnp.where(d2 > 0, d2, 1).astype(x.dtype))
-    gconv = _gradient_cosine(cost, s.jtj, jtf) <= opts.gtol
-    dx, f_ok, x_ok, _ = _step_tests(s, fj, b_last, opts, m)
-    finite = jnp.isfinite(cost) & jnp.isfinite(jtf).all(axis=0) \
-        & jnp.isfinite(s.jtj).all(axis=(0, 1))
-    accept = finite & (gconv | f_ok | x_ok)
-    xn = x + dx
-    if bounds is not None:
-        xn = jnp.clip(xn, *bounds)
-    code = jnp.where(gconv, st.GTOL, jnp.where(f_ok & x_ok, st.FTOL_XTOL,
-                                               jnp.where(f_ok, st.FTOL, st.XTOL)))
-    return accept, jnp.where(gconv, x, xn).T, code.astype(jnp.int32), gconv
-
-
 def finish_on_top(fj: ResidualJacobian, low: LMState, bargs, sargs, opts: LMOptions,
-                  capacities: tuple[int, ...], few: int = 64, trusted=None) -> LMState:
-    """Verify every fit on the top rung, then iterate there the fits the check did not
-    accept.
+                  capacities: tuple[int, ...], few: int = 64) -> LMState:
+    """:func:`verify_handoff`, then iterate on the top rung the fits it did not accept.
 
-    Fits ``trusted`` (per fit, optional; a linear loss only) are checked first by
-    :func:`gradient_check` (float64's gradient, the lower rung's ``J^T J``); the others,
-    and trusted fits it does not accept, by :func:`verify_handoff` (float64's residual
-    and Jacobian), then iterated. When at most ``few`` fits (static) are left, they are
-    gathered into a ``few``-lane buffer and checked and iterated there (typical: the
-    check accepts nearly every fit, and a full-width compaction stage would cost as much
-    as the check); more go through :func:`~adaptprec.batch.compaction.run_compacted`
-    with ``capacities``; none costs nothing. A fit's result does not depend on the
-    branch its block takes.
+    When at most ``few`` fits (static) are left, they are gathered into a ``few``-lane
+    buffer and iterated there (typical: the check accepts nearly every fit, and a
+    full-width compaction stage would cost as much as the check); more go through
+    :func:`~adaptprec.batch.compaction.run_compacted` with ``capacities``; none costs
+    nothing.
     """
     # A block whose every fit started at NaN (the padding of a bucketed batch: whole
     # blocks of it, a quarter of the lanes at 1e5 fits) has nothing to verify: float32
     # found a non-finite residual at that very x, and so would float64. Skipping it saved
     # 2.04 -> 1.85 us/fit (1e5 fits, one process, load 1.8; issue 31).
     padding = jnp.all(jnp.isnan(low.x).any(axis=-1) & (low.status == st.NONFINITE_RESIDUAL))
+    s = jax.lax.cond(padding, lambda low: low,
+                     lambda low: verify_handoff(fj, low, bargs, sargs, opts), low)
     # ``max_steps`` is per rung: the top rung's iterations count from zero, else a fit
     # that used the lower rung's budget (Arrhenius from ones crawling on float32) got one
     # float64 step
-    low_nit = low.nit
-    few = int(min(few, low.x.shape[0]))
-    linear = isinstance(opts.loss, str) and opts.loss == "linear"
-    use_check = trusted is not None and linear
-    if not use_check:
-        trusted = jnp.zeros(low.status.shape, bool)
+    low_nit = low.nit.astype(s.nit.dtype)
+    s = s._replace(nit=s.nit - low_nit)
+    few = int(min(few, s.x.shape[0]))
 
-    def check(low):
-        if not use_check:   # (static) every fit to verify_handoff
-            return low._replace(nit=jnp.zeros_like(low.nit)), jnp.ones(low.active.shape, bool)
-        accept, xn, code, gconv = gradient_check(fj, low, bargs, sargs, opts)
-        accept = accept & trusted
-        one = jnp.ones_like(low.nit)
-        done = low._replace(
-            x=jnp.where(accept[:, None], xn, low.x), status=jnp.where(accept, code, low.status),
-            active=jnp.zeros_like(low.active), nit=(accept & ~gconv).astype(low.nit.dtype),
-            nfev=low.nfev + trusted.astype(one.dtype), njev=low.njev + trusted.astype(one.dtype))
-        return done, ~accept
-
-    def full(low, bargs, low_nit):
-        s = verify_handoff(fj, low, bargs, sargs, opts)
-        return s._replace(nit=s.nit - low_nit)
-
-    def some(done, rest):
-        idx, valid = select(rest, few)
-        sub = full(gather(low, idx), gather(bargs, idx), gather(low_nit, idx))
-        # (the trusted fits' gradient check counted once more; see check's nfev)
-        sub = sub._replace(nfev=sub.nfev + gather(trusted, idx).astype(sub.nfev.dtype),
-                           njev=sub.njev + gather(trusted, idx).astype(sub.njev.dtype))
+    def some(s):
+        idx, valid = select(s.active, few)
+        sub = gather(s, idx)
         sub = lm_run(fj, sub._replace(active=sub.active & valid), gather(bargs, idx), sargs,
                      opts)
-        return scatter(done, idx, sub)
+        return scatter(s, idx, sub)
 
-    def many(done, rest):
-        s = full(low, bargs, low_nit)
-        s = s._replace(nfev=s.nfev + trusted.astype(s.nfev.dtype),
-                       njev=s.njev + trusted.astype(s.njev.dtype))
-        s = jax.tree.map(lambda a, b: jnp.where(
-            rest.reshape(rest.shape + (1,) * (a.ndim - 1)), a, b), s, done)
+    def many(s):
         return run_compacted(fj, s, bargs, sargs, opts, capacities)
 
-    def padded(low):
-        return low._replace(nit=jnp.zeros_like(low.nit)), jnp.zeros(low.active.shape, bool)
-
-    done, rest = jax.lax.cond(padding, padded, check, low)
-    count = jnp.sum(rest, dtype=jnp.int32)
+    count = jnp.sum(s.active, dtype=jnp.int32)
     branch = jnp.where(count == 0, 0, jnp.where(count <= few, 1, 2))
-    s = jax.lax.switch(branch, (lambda d, r: d, some, many), done, rest)
+    s = jax.lax.switch(branch, (lambda s: s, some, many), s)
     return s._replace(nit=s.nit + low_nit)
