@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..nlsq.common import SE_FRACTION
 from . import _status as st
 from .compaction import gather, run_compacted, scatter, select
 from .lm_batched import (LMOptions, LMState, ResidualJacobian, damped_solve_fits_last,
@@ -53,10 +54,8 @@ from .lm_batched import (LMOptions, LMState, ResidualJacobian, damped_solve_fits
 
 __all__ = ["SE_FRACTION", "verify_handoff", "finish_on_top"]
 
-#: A fit is accepted when its Gauss–Newton step is at most this fraction of every
-#: parameter's standard error (in the covariance's metric, which bounds each parameter):
-#: the top rung's ``LMOptions.se_accept`` on an adaptive ladder.
-SE_FRACTION = 1e-3
+#: (``SE_FRACTION``, from :mod:`adaptprec.nlsq.common`: one criterion for single and
+#: batched fits) the top rung's ``LMOptions.se_accept`` on an adaptive ladder.
 
 
 def _step_tests(s: LMState, fj: ResidualJacobian, bargs, opts: LMOptions, m: int):

@@ -243,9 +243,9 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder, pad=N
         return jax.lax.cond(here, from_loop, evaluate)
 
     # run time is negligible next to compilation below _NORMAL_EQ_MIN_M residuals
-    if not lean:
-        return cpu_jit(solve, optimise=cfg.m >= _NORMAL_EQ_MIN_M)
     compiled = cpu_jit(solve, optimise=cfg.m >= _NORMAL_EQ_MIN_M)
+    if not lean:
+        return compiled
 
     def lean_solve(*a):
         return compiled(*a)

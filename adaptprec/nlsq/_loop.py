@@ -49,7 +49,7 @@ from .. import guards
 from ..precision import Ladder, unit_roundoff
 from .._status import Reason
 from .common import Status, check_termination_codes, jac_scale, robust_cost
-from .common import lower_rung_budget, scale_for_robust_loss, update_tr_radius
+from .common import SE_FRACTION, lower_rung_budget, scale_for_robust_loss, update_tr_radius
 from ._blocks import TARGET_BLOCK, PointBlocks, block_size
 from .lm import minpack_radius, optx_radius, rounding_level_step, verify_minimum
 from .lm import RUNAWAY_FACTOR, at_noise_level, flat_direction
@@ -100,8 +100,6 @@ RESTART_RADIUS = 0.01
 #: there the answer is judged to full float64 accuracy (NIST StRD's certified values
 #: carry 10-11 digits, far below a thousandth of a standard error).
 ONE_EVAL_MIN_M = 4096
-#: ... the fraction: the batched engine's (``adaptprec.batch.verify.SE_FRACTION``).
-SE_FRACTION = 1e-3
 #: ... or (issue 31, branch i31cf2) a Gauss-Newton step of at most this many standard
 #: errors when the lower rung measured Gauss-Newton contracting fast enough that the
 #: step, taken, leaves at most a tenth of ``SE_FRACTION`` (:func:`_one_eval_check`).

@@ -38,6 +38,7 @@ from ._compile import cpu_jit
 from .._status import Status, status_message
 
 __all__ = [
+    "SE_FRACTION",
     "LOSSES",
     "LossLike",
     "loss_rho",
@@ -62,6 +63,12 @@ arctan); a callable ``rho(z)`` is accepted too."""
 
 
 # --------------------------------------------------------------------------- losses
+#: (issue 31) A lower rung's answer verified on the top rung is accepted when the top
+#: rung's Gauss-Newton step is at most this fraction of every parameter's standard error
+#: (in the covariance's metric, which bounds each parameter): the one criterion of the
+#: single-fit hand-off (:mod:`._loop`) and the batched one (:mod:`adaptprec.batch.verify`).
+SE_FRACTION = 1e-3
+
 #: ``linear_solver="auto"`` uses the normal equations from this many residuals on: the
 #: QR of a tall ``m x (n+1)`` matrix dominates the step there, while the normal
 #: equations cost one ``O(m n^2)`` product (accumulated in float32 or wider).
