@@ -87,6 +87,17 @@ CASES = [
      ValueError, r"`jac` has wrong shape: expected \(8, 2\)"),
     ("curve_fit: string ydata", lambda: ap.curve_fit(cf_model, T, "abc"),
      ValueError, "ydata must be numbers"),
+    # (issue 31) the data are read once, in curve_fit; an Inf the model maps to a finite
+    # residual (exp(-b inf) = 0) must still be refused, also for jax.Array data
+    ("curve_fit: Inf xdata", lambda: ap.curve_fit(cf_model, np.r_[T[:-1], np.inf], T),
+     ValueError, "xdata contains NaN or Inf"),
+    ("curve_fit: NaN jax ydata", lambda: ap.curve_fit(
+        cf_model, jnp.asarray(T), jnp.asarray(np.r_[T[:-1], np.nan])),
+     ValueError, "ydata contains NaN or Inf"),
+    # ... and what curve_fit derives from them is still checked by solve_nlsq (1 / sigma
+    # of a subnormal sigma overflows)
+    ("curve_fit: sigma whose inverse overflows", lambda: ap.curve_fit(
+        cf_model, T, T, sigma=np.full(8, 5e-324)), ValueError, "NaN or Inf"),
     ("curve_fit: sigma shape", lambda: ap.curve_fit(cf_model, T, T, sigma=np.ones(3)),
      ValueError, "`sigma` has incorrect shape"),
     ("curve_fit: empty ydata", lambda: ap.curve_fit(cf_model, T[:0], T[:0]),
@@ -208,3 +219,28 @@ def test_args_lists_of_numbers_are_arrays():
     # and in a batch: Y.tolist() is the (B, m) data, not a pytree of B * m scalars
     b = ap.solve_nlsq_batch(residual, np.ones((4, 2)), (T, YB.tolist()), in_axes=(None, 0))
     np.testing.assert_allclose(np.asarray(b.x), [[2.0, 1.0]] * 4, rtol=1e-6)
+
+
+def test_all_finite_matches_isfinite():
+    # (issue 31) the one-pass test at the boundary: a finite sum, else entry by entry
+    from adaptprec.nlsq._inputs import all_finite
+
+    for a in (np.ones(5), np.array([1.0, np.inf]), np.array([-np.inf, 1.0]),
+              np.array([np.nan]), np.array([1e308, 1e308, -1e308]),
+              np.array([1e308, np.inf]), np.array([np.inf, -np.inf]),
+              np.full(4, 6e4, np.float16), np.array([np.float16(np.inf)]),
+              np.array([1 + 1j, np.nan * 1j]), np.array([1 + 1j]), np.zeros(0),
+              np.arange(5), np.float64(np.nan), jnp.asarray([1.0, np.nan])):
+        assert all_finite(a) == bool(np.all(np.isfinite(np.asarray(a)))), a
+
+
+def test_checked_finite_skips_only_the_arrays_named():
+    from adaptprec.nlsq._inputs import _check_finite_tree, checked_finite
+
+    bad, other = np.array([1.0, np.nan]), np.array([np.inf])
+    with checked_finite(bad):
+        _check_finite_tree((bad,), "data")            # declared checked: not read again
+        with pytest.raises(ValueError, match="data contains NaN or Inf"):
+            _check_finite_tree((bad, other), "data")  # any other array still is
+    with pytest.raises(ValueError, match="data contains NaN or Inf"):
+        _check_finite_tree((bad,), "data")            # outside the block: checked again

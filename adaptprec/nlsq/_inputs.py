@@ -18,6 +18,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import numbers
 import warnings
@@ -495,13 +497,59 @@ def leastsq_kwargs(kwargs: dict) -> dict:
     return kw
 
 
+def all_finite(a) -> bool:
+    """Whether every entry of the array ``a`` is finite (``True`` for non-float dtypes).
+
+    One pass and no temporary where it can: a finite sum means every term is finite (an
+    Inf or NaN propagates into it); only a sum that is not finite (a non-finite entry, or
+    finite entries that overflow) is decided by ``np.isfinite`` entry by entry. At 1e6
+    float64 points the sum reads the data once (~0.3-0.6 ms) where ``isfinite`` also
+    writes and reads a boolean temporary (~0.7-0.8 ms; benchmarks/RESULTS.md, issue 31).
+
+    Example:
+        >>> import numpy as np
+        >>> from adaptprec.nlsq._inputs import all_finite
+        >>> big = np.array([1e308, 1e308])   # the sum overflows: decided entry by entry
+        >>> all_finite(np.ones(3)), all_finite(np.array([1.0, np.nan])), all_finite(big)
+        (True, False, True)
+    """
+    a = np.asarray(a)
+    if not np.issubdtype(a.dtype, np.inexact):
+        return True
+    with np.errstate(over="ignore", invalid="ignore"):
+        if a.dtype.kind in "fc" and np.isfinite(np.add.reduce(a, axis=None)):
+            return True
+    return bool(np.all(np.isfinite(a)))
+
+
+#: (issue 31) Arrays an entry point (``curve_fit``) has just checked with
+#: :func:`all_finite`: :func:`_check_finite_tree` does not read them again inside
+#: :func:`checked_finite` (at 1e6 points each check reads 8 MB).
+_CHECKED: contextvars.ContextVar = contextvars.ContextVar("adaptprec_checked_finite",
+                                                           default=())
+
+
+@contextlib.contextmanager
+def checked_finite(*arrays):
+    """Inside, :func:`_check_finite_tree` skips ``arrays`` (by identity): the caller has
+    checked them (and raised its own error had they not been finite)."""
+    token = _CHECKED.set(_CHECKED.get() + tuple(a for a in arrays if a is not None))
+    try:
+        yield
+    finally:
+        _CHECKED.reset(token)
+
+
 def _check_finite_tree(tree, what: str, fix: str = "clean the data first (curve_fit can "
                        "drop NaN points with nan_policy='omit')") -> None:
     if not is_concrete(tree):
         return
+    checked = _CHECKED.get()
     for leaf in jax.tree.leaves(tree):
-        a = np.asarray(leaf)
-        if np.issubdtype(a.dtype, np.inexact) and not np.all(np.isfinite(a)):
+        if any(leaf is c for c in checked):
+            continue
+        if not all_finite(leaf):
+            a = np.asarray(leaf)
             raise ValueError(f"{what} contains NaN or Inf ({int(np.sum(~np.isfinite(a)))} "
                              f"non-finite value(s)); {fix}.")
 

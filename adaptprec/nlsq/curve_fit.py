@@ -33,8 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._tracing import is_concrete
-from ._inputs import (as_bounds, as_data, as_x0, check_jac_option,
-                      initialize_feasible, leastsq_kwargs)
+from ._inputs import (all_finite, as_bounds, as_data, as_x0, check_jac_option,
+                      checked_finite, initialize_feasible, leastsq_kwargs)
 from ._minpack import minpack_fields
 from .result import result_to_host
 from . import _fused, _promote
@@ -192,7 +192,7 @@ class _Plan:
     def _run(self, xdata, ydata, p0, sigma):
         x = xdata if xdata.dtype.kind == "f" else xdata.astype(float)
         y = ydata if ydata.dtype == np.float64 else ydata.astype(np.float64)
-        if not (np.isfinite(x).all() and np.isfinite(y).all()):
+        if not (all_finite(x) and all_finite(y)):
             return None
         if self.kind == "1d":
             s = np.asarray(sigma, np.float64)
@@ -303,16 +303,17 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
         raise ValueError("`nan_policy='propagate'` is not supported by this function.")
     if nan_policy not in (None, "raise", "omit"):
         raise ValueError("nan_policy must be one of {None, 'raise', 'omit'}")
+    checked = ()   # data found finite here: solve_nlsq does not read them again
     if concrete:
         ydata = np.asarray(ydata, dtype=np.float64) if not isinstance(ydata, jax.Array) \
             else ydata
         if check_finite:
             for arr, name in ((xdata, "xdata"), (ydata, "ydata")):
-                a = np.asarray(arr)
-                if np.issubdtype(a.dtype, np.inexact) and not np.all(np.isfinite(a)):
+                if not all_finite(arr):
                     raise ValueError(f"{name} contains NaN or Inf (array must not contain "
                                      "infs or NaNs); remove those points or pass "
                                      "nan_policy='omit'.")
+            checked = (xdata, ydata)
         elif nan_policy is not None:
             xa, ya = np.asarray(xdata, np.float64), np.asarray(ydata, np.float64)
             has_nan = np.isnan(xa)
@@ -400,7 +401,7 @@ def _curve_fit(f, xdata, ydata, p0=None, sigma=None, absolute_sigma=False,
                 and not full_output and auto is None and kwargs.get("starts", 1) == 1
                 else contextlib.nullcontext({}))
         with _promote.capture(covariance=m < _NUMPY_COVARIANCE_MAX_M) as box, \
-                lean as lean_box:
+                lean as lean_box, checked_finite(*checked):
             res = solve_nlsq(residual, p0, args=(xdata, ydata, *extra), bounds=bounds,
                              method=method, jac=jac_arg, **{**kwargs, "chunk_size": False})
     except ValueError as exc:

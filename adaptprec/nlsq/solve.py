@@ -53,6 +53,15 @@ from .result import result_to_host
 
 __all__ = ["solve_nlsq", "resolve_ladder", "clear_cache", "cache_info"]
 
+def _operand(v, dtype):
+    """A small operand of the compiled solver: NumPy when concrete (the call's C++ path
+    transfers it; ``jnp.asarray`` dispatched an eager conversion per operand, ~0.4 ms of
+    the seven at every call, issue 31), else ``jnp.asarray`` (traced bounds, f_scale)."""
+    if is_concrete(v):
+        return np.asarray(v, dtype)
+    return jnp.asarray(v, dtype)
+
+
 def clear_cache() -> None:
     """Drop every cached compiled solver.
 
@@ -418,10 +427,9 @@ def solve_nlsq(
            _sig(x0), _sig(args), str(x0_flat.dtype), pad)
     solver = fused_solver(key, lambda: _build_solver(fun_flat, unravel, cfg, bool(throw),
                                                      ladder, pad))
-    res = solver(x0_flat.astype(top_dt), args, jnp.asarray(lb, top_dt),
-                 jnp.asarray(ub, top_dt), jnp.asarray(scale_inv0, top_dt),
-                 jnp.asarray(f_scale, top_dt), jnp.asarray(ftol, top_dt),
-                 jnp.asarray(xtol, top_dt), jnp.asarray(gtol, top_dt))
+    res = solver(x0_flat.astype(top_dt), args,
+                 *(_operand(v, top_dt) for v in (lb, ub, scale_inv0, f_scale, ftol, xtol,
+                                                 gtol)))
     if (host_kind or sparse_fd) and is_concrete(res.jac):  # scipy: res.jac in jac's format
         res = replace(res, jac=as_user_format(res.jac, host_kind or "sparse"))
     return res
