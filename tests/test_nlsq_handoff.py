@@ -111,6 +111,30 @@ def test_lean_final_falls_back_where_the_gram_route_cannot_decide():
     assert np.isinf(np.asarray(pcov)).any()
 
 
+def test_lean_final_fallback_under_an_active_trace():
+    # (issue 31, i31cf3) the lean solve's fall-back evaluation is a program of its own,
+    # run when the loop's model cannot be used; inside a user's jit (every argument
+    # concrete, the trace active) the flag is traced and it is a lax.cond instead:
+    # the same cost and covariance as eagerly
+    import jax
+    from adaptprec.nlsq import _fused
+    t, y = _data(exp3, 12000, 2, 0.01)
+
+    def solve(_=None):
+        with _fused.lean_final() as box:
+            res = ap.solve_nlsq(lambda p, t, y: p[0] * p[1] * jnp.exp(-p[2] * t) + p[3] - y,
+                                jnp.asarray([1.0, 1.0, 1.0, 0.0]), args=(t, y))
+        return res.cost, res.optimality, box["cov"]
+
+    eager = solve()
+    traced = jax.jit(solve)(0)
+    assert np.isinf(np.asarray(eager[2])).any()       # singular Gram matrix: fell back
+    for e, j in zip(eager, traced):
+        e, j = np.asarray(e), np.asarray(j)
+        np.testing.assert_array_equal(np.isinf(e), np.isinf(j))
+        np.testing.assert_allclose(e[np.isfinite(e)], j[np.isfinite(j)], rtol=1e-9)
+
+
 def test_lean_final_not_under_a_trace():
     # a traced p0 (concrete data): the solve is traced, so curve_fit takes pcov from the
     # final evaluation's Jacobian as before (the lean box would hold tracers NumPy cannot

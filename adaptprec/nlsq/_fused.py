@@ -26,6 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._policy import cast_floating
+from .._pytree import replace
+from .._tracing import is_concrete
 from ._buckets import masked
 from ._compile import cpu_jit
 from ._evaluation import final_eval
@@ -66,7 +68,9 @@ def lean_final():
     the ``m x n`` Jacobian again (1e6 points, n = 5: 26 ms, plus 8 ms of covariance from
     that Jacobian; the loop's whole float64 fit costs ~60 ms). Any other end, or a Gram
     matrix too ill-conditioned for :func:`.common.gram_covariance`, evaluates as before
-    (``lax.cond``; the covariance then by the SVD route of that Jacobian)."""
+    (the covariance then by the SVD route of that Jacobian), in a program of its own
+    compiled when first needed (:func:`_final_program`; under a trace, a ``lax.cond``
+    around it)."""
     box: dict = {}
     token = _LEAN.set(box)
     try:
@@ -93,11 +97,29 @@ def fused_solver(key, build):
         return solver
 
     def lean(*a):
-        res, cov = solver(*a)
+        res, cov, here, x = solver(*a)
+        res, cov = _lean_end(solver, res, cov, here, x, a)
         box["cov"], box["m"] = cov, solver.m
         return res
 
     return lean
+
+
+def _lean_end(solver, res, cov, here, x, a):
+    """A lean solve's result as it leaves: where the loop's model could not be used
+    (``here`` false), cost, gradient, optimality and ``(J^T J)^+`` from the final
+    evaluation at ``x`` (:func:`_final_program`); eagerly only then, under a trace by
+    ``lax.cond``. ``a``: the solver's operands ``(x0, args, lb, ub, scale_inv0,
+    f_scale, ...)``."""
+    args, f_scale = a[1], a[5]
+    if is_concrete(here):
+        if bool(here):
+            return res, cov
+        cost, g, cov = solver.final(x, args, f_scale)
+    else:
+        cost, g, cov = jax.lax.cond(here, lambda: (res.cost, res.grad, cov),
+                                    lambda: solver.final(x, args, f_scale))
+    return replace(res, cost=cost, grad=g, optimality=jnp.max(jnp.abs(g))), cov
 
 
 def _cached(key, build):
@@ -189,8 +211,8 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder, pad=N
         else:
             active = jnp.zeros(x_star.shape, jnp.int32)
         x = implicit_x(x_star, args_top, f_scale, active == 0)
-        if lean:  # (lean_final) the loop's model at x, or the final evaluation
-            cost, g, cov = _lean_final(st, x, args_top, f_scale)
+        if lean:  # (lean_final) the loop's model at x (_lean_end: or the final evaluation)
+            cost, g, cov, here = _lean_final(st)
             f = Js = None
         else:
             # Final evaluation on the top rung: fun, (loss-modified) jac, grad, optimality.
@@ -219,28 +241,20 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder, pad=N
             status=status, rung=st.rung, escalations=st.escalations,
             rung_entered=st.rung_entered, rung_nfev=st.rung_nfev,
             escalation_reason=st.esc_reason, ladder=tuple(np.dtype(d) for d in rungs))
-        return (res, cov) if lean else res
+        return (res, cov, here, x_star) if lean else res
 
-    def _lean_final(st, x, args_top, f_scale):
-        """``(cost, g, (J^T J)^+)`` at ``x``: from the loop's model when it ended on the
-        top rung at a point it evaluated there (its model finite, the first strategy
-        of the portfolio: a restart's kept end is not where the model is) and the
-        Gram route is accurate; else the final evaluation and its Jacobian's."""
+    def _lean_final(st):
+        """``(cost, g, (J^T J)^+, here)`` from the loop's model; ``here``: whether they
+        hold at the returned point, i.e. the loop ended on the top rung at a point it
+        evaluated there (its model finite, the first strategy of the portfolio: a
+        restart's kept end is not where the model is) and the Gram route is accurate.
+        Where not, :func:`_lean_end` evaluates (:func:`_final_program`)."""
         R = jax.lax.stop_gradient(st.R)
         fast, inv = gram_covariance(R.T @ R, cfg.m)
         here = st.ok & (st.rung == top) & fast & jnp.isfinite(st.cost)
         if st.kept is not None:
             here = here & (st.strat == 0)
-
-        def from_loop():
-            return st.cost, R.T @ st.qtf, inv
-
-        def evaluate():
-            _, Js, g, cost = final_eval(fun_flat, cfg, x, args_top, f_scale)
-            null_tol = float(np.sqrt(np.finfo(np.dtype(top_dt)).eps))
-            return cost, g, _covariance(Js, null_tol)[0]
-
-        return jax.lax.cond(here, from_loop, evaluate)
+        return st.cost, R.T @ st.qtf, inv, here
 
     # run time is negligible next to compilation below _NORMAL_EQ_MIN_M residuals
     compiled = cpu_jit(solve, optimise=cfg.m >= _NORMAL_EQ_MIN_M)
@@ -251,4 +265,27 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder, pad=N
         return compiled(*a)
 
     lean_solve.lean, lean_solve.m = True, cfg.m
+    lean_solve.final = _final_program(fun_flat, cfg)
     return lean_solve
+
+
+def _final_program(fun_flat, cfg: LoopConfig):
+    """``final(x, args, f_scale) -> (cost, g, (J^T J)^+)`` at ``x`` on the top rung: the
+    final evaluation and the SVD route's covariance of its Jacobian, for a lean solve
+    that could not reuse its loop's model (compiled on its first call).
+
+    Not inside the lean solve's program (issue 31, branch i31cf3): there, behind a
+    ``lax.cond`` that a fit almost never takes, its ``m x n`` Jacobian and that
+    Jacobian's QR copy (1e6 x 5 float64: 80 MB) were XLA temporaries of every call;
+    a temporary block that large is mapped afresh at each execution, so the float32
+    copies of the data that share it (8 MB) were page-faulted in at every call (~2000
+    faults, ~1-2 ms of a 45 ms fit; benchmarks/RESULTS.md)."""
+    top_dt = cfg.rungs[-1]
+    null_tol = float(np.sqrt(np.finfo(np.dtype(top_dt)).eps))
+
+    def final(x, args, f_scale):
+        args_top = cast_floating(args, top_dt)
+        _, Js, g, cost = final_eval(fun_flat, cfg, x, args_top, f_scale)
+        return cost, g, _covariance(Js, null_tol)[0]
+
+    return cpu_jit(final, optimise=cfg.m >= _NORMAL_EQ_MIN_M)
