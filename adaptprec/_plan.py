@@ -19,8 +19,11 @@ with ``jit``, ``vmap`` and ``grad``. Rules, for a kernel with an accuracy guard:
   ATTEMPT_OVERHEAD > MARGIN * (cost(s) + check(s))``, ``s`` the next rung tried above it. A *measured* plan keeps
   the throughput table's decision unless the timings disagree by more than a margin
   (``KEEP``, ``MARGIN**2``: hysteresis, so near break-even plans do not flip with load);
-  a rung the table says pays is dropped only when a second timing, of the rung with its
-  check against the plan above directly, agrees (a burst of load flipped conv's plan).
+  a timing against the table, or within ``BORDER`` of the limit, is settled by timing the
+  rung with its check against the plan above directly, the majority of up to three
+  deciding (a burst of load flipped conv's plan to f64 in one run, the overflow kernel's
+  to a float32 rung that always escalates in another). A top-rung check measured over
+  its budget (up to ``RETIME_WITHIN`` times) is timed again, the smaller kept.
 
 Without an accuracy guard (finite-only and custom guards, which cost ~nothing) or with
 ``plan="all"`` every rung is tried with Monte Carlo checks, as before the cost model.
