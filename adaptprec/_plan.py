@@ -125,6 +125,15 @@ _WHAT = {"mca": "Monte Carlo check", "first_order": "first-order error bound",
          "none": "finite only: accuracy not checked"}
 
 
+def _same(made: dict, kind: str, make):
+    """``make`` memoized per argument tuple in ``made``."""
+    def get(*key):
+        if (kind,) + key not in made:
+            made[(kind,) + key] = make(*key)
+        return made[(kind,) + key]
+    return get
+
+
 def _vote(first, limit, ck, c, next_total, direct):
     """A lower rung's timing that contradicts the table or lies near the limit, settled
     by timing the rung with its check against the plan above directly: once, and a third
@@ -170,6 +179,14 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
     """
     table = _cost.throughput_for(backend)
     top = n_rungs - 1
+    # one function object per program, so a program timed again (``retimed``, ``_vote``)
+    # reuses its executable (``compiled``)
+    made, compiled = {}, {}
+    rung_fn = _same(made, "rung", rung_fn)
+    check_fn = _same(made, "check", check_fn)
+
+    def measure_many(fns):
+        return _cost.measure_many(fns, avals, cache=compiled)
     modelled = [_cost.program_cost(rung_fn(k), avals, table, dtypes[k]).seconds * scale
                 for k in range(n_rungs)]
     if sum(modelled) < _cost.FLOOR:
@@ -178,7 +195,7 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
     measured = _cost.MEASURE and scale == 1.0
     how = "measured once" if measured else "modelled"
     if measured:
-        cost = _cost.measure_many([rung_fn(k) for k in range(n_rungs)], avals)
+        cost = measure_many([rung_fn(k) for k in range(n_rungs)])
     else:
         cost = modelled
 
@@ -202,7 +219,7 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
         try:
             # timed interleaved with the rung alone: the difference of the two is the
             # check's cost (the rung's time is what the plan compares)
-            full, alone = _cost.measure_many([check_fn(k, method), rung_fn(k)], avals)
+            full, alone = measure_many([check_fn(k, method), rung_fn(k)])
         except Unsupported:
             return None
         return max(full / alone - 1.0, 0.0) * cost[k]
@@ -221,7 +238,7 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
         compiles the check again."""
         if not measured or method == "mca" or c is None:
             return c
-        full, alone = _cost.measure_many([check_fn(k, method), rung_fn(k)], avals)
+        full, alone = measure_many([check_fn(k, method), rung_fn(k)])
         return min(c, max(full / alone - 1.0, 0.0) * cost[k])
 
     # the top rung: always run; the most thorough check that fits the budget
@@ -289,8 +306,7 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
             first = (ck + c + ATTEMPT_OVERHEAD) / max(next_total, 1e-30)
             if (pays and first > limit) or BORDER * limit < first <= limit:
                 ck, c, how_k = _vote(first, limit, ck, c, next_total,
-                                     lambda: _cost.measure_many([check_fn(k, method), above],
-                                                                avals))
+                                     lambda: measure_many([check_fn(k, method), above]))
         if c is None or ck + c + ATTEMPT_OVERHEAD > limit * next_total:
             what = ("no check models it" if c is None else
                     f"it and its check ({_fmt(ck + c)}, + {_fmt(ATTEMPT_OVERHEAD)} per "
