@@ -245,10 +245,13 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
     budget = max(_cost.FLOOR, TOP_BUDGET * cost[top])
     attempt[top] = True
     tried = {}
+    near = None     # the most thorough check timed within RETIME_WITHIN of the budget
     for method in ("mca", "first_order", "screen"):
         c = check_cost(top, method)
         if c is not None and budget < c <= RETIME_WITHIN * budget:
             c = retimed(top, method, c)
+        if near is None and c is not None and c <= RETIME_WITHIN * budget:
+            near = method
         tried[method] = c
         if c is not None and c <= budget:
             check[top] = method
@@ -266,9 +269,13 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
     next_total = cost[top] + c
     # the program of the plan above (re-measured against a lower rung on a contradiction)
     above = rung_fn(top) if check[top] == "none" else check_fn(top, check[top])
-    # the table's view of the plan above, for the hysteresis of measured plans
-    next_model = modelled[top] + (check_cost(top, check[top], False) or 0.0
-                                  if check[top] != "none" else 0.0)
+    # the table's view of the plan above, for the hysteresis of measured plans; with the
+    # most thorough check timed near the budget, not the one load may have pushed it to
+    # (at load ~7 reduction's top bound timed over budget, the screen's lower table cost
+    # then said its f32 rung cannot pay, and f32 was dropped without a second timing)
+    view = near if near is not None and measured else check[top]
+    next_model = modelled[top] + (check_cost(top, view, False) or 0.0
+                                  if view != "none" else 0.0)
 
     jaxpr = jax.make_jaxpr(rung_fn(0))(*avals).jaxpr
     n_acc = _cost.longest_accumulation(jaxpr)
