@@ -23,7 +23,8 @@ with ``jit``, ``vmap`` and ``grad``. Rules, for a kernel with an accuracy guard:
   rung with its check against the plan above directly, the majority of up to three
   deciding (a burst of load flipped conv's plan to f64 in one run, the overflow kernel's
   to a float32 rung that always escalates in another). A top-rung check measured over
-  its budget (up to ``RETIME_WITHIN`` times) is timed again, the smaller kept.
+  its budget (up to ``RETIME_WITHIN`` times) is timed again, the smaller kept, and the
+  table's view of the plan above prices the most thorough top check timed that near.
 
 Without an accuracy guard (finite-only and custom guards, which cost ~nothing) or with
 ``plan="all"`` every rung is tried with Monte Carlo checks, as before the cost model.
