@@ -422,3 +422,32 @@ def test_a_conv_sampled_plan_escalates_when_its_rung_is_wrong(monkeypatch):
     assert rep.checks[1] == "sample_conv" and rep.rung_name == "f32", rep.summary()
     assert "sampled output positions" in rep.verified
     assert rel_error(y, np.asarray(_diff_conv(x, w))) <= 1e-3
+
+
+def test_the_tables_view_keeps_a_top_check_timed_near_its_budget(monkeypatch):
+    # issue 31: at load ~7 the top rung's first-order bound timed over its budget, the
+    # plan fell back to the screen, and the table's view of that cheaper plan above said
+    # float32 (+ its own first-order bound) cannot pay: dropped under the stricter limit
+    # (MARGIN**2) without a second timing. The view now prices the near-budget bound.
+    from adaptprec import _cost
+
+    def reduction(x):
+        return jnp.sum(jnp.sin(x)) / x.shape[0]
+
+    pairs = [[1.4, 1.0], [1.4, 1.0],    # top first-order: +40% (budget 25%), timed twice
+             [1.02, 1.0],               # top screen: +2%, chosen
+             [1.02, 1.0],               # f32 first-order: +2%
+             [1.5, 1.0]]                # f32 + check against the plan above, directly
+
+    def fake_measure(fns, avals, *a, **k):
+        if len(fns) == 3:
+            return [2e-3, 0.98e-3, 1e-3]
+        return pairs.pop(0)
+    monkeypatch.setattr(_cost, "measure_many", fake_measure)
+    x = jnp.asarray(np.random.default_rng(0).uniform(0.0, 2.0, N))
+    rep = ap.adaptive(reduction, rtol=1e-3).with_report(x)[1]
+    assert rep.checks == ("skipped", "skipped", "screen"), rep.plan
+    # judged against KEEP (the table says float32 pays against the bound's plan), and
+    # dropped only after the direct timings agreed
+    assert "90%" in rep.plan[1] and "measured twice" in rep.plan[1], rep.plan
+    assert not pairs
