@@ -171,7 +171,7 @@ def measure(fn: Callable, avals, repeats: int = 5) -> float:
 
 
 def measure_many(fns, avals, repeats: int = 7, budget: float = 0.3,
-                 max_repeats: int = 31) -> list:
+                 max_repeats: int = 31, cache: dict | None = None) -> list:
     """Seconds of one call of each compiled ``fns[i]`` on the same sample data
     (``repeats`` rounds at least, more up to ``max_repeats`` while they fit ``budget``).
 
@@ -179,10 +179,23 @@ def measure_many(fns, avals, repeats: int = 7, budget: float = 0.3,
     machine hits them alike, and each is priced relative to the last: ``min`` of the last
     program's times, times the *median* over rounds of ``t_i / t_last``. Ratios are what
     a plan compares; timed one after the other and by their minima, a plan flipped from
-    run to run on the loaded 2-core machine (issue 31).
+    run to run on the loaded 2-core machine (issue 31). ``cache``: a dict reused across
+    calls so a program timed again is compiled once.
     """
     import time
-    compiled = [jax.jit(f).lower(*avals).compile() for f in fns]
+
+    def compile_(f):
+        # ``cache``: id(f) -> (f, executable), shared by one plan's timings (a program
+        # timed again is not compiled again; f is kept so its id stays its own)
+        hit = None if cache is None else cache.get(id(f))
+        if hit is not None and hit[0] is f:
+            return hit[1]
+        exe = jax.jit(f).lower(*avals).compile()
+        if cache is not None:
+            cache[id(f)] = (f, exe)
+        return exe
+
+    compiled = [compile_(f) for f in fns]
     # concrete even when the plan is chosen while an outer function is being traced
     with jax.ensure_compile_time_eval():
         args = [jax.device_put(x) for x in _sample_inputs(avals)]

@@ -12,7 +12,9 @@ Every kernel runs, in this one process after compilation, as
   2026-11-28, then named ``ad/f64``);
 * plain ``jax.jit(fn)`` on the float64 inputs (``f64``) and on float32 inputs (``f32``);
 
-interleaved round by round in a random order, medians compared. For each kernel it prints the ratios to
+interleaved round by round in a random order, medians compared (at least ``--rounds``
+rounds; light kernels more, until plain f64 alone has taken ``--seconds``, at most 401:
+21 rounds of a 0.3-1 ms kernel gave 0.66-1.42 for identical programs under load). For each kernel it prints the ratios to
 plain f64, the rung returned, the adaptive answer's true relative error against float64
 (must be <= rtol) and the plan the cost model chose, then whether the issue's targets are
 met, for each of the two adaptive columns:
@@ -153,7 +155,16 @@ def _rel_error(y, ref):
     return 0.0 if d == 0 else float(d / n) if n else math.inf
 
 
-def run_kernel(name, fn, inputs, rtol, rounds):
+def _rounds_for(rounds, seconds, f, args, cap=401):
+    """``rounds``, raised so the f64 column alone takes at least ``seconds`` (at most
+    ``cap``): a median of 21 rounds of a 0.3-1 ms kernel samples ~20 ms of a machine
+    shared by other processes, and identical programs (an eager call planned f64 alone
+    compiles to plain f64's program plus a scalar) measured 0.98-1.42x of each other."""
+    t = min(_time(f, args) for _ in range(3))
+    return int(min(cap, max(rounds, math.ceil(seconds / max(t, 1e-9)))))
+
+
+def run_kernel(name, fn, inputs, rtol, rounds, seconds=0.0):
     x64 = tuple(jnp.asarray(x) for x in inputs)
     x32 = tuple(jnp.asarray(x, jnp.float32) for x in inputs)
     ad = ap.adaptive(fn, rtol=rtol)
@@ -169,6 +180,7 @@ def run_kernel(name, fn, inputs, rtol, rounds):
     np.testing.assert_array_equal(np.asarray(y_call), np.asarray(y))  # the same answer
     runs = {"report": (adaptive_jit, x64), "call": (ad, x64), "f64": (plain, x64),
             "f32": (plain, x32)}
+    rounds = _rounds_for(rounds, seconds, plain, x64)
     times = {k: [] for k in runs}
     order = np.random.default_rng(1)
     for _ in range(rounds):
@@ -181,7 +193,8 @@ def run_kernel(name, fn, inputs, rtol, rounds):
     med = {k: float(np.median(v)) for k, v in times.items()}
     return dict(name=name, rung=rep.rung_name, ok=bool(rep.ok), err=_rel_error(y, ref),
                 rtol=rtol, ad=med["report"], call=med["call"], f64=med["f64"],
-                f32=med["f32"], plan=rep.checks, summary=rep.summary(), compile=compile_s)
+                f32=med["f32"], plan=rep.checks, summary=rep.summary(), compile=compile_s,
+                rounds=rounds)
 
 
 def run_solve(rounds, n=2048):
@@ -308,7 +321,11 @@ def throughput():
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--rounds", type=int, default=9,
+                   help="interleaved rounds per kernel (at least; see --seconds)")
+    p.add_argument("--seconds", type=float, default=0.3,
+                   help="light kernels get more rounds, up to 401, until plain f64 alone "
+                        "takes this long (0: exactly --rounds)")
     p.add_argument("--only", default="")
     p.add_argument("--solve", action="store_true")
     p.add_argument("--solvers", action="store_true",
@@ -344,17 +361,19 @@ def main():
         gpu_paper(ks)
         return
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, {os.cpu_count()} cpus; "
-          f"median of {args.rounds} interleaved rounds")
+          f"median of >= {args.rounds} interleaved rounds (light kernels: until f64 "
+          f"alone takes {args.seconds:g} s, at most 401; load {os.getloadavg()[0]:.1f})")
     print(f"{'kernel':22s} {'rtol':>6s} {'call/f64':>8s} {'report/f64':>10s} "
           f"{'f32/f64':>7s} {'rung':>5s} {'ok':>3s} {'err':>8s}  checks per rung")
     rows, fails = [], []
     for name, (fn, inputs, rtol, heavy) in ks.items():
-        r = run_kernel(name, fn, inputs, rtol, args.rounds)
+        r = run_kernel(name, fn, inputs, rtol, args.rounds, args.seconds)
         r["heavy"] = heavy
         rows.append(r)
         print(f"{name:22s} {rtol:6.0e} {r['call'] / r['f64']:8.2f} {r['ad'] / r['f64']:10.2f} "
               f"{r['f32'] / r['f64']:7.2f} {r['rung']:>5s} {'y' if r['ok'] else 'n':>3s} "
-              f"{r['err']:8.1e}  {','.join(r['plan'])}  (f64 {r['f64'] * 1e3:.2f} ms)",
+              f"{r['err']:8.1e}  {','.join(r['plan'])}  (f64 {r['f64'] * 1e3:.2f} ms, "
+              f"{r['rounds']} rounds)",
               flush=True)
         if args.verbose:
             print("    " + r["summary"])
@@ -377,6 +396,7 @@ def main():
         print(f"linalg.solve n=2048: default/f64 {ta / tf:.2f} (target <= 0.67)")
         if ta / tf > 0.67:
             fails.append(f"linalg.solve {ta / tf:.2f} > 0.67")
+    print(f"load {os.getloadavg()[0]:.1f}")
     print("targets met" if not fails else "targets NOT met:\n  " + "\n  ".join(fails))
 
 

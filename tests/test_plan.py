@@ -291,53 +291,69 @@ def test_a_row_sampled_plan_escalates_when_its_rung_is_wrong(monkeypatch):
     assert "sampled rows" in rep.verified
 
 
+def _fake_timings(monkeypatch, f32_over_f64, direct):
+    """``_cost.measure_many`` replaced: the rungs timed bf16 2 ms, f32 ``f32_over_f64``
+    ms, f64 1 ms; each check +2% of its rung (the top rung's first-order bound, then
+    f32's sampled check); every later timing (f32 with its check against the plan above
+    directly) ``direct.pop(0)`` of the plan above. Returns the count of direct timings."""
+    from adaptprec import _cost
+    calls = []
+
+    def fake_measure(fns, avals, *a, **k):
+        calls.append(len(fns))
+        if len(fns) == 3:
+            return [2e-3, f32_over_f64 * 1e-3, 1e-3]
+        if calls.count(2) <= 2:
+            return [1.02, 1.0]
+        return [direct.pop(0), 1.0]
+    monkeypatch.setattr(_cost, "measure_many", fake_measure)
+    return lambda: max(calls.count(2) - 2, 0)
+
+
+def _plan_of(x):
+    return ap.adaptive(_big_elementwise, rtol=1e-3).with_report(x)[1]   # table: f32 pays
+
+
 def test_a_measured_plan_keeps_the_tables_choice_near_break_even(monkeypatch):
     # issue 31: one-time timings on a loaded machine flipped near break-even plans from
     # run to run; a measurement now overrules the throughput table only by a margin
-    from adaptprec import _cost
     x = jnp.asarray(np.random.default_rng(0).uniform(0.0, 2.0, N))
-
-    def plan_with(f32_over_f64):
-        def fake_measure(fns, avals, *a, **k):
-            if len(fns) == 3:                 # the rungs: bf16, f32, f64
-                return [2e-3, f32_over_f64 * 1e-3, 1e-3]
-            return [1.02, 1.0]                # a check and its rung alone: +2%
-        monkeypatch.setattr(_cost, "measure_many", fake_measure)
-        f = ap.adaptive(_big_elementwise, rtol=1e-3)    # the table: f32 pays (~0.5x)
-        return f.with_report(x)[1]
-
-    rep = plan_with(0.85)        # f32 + check: 0.87 of f64, above MARGIN (0.8)
+    _fake_timings(monkeypatch, 0.8, [0.8, 0.8])
+    rep = _plan_of(x)        # f32 + check: ~0.85 of f64, above MARGIN (0.8), below KEEP
     assert rep.checks[1] != "skipped" and rep.rung_name == "f32", rep.plan
-    rep = plan_with(0.95)        # less than a 10% saving: the measurement wins
+    _fake_timings(monkeypatch, 0.95, [0.95, 0.95])
+    rep = _plan_of(x)        # less than a 10% saving: the measurement wins
     assert rep.checks[1] == "skipped" and rep.rung_name == "f64", rep.plan
 
 
 def test_a_contradicting_timing_is_taken_again(monkeypatch):
     # issue 31: a burst of load made conv's f32 rung time like f64 in one run of
     # several; a rung the table says pays is dropped only when a second timing, of the
-    # rung with its check against the plan above directly, agrees
-    from adaptprec import _cost
+    # rung with its check against the plan above directly, agrees (a third decides
+    # when the two disagree)
     x = jnp.asarray(np.random.default_rng(0).uniform(0.0, 2.0, N))
-
-    def plan_with(second):
-        calls = []
-
-        def fake_measure(fns, avals, *a, **k):
-            calls.append(len(fns))
-            if len(fns) == 3:                 # the rungs: f32 timed as slow as f64
-                return [2e-3, 0.98e-3, 1e-3]
-            if calls.count(2) == 1:           # f32's check and f32 alone: +2%
-                return [1.02, 1.0]
-            return [second, 1.0]              # f32 + check against the plan above
-        monkeypatch.setattr(_cost, "measure_many", fake_measure)
-        f = ap.adaptive(_big_elementwise, rtol=1e-3)    # the table: f32 pays (~0.5x)
-        return f.with_report(x)[1]
-
-    rep = plan_with(0.55)
+    direct = _fake_timings(monkeypatch, 0.98, [0.55, 0.55])
+    rep = _plan_of(x)
     assert rep.checks[1] != "skipped" and rep.rung_name == "f32", rep.plan
-    assert "measured twice" in rep.plan[1]
-    rep = plan_with(0.97)        # both timings say no: dropped
+    assert "measured three times" in rep.plan[1] and direct() == 2
+    direct = _fake_timings(monkeypatch, 0.98, [0.97])
+    rep = _plan_of(x)        # both timings say no: dropped
     assert rep.checks[1] == "skipped" and rep.rung_name == "f64", rep.plan
+    assert direct() == 1
+
+
+def test_a_borderline_saving_must_be_timed_twice(monkeypatch):
+    # issue 31: under load the overflow kernel's float32 rung (which always escalates on
+    # its data) timed just under the limit once and was tried (report 2.84x f64); a
+    # first timing near the limit is now confirmed against the plan above
+    x = jnp.asarray(np.random.default_rng(0).uniform(0.0, 2.0, N))
+    direct = _fake_timings(monkeypatch, 0.8, [1.1, 1.1])
+    rep = _plan_of(x)        # first ~0.85 (<= KEEP), then twice 1.1: dropped
+    assert rep.checks[1] == "skipped" and "measured three times" in rep.plan[1], rep.plan
+    assert direct() == 2
+    direct = _fake_timings(monkeypatch, 0.3, [])
+    rep = _plan_of(x)        # far below the limit: no second timing
+    assert rep.rung_name == "f32" and direct() == 0, rep.plan
 
 
 # ------------------------------------------------------- sampled convolution check
@@ -406,3 +422,32 @@ def test_a_conv_sampled_plan_escalates_when_its_rung_is_wrong(monkeypatch):
     assert rep.checks[1] == "sample_conv" and rep.rung_name == "f32", rep.summary()
     assert "sampled output positions" in rep.verified
     assert rel_error(y, np.asarray(_diff_conv(x, w))) <= 1e-3
+
+
+def test_the_tables_view_keeps_a_top_check_timed_near_its_budget(monkeypatch):
+    # issue 31: at load ~7 the top rung's first-order bound timed over its budget, the
+    # plan fell back to the screen, and the table's view of that cheaper plan above said
+    # float32 (+ its own first-order bound) cannot pay: dropped under the stricter limit
+    # (MARGIN**2) without a second timing. The view now prices the near-budget bound.
+    from adaptprec import _cost
+
+    def reduction(x):
+        return jnp.sum(jnp.sin(x)) / x.shape[0]
+
+    pairs = [[1.4, 1.0], [1.4, 1.0],    # top first-order: +40% (budget 25%), timed twice
+             [1.02, 1.0],               # top screen: +2%, chosen
+             [1.02, 1.0],               # f32 first-order: +2%
+             [1.5, 1.0]]                # f32 + check against the plan above, directly
+
+    def fake_measure(fns, avals, *a, **k):
+        if len(fns) == 3:
+            return [2e-3, 0.98e-3, 1e-3]
+        return pairs.pop(0)
+    monkeypatch.setattr(_cost, "measure_many", fake_measure)
+    x = jnp.asarray(np.random.default_rng(0).uniform(0.0, 2.0, N))
+    rep = ap.adaptive(reduction, rtol=1e-3).with_report(x)[1]
+    assert rep.checks == ("skipped", "skipped", "screen"), rep.plan
+    # judged against KEEP (the table says float32 pays against the bound's plan), and
+    # dropped only after the direct timings agreed
+    assert "90%" in rep.plan[1] and "measured twice" in rep.plan[1], rep.plan
+    assert not pairs
