@@ -225,7 +225,7 @@ def pad_rows(tree, rows: int):
     return jax.tree.map(pad, tree)
 
 
-def map_blocks(solve: Callable, x0, bargs, sargs, block_size: int):
+def map_blocks(solve: Callable, x0, bargs, sargs, block_size: int, count=None):
     """``solve`` applied to cache-sized blocks of fits inside one program (``lax.map``).
 
     On CPU the per-iteration work of a small fit is tiny, so speed is set by memory
@@ -237,6 +237,12 @@ def map_blocks(solve: Callable, x0, bargs, sargs, block_size: int):
     ``block_size``), padding by repeating its first fit, so at most one fit per block is
     padding (10,000 fits with ``block_size=2048`` run as 5 blocks of 2,000, not 5 of
     2,048).
+
+    ``count`` (a traced int, optional): only the first ``count`` rows are fits, the rest
+    padding. A block that starts at or past ``count`` holds padding only; ``solve`` is
+    then called with ``live=`` that block's flag (a traced bool) and must skip its work
+    where it is False (:func:`adaptprec.batch.api.solve_nlsq_batch` pads a batch to its
+    bucket: 1e5 fits run as 131,072 rows, 12 of 53 blocks padding).
 
     Example:
         >>> import jax.numpy as jnp
@@ -254,7 +260,12 @@ def map_blocks(solve: Callable, x0, bargs, sargs, block_size: int):
     block_size = -(-size // nblocks)
     xs = pad_rows((x0, bargs), nblocks * block_size - size)
     xs = jax.tree.map(lambda a: a.reshape((nblocks, block_size) + a.shape[1:]), xs)
-    out = jax.lax.map(lambda c: solve(c[0], c[1], sargs), xs)
+    if count is None:
+        out = jax.lax.map(lambda c: solve(c[0], c[1], sargs), xs)
+    else:
+        starts = jnp.arange(nblocks, dtype=jnp.int32) * block_size
+        out = jax.lax.map(lambda c: solve(c[0][0], c[0][1], sargs, live=c[1] < count),
+                          (xs, starts))
     return jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:])[:size], out)
 
 

@@ -191,16 +191,19 @@ def solve_ladder(residual: Callable, x0, bargs, sargs, plans: tuple[RungPlan, ..
     else:
         s = lm_init(fj0, x0.astype(p0.acc_dtype), bargs, sargs, p0.opts)
         s = run_compacted(fj0, s, bargs, sargs, p0.opts, caps(size))
-    s = _astype_state(s, top_acc)
     rung = jnp.zeros((size,), jnp.int32)
     reason = jnp.zeros((size,), jnp.int32)
 
     for k in range(1, len(plans)):
         prev, plan = plans[k - 1], plans[k]
         u_prev = float(np.finfo(prev.dtype).eps) / 2
+        # the guards judge the lower rung's state in its own dtype (for the bottom rung
+        # float32: no float64 copy of its J^T J, which the top rung's check recomputes)
         why = jnp.where(rung == k - 1, escalation_reasons(
             s, u_prev, prev.opts.gtol, cond_tol, noise_floor), Reason.NONE)
         reason = jnp.where(why != Reason.NONE, why, reason)
+        if not (k == len(plans) - 1 and strategy == "staged"):
+            s = _astype_state(s, top_acc)
         if k == len(plans) - 1:
             # A lower rung never ends a solve: every fit finishes on the top rung, from
             # where it stopped, so an answer has its final evaluation and convergence test
