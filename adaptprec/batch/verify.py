@@ -138,10 +138,10 @@ def finish_on_top(fj: ResidualJacobian, low: LMState, bargs, sargs, opts: LMOpti
     :func:`~adaptprec.batch.compaction.run_compacted` with ``capacities``; none costs
     nothing.
     """
-    # A block whose every fit started at NaN (the padding of a bucketed batch: whole
-    # blocks of it, a quarter of the lanes at 1e5 fits) has nothing to verify: float32
-    # found a non-finite residual at that very x, and so would float64. Skipping it:
-    # 2.36 -> 2.31 us/fit (1e5 fits, A/B in one process, load 5.3; issue 31).
+    # A block whose every fit started at NaN has nothing to verify: float32 found a
+    # non-finite residual at that very x, and so would float64. (Blocks of bucket
+    # padding only, a quarter of the lanes at 1e5 fits, are now not solved at all,
+    # batch/api.py; this skip measured 2.36 -> 2.31 us/fit when they were, issue 31.)
     padding = jnp.all(jnp.isnan(low.x).any(axis=-1) & (low.status == st.NONFINITE_RESIDUAL))
     acc = fj.acc_dtype
     # x in the top rung's dtype before the check: a float32 x converted inside it was
