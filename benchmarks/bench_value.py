@@ -38,6 +38,7 @@ Usage::
     python benchmarks/bench_value.py                 # the kernel table
     python benchmarks/bench_value.py --solve         # plus linalg.solve at n = 2048
     python benchmarks/bench_value.py --solvers       # solve_nlsq_batch, curve_fit vs f64
+    python benchmarks/bench_value.py --solvers --batch-only   # solve_nlsq_batch alone
     python benchmarks/bench_value.py --rounds 15 --only mlp,elementwise
     python benchmarks/bench_value.py --throughput    # the cost model's CPU table
     python benchmarks/bench_value.py --gpu-paper     # plans under the GPU table (unmeasured)
@@ -232,7 +233,7 @@ def _interleaved(fns, rounds):
     return {k: float(np.median(v)) for k, v in times.items()}
 
 
-def run_solvers(rounds, fits=100_000, points=1_000_000):
+def run_solvers(rounds, fits=100_000, points=1_000_000, curve=True):
     """``solve_nlsq_batch`` on Gpufit's 2-D Gaussian and ``curve_fit`` of a double
     exponential, default (adaptive) against ``precision="f64"`` (and f32) in this process.
     The batch's agreement criterion: every parameter within 1e-3 of its f64 standard error."""
@@ -253,6 +254,8 @@ def run_solvers(rounds, fits=100_000, points=1_000_000):
                  f"{fits / tb['f64']:,.0f}, f32 {fits / tb['f32']:,.0f}; "
                  f"max |x - x64|/se {worst:.1e} (<= 1e-3); verified in one f64 "
                  f"evaluation: {one:.1%} of fits", ok=worst <= 1e-3)]
+    if not curve:
+        return rows
 
     rng = np.random.default_rng(0)
     t = jnp.asarray(np.linspace(0.0, 10.0, points))
@@ -336,6 +339,8 @@ def main():
     p.add_argument("--solve", action="store_true")
     p.add_argument("--solvers", action="store_true",
                    help="only the solver rows: solve_nlsq_batch (1e5 fits), curve_fit (m=1e6)")
+    p.add_argument("--batch-only", action="store_true",
+                   help="with --solvers: only the solve_nlsq_batch row")
     p.add_argument("--fits", type=int, default=100_000)
     p.add_argument("--throughput", action="store_true")
     p.add_argument("--gpu-paper", action="store_true",
@@ -348,7 +353,7 @@ def main():
     if args.solvers:
         print(f"solvers vs precision='f64', median of {args.rounds} interleaved rounds")
         fails = []
-        for r in run_solvers(args.rounds, args.fits):
+        for r in run_solvers(args.rounds, args.fits, curve=not args.batch_only):
             if "speed" in r:
                 line, bad = (f"throughput x{r['speed']:.2f} f64 (target >= {r['target']})",
                              r["speed"] < r["target"])

@@ -17,13 +17,16 @@ from ..nlsq.common import (DEFAULT_FTOL, DEFAULT_GTOL, DEFAULT_XTOL, check_loss,
                            scale_for_robust_loss)
 from ..precision import Ladder, dtype_name, is_adaptive, require_x64, unit_roundoff
 from ._problem import Residual, build_problem, nonfinite_fits
+from .._status import Reason
 from .._tracing import is_eager, is_traced
+from . import _status as st
 from ._compile import tuned_jit
 from .chunking import MIN_LANES, auto_chunk_size, map_blocks, run_chunked
 from .covariance import batched_pcov
 from .escalation import RungPlan, solve_ladder
 from .implicit import implicit_solution
-from .lm_batched import LMOptions, make_fj
+from ._fits_last import vmap_last
+from .lm_batched import LMOptions, make_fj, move_batch_axis
 from .result import BatchResult
 from .runaway import runaway_status
 from .verify import SE_FRACTION
@@ -132,12 +135,22 @@ def _core(residual: Residual, cfg: _Config) -> Callable:
 
 
 def _build(residual: Residual, cfg: _Config) -> Callable:
-    def solve(x0, bargs, sargs):
+    def solve(x0, bargs, sargs, count=None):
+        """``count`` (traced int, optional): rows from ``count`` on are the padding of a
+        bucketed batch (:func:`_pad_batch`); blocks of padding only are not solved."""
         if cfg.strategy == "stream":
             return solve_block(x0, bargs, sargs)
-        return map_blocks(solve_block, x0, bargs, sargs, cfg.block_size)
+        return map_blocks(solve_block, x0, bargs, sargs, cfg.block_size, count)
 
-    def solve_block(x0, bargs, sargs):
+    def solve_block(x0, bargs, sargs, live=None):
+        if live is None:
+            return solve_fits(x0, bargs, sargs)
+        # a block of padding only (rows dropped by _unpad_batch) costs nothing: at 1e5
+        # fits 12 of 53 blocks, which cost a third of a real block each (issue 31)
+        return jax.lax.cond(live, lambda: solve_fits(x0, bargs, sargs),
+                            lambda: _padding_result(x0.shape[0], x0.shape[1], cfg))
+
+    def solve_fits(x0, bargs, sargs):
         size = x0.shape[0]
         cap = max(cfg.escalate_min, int(np.ceil(min(size, cfg.block_size) * cfg.escalate_fraction)))
         # the iterations are not differentiated (see implicit_solution below)
@@ -151,8 +164,13 @@ def _build(residual: Residual, cfg: _Config) -> Callable:
         loss, f_scale = top.opts.loss, top.opts.f_scale
         x = implicit_solution(residual, s.x, bargs, sargs, loss, f_scale,
                               bounds_of=residual.bounds)
-        f = jax.vmap(residual, in_axes=(0, 0, None))(x, bargs, sargs).astype(top.acc_dtype)
-        cost = jax.vmap(lambda r: robust_cost(loss, r, f_scale))(f)
+        # with the fits on the minor axis, as every other evaluation of the solve (the
+        # fits-first vmap transposed inside its fused kernel)
+        def cost_one(xb, s):
+            r = jnp.asarray(residual(xb[0], xb[1], s)).astype(top.acc_dtype)
+            return robust_cost(loss, r, f_scale)
+
+        cost = vmap_last(cost_one)((x.T, move_batch_axis(bargs, 0, -1)), sargs)
         cost = jnp.where(jnp.isfinite(s.cost), cost, s.cost)
         pcov = None
         if cfg.return_pcov:
@@ -171,6 +189,24 @@ def _build(residual: Residual, cfg: _Config) -> Callable:
             ladder=tuple(dtype_name(p.dtype) for p in cfg.plans), escalation_reason=reason)
 
     return solve
+
+
+def _padding_result(size: int, n: int, cfg: _Config) -> BatchResult:
+    """What a block of padding rows (NaN starts, :func:`_pad_batch`) returns without being
+    solved: the result of a non-finite start (status -3, NaN ``x``/``cost``), no work
+    counted. Its rows are dropped; the fields only have to match a solved block's."""
+    acc = cfg.plans[-1].acc_dtype
+    nan = functools.partial(jnp.full, fill_value=jnp.nan, dtype=acc)
+    ints = functools.partial(jnp.full, fill_value=0, dtype=jnp.int32)
+    why = Reason.NONFINITE if len(cfg.plans) > 1 else Reason.NONE
+    return BatchResult(
+        x=nan((size, n)), cost=nan((size,)),
+        status=jnp.full((size,), st.NONFINITE_RESIDUAL, jnp.int32),
+        success=jnp.zeros((size,), bool), rung=ints((size,)) + (len(cfg.plans) - 1),
+        nfev=ints((size,)), njev=ints((size,)), nit=ints((size,)), optimality=nan((size,)),
+        pcov=nan((size, n, n)) if cfg.return_pcov else None,
+        ladder=tuple(dtype_name(p.dtype) for p in cfg.plans),
+        escalation_reason=jnp.full((size,), why, jnp.int32))
 
 
 def _to_host(tree):
@@ -414,7 +450,10 @@ def solve_nlsq_batch(
             x0b, bargs = prob.x0, prob.bargs
             if padded:
                 x0b, bargs = _pad_batch(prob, batch_bucket(size))
-            result = solve(x0b, bargs, prob.sargs)
+                # (traced: every size of the bucket runs the same program)
+                result = solve(x0b, bargs, prob.sargs, np.int32(size))
+            else:
+                result = solve(x0b, bargs, prob.sargs)
             if padded:
                 result = _unpad_batch(result, size)
         else:

@@ -648,6 +648,19 @@ def lm_run(fj, s: LMState, bargs, sargs, opts: LMOptions, stop_count: int = 0) -
     def cond(s):
         return jnp.sum(s.active.astype(jnp.int32)) > stop_count
 
-    bargs = move_batch_axis(bargs, 0, -1)
+    bargs = _rung_data(fj, move_batch_axis(bargs, 0, -1))
     s = jax.lax.while_loop(cond, lambda s: _step(fj, s, bargs, sargs, opts), to_fits_last(s))
     return to_fits_first(s)
+
+
+def _rung_data(fj: ResidualJacobian, bargs_last):
+    """The batched data (fits last) cast once to a lower rung's dtype and materialised
+    there: the cast the residual makes at every evaluation is then a no-op. (Left to XLA,
+    the float64 -> float32 cast hoisted out of the loop wrote the fits-first layout and
+    copied it again: two passes over the data per block, issue 31.) Same values."""
+    def cast(a):
+        if not jnp.issubdtype(a.dtype, jnp.floating):
+            return a
+        low = jnp.asarray(cast_floating(a, fj.rung_dtype))
+        return a if low.dtype == a.dtype else _materialised(low)
+    return jax.tree.map(cast, bargs_last)

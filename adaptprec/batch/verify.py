@@ -76,7 +76,7 @@ def _step_tests(s: LMState, fj: ResidualJacobian, bargs, opts: LMOptions, m: int
 def verify_handoff(fj: ResidualJacobian, low: LMState, bargs, sargs,
                    opts: LMOptions) -> LMState:
     """Evaluate every fit once on the top rung (``fj``) at the lower rung's answer ``low``
-    (fits first, in the top rung's dtype) and accept those the check passes.
+    (fits first, in the lower or the top rung's dtype) and accept those the check passes.
 
     Returns the top rung's state (fits first): accepted fits (and fits whose top-rung
     gradient test already passes, or whose evaluation is non-finite) inactive with their
@@ -123,6 +123,11 @@ def verify_handoff(fj: ResidualJacobian, low: LMState, bargs, sargs,
 
 
 
+def _astype_floating(s: LMState, dtype) -> LMState:
+    return jax.tree.map(
+        lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, s)
+
+
 def finish_on_top(fj: ResidualJacobian, low: LMState, bargs, sargs, opts: LMOptions,
                   capacities: tuple[int, ...], few: int = 64) -> LMState:
     """:func:`verify_handoff`, then iterate on the top rung the fits it did not accept.
@@ -133,12 +138,16 @@ def finish_on_top(fj: ResidualJacobian, low: LMState, bargs, sargs, opts: LMOpti
     :func:`~adaptprec.batch.compaction.run_compacted` with ``capacities``; none costs
     nothing.
     """
-    # A block whose every fit started at NaN (the padding of a bucketed batch: whole
-    # blocks of it, a quarter of the lanes at 1e5 fits) has nothing to verify: float32
-    # found a non-finite residual at that very x, and so would float64. Skipping it:
-    # 2.36 -> 2.31 us/fit (1e5 fits, A/B in one process, load 5.3; issue 31).
+    # A block whose every fit started at NaN has nothing to verify: float32 found a
+    # non-finite residual at that very x, and so would float64. (Blocks of bucket
+    # padding only, a quarter of the lanes at 1e5 fits, are now not solved at all,
+    # batch/api.py; this skip measured 2.36 -> 2.31 us/fit when they were, issue 31.)
     padding = jnp.all(jnp.isnan(low.x).any(axis=-1) & (low.status == st.NONFINITE_RESIDUAL))
-    s = jax.lax.cond(padding, lambda low: low,
+    acc = fj.acc_dtype
+    # x in the top rung's dtype before the check: a float32 x converted inside it was
+    # fused into every Jacobian entry of the float64 evaluation (that kernel 1.8x slower)
+    low = low._replace(x=low.x.astype(acc))
+    s = jax.lax.cond(padding, lambda low: _astype_floating(low, acc),
                      lambda low: verify_handoff(fj, low, bargs, sargs, opts), low)
     # ``max_steps`` is per rung: the top rung's iterations count from zero, else a fit
     # that used the lower rung's budget (Arrhenius from ones crawling on float32) got one
