@@ -116,8 +116,13 @@ SE_TAKEN = 1e-2
 #: with the final evaluation reused (branch i31cf2, 11 interleaved rounds, load 1.5,
 #: whole curve_fit): float32 blocks of 8000 / 15625 / 31250 points 51.0 / 56.0 / 63.1
 #: ms (float64 alone 63.4); the blocked evaluation alone, float32 8000 points 0.51-0.54
-#: of float64's best (benchmarks/RESULTS.md).
-LOWER_RUNG_BLOCK = 2 * TARGET_BLOCK
+#: of float64's best (benchmarks/RESULTS.md). With a block's three reductions merged
+#: into one Gram matrix of ``[J f]`` (branch i31cf4, ``fj_blocked_branch``), measured
+#: again, whole curve_fit, medians of 41 interleaved rounds in one process, load 5.4-7.4,
+#: adaptive/f64: float32 blocks of 8000 / 15625 / 31250 points 0.699 / 0.645 / 0.665,
+#: 0.706 / 0.673 / -, 0.697 / 0.668 / 0.706 (min 39.8 / 37.0 / 39.1, 42.0 / 38.8 / -,
+#: 33.6 / 34.9 / 36.9 ms): 15625 (64 blocks; 6 float32 vectors of a block: 375 KiB, in L2).
+LOWER_RUNG_BLOCK = 4 * TARGET_BLOCK
 
 
 def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Callable,
