@@ -116,8 +116,13 @@ SE_TAKEN = 1e-2
 #: with the final evaluation reused (branch i31cf2, 11 interleaved rounds, load 1.5,
 #: whole curve_fit): float32 blocks of 8000 / 15625 / 31250 points 51.0 / 56.0 / 63.1
 #: ms (float64 alone 63.4); the blocked evaluation alone, float32 8000 points 0.51-0.54
-#: of float64's best (benchmarks/RESULTS.md).
-LOWER_RUNG_BLOCK = 2 * TARGET_BLOCK
+#: of float64's best (benchmarks/RESULTS.md). With a block's three reductions merged
+#: into one Gram matrix of ``[J f]`` (branch i31cf4, ``fj_blocked_branch``), measured
+#: again, whole curve_fit, medians of 41 interleaved rounds in one process, load 5.4-7.4,
+#: adaptive/f64: float32 blocks of 8000 / 15625 / 31250 points 0.699 / 0.645 / 0.665,
+#: 0.706 / 0.673 / -, 0.697 / 0.668 / 0.706 (min 39.8 / 37.0 / 39.1, 42.0 / 38.8 / -,
+#: 33.6 / 34.9 / 36.9 ms): 15625 (64 blocks; 6 float32 vectors of a block: 375 KiB, in L2).
+LOWER_RUNG_BLOCK = 4 * TARGET_BLOCK
 
 
 def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Callable,
@@ -178,11 +183,25 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         cache."""
         dt = rungs[i]
         wt = _promote(dt)
+        merged = dt != top_dt and isinstance(loss, str) and loss == "linear"
 
         def br(x, args_all, f_scale):
             xr = x.astype(dt)
             fs_w = jnp.asarray(f_scale, wt)
             fs_top = jnp.asarray(f_scale, top_dt)
+
+            def merged_block(carry, f, JT):
+                # (issue 31, branch i31cf4) below the top rung, with the linear loss:
+                # J^T J, J^T f and f^T f of the block from ONE Gram matrix of [J f]
+                # ((n+1) x (n+1), in the rung's dtype), instead of three reductions (a
+                # Gram matrix, a matrix-vector product, a float64 sum of squares): per
+                # block one library call instead of three small kernels, the block's
+                # sums then added in the top dtype as before. The block's f^T f in
+                # float32 is off by ~1e-8 of the cost, far below float32's own error
+                # in the cost (its residuals' rounding, ~u_32 (|cost| + ||f|| ||J x||)).
+                # (One (n+1) x (n+1) sum carried: one addition per block, not three.)
+                Z = jnp.concatenate([JT.astype(wt), f.astype(wt)[None, :]])
+                return carry + (Z @ Z.T).astype(top_dt), None
 
             def block(carry, f, JT):
                 A, b, cost = carry
@@ -200,7 +219,13 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
 
             init = (jnp.zeros((cfg.n, cfg.n), top_dt), jnp.zeros((cfg.n,), top_dt),
                     jnp.zeros((), top_dt))
-            (A, b, cost), _ = rung_blocks[i].scan_rows(fun, xr, args_all[i], block, init)
+            if merged:
+                n = cfg.n
+                G, _ = rung_blocks[i].scan_rows(fun, xr, args_all[i], merged_block,
+                                                jnp.zeros((n + 1, n + 1), top_dt))
+                A, b, cost = G[:n, :n], G[:n, n], 0.5 * G[n, n]
+            else:
+                (A, b, cost), _ = rung_blocks[i].scan_rows(fun, xr, args_all[i], block, init)
             if dt != top_dt and isinstance(loss, str) and loss == "linear":
                 # (issue 31) the model moved from the rounded point xr back to x
                 # (f(x) ~ f(xr) + J (x - xr)): float32 holds a parameter only to 6e-8 of
