@@ -153,6 +153,11 @@ def _float0_zeros(x):
     return np.zeros(np.shape(x), jax.dtypes.float0)
 
 
+#: Settled eager programs a manager keeps for :meth:`MixedPrecisionManager.fast_call`
+#: (the full programs stay in its ``_cache``; a shape evicted here only loses the shortcut).
+_FAST_MAX = 64
+
+
 class MixedPrecisionManager:
     """Runs kernels on a precision ladder, escalating when guards fire.
 
@@ -263,6 +268,7 @@ class MixedPrecisionManager:
         self._esc: dict = {}    # eager escalations per (kernel, shapes): _skip_failing
         # eager plain calls whose program is settled (no escalation memory to keep):
         # (kernel, x64, (shape, dtype) per positional array) -> compiled (out, rung)
+        # (at most _FAST_MAX: a manager fed many shapes keeps its newest settled ones)
         self._fast: dict = {}
 
     def __repr__(self):
@@ -380,6 +386,8 @@ class MixedPrecisionManager:
                     and (self.plan != "auto" or self._esc.get(spec_key, {}).get("off"))):
                 # nothing learned from later calls (a plan with one rung tried, or
                 # plan="all"): they go straight to this program (fast_call)
+                if len(self._fast) >= _FAST_MAX:   # oldest first (insertion order)
+                    self._fast.pop(next(iter(self._fast)))
                 self._fast[(fn, x64_enabled(), spec_key[1])] = target[3]
             return out
         if self.speculate and spec_key is not None:

@@ -525,3 +525,16 @@ def test_fast_path_with_a_shared_manager_and_an_unhashable_kernel():
     f(x), f(x)
     assert f.manager is g.manager and g.manager._fast
     np.testing.assert_allclose(np.asarray(g(x)), np.sin(np.asarray(x)), rtol=1e-6)
+
+
+def test_fast_path_keeps_the_newest_settled_shapes(monkeypatch):
+    # the eager shortcut is bounded (runtime._FAST_MAX): a manager fed many shapes keeps
+    # its newest settled programs there, and an evicted shape still answers (full path)
+    from adaptprec import runtime
+    monkeypatch.setattr(runtime, "_FAST_MAX", 2)
+    f = ap.adaptive(jnp.cos, ladder="f32,f64", plan="all")
+    xs = [jnp.linspace(0.0, 1.0, n) for n in (3, 4, 5, 6)]
+    for x in xs:
+        f(x), f(x)
+    assert [k[2][0][0] for k in f.manager._fast] == [(5,), (6,)]
+    np.testing.assert_allclose(np.asarray(f(xs[0])), np.cos(np.asarray(xs[0])), rtol=1e-6)
