@@ -171,3 +171,18 @@ def test_panel_solves_only_for_factors_up_to_32_mb():
     assert uses(1, 2048) and uses(1, 512) and uses(2, 2048)
     assert not uses(1, 4096) and not uses(5, 2048) and not uses(1, 511)
     assert not uses(1, 2048, refine="gmres") and not uses(1, 2048, perm=False)  # Cholesky
+
+
+def test_factor_is_cut_into_panels_once():
+    """Each panel of the factor is one buffer, shared by the solve of x0 and the
+    refinement loop (issue 31: XLA:CPU had copied every slice into both, a second cut of
+    the factor on every call)."""
+    n = 2 * 256 + 40                                   # three blocks: 3 * 3 - 2 panels
+    A, b = _system(n=n, seed=6)
+    hlo = _entry(lambda A, b: ap.linalg.solve(A, b)[0], A, b)
+    factor = re.search(r"%(\S+) = f32\[1,552,552\]\S* get-tuple-element\((%\S+)\), index=0",
+                       hlo)
+    assert factor and "lapack_sgetrf_ffi" in hlo.split(factor.group(2) + " =")[1].split("\n")[0]
+    cuts = re.findall(rf"= f32\[(?:1,)?\d+,\d+\]\S* fusion\(%{re.escape(factor.group(1))}\)",
+                      hlo)
+    assert len(cuts) == 7, cuts

@@ -51,9 +51,20 @@ def make_panels(f, nb: int = BLOCK) -> Panels:
     """Cut ``f`` (``(..., n, n)``, ``F = lu^T``) into :class:`Panels`."""
     n = f.shape[-1]
     b = _bounds(n, nb)
-    return Panels(tuple(f[..., i0:i1, :i0] for i0, i1 in b),
-                  tuple(f[..., i0:i1, i0:i1] for i0, i1 in b),
-                  tuple(f[..., i0:i1, i1:] for i0, i1 in b))
+    return Panels(tuple(_materialised(f[..., i0:i1, :i0]) for i0, i1 in b),
+                  tuple(_materialised(f[..., i0:i1, i0:i1]) for i0, i1 in b),
+                  tuple(_materialised(f[..., i0:i1, i1:]) for i0, i1 in b))
+
+
+def _materialised(x):
+    """``x`` unchanged (NaN stays NaN) through a select, so that each panel is one buffer.
+
+    A plain slice is "cheap" to XLA:CPU's fusion, which copies it into every consumer: the
+    solve of ``x_0`` (outside the refinement loop, its dots on a bitcast view) and the loop
+    state each got their own copy of all panels, a second 14 MB cut of the factor at
+    n = 2048 (and its page faults) on every call. A select is not duplicated
+    (issue 31; see benchmarks/RESULTS.md)."""
+    return jnp.where(jnp.isnan(x), jnp.nan, x)
 
 
 def _tri(d, y, *, lower, transpose_a=False, unit):
