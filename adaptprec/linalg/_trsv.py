@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._pytree import Module
+from ._common import inv_perm
 
 __all__ = ["Panels", "make_panels", "panel_solve", "BLOCK"]
 
@@ -127,5 +128,5 @@ def panel_solve(p: Panels, perm, y, *, transpose: bool):
     ``F = lu^T`` (``y``: ``(n, k)``)."""
     if transpose:
         x = _solve_mt(p, y)
-        return x[jnp.argsort(perm)]
+        return x[inv_perm(perm)]
     return _solve_m(p, y[perm])
