@@ -30,10 +30,15 @@ from jax import lax
 from .._pytree import Module
 from ._common import inv_perm
 
-__all__ = ["Panels", "make_panels", "panel_solve", "BLOCK"]
+__all__ = ["Panels", "make_panels", "panel_solve", "BLOCK", "MIN_N"]
 
-#: block size of the panels (rows); the diagonal blocks go to LAPACK xTRSM
-BLOCK = 256
+#: block size of the panels (rows); the diagonal blocks go to LAPACK xTRSM, whose cost with
+#: one right-hand side grows with the square of the block (it packs the triangle on every
+#: call): at n = 2048, 128 rows take ~0.6 ms of triangular solves per solve pair against
+#: ~1.2 ms for 256, with the same bytes of GEMV (issue 31, benchmarks/RESULTS.md)
+BLOCK = 128
+#: smallest n for the panel solves (measured gain from n = 512 on; see solve._use_panels)
+MIN_N = 512
 
 
 class Panels(Module):
