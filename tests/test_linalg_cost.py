@@ -144,11 +144,13 @@ def test_panel_solves_match_lapack(n, nb):
 
 @pytest.mark.slow
 def test_large_n_uses_panel_solves_and_reaches_f64_accuracy():
-    n = 2 * 256 + 40                                   # three blocks, the last one short
+    from adaptprec.linalg._trsv import BLOCK, MIN_N
+    n = MIN_N + 40                                     # several blocks, the last one short
     A, b = _system(n=n, seed=5)
     f = lambda A, b: ap.linalg.solve(A, b, estimate_cond=True)   # noqa: E731
     hlo = _entry(f, A, b)
-    assert _count(hlo, r"f32\[1,256,1\]\{1,2,0\} custom-call\([^)]*\), custom_call_target=\"lapack_strsm") >= 4
+    assert _count(hlo, rf"f32\[1,{BLOCK},1\]\{{1,2,0\}} custom-call\([^)]*\), "
+                       r"custom_call_target=\"lapack_strsm") >= 4
     x, info = jax.jit(f)(A, b)
     r = np.abs(b - A @ np.asarray(x)).max()
     assert r / (np.abs(A).sum(1).max() * np.abs(x).max() + np.abs(b).max()) < 2e-16 * 4
@@ -171,3 +173,20 @@ def test_panel_solves_only_for_factors_up_to_32_mb():
     assert uses(1, 2048) and uses(1, 512) and uses(2, 2048)
     assert not uses(1, 4096) and not uses(5, 2048) and not uses(1, 511)
     assert not uses(1, 2048, refine="gmres") and not uses(1, 2048, perm=False)  # Cholesky
+
+
+def test_factor_is_cut_into_panels_once():
+    """Each panel of the factor is one buffer, shared by the solve of x0 and the
+    refinement loop (issue 31: XLA:CPU had copied every slice into both, a second cut of
+    the factor on every call)."""
+    from adaptprec.linalg._trsv import BLOCK, MIN_N
+    n = MIN_N + 40
+    blocks = -(-n // BLOCK)                            # the last one short
+    A, b = _system(n=n, seed=6)
+    hlo = _entry(lambda A, b: ap.linalg.solve(A, b)[0], A, b)
+    factor = re.search(rf"%(\S+) = f32\[1,{n},{n}\]\S* get-tuple-element\((%\S+)\), index=0",
+                       hlo)
+    assert factor and "lapack_sgetrf_ffi" in hlo.split(factor.group(2) + " =")[1].split("\n")[0]
+    cuts = re.findall(rf"= f32\[(?:1,)?\d+,\d+\]\S* fusion\(%{re.escape(factor.group(1))}\)",
+                      hlo)
+    assert len(cuts) == 3 * blocks - 2, cuts       # lower, diagonal, upper panels

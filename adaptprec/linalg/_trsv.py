@@ -28,11 +28,17 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._pytree import Module
+from ._common import inv_perm
 
-__all__ = ["Panels", "make_panels", "panel_solve", "BLOCK"]
+__all__ = ["Panels", "make_panels", "panel_solve", "BLOCK", "MIN_N"]
 
-#: block size of the panels (rows); the diagonal blocks go to LAPACK xTRSM
-BLOCK = 256
+#: block size of the panels (rows); the diagonal blocks go to LAPACK xTRSM, whose cost with
+#: one right-hand side grows with the square of the block (it packs the triangle on every
+#: call): at n = 2048, 128 rows take ~0.6 ms of triangular solves per solve pair against
+#: ~1.2 ms for 256, with the same bytes of GEMV (issue 31, benchmarks/RESULTS.md)
+BLOCK = 128
+#: smallest n for the panel solves (measured gain from n = 512 on; see solve._use_panels)
+MIN_N = 512
 
 
 class Panels(Module):
@@ -51,9 +57,20 @@ def make_panels(f, nb: int = BLOCK) -> Panels:
     """Cut ``f`` (``(..., n, n)``, ``F = lu^T``) into :class:`Panels`."""
     n = f.shape[-1]
     b = _bounds(n, nb)
-    return Panels(tuple(f[..., i0:i1, :i0] for i0, i1 in b),
-                  tuple(f[..., i0:i1, i0:i1] for i0, i1 in b),
-                  tuple(f[..., i0:i1, i1:] for i0, i1 in b))
+    return Panels(tuple(_materialised(f[..., i0:i1, :i0]) for i0, i1 in b),
+                  tuple(_materialised(f[..., i0:i1, i0:i1]) for i0, i1 in b),
+                  tuple(_materialised(f[..., i0:i1, i1:]) for i0, i1 in b))
+
+
+def _materialised(x):
+    """``x`` unchanged (NaN stays NaN) through a select, so that each panel is one buffer.
+
+    A plain slice is "cheap" to XLA:CPU's fusion, which copies it into every consumer: the
+    solve of ``x_0`` (outside the refinement loop, its dots on a bitcast view) and the loop
+    state each got their own copy of all panels, a second 14 MB cut of the factor at
+    n = 2048 (and its page faults) on every call. A select is not duplicated
+    (issue 31; see benchmarks/RESULTS.md)."""
+    return jnp.where(jnp.isnan(x), jnp.nan, x)
 
 
 def _tri(d, y, *, lower, transpose_a=False, unit):
@@ -116,5 +133,5 @@ def panel_solve(p: Panels, perm, y, *, transpose: bool):
     ``F = lu^T`` (``y``: ``(n, k)``)."""
     if transpose:
         x = _solve_mt(p, y)
-        return x[jnp.argsort(perm)]
+        return x[inv_perm(perm)]
     return _solve_m(p, y[perm])

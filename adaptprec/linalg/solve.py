@@ -59,7 +59,7 @@ from ._common import (
 )
 from ._getrf import lu_factor_transposed
 from ._gmres import fgmres
-from ._trsv import BLOCK, Panels, make_panels, panel_solve
+from ._trsv import MIN_N, Panels, make_panels, panel_solve
 from .cond import inverse_norm1
 
 __all__ = ["solve", "SolveInfo", "STATUS_MESSAGES"]
@@ -451,9 +451,9 @@ _PANEL_MAX_BYTES = 32 * 2 ** 20
 
 def _use_panels(fac: _Factors, refine: str) -> bool:
     """Blocked GEMV triangular solves (:mod:`._trsv`) instead of LAPACK xTRSM: LU factors
-    on CPU with n >= 2 blocks and at most ``_PANEL_MAX_BYTES``, LU-IR (GMRES-IR keeps its
+    on CPU with n >= ``MIN_N`` and at most ``_PANEL_MAX_BYTES``, LU-IR (GMRES-IR keeps its
     per-vector preconditioner)."""
-    return (fac.perm is not None and refine == "lu" and fac.lu.shape[-1] >= 2 * BLOCK
+    return (fac.perm is not None and refine == "lu" and fac.lu.shape[-1] >= MIN_N
             and fac.lu.size * fac.lu.dtype.itemsize <= _PANEL_MAX_BYTES
             and jax.default_backend() == "cpu")
 
