@@ -86,7 +86,7 @@ def main():
     print(f"load average {os.getloadavg()[0]:.1f}; medians of {a.rounds} fresh processes; "
           f"plans {'modelled' if a.modelled else 'measured'}")
     print(f"{'kernel':12s} {'tree':30s} {'first s':>8s} {'traces':>6s} "
-          f"{'report s':>8s} {'traces':>6s}  first/tree 1  checks per rung (each round)")
+          f"{'report s':>8s} {'traces':>6s}  first/tree 1  checks per rung, first s (each round)")
     for k in a.kernels:
         base = float(np.median([r["first"] for r in res[trees[0], k]]))
         for t in trees:
@@ -95,7 +95,7 @@ def main():
             print(f"{k:12s} {t[-30:]:30s} {f:8.2f} {rs[0]['traces']:6d} "
                   f"{float(np.median([r['report'] for r in rs])):8.2f} "
                   f"{rs[0]['report_traces']:6d}  {f / base:12.2f}  "
-                  f"{' | '.join(r['checks'] for r in rs)}")
+                  + " | ".join(f"{r['checks']} {r['first']:.2f}s" for r in rs))
 
 
 if __name__ == "__main__":
