@@ -28,7 +28,7 @@ from jax import lax
 from ._autocast.interpret import _is_dynamic
 from ._first_order import error_of_samples, materialized
 
-__all__ = ["ConvKernel", "conv_kernel", "sampled_conv_error", "POSITIONS"]
+__all__ = ["ConvKernel", "conv_kernel", "conv_kernel_jaxpr", "sampled_conv_error", "POSITIONS"]
 
 #: output positions re-evaluated by the check (each with all its channels)
 POSITIONS = 256
@@ -58,6 +58,12 @@ def conv_kernel(flat_fn: Callable, avals) -> ConvKernel | None:
         closed = jax.make_jaxpr(flat_fn)(*avals)
     except Exception:       # noqa: BLE001 -- not analysable: not a convolution
         return None
+    return conv_kernel_jaxpr(closed)
+
+
+def conv_kernel_jaxpr(closed) -> ConvKernel | None:
+    """:func:`conv_kernel` on the kernel's traced ``closed`` jaxpr (the one structure
+    trace of :mod:`adaptprec._structure`)."""
     jaxpr = closed.jaxpr
     source = {v: i for i, v in enumerate(jaxpr.invars)}   # var -> input index
     conv, conv_out = None, None

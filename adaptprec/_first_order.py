@@ -50,7 +50,7 @@ from ._autocast.interpret import _is_dynamic, _trace
 from ._opkind import OpKind, classify
 
 __all__ = ["Unsupported", "first_order", "FirstOrderResult", "relative_bound",
-           "cancellation_screen", "is_entrywise", "sampled_error"]
+           "cancellation_screen", "is_entrywise", "entrywise_jaxpr", "sampled_error"]
 
 
 class Unsupported(Exception):
@@ -655,8 +655,13 @@ def is_entrywise(flat_fn: Callable, avals) -> bool:
     only on the same entry of each array input (all non-scalar inputs and outputs share
     one shape; rank-0 inputs and constants broadcast): then it may be re-evaluated on a
     sample of entries. ``avals``: ShapeDtypeStructs of the arrays."""
+    return entrywise_jaxpr(jax.make_jaxpr(flat_fn)(*avals), avals)
+
+
+def entrywise_jaxpr(closed, avals) -> bool:
+    """:func:`is_entrywise` on the kernel's traced ``closed`` jaxpr (the one structure
+    trace of :mod:`adaptprec._structure`)."""
     from ._opkind import ENTRYWISE
-    closed = jax.make_jaxpr(flat_fn)(*avals)
     shapes = {tuple(x.shape) for x in avals if len(x.shape)}
     outs = {tuple(a.shape) for a in closed.out_avals}
     if len(shapes) != 1 or outs != shapes:

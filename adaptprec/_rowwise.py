@@ -33,7 +33,7 @@ from . import _jaxpr as jx
 from ._autocast.interpret import _is_dynamic
 from ._first_order import error_of_samples, materialized
 
-__all__ = ["row_inputs", "sampled_rows_error", "ROWS", "MIN_BATCH"]
+__all__ = ["row_inputs", "row_inputs_jaxpr", "sampled_rows_error", "ROWS", "MIN_BATCH"]
 
 #: rows re-evaluated by the check, and the least leading extent it is used at (below
 #: it the sample would be a large share of the work, or too few rows to say much)
@@ -173,6 +173,13 @@ def row_inputs(flat_fn: Callable, avals) -> tuple | None:
         closed = jax.make_jaxpr(flat_fn)(*avals)
     except Exception:       # noqa: BLE001 -- not analysable: not row-separable
         return None
+    return row_inputs_jaxpr(closed, flat_fn, avals)
+
+
+def row_inputs_jaxpr(closed, flat_fn: Callable, avals) -> tuple | None:
+    """:func:`row_inputs` on the kernel's traced ``closed`` jaxpr (the one structure
+    trace of :mod:`adaptprec._structure`); ``flat_fn`` is traced again only on ``ROWS``
+    rows, to confirm a candidate."""
     batches = {_rows_of(a) for a in closed.out_avals}
     if len(batches) != 1 or None in batches:
         return None
@@ -192,24 +199,23 @@ def row_inputs(flat_fn: Callable, avals) -> tuple | None:
             continue
         if all(s == _ROW for s in outs):
             mask = tuple(i in subset for i in range(len(avals)))
-            if _retraces(flat_fn, avals, mask, batch):
+            if _retraces(flat_fn, avals, closed.out_avals, mask, batch):
                 return mask
     return None
 
 
-def _retraces(flat_fn, avals, mask, batch) -> bool:
-    """The kernel traced on ``ROWS`` rows returns ``ROWS`` rows of the same shapes."""
+def _retraces(flat_fn, avals, full, mask, batch) -> bool:
+    """The kernel traced on ``ROWS`` rows returns ``ROWS`` rows of the same shapes as
+    its outputs ``full`` on all rows (the structure trace's output avals)."""
     k = min(ROWS, batch)
     small = [jax.ShapeDtypeStruct((k,) + tuple(a.shape[1:]), a.dtype) if m else a
              for a, m in zip(avals, mask)]
     try:
-        full = jax.eval_shape(flat_fn, *avals)
         part = jax.eval_shape(flat_fn, *small)
     except Exception:       # noqa: BLE001 -- shape-dependent code: not separable
         return False
     return all(tuple(p.shape) == (k,) + tuple(f.shape[1:]) and p.dtype == f.dtype
-               for p, f in zip(jax.tree_util.tree_leaves(part),
-                               jax.tree_util.tree_leaves(full)))
+               for p, f in zip(jax.tree_util.tree_leaves(part), full))
 
 
 def sampled_rows_error(fn: Callable, inputs: tuple, mask: tuple, outs, dtypes, ref_dtype,

@@ -864,9 +864,9 @@ class _Accuracy(Guard):
         the widest dtype from the user's inputs; the largest normwise difference, times
         ``SAMPLE_SAFETY``. Statistical: a bad row between the samples is missed (the
         report says "sampled rows")."""
-        from ._rowwise import row_inputs, sampled_rows_error
-        flat, dyn = _dynamic_flat(ctx)
-        mask = row_inputs(flat, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in dyn])
+        from ._rowwise import sampled_rows_error
+        from ._structure import structure_of_inputs
+        mask = structure_of_inputs(ctx.fn, ctx.inputs).rows
         if mask is None:    # the plan chose it for a row-separable kernel: not reached
             raise TypeError("check 'sample_rows' on a kernel that is not row-separable")
         ref = np.float64 if jax.config.jax_enable_x64 else np.float32
@@ -881,13 +881,14 @@ class _Accuracy(Guard):
         input windows they read; the largest normwise difference, times
         ``SAMPLE_SAFETY``. Statistical: a bad position between the samples is missed
         (the report says "sampled")."""
-        from ._convsample import conv_kernel, sampled_conv_error
-        flat, dyn = _dynamic_flat(ctx)
-        conv = conv_kernel(flat, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in dyn])
+        from ._convsample import sampled_conv_error
+        from ._structure import structure_of_inputs
+        conv = structure_of_inputs(ctx.fn, ctx.inputs).conv
         if conv is None:    # the plan chose it for a convolution: not reached
             raise TypeError("check 'sample_conv' on a kernel that is not one convolution")
         ref = np.float64 if jax.config.jax_enable_x64 else np.float32
-        err = sampled_conv_error(conv, dyn, *_returned(ctx), ref, seed=self.seed)
+        err = sampled_conv_error(conv, _dynamic_leaves(ctx), *_returned(ctx), ref,
+                                 seed=self.seed)
         err = jnp.maximum(self.SAMPLE_SAFETY * err, jnp.float32(self._floor(ctx)))
         return GuardResult.make(err <= self.rtol, INACCURATE, digits_from_error(err, ctx.u))
 
@@ -959,22 +960,10 @@ class _Accuracy(Guard):
         return GuardResult.make(err <= self.rtol, code, digits_from_error(err, ctx.u))
 
 
-def _dynamic_flat(ctx):
-    """``(flat, dyn)``: the kernel as a function of its dynamic input leaves only
-    (``flat(*dyn) -> output leaves``, the static leaves closed over), and those leaves.
-    The sampled checks trace the kernel's structure on ``dyn``'s shapes."""
+def _dynamic_leaves(ctx) -> list:
+    """The dynamic (array) leaves of the user's inputs ``ctx.inputs``, in order."""
     from ._autocast.interpret import _is_dynamic
-    leaves, treedef = jax.tree_util.tree_flatten(ctx.inputs)
-    pos = [i for i, x in enumerate(leaves) if _is_dynamic(x)]
-
-    def flat(*d):
-        full = list(leaves)
-        for i, x in zip(pos, d):
-            full[i] = x
-        a, kw = jax.tree_util.tree_unflatten(treedef, full)
-        return jax.tree_util.tree_leaves(ctx.fn(*a, **kw))
-
-    return flat, [leaves[i] for i in pos]
+    return [x for x in jax.tree_util.tree_leaves(ctx.inputs) if _is_dynamic(x)]
 
 
 def _returned(ctx) -> tuple[list, list]:

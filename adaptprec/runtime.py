@@ -531,48 +531,30 @@ class _Program:
             if self.mgr.plan == "all" or g is None:
                 plan = _plan.all_rungs(self.n_rungs)
             else:
+                # plain-dtype rungs and an entrywise / row-separable / convolution
+                # kernel: checkable on a sample of entries / rows / output positions
+                st = self._structure(avals)
                 plan = _plan.choose_plan(self.n_rungs, tuple(self.mgr.ladder), g.rtol,
                                          self._rung_fn, self._check_fn, avals, size,
-                                         entrywise=self._entrywise(avals),
-                                         rowwise=self._rowwise(avals),
-                                         conv=self._conv(avals))
+                                         entrywise=st is not None and st.entrywise,
+                                         rowwise=st is not None and st.rows is not None,
+                                         conv=st is not None and st.conv is not None)
             self._plans[key] = plan
         self.plan = plan
         return plan
 
-    def _flat_kernel(self):
-        """The kernel as ``flat(*dynamic leaves) -> output leaves`` for the structure
-        tests, or ``None`` when a rung is a Rung object (not a plain dtype)."""
+    def _structure(self, avals):
+        """The kernel's structure on these avals (:mod:`adaptprec._structure`: one trace
+        per kernel and shapes, shared with the accuracy guard's sampled checks), or
+        ``None`` when a rung is a Rung object (not a plain dtype)."""
         if any(is_rung_object(r) for r in self.mgr.rungs):
             return None
+        from ._structure import kernel_structure
 
-        def flat(*d):
-            args, kwargs = self.rebuild(d)
-            return jax.tree_util.tree_leaves(self.fn(*args, **kwargs))
-
-        return flat
-
-    def _entrywise(self, avals) -> bool:
-        """Plain-dtype rungs and an entrywise kernel: checkable on a sample of entries."""
-        from ._first_order import is_entrywise
-
-        flat = self._flat_kernel()
-        return flat is not None and is_entrywise(flat, avals)
-
-    def _rowwise(self, avals) -> bool:
-        """Plain-dtype rungs and a row-separable kernel: checkable on a sample of rows."""
-        from ._rowwise import row_inputs
-
-        flat = self._flat_kernel()
-        return flat is not None and row_inputs(flat, avals) is not None
-
-    def _conv(self, avals) -> bool:
-        """Plain-dtype rungs and a kernel that is one convolution: checkable on a
-        sample of output positions."""
-        from ._convsample import conv_kernel
-
-        flat = self._flat_kernel()
-        return flat is not None and conv_kernel(flat, avals) is not None
+        leaves = [None] * self.n_leaves
+        for i, x in self.static:
+            leaves[i] = x
+        return kernel_structure(self.fn, self.treedef, leaves, tuple(self.dyn_pos), avals)
 
     def _rung_fn(self, k):
         def rung(*d):

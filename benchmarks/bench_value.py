@@ -300,11 +300,11 @@ def gpu_paper(ks):
             table = _cost.throughput_for("gpu")
             cost = [_cost.program_cost(prog._rung_fn(k), avals, table,
                                        prog.mgr.ladder[k]).seconds for k in range(3)]
+            st = prog._structure(avals)
             plan = _plan.choose_plan(3, tuple(prog.mgr.ladder), rtol, prog._rung_fn,
                                      prog._check_fn, avals, backend="gpu",
-                                     entrywise=prog._entrywise(avals),
-                                     rowwise=prog._rowwise(avals),
-                                     conv=prog._conv(avals))
+                                     entrywise=st.entrywise, rowwise=st.rows is not None,
+                                     conv=st.conv is not None)
             steps = ",".join((c or "mca") if a else "skipped"
                              for a, c in zip(plan.attempt, plan.check))
             print(f"{name:22s} {cost[0] / cost[2]:8.3f} {cost[1] / cost[2]:8.3f}  {steps}")
