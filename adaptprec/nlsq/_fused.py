@@ -39,7 +39,7 @@ from .dogbox import dogbox_gnorm, on_bound
 from .result import NLSQResult
 from .trf import active_constraints, cl_scaling, make_strictly_feasible
 
-__all__ = ["fused_solver", "clear_cache", "lean_final"]
+__all__ = ["fused_solver", "clear_cache", "lean_final", "lean_possible"]
 
 _CACHE_SIZE = 64
 _cache: collections.OrderedDict = collections.OrderedDict()
@@ -86,12 +86,21 @@ def _lean_applies(cfg: LoopConfig) -> bool:
             and isinstance(cfg.loss, str) and cfg.loss == "linear")
 
 
-def fused_solver(key, build):
+def lean_possible(cfg: LoopConfig, pad) -> bool:
+    """Whether a fused solve is built lean inside :func:`lean_final` (the cache key's
+    last entry, :func:`fused_solver`'s ``lean_ok``)."""
+    return _lean_applies(cfg) and pad is None
+
+
+def fused_solver(key, build, lean_ok: bool = True):
     """The compiled solver for ``key``, built by ``build()`` on a miss (least recently
     used entries beyond :data:`_CACHE_SIZE` are dropped). Inside :func:`lean_final`
-    the key says so (a lean solver returns its covariance besides the result)."""
+    the key says so when the solve can be lean (``lean_ok``: :func:`_lean_applies`
+    and no padding; a lean solver returns its covariance besides the result): a solve
+    that cannot is built the same either way, so ``curve_fit`` with and without
+    ``full_output`` share its program instead of compiling it twice."""
     box = _LEAN.get()
-    key = (*key, box is not None)   # (appended: tests read the key by position)
+    key = (*key, box is not None and lean_ok)   # (appended: tests read the key by position)
     solver = _cached(key, build)
     if not getattr(solver, "lean", False):   # (built outside lean_final, or not lean)
         return solver
@@ -161,7 +170,7 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder, pad=N
 
     run = build_loop(fun_flat, cfg, step_fn, gnorm_fn, delta0_fn)
     loss = cfg.loss
-    lean = _LEAN.get() is not None and _lean_applies(cfg) and pad is None
+    lean = _LEAN.get() is not None and lean_possible(cfg, pad)
     top = len(rungs) - 1
 
     def cost_fn(x, args, f_scale):
