@@ -27,7 +27,7 @@ import numpy as np
 
 from .._policy import cast_floating
 from .._pytree import replace
-from .._tracing import is_concrete
+from .._tracing import is_concrete, is_eager
 from ._buckets import masked
 from ._compile import cpu_jit
 from ._evaluation import final_eval
@@ -114,7 +114,8 @@ def fused_solver(key, build, lean_ok: bool = True, share: bool = False):
     ``cost``, ``grad`` (the same operations on the same ``x``; bit for bit on the
     issue-31 fits), and ``curve_fit(full_output=True)`` after ``curve_fit()`` (or the
     other way round) compiles only that evaluation. A traced call keeps the whole
-    non-lean program (its ``cost``/``fun``/``jac`` differentiable in the data)."""
+    non-lean program (its ``cost``/``fun``/``jac`` differentiable in the data), as
+    does an eager call under a user's trace."""
     box = _LEAN.get()
     if share and box is None:
         return _shared(key, build)
@@ -134,9 +135,10 @@ def fused_solver(key, build, lean_ok: bool = True, share: bool = False):
 
 def _shared(key, build):
     """:func:`fused_solver`'s ``share``: eagerly the lean program plus ``solver.full``
-    at its point; traced, the non-lean program."""
+    at its point; under any trace (a traced operand, or one the residual closes over:
+    :func:`.._tracing.is_eager`), the non-lean program as before."""
     def full(*a):
-        if not is_concrete(a):
+        if not is_eager(a):
             return _cached((*key, False), lambda: build(False))(*a)
         solver = _cached((*key, True), lambda: build(True))
         res, _, _, x = solver(*a)
