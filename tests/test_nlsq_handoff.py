@@ -145,3 +145,32 @@ def test_lean_final_not_under_a_trace():
     pj, cj = jax.jit(lambda p: ap.curve_fit(exp3, t, y, p0=p))(jnp.asarray(P0[exp3]))
     np.testing.assert_array_equal(np.asarray(pj), np.asarray(pe))
     np.testing.assert_allclose(np.asarray(cj), np.asarray(ce), rtol=1e-6)
+
+
+def test_solve_that_cannot_be_lean_compiled_once_for_both_curve_fit_outputs():
+    # a fused solve that lean_final cannot shorten (max_nfev here; also bounds, a robust
+    # loss, padding) is built the same inside it: curve_fit with and without full_output
+    # share its compiled program (the key's lean flag only where lean applies)
+    from adaptprec.nlsq import cache_info
+    t, y = _data(exp3, 300, 3, 0.01)
+    p, _ = ap.curve_fit(exp3, t, y, p0=P0[exp3], max_nfev=200)
+    before = cache_info()["misses"]
+    pf, _, info, _, _ = ap.curve_fit(exp3, t, y, p0=P0[exp3], max_nfev=200, full_output=True)
+    assert cache_info()["misses"] == before
+    assert info["fvec"].shape == (300,)
+    np.testing.assert_array_equal(np.asarray(p), np.asarray(pf))
+
+
+def test_full_output_shares_the_lean_solve():
+    # (fused_solver's share) a large eager fit compiles its solve once for curve_fit with
+    # and without full_output: full_output runs the lean program and then the final
+    # evaluation as a program of its own; the same popt, and fvec is the residual at it
+    from adaptprec.nlsq import cache_info
+    t, y = _data(exp3, 8192, 4, 0.01)
+    p, _ = ap.curve_fit(exp3, t, y, p0=P0[exp3])
+    before = cache_info()["misses"]
+    pf, _, info, _, _ = ap.curve_fit(exp3, t, y, p0=P0[exp3], full_output=True)
+    assert cache_info()["misses"] == before
+    np.testing.assert_array_equal(np.asarray(p), np.asarray(pf))
+    np.testing.assert_allclose(np.asarray(info["fvec"]),
+                               np.asarray(exp3(t, *pf) - y), rtol=0, atol=1e-14)

@@ -27,7 +27,7 @@ import numpy as np
 
 from .._policy import cast_floating
 from .._pytree import replace
-from .._tracing import is_concrete
+from .._tracing import is_concrete, is_eager
 from ._buckets import masked
 from ._compile import cpu_jit
 from ._evaluation import final_eval
@@ -39,7 +39,7 @@ from .dogbox import dogbox_gnorm, on_bound
 from .result import NLSQResult
 from .trf import active_constraints, cl_scaling, make_strictly_feasible
 
-__all__ = ["fused_solver", "clear_cache", "lean_final"]
+__all__ = ["fused_solver", "clear_cache", "lean_final", "lean_possible", "shares_lean"]
 
 _CACHE_SIZE = 64
 _cache: collections.OrderedDict = collections.OrderedDict()
@@ -69,7 +69,7 @@ def lean_final():
     that Jacobian; the loop's whole float64 fit costs ~60 ms). Any other end, or a Gram
     matrix too ill-conditioned for :func:`.common.gram_covariance`, evaluates as before
     (the covariance then by the SVD route of that Jacobian), in a program of its own
-    compiled when first needed (:func:`_final_program`; under a trace, a ``lax.cond``
+    compiled when first needed (:func:`_final_programs`; under a trace, a ``lax.cond``
     around it)."""
     box: dict = {}
     token = _LEAN.set(box)
@@ -86,13 +86,41 @@ def _lean_applies(cfg: LoopConfig) -> bool:
             and isinstance(cfg.loss, str) and cfg.loss == "linear")
 
 
-def fused_solver(key, build):
-    """The compiled solver for ``key``, built by ``build()`` on a miss (least recently
-    used entries beyond :data:`_CACHE_SIZE` are dropped). Inside :func:`lean_final`
-    the key says so (a lean solver returns its covariance besides the result)."""
+def lean_possible(cfg: LoopConfig, pad) -> bool:
+    """Whether a fused solve is built lean inside :func:`lean_final` (the cache key's
+    last entry, :func:`fused_solver`'s ``lean_ok``)."""
+    return _lean_applies(cfg) and pad is None
+
+
+def shares_lean(cfg: LoopConfig, pad) -> bool:
+    """Whether an eager solve outside :func:`lean_final` runs the lean program and then
+    the final evaluation as a program of its own (:func:`fused_solver`'s ``share``):
+    large fits (``_NORMAL_EQ_MIN_M``), where compiling the whole solve a second time
+    costs ~1 s and the second dispatch nothing (below, a solve's ~1 ms would carry it)."""
+    return lean_possible(cfg, pad) and cfg.m >= _NORMAL_EQ_MIN_M
+
+
+def fused_solver(key, build, lean_ok: bool = True, share: bool = False):
+    """The compiled solver for ``key``, built by ``build(lean)`` on a miss (least
+    recently used entries beyond :data:`_CACHE_SIZE` are dropped). Inside
+    :func:`lean_final` the key says so when the solve can be lean (``lean_ok``:
+    :func:`lean_possible`; a lean solver returns its covariance besides the result): a
+    solve that cannot is built the same either way, so ``curve_fit`` with and without
+    ``full_output`` share its program instead of compiling it twice.
+
+    With ``share`` (:func:`shares_lean`) an eager call outside :func:`lean_final` also
+    runs the lean program, then the final evaluation at its ``x`` (``solver.full``,
+    a program of its own, as :func:`_final_programs`): the same ``fun``, ``jac``,
+    ``cost``, ``grad`` (the same operations on the same ``x``; bit for bit on the
+    issue-31 fits), and ``curve_fit(full_output=True)`` after ``curve_fit()`` (or the
+    other way round) compiles only that evaluation. A traced call keeps the whole
+    non-lean program (its ``cost``/``fun``/``jac`` differentiable in the data), as
+    does an eager call under a user's trace."""
     box = _LEAN.get()
-    key = (*key, box is not None)   # (appended: tests read the key by position)
-    solver = _cached(key, build)
+    if share and box is None:
+        return _shared(key, build)
+    key = (*key, box is not None and lean_ok)   # (appended: tests read the key by position)
+    solver = _cached(key, lambda: build(box is not None))
     if not getattr(solver, "lean", False):   # (built outside lean_final, or not lean)
         return solver
 
@@ -105,10 +133,27 @@ def fused_solver(key, build):
     return lean
 
 
+def _shared(key, build):
+    """:func:`fused_solver`'s ``share``: eagerly the lean program plus ``solver.full``
+    at its point; under any trace (a traced operand, or one the residual closes over:
+    :func:`.._tracing.is_eager`), the non-lean program as before."""
+    def full(*a):
+        if not is_eager(a):
+            return _cached((*key, False), lambda: build(False))(*a)
+        solver = _cached((*key, True), lambda: build(True))
+        res, _, _, x = solver(*a)
+        f, Js, g, cost = solver.full(x, a[1], a[5])
+        # (lean solves are unbounded: optimality as in the non-lean program's)
+        return replace(res, fun=f, jac=Js, cost=cost, grad=g,
+                       optimality=jnp.max(jnp.abs(g)))
+
+    return full
+
+
 def _lean_end(solver, res, cov, here, x, a):
     """A lean solve's result as it leaves: where the loop's model could not be used
     (``here`` false), cost, gradient, optimality and ``(J^T J)^+`` from the final
-    evaluation at ``x`` (:func:`_final_program`); eagerly only then, under a trace by
+    evaluation at ``x`` (:func:`_final_programs`); eagerly only then, under a trace by
     ``lax.cond``. ``a``: the solver's operands ``(x0, args, lb, ub, scale_inv0,
     f_scale, ...)``."""
     args, f_scale = a[1], a[5]
@@ -150,7 +195,8 @@ def _at_x0_only(run, cfg: LoopConfig, x0, ctx):
         rung_nfev=jnp.zeros_like(st.rung_nfev).at[top].set(1))
 
 
-def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder, pad=None):
+def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder, pad=None,
+                  lean_wanted: bool = False):
     rungs = cfg.rungs
     top_dt = rungs[-1]
     step_fn, gnorm_fn, delta0_fn = method_fns(cfg.method, cfg.m, cfg.tr)
@@ -161,7 +207,7 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder, pad=N
 
     run = build_loop(fun_flat, cfg, step_fn, gnorm_fn, delta0_fn)
     loss = cfg.loss
-    lean = _LEAN.get() is not None and _lean_applies(cfg) and pad is None
+    lean = lean_wanted and lean_possible(cfg, pad)
     top = len(rungs) - 1
 
     def cost_fn(x, args, f_scale):
@@ -248,7 +294,7 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder, pad=N
         hold at the returned point, i.e. the loop ended on the top rung at a point it
         evaluated there (its model finite, the first strategy of the portfolio: a
         restart's kept end is not where the model is) and the Gram route is accurate.
-        Where not, :func:`_lean_end` evaluates (:func:`_final_program`)."""
+        Where not, :func:`_lean_end` evaluates (:func:`_final_programs`)."""
         R = jax.lax.stop_gradient(st.R)
         fast, inv = gram_covariance(R.T @ R, cfg.m)
         here = st.ok & (st.rung == top) & fast & jnp.isfinite(st.cost)
@@ -265,14 +311,16 @@ def _build_solver(fun_flat, unravel, cfg: LoopConfig, throw: bool, ladder, pad=N
         return compiled(*a)
 
     lean_solve.lean, lean_solve.m = True, cfg.m
-    lean_solve.final = _final_program(fun_flat, cfg)
+    lean_solve.final, lean_solve.full = _final_programs(fun_flat, cfg)
     return lean_solve
 
 
-def _final_program(fun_flat, cfg: LoopConfig):
-    """``final(x, args, f_scale) -> (cost, g, (J^T J)^+)`` at ``x`` on the top rung: the
-    final evaluation and the SVD route's covariance of its Jacobian, for a lean solve
-    that could not reuse its loop's model (compiled on its first call).
+def _final_programs(fun_flat, cfg: LoopConfig):
+    """``(final, full)``: ``final(x, args, f_scale) -> (cost, g, (J^T J)^+)`` at ``x``
+    on the top rung: the final evaluation and the SVD route's covariance of its
+    Jacobian, for a lean solve that could not reuse its loop's model; ``full(x, args,
+    f_scale) -> (fun, jac, g, cost)``, the final evaluation of the non-lean program, for
+    :func:`fused_solver`'s ``share`` (each compiled on its first call).
 
     Not inside the lean solve's program (issue 31, branch i31cf3): there, behind a
     ``lax.cond`` that a fit almost never takes, its ``m x n`` Jacobian and that
@@ -288,4 +336,8 @@ def _final_program(fun_flat, cfg: LoopConfig):
         _, Js, g, cost = final_eval(fun_flat, cfg, x, args_top, f_scale)
         return cost, g, _covariance(Js, null_tol)[0]
 
-    return cpu_jit(final, optimise=cfg.m >= _NORMAL_EQ_MIN_M)
+    def full(x, args, f_scale):
+        return final_eval(fun_flat, cfg, x, cast_floating(args, top_dt), f_scale)
+
+    optimise = cfg.m >= _NORMAL_EQ_MIN_M
+    return cpu_jit(final, optimise=optimise), cpu_jit(full, optimise=optimise)

@@ -723,14 +723,27 @@ def _gauss_newton_step(R, qtf, scale_inv):
 
 
 def _se_steps(qtf, cost, m: int, n: int):
-    """The Gauss-Newton step's length in standard errors, ``||qtf|| / s`` with
-    ``s^2 = 2 cost / (m - n)`` (``||R dx|| = ||qtf||``; by Cauchy-Schwarz no parameter
-    moves by more than this many of its standard errors)."""
+    r"""The standard-error test's one quantity: the Gauss-Newton step's length in
+    standard errors, :math:`q = \|qtf\| / s` with :math:`s^2 = 2\,\mathrm{cost}/(m-n)`.
+
+    ``curve_fit``'s covariance is :math:`C = s^2 (J^\top J)^{-1} = s^2 (R^\top R)^{-1}`
+    and the step :math:`dx` solves :math:`R\,dx = -qtf` on ``R``'s range, so
+    :math:`\|R\,dx\| \le \|qtf\|`. For every parameter :math:`i`, by Cauchy-Schwarz
+    (:math:`e_i^\top dx = (R^{-\top} e_i)^\top (R\,dx)`, :math:`\|R^{-\top} e_i\| =
+    \sqrt{C_{ii}} / s`):
+
+    .. math:: |dx_i| \le \sqrt{C_{ii}}\, \|R\,dx\| / s \le q \sqrt{C_{ii}},
+
+    so ``q <= c`` says no parameter moves by more than ``c`` of its standard error
+    (:data:`SE_FRACTION`, :data:`SE_TAKEN`), and the ratio of two successive ``q`` is
+    Gauss-Newton's measured contraction (``advance``'s ``gn_rate``). ``cost = 0``
+    (``s = 0``) gives ``q = inf`` for a nonzero step (``s^2`` floored at ``tiny``);
+    callers test ``cost > 0`` besides."""
     s2 = 2.0 * cost / (m - n)
     return jnp.sqrt(jnp.sum(qtf * qtf) / jnp.maximum(s2, jnp.finfo(s2.dtype).tiny))
 
 
-def _one_eval_check(x, R, qtf, cost, scale_inv, ftol, xtol, m: int, n: int, rate=None):
+def _one_eval_check(x, R, qtf, cost, scale_inv, ftol, xtol, m: int, n: int, rate):
     r"""The top rung's verdict on a lower rung's converged point ``x`` from its model
     there (``R^T R = J^T J``, ``R^T qtf = J^T f``): ``(dx, code)``, the Gauss-Newton
     step and ``Status.FTOL``/``XTOL``/``FTOL_XTOL`` when it may be taken as the answer,
@@ -738,10 +751,11 @@ def _one_eval_check(x, R, qtf, cost, scale_inv, ftol, xtol, m: int, n: int, rate
 
     Accepted when (the batched engine's tests, :mod:`adaptprec.batch.verify`):
 
-    * the standard-error test: with :math:`s^2 = 2\,\mathrm{cost}/(m-n)` (``curve_fit``'s
-      covariance :math:`s^2 (J^\top J)^{-1}`), :math:`\|R\,dx\|^2 \le \|qtf\|^2 \le
-      c^2 s^2`, :math:`c` = :data:`SE_FRACTION`; by Cauchy-Schwarz every parameter's
-      step is then at most :math:`c` of its standard error (``FTOL``); or
+    * the standard-error test: the step's length in standard errors (:func:`_se_steps`:
+      :math:`q = \|qtf\| / s`, :math:`s^2 = 2\,\mathrm{cost}/(m-n)`, ``curve_fit``'s
+      covariance :math:`s^2 (J^\top J)^{-1}`) is :math:`q \le c`, :math:`c` =
+      :data:`SE_FRACTION`: no parameter then moves by more than :math:`c` of its
+      standard error (``FTOL``); or
     * the top rung's own tolerances: the step's available decrease
       :math:`\tfrac12 \|qtf\|^2 \le` ``ftol cost`` (``FTOL``), ``||D dx|| <= xtol
       (xtol + ||D x||)`` (``XTOL``).
@@ -756,10 +770,10 @@ def _one_eval_check(x, R, qtf, cost, scale_inv, ftol, xtol, m: int, n: int, rate
     """
     dx, pn = _gauss_newton_step(R, qtf, scale_inv)
     q2 = jnp.sum(qtf * qtf)
-    f_ok = (q2 <= SE_FRACTION ** 2 * 2.0 * cost / (m - n)) | (0.5 * q2 <= ftol * cost)
-    if rate is not None:
-        q = _se_steps(qtf, cost, m, n)
-        f_ok = f_ok | ((cost > 0) & (q <= SE_TAKEN) & (rate * q <= 0.1 * SE_FRACTION))
+    q = _se_steps(qtf, cost, m, n)
+    se_ok = (cost > 0) & ((q <= SE_FRACTION) | (
+        (q <= SE_TAKEN) & (rate * q <= 0.1 * SE_FRACTION)))
+    f_ok = se_ok | (0.5 * q2 <= ftol * cost)
     x_ok = pn <= xtol * (xtol + jnp.linalg.norm(x * scale_inv))
     finite = jnp.isfinite(q2) & jnp.all(jnp.isfinite(dx))
     code = jnp.where(f_ok & x_ok, Status.FTOL_XTOL, jnp.where(

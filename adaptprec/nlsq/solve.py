@@ -31,7 +31,7 @@ from . import _fused, _loop, _residual, _stream
 from ._buckets import bucket
 from ._dispatch import choose_driver
 from ._finite_diff import as_sparsity
-from ._fused import _build_solver, fused_solver
+from ._fused import _build_solver, fused_solver, lean_possible, shares_lean
 from ._host import host_solve
 from ._inputs import (METHODS, _broadcast_bounds, _check_finite_tree, as_bounds,
                       as_max_steps, as_scale_inv, as_x0, check_array_leaves,
@@ -425,8 +425,9 @@ def solve_nlsq(
            cfg._replace(loss=None, jac=None, schedule=None, callback=None),
            _hashable(callback), bool(throw),
            _sig(x0), _sig(args), str(x0_flat.dtype), pad)
-    solver = fused_solver(key, lambda: _build_solver(fun_flat, unravel, cfg, bool(throw),
-                                                     ladder, pad))
+    solver = fused_solver(key, lambda lean: _build_solver(fun_flat, unravel, cfg, bool(throw),
+                                                          ladder, pad, lean),
+                          lean_possible(cfg, pad), shares_lean(cfg, pad))
     res = solver(x0_flat.astype(top_dt), args,
                  *(_operand(v, top_dt) for v in (lb, ub, scale_inv0, f_scale, ftol, xtol,
                                                  gtol)))
