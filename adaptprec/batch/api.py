@@ -106,11 +106,27 @@ def _pad_batch(prob, size: int):
     """``x0`` and the batched args padded to ``size`` fits (NumPy, no compilation).
     Padded fits copy the last fit's data and start at NaN, so they are finished (status
     -3) before the first iteration and take no work; :func:`_unpad_batch` drops them."""
-    idx = np.minimum(np.arange(size), prob.size - 1)
-    x0 = np.take(np.asarray(prob.x0), idx, axis=0)
+    def padded(a):
+        a = np.asarray(a)
+        out = _aligned_empty((size,) + a.shape[1:], a.dtype)
+        out[:prob.size] = a
+        out[prob.size:] = a[-1]
+        return out
+
+    x0 = padded(prob.x0)
     x0[prob.size:] = np.nan
-    bargs = jax.tree.map(lambda a: np.take(np.asarray(a), idx, axis=0), prob.bargs)
-    return x0, bargs
+    return x0, jax.tree.map(padded, prob.bargs)
+
+
+def _aligned_empty(shape: tuple, dtype, align: int = 64) -> np.ndarray:
+    """``np.empty(shape, dtype)`` starting on an ``align``-byte boundary: such an array
+    goes on the CPU device without a copy (``jax.device_put`` aliases it; NumPy's own
+    large allocations start 16 bytes past a page, and were copied)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    buf = np.empty(nbytes + align, np.uint8)
+    start = -buf.ctypes.data % align
+    return buf[start:start + nbytes].view(dtype).reshape(shape)
 
 
 def _unpad_batch(result, size: int):
@@ -449,7 +465,11 @@ def solve_nlsq_batch(
                 and batch_bucket(size) != size
             x0b, bargs = prob.x0, prob.bargs
             if padded:
-                x0b, bargs = _pad_batch(prob, batch_bucket(size))
+                # on the device without a copy: the padded arrays are this call's own
+                # (nothing else holds or changes them), and jax.device_put aliases host
+                # memory on CPU where passing NumPy to the program copies it (4-12 ms of
+                # the 1e5-fit solve's data, in every precision; issue 31)
+                x0b, bargs = jax.device_put(_pad_batch(prob, batch_bucket(size)))
                 # (traced: every size of the bucket runs the same program)
                 result = solve(x0b, bargs, prob.sargs, np.int32(size))
             else:
