@@ -63,6 +63,7 @@ import jax
 import numpy as np
 
 from ._lapack_init import ensure_lapack
+from ._tracing import ThreadScoped
 
 __all__ = ["cache_dir", "compiled", "compiled_lowered", "on_disk", "prefetch",
            "prefetch_lowered", "held", "hold", "start_held", "signature", "load_meta", "store_meta", "stats", "clear_memory",
@@ -527,7 +528,7 @@ class _Pending:
         self.thread.start()
 
 
-_defer = threading.local()
+_defer = ThreadScoped(False)   # within held()
 _held: list = []    # pendings whose thread waits for a start (see held())
 _tasks: dict = {}   # key -> work put off (see hold())
 _exit_hook: list = []
@@ -548,12 +549,8 @@ def held():
     within the block are held: each starts when a :func:`compiled` or :func:`prefetch`
     of its program asks for it, at :func:`start_held`, or at process exit when the
     cache is on (then it is compiled and stored, for later processes)."""
-    prev = getattr(_defer, "on", False)
-    _defer.on = True
-    try:
+    with _defer.set(True):
         yield
-    finally:
-        _defer.on = prev
 
 
 def hold(key, task) -> None:
@@ -702,7 +699,7 @@ def prefetch(key: tuple, args: tuple, options: dict | None = None, jitted=None) 
     # ("terminate called after throwing ...", exit code 134: a warm-cache fit that ran on
     # the promoted program and never waited for the prefetched step programs).
     pending.thread = threading.Thread(target=run, name="adaptprec-prefetch", daemon=False)
-    if getattr(_defer, "on", False):   # within held(): started when asked for
+    if _defer.get():   # within held(): started when asked for
         with _lock:
             _held.append(pending)
         _exit_hook_registered()

@@ -56,6 +56,7 @@ import jax
 import numpy as np
 
 from .. import _disk_cache
+from .._tracing import ThreadScoped
 from ._compile import cpu_options, tuned_jit
 from ._pack import Packer
 
@@ -118,7 +119,7 @@ _checked: set = set()   # keys already looked for on disk
 _stats = {"promoted": 0, "first_solves": 0, "disk_loads": 0, "failures": 0,
           "compile_seconds": 0.0}
 _queue: queue.Queue = queue.Queue()
-_tls = threading.local()
+_box = ThreadScoped()   # the innermost capture() block's box
 #: entry points' fast plans (see :func:`capture`), keyed by the entry point; cleared
 #: with the promoted programs
 plans: collections.OrderedDict = collections.OrderedDict()
@@ -449,18 +450,14 @@ def capture(covariance: bool = False):
     next call with the same shapes and options. ``covariance``: a host-driver solve in
     the block computes ``(J^T J)^+`` in its final program (``box["cov"]``, NumPy)."""
     box: dict = {"want_cov": covariance}
-    prev = getattr(_tls, "box", None)
-    _tls.box = box
-    try:
+    with _box.set(box):
         yield box
-    finally:
-        _tls.box = prev
 
 
 def offer(**items) -> None:
     """Hand ``items`` (``fast=``, ``cov=``) to the innermost :func:`capture` block, if
     any."""
-    box = getattr(_tls, "box", None)
+    box = _box.get()
     if box is not None:
         box.update(items)
 
@@ -469,7 +466,7 @@ def withdraw(*names) -> None:
     """Take ``names`` (``"fast"``, ``"cov"``) back from the innermost :func:`capture`
     block: a solve after the one that offered them decided the answer (``starts="auto"``
     searched, so a repeat through the local fit's fast path would skip the search)."""
-    box = getattr(_tls, "box", None)
+    box = _box.get()
     if box is not None:
         for k in names:
             box.pop(k, None)
@@ -477,7 +474,7 @@ def withdraw(*names) -> None:
 
 def wants_covariance() -> bool:
     """Whether the innermost :func:`capture` block asked for the covariance."""
-    box = getattr(_tls, "box", None)
+    box = _box.get()
     return bool(box and box["want_cov"])
 
 

@@ -21,18 +21,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 
 import jax
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from .._status import Status
-from .._tracing import is_concrete
+from .._tracing import ThreadScoped, is_concrete
 
 __all__ = ["check_start", "first_nonfinite_op", "NonFiniteStartError", "quiet_starts"]
 
-_tls = threading.local()
+_quiet = ThreadScoped(False)   # within quiet_starts()
 
 
 @contextlib.contextmanager
@@ -40,12 +39,8 @@ def quiet_starts():
     """Inside this block a non-finite start returns its status instead of raising (the
     starts of ``starts="auto"``: a start where the model overflows is skipped, and the
     diagnosis, an op-by-op evaluation, is not worth its time there)."""
-    prev = getattr(_tls, "quiet", False)
-    _tls.quiet = True
-    try:
+    with _quiet.set(True):
         yield
-    finally:
-        _tls.quiet = prev
 
 _NONFINITE = (int(Status.NONFINITE_RESIDUAL), int(Status.NONFINITE_JACOBIAN))
 
@@ -155,7 +150,7 @@ def check_start(solve):
         res = solve(*pos, **kw)
         status = getattr(res, "status", None)
         if status is None or not is_concrete(status) or int(np.asarray(status)) \
-                not in _NONFINITE or getattr(_tls, "quiet", False):
+                not in _NONFINITE or _quiet.get():
             return res
         named = dict(zip(("residual", "x0", "args"), pos), **kw)
         residual, x0, args = named["residual"], named["x0"], named.get("args", ())
