@@ -183,7 +183,9 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
         cache."""
         dt = rungs[i]
         wt = _promote(dt)
-        merged = dt != top_dt and isinstance(loss, str) and loss == "linear"
+        # a lower rung with the linear loss: one Gram matrix per block, the model
+        # moved back from the rounded point
+        lower_linear = dt != top_dt and isinstance(loss, str) and loss == "linear"
 
         def br(x, args_all, f_scale):
             xr = x.astype(dt)
@@ -219,14 +221,14 @@ def build_loop(fun: Callable, cfg: LoopConfig, step_fn: Callable, gnorm_fn: Call
 
             init = (jnp.zeros((cfg.n, cfg.n), top_dt), jnp.zeros((cfg.n,), top_dt),
                     jnp.zeros((), top_dt))
-            if merged:
+            if lower_linear:
                 n = cfg.n
                 G, _ = rung_blocks[i].scan_rows(fun, xr, args_all[i], merged_block,
                                                 jnp.zeros((n + 1, n + 1), top_dt))
                 A, b, cost = G[:n, :n], G[:n, n], 0.5 * G[n, n]
             else:
                 (A, b, cost), _ = rung_blocks[i].scan_rows(fun, xr, args_all[i], block, init)
-            if dt != top_dt and isinstance(loss, str) and loss == "linear":
+            if lower_linear:
                 # (issue 31) the model moved from the rounded point xr back to x
                 # (f(x) ~ f(xr) + J (x - xr)): float32 holds a parameter only to 6e-8 of
                 # its size, at 1e6 points ~1e-3 of its standard error, and without this
