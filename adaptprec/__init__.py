@@ -45,27 +45,27 @@ from .loss_scale import (
 
 __version__ = "0.1.0"
 
-# --- one result vocabulary (issue 13) ---
+# --- one result vocabulary ---
 from ._status import Reason, Status, reason_name, status_message
 
-# --- nlsq (issue 4): imported eagerly (curve_fit is the scipy drop-in) ---
+# --- nlsq: imported eagerly (curve_fit is the scipy drop-in) ---
 from . import nlsq  # noqa: E402
 from .nlsq import NLSQResult, curve_fit, solve_nlsq  # noqa: E402
-from .nlsq import Chunks  # noqa: E402  (issue 18: streamed fits)
+from .nlsq import Chunks  # noqa: E402  (streamed fits)
 
-# --- everything else is imported on first use (issue 14: `import adaptprec` should cost
+# --- everything else is imported on first use (`import adaptprec` should cost
 # little more than `import jax`): ``ap.X`` resolves through ``__getattr__`` below. The
 # imports under TYPE_CHECKING are for type checkers and the docs (griffe reads them).
 _LAZY = {
-    # guards, runtime, schedule (issue 3)
+    # guards, runtime, schedule
     "guards": ".guards", "GuardResult": ".guards", "Report": ".report",
     "monitor": "._monitor", "MixedPrecisionManager": ".runtime", "adaptive": ".runtime",
     "schedule": ".schedule", "PrecisionSchedule": ".schedule", "iterate": ".schedule",
-    # linalg (issue 7)
+    # linalg
     "linalg": ".linalg",
-    # batched nlsq (issue 5)
+    # batched nlsq
     "BatchResult": ".batch", "solve_nlsq_batch": ".batch",
-    # autocast (issue 6): from the defining modules (``_autocast.explain`` is both a
+    # autocast: from the defining modules (``_autocast.explain`` is both a
     # module and a function of the package)
     **dict.fromkeys(("explain", "Explanation", "KindRow", "ScopeRow"),
                     "._autocast.explain"),
@@ -75,13 +75,13 @@ _LAZY = {
                      "PrecisionPolicy"), "._autocast.presets"),
     **dict.fromkeys(("ScopeMatch", "ScopeRules"), "._autocast.scopes"),
     **dict.fromkeys(("PRIMITIVE_KINDS", "OpKind", "classify"), "._opkind"),
-    # profiler and plots (issue 17)
+    # profiler and plots
     "Profile": "._profile", "ProfileRow": "._profile", "profile": "._profile",
     "FitTrace": "._plot", "plot_batch": "._plot", "plot_fit": "._plot",
-    # layered precision and training steps (issue 19)
+    # layered precision and training steps
     **dict.fromkeys(("MixedGrads", "SkipNonFiniteState", "StepInfo", "loss_scale_of",
                      "mixed_value_and_grad", "skip_nonfinite", "train_step"), "._training"),
-    # fit reports, intervals, bands, batch summaries (issue 33)
+    # fit reports, intervals, bands, batch summaries
     **dict.fromkeys(("fit", "FitResult"), ".analysis.result"),
     **dict.fromkeys(("Band", "fit_band"), ".analysis.bands"),
     **dict.fromkeys(("ProfileIntervals", "profile_intervals"), ".analysis.intervals"),
@@ -170,10 +170,10 @@ __all__ = [
     "profile", "Profile", "ProfileRow", "FitTrace", "plot_fit", "plot_batch",
     "KindRow", "ScopeRules",
     "ScopeMatch", "ScopeRow",
-    # training steps (issue 19)
+    # training steps
     "MixedGrads", "StepInfo", "SkipNonFiniteState", "mixed_value_and_grad",
     "skip_nonfinite", "train_step", "loss_scale_of",
-    # fit reports (issue 33)
+    # fit reports
     "fit", "FitResult", "profile_intervals", "ProfileIntervals", "fit_band", "Band",
     "summarize_batch", "BatchSummary",
 ]

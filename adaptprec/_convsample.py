@@ -1,4 +1,4 @@
-"""Convolution kernels and their sampled-outputs check (issue 31: checks cheaper than the
+"""Convolution kernels and their sampled-outputs check (checks cheaper than the
 work they verify).
 
 A kernel that is one convolution (``lax.conv_general_dilated``, any layout, strides,

@@ -179,7 +179,7 @@ def measure_many(fns, avals, repeats: int = 7, budget: float = 0.3,
     machine hits them alike, and each is priced relative to the last: ``min`` of the last
     program's times, times the *median* over rounds of ``t_i / t_last``. Ratios are what
     a plan compares; timed one after the other and by their minima, a plan flipped from
-    run to run on the loaded 2-core machine (issue 31). ``cache``: a dict reused across
+    run to run on the loaded 2-core machine. ``cache``: a dict reused across
     calls so a program timed again is compiled once.
     """
     import time

@@ -232,7 +232,7 @@ def _aval(a, names: dict):
 def signature(args) -> tuple:
     """The arguments' structure, shapes, canonical dtypes and weak types: the in-memory
     key of a program with the program's key (a repeat's lookups: ~1 us per leaf; this
-    replaced the host driver's own memo above it, issue 32), and in the disk key
+    replaced the host driver's own memo above it), and in the disk key
     (``repr``)."""
     from .precision import x64_enabled
 

@@ -101,7 +101,7 @@ def materialized(reduce: Callable, *xs):
 
 def nan_to_inf(x):
     """NaN entries as ``inf``, applied before a max that must see them: XLA:CPU's
-    vectorized max drops NaN on arrays of 4096 entries or more (issue 31), so a max of an
+    vectorized max drops NaN on arrays of 4096 entries or more, so a max of an
     error array would pass a NaN error there while failing it on a small array."""
     return jnp.where(jnp.isnan(x), jnp.inf, x)
 

@@ -65,7 +65,7 @@ KEEP = 0.9
 #: Seconds a tried lower rung adds to a call beyond its program and check, which the
 #: per-program timings do not see: the escalation's ``cond`` and finite check, and an
 #: eager call's escalation bookkeeping (~30-70 us here). Decides small kernels (a 0.65 ms
-#: MLP planned f32 + sampled rows measured 1.31x f64 per call, issue 31).
+#: MLP planned f32 + sampled rows measured 1.31x f64 per call).
 ATTEMPT_OVERHEAD = 5e-5
 
 
@@ -141,7 +141,7 @@ def _vote(first, limit, ck, c, next_total, direct):
     time when the two disagree; the majority decides. A burst of load on the shared
     machine made conv's float32 rung look as slow as float64 in one of several runs,
     and made the overflow kernel's float32 rung (which always escalates there: e^100)
-    look cheap in another (report 2.84x f64, issue 31). Returns ``(rung, check, how)``
+    look cheap in another (report 2.84x f64). Returns ``(rung, check, how)``
     seconds: the first timing's when it wins, else the median winning direct ratio
     times the plan above (split between rung and check as the first timing was)."""
     ratios = [first]
@@ -234,7 +234,7 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
         """A measured check cost over its budget, timed once more and the smaller kept
         (a burst of load only makes a program slower): the top rung's first-order bound
         measured ~15% of the rung in three of four plans of the same MLP and over the
-        budget in the fourth, and the plan then checked less (issue 31). Only within
+        budget in the fourth, and the plan then checked less. Only within
         ``RETIME_WITHIN`` of the budget: further off is no burst, and each timing
         compiles the check again."""
         if not measured or method == "mca" or c is None:

@@ -162,7 +162,7 @@ def plot_fit(fit: Any, model: Callable | None = None, xdata=None, ydata=None, *,
         return plot_batch(fit)
     from .analysis.result import FitResult
 
-    if isinstance(fit, FitResult) and model is None:  # issue 33: drawn with its bands
+    if isinstance(fit, FitResult) and model is None:  # drawn with its bands
         return plot_fit_result(fit, trace=trace)
     params, result = _unpack_fit(fit)
     have_data = model is not None and xdata is not None and ydata is not None

@@ -412,7 +412,7 @@ class _Args:
 
 def _checked(fn: Callable) -> Callable:
     """``fn`` whose output is checked to be arrays: an error names ``fn``, not this
-    module's wrapper lambdas (issue 34, bug 2)."""
+    module's wrapper lambdas."""
     @functools.wraps(fn)
     def checked(*args):
         return returns_arrays(fn, fn(*args), "profiled function")

@@ -1,4 +1,4 @@
-"""Row-separable kernels and their sampled-rows check (issue 31: checks cheaper than the
+"""Row-separable kernels and their sampled-rows check (checks cheaper than the
 work they verify).
 
 A kernel is *row-separable* in some of its array inputs (the "row inputs", all with the

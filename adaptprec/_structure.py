@@ -1,4 +1,4 @@
-"""The structure of one kernel on one set of input shapes, traced once (issue 31).
+"""The structure of one kernel on one set of input shapes, traced once.
 
 The plan (:func:`adaptprec._plan.choose_plan`, through the runtime) asks of a kernel
 whether it is entrywise, row-separable or one convolution; the sampled checks of the

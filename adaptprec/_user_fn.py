@@ -3,7 +3,7 @@
 Entry points call the user's function inside their own wrappers (``lambda x, a:
 residual(unravel(x), *a)``), so when it returns something that is not an array JAX's
 error names the wrapper: "function <lambda> at .../nlsq/solve.py:237 traced for jit
-returned a value of type <class 'str'>" (issue 34, bug 2). :func:`returns_arrays` checks
+returned a value of type <class 'str'>". :func:`returns_arrays` checks
 the output's Python types where the entry point gets it (it reads no values, so it works
 inside ``jit``/``vmap``/``grad`` traces) and raises a ``TypeError`` that names the user's
 function, where it is defined, what it returned, and the fix.

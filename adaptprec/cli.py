@@ -97,11 +97,11 @@ def profile(target: str, configs: list[str], plot: str | None, repeats: int,
     try:
         if plot:
             # before minutes of profiling, and as one error line, not a traceback after
-            # the table (issue 34, bug 3)
+            # the table
             _require_matplotlib()
         fn, args = _load(target)
         # the table and plot name the profiled kernel, and where it came from (not the
-        # setup function alone: issue 34, bug 5)
+        # setup function alone)
         kernel = getattr(fn, "__name__", None) or type(fn).__name__
         prof = run_profile(fn, *args, configs=configs, repeats=repeats,
                            name=f"{kernel} (from {target})")

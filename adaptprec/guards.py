@@ -334,8 +334,8 @@ class _Finite(Guard):
                 jnp.finfo(c.dtype).maxexp >= jnp.finfo(r.dtype).maxexp
                 for r, c in zip(raw_leaves, cast_leaves)):
             # a cast to an equal or wider range keeps finite values finite and non-finite
-            # ones non-finite: one pass over the rung's own output is enough (issue 31;
-            # in its dtype: fewer bytes, and the runtime casts only the accepted output)
+            # ones non-finite: one pass over the rung's own output is enough,
+            # in its dtype (fewer bytes, and the runtime casts only the accepted output)
             return finite_values(ctx.out)
         cast = finite_values(tuple(ctx.cast_out))
         raw = finite_values(ctx.out)
@@ -364,7 +364,7 @@ def finite_values(values: Any) -> GuardResult:
 
     if sum(x.size for x in leaves) <= _FINITE_SMALL:
         # a few entries (a scalar cost, a small output): counted directly, no ``cond``
-        # (two conditionals were ~10-20 us of a 0.7 ms kernel's report, issue 31)
+        # (two conditionals were ~10-20 us of a 0.7 ms kernel's report)
         bad = count(leaves)
         return GuardResult.make(bad == 0, NONFINITE, bad)
     # one exact pass per leaf (_all_finite); the count runs only on failure
@@ -393,7 +393,7 @@ def _all_finite(x) -> jax.Array:
     infinite (``inf + -inf`` is NaN); finite entries cannot overflow it.
 
     Not ``isfinite(max|x|)``: XLA:CPU's vectorized max drops NaN on arrays of 4096
-    entries or more (it returned 1.0 for ones with one NaN: issue 31), so that check
+    entries or more (it returned 1.0 for ones with one NaN), so that check
     passed NaN outputs. The sum is a matrix-vector product by a constant when the size
     allows (XLA:CPU runs it on every core: ~0.25x of a light float64 kernel on 2^20
     entries, against ~0.7x for a plain sum or max), else a plain sum. Call it on a
@@ -457,7 +457,7 @@ class _Headroom(Guard):
     def check(self, ctx):
         big = max_value(ctx.dtype)
         ratio = jnp.float32(0)
-        from ._first_order import nan_max_abs    # a NaN must fail the guard (issue 31)
+        from ._first_order import nan_max_abs    # a NaN must fail the guard
         for x in _float_leaves(ctx.out):
             m = nan_max_abs(x.astype(_wide(x.dtype))) if x.size else 0.0
             # 1/max is subnormal for bf16/f32/f64 and XLA:CPU flushes it to zero; it also
@@ -717,7 +717,7 @@ class _BackwardError(Guard):
         wide = _wide(jnp.result_type(a, b, x, ctx.dtype))
         a, b, x = a.astype(wide), b.astype(wide), x.astype(wide)
         r = b - jnp.matmul(a, x, precision=jax.lax.Precision.HIGHEST)
-        from ._first_order import nan_max_abs    # a NaN must fail the guard (issue 31)
+        from ._first_order import nan_max_abs    # a NaN must fail the guard
         a_norm = nan_max_abs(jnp.sum(jnp.abs(a), axis=1))
         eta = nan_max_abs(r) / (a_norm * nan_max_abs(x) + nan_max_abs(b))
         eta = jnp.where(jnp.isnan(eta), jnp.inf, eta)
@@ -794,7 +794,7 @@ def _check_rtol(rtol, who):
 
 def _leaf_error(y0, ys, componentwise: bool):
     """Max over samples of the normwise (or componentwise) relative distance to ``y0``."""
-    from ._first_order import nan_to_inf    # a max drops NaN on XLA:CPU (issue 31)
+    from ._first_order import nan_to_inf    # a max drops NaN on XLA:CPU
     w = _wide(jnp.promote_types(y0.dtype, ys[0].dtype))
     a = y0.astype(w)
     d = jnp.max(jnp.stack([nan_to_inf(jnp.abs(y.astype(w) - a)) for y in ys]), axis=0)
@@ -1038,7 +1038,7 @@ def output_error(mine, ref) -> jax.Array:
         >>> float(output_error([jnp.array([1.0, 2.0])], [jnp.array([1.0, 2.2])]))  # doctest: +ELLIPSIS
         0.0909...
     """
-    from ._first_order import nan_to_inf    # a max drops NaN on XLA:CPU (issue 31)
+    from ._first_order import nan_to_inf    # a max drops NaN on XLA:CPU
     err = jnp.float32(0)
     for a, b in zip(mine, ref):
         a, b = jnp.asarray(a), jnp.asarray(b)

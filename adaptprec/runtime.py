@@ -325,7 +325,7 @@ class MixedPrecisionManager:
         """``call(fn, *args)`` for positional concrete arrays whose program is settled
         (see ``_dispatch``), else ``None``: an eager plain call's Python overhead (~30
         us of pytree flattening, cache keys and escalation bookkeeping) is the 1.1-1.3x
-        of a 0.3 ms kernel (issue 31)."""
+        of a 0.3 ms kernel."""
         if not self._fast:
             return None
         try:
@@ -670,7 +670,7 @@ class _Program:
         # a rung's outputs travel raw (in its dtype) and are cast to the output dtype
         # inside the branch that accepts them: a cond returning an operand copies it,
         # while a cast computed in the branch writes the result in place (conv 8x64x64x32
-        # f32 rung: the copy of its f64 output was ~0.2 of plain f64, issue 31)
+        # f32 rung: the copy of its f64 output was ~0.2 of plain f64)
         rec = self.fresh(tried[0], self.attempt(tried[0], *dyn, raw=True))
 
         def accept(rec):

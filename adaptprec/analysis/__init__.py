@@ -1,5 +1,5 @@
 """Fit analysis: reports, intervals, bands and diagnostics for ``curve_fit`` and
-``solve_nlsq_batch`` results (issue 33).
+``solve_nlsq_batch`` results.
 
 A layer below ``nlsq`` and ``batch``: it uses their public APIs and nothing there imports
 it. One concept per module: :mod:`.result` (``fit``, ``FitResult``), :mod:`.intervals`

@@ -35,7 +35,7 @@ __all__ = ["Panels", "make_panels", "panel_solve", "BLOCK", "MIN_N"]
 #: block size of the panels (rows); the diagonal blocks go to LAPACK xTRSM, whose cost with
 #: one right-hand side grows with the square of the block (it packs the triangle on every
 #: call): at n = 2048, 128 rows take ~0.6 ms of triangular solves per solve pair against
-#: ~1.2 ms for 256, with the same bytes of GEMV (issue 31, benchmarks/RESULTS.md)
+#: ~1.2 ms for 256, with the same bytes of GEMV (benchmarks/RESULTS.md)
 BLOCK = 128
 #: smallest n for the panel solves (measured gain from n = 512 on; see solve._use_panels)
 MIN_N = 512
@@ -69,7 +69,7 @@ def _materialised(x):
     solve of ``x_0`` (outside the refinement loop, its dots on a bitcast view) and the loop
     state each got their own copy of all panels, a second 14 MB cut of the factor at
     n = 2048 (and its page faults) on every call. A select is not duplicated
-    (issue 31; see benchmarks/RESULTS.md)."""
+    (see benchmarks/RESULTS.md)."""
     return jnp.where(jnp.isnan(x), jnp.nan, x)
 
 

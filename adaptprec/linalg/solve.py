@@ -358,7 +358,7 @@ def _low_one(lu, perm, scale, r, w, trans_m):
 
 def _colnorm(x):
     """inf-norm of every column of a batch ``(m, n, k)`` -> ``(m, k)``; a NaN entry gives
-    ``inf`` (a plain max drops it from 4096 entries on under XLA:CPU: issue 31), so
+    ``inf`` (a plain max drops it from 4096 entries on under XLA:CPU), so
     :func:`backward_error` and :func:`relative_residual` see a NaN ``x`` or residual."""
     return nan_max_abs(x, axis=1)
 
