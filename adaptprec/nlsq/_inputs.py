@@ -1,14 +1,12 @@
-"""scipy-style input normalisation and validation for the least-squares entry points.
+"""The boundary of the least-squares entry points: scipy's input rules, and
+:func:`prepare`, which turns ``solve_nlsq``'s arguments into a validated
+:class:`Problem` before anything is traced.
 
-``solve_nlsq`` and ``curve_fit`` call these at the top, before anything is traced. They
-follow scipy's ``least_squares``/``curve_fit`` wherever scipy defines the behaviour:
-lenient where scipy is lenient (a scalar or list ``x0``, ``scipy.optimize.Bounds``,
-``None`` tolerances, a ``jac`` returning a 1-D array for one parameter, pandas Series or
-any array-like as data), an error of scipy's type where scipy errors (complex ``x0``, a
-size-1 bound array for several parameters, all tolerances below machine epsilon, the huber
-loss with ``"lm"``, a Jacobian of the wrong shape), and an error naming the alternative for
-every scipy option adaptprec does not offer. The differences that remain are listed in
-``docs/scipy.md``.
+scipy's ``least_squares``/``curve_fit`` define the behaviour wherever they can: lenient
+where scipy is lenient (a scalar or list ``x0``, ``scipy.optimize.Bounds``, ``None``
+tolerances, a 1-D Jacobian for one parameter, any array-like data), an error of scipy's
+type where scipy errors, and an error naming the alternative for every scipy option
+adaptprec does not offer. The differences that remain are listed in ``docs/scipy.md``.
 
 Example:
     >>> from adaptprec.nlsq._inputs import as_x0, check_tolerances
@@ -18,39 +16,42 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import numbers
 import warnings
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from jax.flatten_util import ravel_pytree
 
 from .._tracing import is_concrete
+from ..precision import Ladder, canonical_dtype, is_adaptive, unit_roundoff, x64_enabled
 
-__all__ = ["OptionNotOffered", "as_x0", "as_bounds", "check_tolerances", "check_max_nfev",
-           "initialize_feasible", "as_data", "FD_METHODS", "check_jac_option",
-           "normalize_jac_output", "check_jac_shape", "check_unsupported", "leastsq_kwargs",
-           "default_x_scale", "lists_as_arrays", "check_array_leaves", "METHODS",
-           "check_scipy_options"]
+__all__ = ["OptionNotOffered", "Problem", "prepare", "as_x0", "as_bounds", "broadcast_bounds",
+           "check_tolerances", "check_max_nfev", "lists_as_arrays", "check_array_leaves",
+           "check_finite_tree", "all_finite", "check_jac_option", "check_jac_shape",
+           "normalize_jac_output", "resolve_ladder", "METHODS", "FD_METHODS",
+           "SMALL_F64_MN"]
 
 EPS = float(np.finfo(np.float64).eps)
-#: finite-difference schemes (scipy's names); see :mod:`._finite_diff`.
+#: finite-difference schemes (scipy's names; :mod:`._finite_diff`) and autodiff modes
 FD_METHODS = ("2-point", "3-point", "cs")
-#: autodiff schemes (adaptprec's own).
 AD_METHODS = ("fwd", "rev")
-#: the trust-region methods (scipy's three and Gauss-Newton).
+#: the trust-region methods (scipy's three and Gauss-Newton)
 METHODS = ("lm", "gn", "trf", "dogbox")
+#: ``precision="adaptive"`` runs float64 alone on CPU below this many ``m n``: a float32
+#: rung saves nothing where a step costs dispatch and small dense algebra rather than
+#: memory traffic, and it costs a second rung's compilation (docs/nlsq.md, "Precision").
+SMALL_F64_MN = 32768
+#: ``linear_solver="auto"`` takes the normal equations from this many residuals on: the
+#: QR of a tall ``m x (n+1)`` matrix dominates the step there
+NORMAL_EQ_MIN_M = 4096
 
 
 class OptionNotOffered(ValueError, NotImplementedError):
-    """A scipy option adaptprec does not offer (a ``ValueError``, as scipy raises for
-    option combinations it rejects, and a ``NotImplementedError``); the message names the
-    alternative."""
+    """A scipy option adaptprec does not offer; the message names the alternative."""
 
 
 def _is_number_like(leaf) -> bool:
@@ -60,8 +61,7 @@ def _is_number_like(leaf) -> bool:
 
 def as_x0(x0):
     """``x0`` as scipy reads it: a scalar, list or tuple of numbers becomes a 1-D float
-    array; a complex or non-numeric ``x0`` raises ``ValueError``; arrays and pytrees of
-    arrays pass through (float casts of integer leaves happen in ``solve_nlsq``).
+    array; complex or non-numeric raises ``ValueError``; arrays and pytrees pass through.
 
     Example:
         >>> from adaptprec.nlsq._inputs import as_x0
@@ -92,8 +92,7 @@ def as_x0(x0):
     for leaf in jax.tree.leaves(x0):
         dt = getattr(leaf, "dtype", None)
         if dt is None:
-            leaf = np.asarray(leaf)
-            dt = leaf.dtype
+            dt = np.asarray(leaf).dtype
         if np.dtype(dt).kind == "c":
             raise ValueError("`x0` must be real. Split a complex parameter into its real "
                              "and imaginary parts (two real parameters).")
@@ -102,25 +101,9 @@ def as_x0(x0):
     return x0
 
 
-def _bound_leaf_ok(b, n: int, name: str):
-    """scipy's shape rule: a bound is a scalar or has one entry per parameter."""
-    if isinstance(b, (dict,)) or (isinstance(b, (list, tuple)) and not all(
-            _is_number_like(v) for v in jax.tree.leaves(b))):
-        return  # a pytree of bounds, checked when flattened
-    if not is_concrete(b):
-        return
-    a = np.asarray(b)
-    if np.iscomplexobj(a):
-        raise ValueError(f"the {name} bound must be real.")
-    if a.ndim and a.size != n:
-        raise ValueError(f"Inconsistent shapes between bounds and `x0`: the {name} bound "
-                         f"has shape {a.shape}, x0 has {n} parameter(s). Give a scalar "
-                         f"(the same bound for every parameter) or {n} values.")
-
-
 def as_bounds(bounds, n: int):
-    """``bounds`` as a pair ``(lb, ub)``: a ``scipy.optimize.Bounds`` (or anything with
-    ``lb``/``ub``) is unpacked; each bound must be a scalar or have ``n`` entries.
+    """``bounds`` as ``(lb, ub)``: a ``scipy.optimize.Bounds`` (anything with ``lb``/``ub``)
+    is unpacked; each bound is a scalar or has ``n`` entries (scipy's shape rule).
 
     Example:
         >>> from scipy.optimize import Bounds
@@ -132,23 +115,67 @@ def as_bounds(bounds, n: int):
     if hasattr(bounds, "lb") and hasattr(bounds, "ub") and not isinstance(
             bounds, (tuple, list)):
         lb, ub = bounds.lb, bounds.ub
-        if np.ndim(lb) == 0:
-            lb = np.full(n, float(lb))
-        if np.ndim(ub) == 0:
-            ub = np.full(n, float(ub))
+        lb = np.full(n, float(lb)) if np.ndim(lb) == 0 else lb
+        ub = np.full(n, float(ub)) if np.ndim(ub) == 0 else ub
         bounds = (lb, ub)
     if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
         raise ValueError("`bounds` must contain 2 elements: (lb, ub) or a "
                          "scipy.optimize.Bounds.")
     for b, name in zip(bounds, ("lower", "upper")):
-        _bound_leaf_ok(b, n, name)
+        if isinstance(b, dict) or (isinstance(b, (list, tuple)) and not all(
+                _is_number_like(v) for v in jax.tree.leaves(b))) or not is_concrete(b):
+            continue   # a pytree of bounds (checked flattened), or traced
+        a = np.asarray(b)
+        if np.iscomplexobj(a):
+            raise ValueError(f"the {name} bound must be real.")
+        if a.ndim and a.size != n:
+            raise ValueError(f"Inconsistent shapes between bounds and `x0`: the {name} "
+                             f"bound has shape {a.shape}, x0 has {n} parameter(s). Give a "
+                             f"scalar (the same bound for every parameter) or {n} values.")
     return tuple(bounds)
+
+
+def broadcast_bounds(bounds, n: int, dtype):
+    """``(lb, ub)`` as ``(n,)`` arrays: validated NumPy when concrete (no NaN, ``lb <
+    ub``), ``jnp`` when traced (bounds under ``jit``/``vmap`` cannot be checked)."""
+    if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
+        raise ValueError(f"bounds must be a pair (lb, ub), got {bounds!r}")
+    if not is_concrete(bounds):
+        out = []
+        for b in bounds:
+            b = jnp.asarray(ravel_pytree(b)[0] if isinstance(b, (dict, list, tuple)) else b,
+                            dtype)
+            try:
+                out.append(jnp.broadcast_to(b.ravel() if b.ndim else b, (n,)))
+            except ValueError as exc:
+                raise ValueError(f"a bound of shape {b.shape} does not broadcast to the "
+                                 f"{n} parameters") from exc
+        return tuple(out)
+    out = []
+    for b, name in zip(bounds, ("lower", "upper")):
+        try:
+            if isinstance(b, (dict, list, tuple)):   # ravel_pytree's order, in NumPy
+                b = np.concatenate([np.ravel(np.asarray(v, np.float64))
+                                    for v in jax.tree.leaves(b)] or [np.zeros(0)])
+            arr = np.asarray(b, dtype=np.float64)
+            arr = np.broadcast_to(arr.ravel() if arr.ndim else arr, (n,)).copy()
+        except Exception as exc:  # noqa: BLE001 - re-raised with context
+            raise ValueError(f"{name} bound of shape {np.shape(b)} does not broadcast to "
+                             f"the {n} parameters") from exc
+        out.append(arr)
+    lb, ub = out
+    if np.any(np.isnan(lb)) or np.any(np.isnan(ub)):
+        raise ValueError("bounds contain NaN; use -inf/inf for no bound")
+    if np.any(lb >= ub):
+        i = int(np.argmax(lb >= ub))
+        raise ValueError(f"each lower bound must be strictly less than its upper bound; "
+                         f"parameter {i} has lb={lb[i]} >= ub={ub[i]}")
+    return lb, ub
 
 
 def check_tolerances(ftol, xtol, gtol, method):
     """scipy's ``check_tolerance``: ``None`` disables a test (0), a tolerance below
-    machine epsilon warns, all three below it raise ``ValueError`` (any below it for
-    ``method="lm"``, as scipy).
+    machine epsilon warns, all three below it raise (any, for ``"lm"``).
 
     Example:
         >>> from adaptprec.nlsq._inputs import check_tolerances
@@ -172,9 +199,8 @@ def check_tolerances(ftol, xtol, gtol, method):
         if tol < EPS:
             warnings.warn(f"Setting `{name}` below the machine epsilon ({EPS:.2e}) "
                           "effectively disables the corresponding termination condition.",
-                          UserWarning, stacklevel=4)
+                          UserWarning, stacklevel=5)
         out.append(tol)
-    ftol, xtol, gtol = out
     if method == "lm" and min(out) < EPS:
         raise ValueError(f"All tolerances must be higher than machine epsilon ({EPS:.2e}) "
                          "for method 'lm'. Use method='trf' to disable a test with None.")
@@ -182,11 +208,11 @@ def check_tolerances(ftol, xtol, gtol, method):
         raise ValueError(f"At least one of the tolerances must be higher than machine "
                          f"epsilon ({EPS:.2e}); otherwise the solve could never stop on "
                          "convergence.")
-    return ftol, xtol, gtol
+    return tuple(out)
 
 
-def check_max_nfev(max_nfev):
-    """``max_nfev``: ``None`` (no evaluation cap) or a positive integer.
+def check_max_nfev(max_nfev) -> int:
+    """``max_nfev``: ``None`` (0: no cap) or a positive integer.
 
     Example:
         >>> from adaptprec.nlsq._inputs import check_max_nfev
@@ -197,28 +223,15 @@ def check_max_nfev(max_nfev):
         return 0
     if isinstance(max_nfev, bool) or not isinstance(max_nfev, (numbers.Integral,
                                                                np.integer)) and not (
-            isinstance(max_nfev, float) and float(max_nfev).is_integer()):
-        raise ValueError(f"`max_nfev` must be None or positive integer, got {max_nfev!r}")
-    if int(max_nfev) <= 0:
+            isinstance(max_nfev, float) and float(max_nfev).is_integer()) \
+            or int(max_nfev) <= 0:
         raise ValueError(f"`max_nfev` must be None or positive integer, got {max_nfev!r}")
     return int(max_nfev)
 
 
-def default_x_scale(method: str):
-    """scipy's default ``x_scale`` for a resolved ``method``: ``"jac"`` for ``lm`` (and
-    ``gn``), ``1.0`` for ``trf`` and ``dogbox``.
-
-    Example:
-        >>> from adaptprec.nlsq._inputs import default_x_scale
-        >>> default_x_scale("lm"), default_x_scale("trf")
-        ('jac', 1.0)
-    """
-    return "jac" if method in ("lm", "gn") else 1.0
-
-
-def as_scale_inv(x_scale, n: int):
-    """``1 / x_scale`` as a float64 vector of length ``n`` (ones for ``"jac"``, whose
-    scaling is taken from the Jacobian as it goes); scipy's errors for anything else."""
+def _scale_inv(x_scale, n: int):
+    """``1 / x_scale`` as a float64 vector (ones for ``"jac"``, whose scaling the solver
+    takes from the Jacobian); scipy's errors otherwise."""
     if isinstance(x_scale, str):
         if x_scale != "jac":
             raise ValueError(f"x_scale must be 'jac' or an array, got {x_scale!r}")
@@ -236,51 +249,14 @@ def as_scale_inv(x_scale, n: int):
     return 1.0 / xs
 
 
-def as_max_steps(max_steps, n: int) -> int:
-    """The iteration cap: ``100 (n + 1)`` by default (:func:`.common.default_max_steps`)."""
-    from .common import default_max_steps
-
-    if max_steps is None:
-        return default_max_steps(n)
-    if int(max_steps) < 1:
-        raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
-    return int(max_steps)
-
-
-def initialize_feasible(lb, ub):
-    """scipy's feasible start for ``curve_fit`` without ``p0``: the midpoint of finite
-    bounds, ``lb + 1`` / ``ub - 1`` for one-sided bounds, 1 otherwise.
-
-    Example:
-        >>> import numpy as np
-        >>> from adaptprec.nlsq._inputs import initialize_feasible
-        >>> initialize_feasible(np.array([0.0, 2.0, -np.inf]),
-        ...                     np.array([4.0, np.inf, 0.5])).tolist()
-        [2.0, 3.0, -0.5]
-    """
-    lb = np.asarray(lb, float)
-    ub = np.asarray(ub, float)
-    p0 = np.ones_like(lb)
-    lf, uf = np.isfinite(lb), np.isfinite(ub)
-    both = lf & uf
-    p0[both] = 0.5 * (lb[both] + ub[both])
-    p0[lf & ~uf] = lb[lf & ~uf] + 1
-    p0[~lf & uf] = ub[~lf & uf] - 1
-    return p0
-
-
 def lists_as_arrays(args):
-    """Top-level ``args`` that are (nested) lists of numbers, as NumPy arrays: scipy passes
-    ``args`` as they are and NumPy arithmetic takes a list of numbers as an array, but to
-    JAX a list is a pytree, and the residual got a Python list of scalars
-    (``tracer - list``: newcomer audit).
+    """Top-level ``args`` that are lists of numbers as NumPy arrays (to JAX a list is a
+    pytree: the residual would get a Python list of scalars).
 
     Example:
-        >>> import numpy as np
         >>> from adaptprec.nlsq._inputs import lists_as_arrays
-        >>> x, ys = lists_as_arrays(([1.0, 2.0], [np.ones(2)]))
-        >>> type(x).__name__, type(ys).__name__
-        ('ndarray', 'list')
+        >>> [type(a).__name__ for a in lists_as_arrays(([1.0, 2.0], 3.0))]
+        ['ndarray', 'float']
     """
     if not isinstance(args, tuple):
         return args
@@ -289,13 +265,11 @@ def lists_as_arrays(args):
 
 
 def check_array_leaves(args) -> None:
-    """``args`` reach the residual through ``jit``: every leaf must be an array or a
-    number (scipy's ``least_squares`` passes anything; a str there failed inside JAX with
-    "Error interpreting argument ... as an abstract array": newcomer audit).
+    """Every leaf of ``args`` must be an array or a number: they reach the residual
+    through ``jit``.
 
     Example:
         >>> from adaptprec.nlsq._inputs import check_array_leaves
-        >>> check_array_leaves(([1.0], 2))
         >>> try:
         ...     check_array_leaves((1.0, "fast"))
         ... except TypeError as e:
@@ -303,7 +277,6 @@ def check_array_leaves(args) -> None:
         'args[1] is a str, not '
     """
     for path, leaf in jax.tree_util.tree_flatten_with_path(args)[0]:
-        # (tracers are jax.Array instances too)
         if isinstance(leaf, (jax.Array, np.ndarray, np.generic, bool, int, float, complex)) \
                 or hasattr(leaf, "__jax_array__"):
             continue
@@ -320,49 +293,49 @@ def check_array_leaves(args) -> None:
             "args=(x, y)).")
 
 
-def as_data(x, name: str, dtype=float):
-    """Data (``xdata``/``ydata``/``sigma``) as arrays: JAX arrays and tracers pass through,
-    pytrees (dicts) pass through, and lists, tuples, NumPy arrays and any array-like
-    (pandas Series, xarray DataArray, memoryview) become NumPy arrays of ``dtype``.
+def all_finite(a) -> bool:
+    """Whether every entry of ``a`` is finite: one pass (a finite sum means every term
+    is), entry by entry only when the sum is not finite.
 
     Example:
-        >>> from adaptprec.nlsq._inputs import as_data
-        >>> as_data(memoryview(bytearray(b"\\x01\\x02")), "xdata").tolist()
-        [1.0, 2.0]
+        >>> import numpy as np
+        >>> from adaptprec.nlsq._inputs import all_finite
+        >>> all_finite(np.ones(3)), all_finite(np.array([1.0, np.nan])), \
+all_finite(np.array([1e308, 1e308]))
+        (True, False, True)
     """
-    if x is None or isinstance(x, (jax.Array, dict)) or not is_concrete(x):
-        return x
-    if isinstance(x, (str, bytes)):
-        raise ValueError(f"{name} must be numbers, got a string")
-    if isinstance(x, (list, tuple, np.ndarray, memoryview, numbers.Number, np.generic)) \
-            or hasattr(x, "__array__") or hasattr(x, "__array_interface__"):
-        try:
-            a = np.asarray(x)
-        except Exception as exc:  # noqa: BLE001 - re-raised with context
-            raise ValueError(f"{name} could not be read as an array: {exc}") from exc
-        if a.dtype.kind in "USO":
-            raise ValueError(f"{name} must be numbers, got dtype {a.dtype}")
-        if a.dtype.kind == "c":
-            return a
-        if dtype is not None and a.dtype.kind in "biuf":
-            a = a.astype(dtype) if a.dtype.kind != "f" else a
-        return a
-    return x
+    a = np.asarray(a)
+    if not np.issubdtype(a.dtype, np.inexact):
+        return True
+    with np.errstate(over="ignore", invalid="ignore"):
+        if a.dtype.kind in "fc" and np.isfinite(np.add.reduce(a, axis=None)):
+            return True
+    return bool(np.all(np.isfinite(a)))
+
+
+def check_finite_tree(tree, what: str, fix: str = "clean the data first (curve_fit can "
+                      "drop NaN points with nan_policy='omit')", skip=()) -> None:
+    """Raise ``ValueError`` when a concrete leaf of ``tree`` is not finite (``skip``:
+    arrays the caller has checked already, by identity)."""
+    if not is_concrete(tree):
+        return
+    for leaf in jax.tree.leaves(tree):
+        if any(leaf is c for c in skip) or all_finite(leaf):
+            continue
+        a = np.asarray(leaf)
+        raise ValueError(f"{what} contains NaN or Inf ({int(np.sum(~np.isfinite(a)))} "
+                         f"non-finite value(s)); {fix}.")
 
 
 def check_jac_option(jac, *, allow_none: bool = False):
-    """``jac``: an autodiff scheme (``"fwd"``/``"rev"``), a finite-difference scheme
-    (``"2-point"``, ``"3-point"``, ``"cs"``) or a callable; anything else raises
-    ``ValueError`` naming the choices.
+    """``jac``: ``"fwd"``/``"rev"``, ``"2-point"``/``"3-point"``/``"cs"`` or a callable.
 
     Example:
         >>> from adaptprec.nlsq._inputs import check_jac_option
         >>> check_jac_option("3-point")
         '3-point'
     """
-    if jac is None and allow_none:
-        return jac
-    if callable(jac):
+    if (jac is None and allow_none) or callable(jac):
         return jac
     if isinstance(jac, str) and (jac in AD_METHODS or jac in FD_METHODS):
         return jac
@@ -375,231 +348,64 @@ def check_jac_option(jac, *, allow_none: bool = False):
                      f"got {jac!r}")
 
 
-def normalize_jac_output(J, m: int, n: int):
-    """A user Jacobian's output as ``(m, n)``: a 1-D ``(m,)`` array is accepted for one
-    parameter and ``(n,)`` for one residual (scipy's ``atleast_2d``); other shapes raise
-    ``ValueError`` with the expected shape.
-
-    Example:
-        >>> import numpy as np
-        >>> from adaptprec.nlsq._inputs import normalize_jac_output
-        >>> normalize_jac_output(np.ones(3), 3, 1).shape
-        (3, 1)
-    """
-    shape = check_jac_shape(tuple(np.shape(J)), m, n)
-    return J if shape == (m, n) else jnp.reshape(J, (m, n))
-
-
 def check_jac_shape(shape: tuple, m: int, n: int) -> tuple:
-    """Raise ``ValueError`` unless a Jacobian of ``shape`` can be read as ``(m, n)``.
+    """Raise ``ValueError`` unless a Jacobian of ``shape`` can be read as ``(m, n)`` (a
+    1-D one for one parameter or one residual, scipy's ``atleast_2d``).
 
     Example:
         >>> from adaptprec.nlsq._inputs import check_jac_shape
         >>> check_jac_shape((4,), 4, 1)
         (4,)
     """
-    if shape == (m, n):
-        return shape
-    if len(shape) == 1 and ((n == 1 and shape[0] == m) or (m == 1 and shape[0] == n)):
-        return shape
-    if len(shape) == 0 and m == 1 and n == 1:
+    if shape == (m, n) or (len(shape) == 1 and ((n == 1 and shape[0] == m) or
+                                                 (m == 1 and shape[0] == n))) \
+            or (len(shape) == 0 and m == 1 and n == 1):
         return shape
     raise ValueError(f"The return value of `jac` has wrong shape: expected {(m, n)} "
                      f"(residuals x parameters), actual {shape}. Return the Jacobian of "
                      "the residual with one row per residual and one column per parameter.")
 
 
+def normalize_jac_output(J, m: int, n: int):
+    """A user Jacobian's output as ``(m, n)`` (:func:`check_jac_shape`)."""
+    shape = check_jac_shape(tuple(np.shape(J)), m, n)
+    return J if shape == (m, n) else jnp.reshape(J, (m, n))
+
+
 @functools.lru_cache(maxsize=256)
 def wrap_jac(jac, m: int, n: int):
-    """``jac`` with its output reshaped to ``(m, n)`` (stable per ``(jac, m, n)`` so the
-    compiled-solver cache hits)."""
+    """``jac`` with its output read as ``(m, n)`` (one function per ``(jac, m, n)``)."""
     def J(x, *args):
         return normalize_jac_output(jnp.asarray(jac(x, *args)), m, n)
     return J
 
 
-#: scipy options adaptprec does not offer, with the alternative to name in the error.
-_UNSUPPORTED = {
-    "workers": "adaptprec vectorises evaluations itself (vmap); for many fits use "
-               "ap.solve_nlsq_batch",
-    "verbose": "inspect the result instead: res.message, res.nfev, res.trace()",
-}
-
-
-def check_unsupported(**options):
-    """Raise for scipy options that are set to something adaptprec does not offer.
-
-    ``workers`` (any value but ``None``/``map``-like builtins) and ``verbose > 0`` raise
-    ``NotImplementedError`` naming the alternative; ``tr_solver`` must be ``None``,
-    ``"exact"`` or ``"lsmr"`` (its options are read by :func:`._lsmr.check_tr_options`).
+def check_unsupported(*, workers=None, verbose=0, tr_solver=None, tr_options=None):
+    """scipy options adaptprec does not offer raise, naming the alternative.
 
     Example:
         >>> from adaptprec.nlsq._inputs import check_unsupported
         >>> check_unsupported(workers=None, verbose=0, tr_solver="exact")
     """
-    workers = options.get("workers")
     if workers is not None and workers is not map:
-        raise OptionNotOffered(f"workers={workers!r} is not offered: "
-                                  f"{_UNSUPPORTED['workers']}.")
-    verbose = options.get("verbose", 0)
+        raise OptionNotOffered(f"workers={workers!r} is not offered: adaptprec vectorises "
+                               "evaluations itself (vmap); for many fits use "
+                               "ap.solve_nlsq_batch.")
     if verbose not in (0, 1, 2, False, None):
         raise ValueError("`verbose` must be in [0, 1, 2].")
     if verbose:
-        raise OptionNotOffered(f"verbose={verbose!r} is not offered: "
-                                  f"{_UNSUPPORTED['verbose']}.")
-    tr_solver = options.get("tr_solver")
+        raise OptionNotOffered(f"verbose={verbose!r} is not offered: inspect the result "
+                               "instead: res.message, res.nfev, res.trace().")
     if tr_solver not in (None, "exact", "lsmr"):
         raise ValueError("`tr_solver` must be None, 'exact' or 'lsmr'.")
-    tr_options = options.get("tr_options")
     if tr_options is not None and not isinstance(tr_options, dict):
         raise TypeError(f"tr_options must be a dict, got {type(tr_options).__name__}")
 
 
-#: leastsq keyword arguments (curve_fit with method="lm" forwards them in scipy) and
-#: their adaptprec equivalents.
-def leastsq_kwargs(kwargs: dict) -> dict:
-    """Translate scipy ``leastsq`` keyword arguments (which scipy's ``curve_fit`` passes
-    through for ``method="lm"``) to :func:`~adaptprec.solve_nlsq` options: ``maxfev`` ->
-    ``max_nfev``, ``epsfcn`` -> ``diff_step = sqrt(epsfcn)`` (finite differences only),
-    ``diag`` -> ``x_scale = 1 / diag``; ``factor`` and ``col_deriv`` raise naming the
-    alternative.
-
-    Example:
-        >>> from adaptprec.nlsq._inputs import leastsq_kwargs
-        >>> leastsq_kwargs({"maxfev": 10})
-        {'max_nfev': 10}
-    """
-    kw = dict(kwargs)
-    if "maxfev" in kw:
-        v = kw.pop("maxfev")
-        if "max_nfev" in kw and kw["max_nfev"] is not None and v is not None:
-            raise TypeError("give max_nfev or maxfev, not both")
-        if kw.get("max_nfev") is None:
-            kw["max_nfev"] = None if v in (None, 0) else v
-    if "epsfcn" in kw:
-        v = kw.pop("epsfcn")
-        if v is not None and kw.get("diff_step") is None:
-            kw["diff_step"] = float(np.sqrt(max(float(v), EPS)))
-    if "diag" in kw:
-        v = kw.pop("diag")
-        if v is not None:
-            kw["x_scale"] = 1.0 / np.asarray(v, float)
-    if kw.pop("col_deriv", 0):
-        raise OptionNotOffered("col_deriv is not offered: return the Jacobian with one "
-                                  "row per data point (transpose it in your jac).")
-    if "factor" in kw:
-        v = kw.pop("factor")
-        if v not in (None, 100):
-            raise OptionNotOffered("factor (MINPACK's initial step bound) is not "
-                                      "offered; use x_scale to change the initial radius.")
-    if "Dfun" in kw:
-        raise TypeError("Dfun is leastsq's name; pass the Jacobian as jac=...")
-    return kw
-
-
-def all_finite(a) -> bool:
-    """Whether every entry of the array ``a`` is finite (``True`` for non-float dtypes).
-
-    One pass and no temporary where it can: a finite sum means every term is finite (an
-    Inf or NaN propagates into it); only a sum that is not finite (a non-finite entry, or
-    finite entries that overflow) is decided by ``np.isfinite`` entry by entry. At 1e6
-    float64 points the sum reads the data once (~0.3-0.6 ms) where ``isfinite`` also
-    writes and reads a boolean temporary (~0.7-0.8 ms; benchmarks/RESULTS.md, issue 31).
-
-    Example:
-        >>> import numpy as np
-        >>> from adaptprec.nlsq._inputs import all_finite
-        >>> big = np.array([1e308, 1e308])   # the sum overflows: decided entry by entry
-        >>> all_finite(np.ones(3)), all_finite(np.array([1.0, np.nan])), all_finite(big)
-        (True, False, True)
-    """
-    a = np.asarray(a)
-    if not np.issubdtype(a.dtype, np.inexact):
-        return True
-    with np.errstate(over="ignore", invalid="ignore"):
-        if a.dtype.kind in "fc" and np.isfinite(np.add.reduce(a, axis=None)):
-            return True
-    return bool(np.all(np.isfinite(a)))
-
-
-#: (issue 31) Arrays an entry point (``curve_fit``) has just checked with
-#: :func:`all_finite`: :func:`_check_finite_tree` does not read them again inside
-#: :func:`checked_finite` (at 1e6 points each check reads 8 MB).
-_CHECKED: contextvars.ContextVar = contextvars.ContextVar("adaptprec_checked_finite",
-                                                           default=())
-
-
-@contextlib.contextmanager
-def checked_finite(*arrays):
-    """Inside, :func:`_check_finite_tree` skips ``arrays`` (by identity): the caller has
-    checked them (and raised its own error had they not been finite)."""
-    token = _CHECKED.set(_CHECKED.get() + tuple(a for a in arrays if a is not None))
-    try:
-        yield
-    finally:
-        _CHECKED.reset(token)
-
-
-def _check_finite_tree(tree, what: str, fix: str = "clean the data first (curve_fit can "
-                       "drop NaN points with nan_policy='omit')") -> None:
-    if not is_concrete(tree):
-        return
-    checked = _CHECKED.get()
-    for leaf in jax.tree.leaves(tree):
-        if any(leaf is c for c in checked):
-            continue
-        if not all_finite(leaf):
-            a = np.asarray(leaf)
-            raise ValueError(f"{what} contains NaN or Inf ({int(np.sum(~np.isfinite(a)))} "
-                             f"non-finite value(s)); {fix}.")
-
-
-def _broadcast_bounds(bounds, n, dtype):
-    """``(lb, ub)`` as ``(n,)`` arrays, validated when concrete (numpy) or broadcast as
-    traced values (``jnp``; bounds under ``jit``/``vmap`` cannot be checked here)."""
-    if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
-        raise ValueError(f"bounds must be a pair (lb, ub), got {bounds!r}")
-    if not is_concrete(bounds):
-        out = []
-        for b in bounds:
-            if isinstance(b, (dict, list, tuple)):
-                b = ravel_pytree(b)[0]
-            b = jnp.asarray(b, dtype)
-            try:
-                out.append(jnp.broadcast_to(b.ravel() if b.ndim else b, (n,)))
-            except ValueError as exc:
-                raise ValueError(f"a bound of shape {b.shape} does not broadcast to the "
-                                 f"{n} parameters") from exc
-        return tuple(out)
-    out = []
-    for b, name in zip(bounds, ("lower", "upper")):
-        try:
-            if isinstance(b, (dict, list, tuple)):
-                # ravel_pytree's order, in NumPy: under a user's jit ravel_pytree would
-                # make concrete lists tracers (newcomer audit 4)
-                b = np.concatenate([np.ravel(np.asarray(v, np.float64))
-                                    for v in jax.tree.leaves(b)] or [np.zeros(0)])
-            arr = np.asarray(b, dtype=np.float64)
-            arr = np.broadcast_to(arr.ravel() if arr.ndim else arr, (n,)).copy()
-        except Exception as exc:  # noqa: BLE001 - re-raised with context
-            raise ValueError(f"{name} bound of shape {np.shape(b)} does not broadcast to "
-                             f"the {n} parameters") from exc
-        out.append(arr)
-    lb, ub = out
-    if np.any(np.isnan(lb)) or np.any(np.isnan(ub)):
-        raise ValueError("bounds contain NaN; use -inf/inf for no bound")
-    if np.any(lb >= ub):
-        i = int(np.argmax(lb >= ub))
-        raise ValueError(f"each lower bound must be strictly less than its upper bound; "
-                         f"parameter {i} has lb={lb[i]} >= ub={ub[i]}")
-    return lb, ub
-
-
 def check_scipy_options(jac, method, *, diff_step, jac_sparsity, tr_solver, tr_options,
                         verbose, workers, callback, max_nfev):
-    """scipy's rules for ``jac`` (its default, finite differences with ``diff_step`` and
-    ``jac_sparsity``), ``callback`` and ``max_nfev``, and the options adaptprec does not
-    offer; returns ``(jac, max_nfev)`` normalised (``solve_nlsq``'s boundary).
+    """scipy's rules for ``jac`` (its default; finite differences with ``diff_step`` and
+    ``jac_sparsity``), ``callback`` and ``max_nfev``: ``(jac, max_nfev)`` normalised.
 
     Example:
         >>> from adaptprec.nlsq._inputs import check_scipy_options
@@ -613,11 +419,8 @@ def check_scipy_options(jac, method, *, diff_step, jac_sparsity, tr_solver, tr_o
     jac = check_jac_option(jac)
     check_unsupported(tr_solver=tr_solver, tr_options=tr_options, verbose=verbose,
                       workers=workers)
-    if jac_sparsity is not None and callable(jac):
-        # scipy: jac_sparsity describes finite differences; a callable jac gives the
-        # Jacobian itself, so the pattern is unused (its shape is checked below)
-        pass
-    elif jac_sparsity is not None:
+    if jac_sparsity is not None and not callable(jac):
+        # (with a callable jac the pattern is unused, as in scipy: only its shape counts)
         if method == "lm":
             raise ValueError("method='lm' does not support `jac_sparsity`; use "
                              "method='trf' or 'dogbox'.")
@@ -636,3 +439,176 @@ def check_scipy_options(jac, method, *, diff_step, jac_sparsity, tr_solver, tr_o
         raise ValueError("diff_step only applies to finite-difference Jacobians; pass "
                          "jac='2-point', '3-point' or 'cs' with it.")
     return jac, max_nfev
+
+
+def resolve_ladder(precision) -> Ladder:
+    """The ladder of ``precision=`` (the one parser of every fitting entry point):
+    ``"adaptive"`` is ``f32 -> f64`` (bf16 is not faster than f32 on CPU and loses too
+    much for a Jacobian), a :class:`~adaptprec.Ladder` or ``"f32,f64"`` as given, one
+    dtype a fixed precision. ``"adaptive"`` needs ``jax_enable_x64`` (the eager entry
+    points run inside ``jax.enable_x64(True)``).
+
+    Example:
+        >>> from adaptprec.nlsq._inputs import resolve_ladder
+        >>> str(resolve_ladder("f32,f64")), str(resolve_ladder("f32"))
+        ('f32,f64', 'f32')
+    """
+    if isinstance(precision, Ladder):
+        return precision
+    if is_adaptive(precision):
+        if not x64_enabled():
+            raise ValueError(
+                "precision='adaptive' ends on float64, but jax_enable_x64 is off here: "
+                "call it inside jax.enable_x64(True) (as the eager entry points do), or "
+                "ask for float32 explicitly with precision='f32'.")
+        return Ladder(["f32", "f64"])
+    if isinstance(precision, str) and ("," in precision or ">" in precision):
+        return Ladder.parse(precision)
+    if isinstance(precision, (list, tuple)):
+        return Ladder(list(precision))
+    return Ladder([canonical_dtype(precision)])
+
+
+def float64_alone(precision, schedule, m: int, n: int) -> bool:
+    """Whether an ``"adaptive"`` solve runs float64 alone: the default ladder and no
+    schedule, on CPU, with ``m n <`` :data:`SMALL_F64_MN`."""
+    return (is_adaptive(precision) and schedule is None and m * n < SMALL_F64_MN
+            and jax.default_backend() == "cpu")
+
+
+class Problem(NamedTuple):
+    """A validated in-memory solve (:func:`prepare`)."""
+
+    residual: Any        # the user's function (keys, the start diagnosis)
+    fun_flat: Any        # the flat residual of a flat parameter vector
+    unravel: Any         # flat parameters -> the user's structure
+    x0_shape: Any        # x0's shape when it is one array (None: a pytree)
+    opts: Any            # ._state.Options
+    jac_key: Any         # the Jacobian's part of a program key
+    m: int
+    pad: Any             # (point axes, bucket length) of a padded pointwise residual
+    identity: bool       # keyed on the residual's computation (._programs.run_identity)
+    jac_format: Any      # "sparse" / "operator": res.jac in the user's jac's format
+    args: tuple
+    context: tuple       # (x0, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol), top dtype
+
+
+def prepare(residual, x0, args, *, method, bounds, loss, f_scale, x_scale, jac, ftol,
+            xtol, gtol, max_steps, precision, schedule, linear_solver, max_rejections,
+            cond_tol, max_nfev, diff_step, kwargs, tr_solver, tr_options, jac_sparsity,
+            verbose, workers, callback, checked=()) -> Problem:
+    """``solve_nlsq``'s arguments validated and resolved into a :class:`Problem`, before
+    anything is traced (``checked``: data arrays the caller found finite already)."""
+    from . import _residual
+    from ._buckets import bucket
+    from ._finite_diff import as_sparsity
+    from ._lsmr import tr_solver_options
+    from ._state import Options
+    from ._step_schedule import default_schedule
+    from .common import check_loss, check_loss_output, default_max_steps
+    from .solver import PORTFOLIO
+
+    if not callable(residual):
+        raise TypeError(f"residual must be callable, got {type(residual).__name__}")
+    args = args if isinstance(args, tuple) else (args,)
+    if method is not None and method not in METHODS:
+        raise ValueError(f"method={method!r} is not supported; use one of {METHODS}")
+    loss = check_loss(loss)
+    if method == "lm" and loss != "linear":
+        raise ValueError("method='lm' supports only 'linear' loss function; use "
+                         "method='trf' for a robust loss.")
+    jac, max_nfev = check_scipy_options(
+        jac, method, diff_step=diff_step, jac_sparsity=jac_sparsity, tr_solver=tr_solver,
+        tr_options=tr_options, verbose=verbose, workers=workers, callback=callback,
+        max_nfev=max_nfev)
+    if linear_solver not in ("auto", "qr", "normal"):
+        raise ValueError(f"linear_solver must be 'auto', 'qr' or 'normal', got "
+                         f"{linear_solver!r}")
+    if not (np.isscalar(f_scale) and np.isfinite(f_scale) and f_scale > 0) \
+            and is_concrete(f_scale):
+        raise ValueError(f"f_scale must be a positive finite number, got {f_scale!r}")
+    rungs = resolve_ladder(precision).rungs
+    top_dt = np.dtype(rungs[-1])
+    if unit_roundoff(top_dt) > unit_roundoff(np.float32):
+        raise ValueError(
+            f"precision={precision!r} ends on {top_dt.name}: the iterate, the trust region "
+            "and the factored model live in the top rung's dtype, which must be float32 or "
+            "float64 (LAPACK has no half precision). Start low and end on one of them, "
+            "e.g. precision='bf16,f32'.")
+    check_array_leaves(args)
+    check_finite_tree(args, "the data in args", skip=checked)
+    a = _residual.analyse(residual, as_x0(x0), args, jac, kwargs, top_dt)
+    n, m, args, jac = a.n, a.m, a.args, a.jac
+    check_loss_output(loss, m, top_dt)
+    adaptive_stop = float64_alone(precision, schedule, m, n)
+    if adaptive_stop:
+        rungs = rungs[-1:]
+    if jac_sparsity is not None and callable(jac):
+        as_sparsity(jac_sparsity, m, n)  # shape check only (scipy's check_jac_sparsity)
+    method = _residual.check_host_jac(a.host_kind, method, tr_solver, x_scale)
+    lb, ub = broadcast_bounds(as_bounds(bounds, n), n, top_dt)
+    bounds_known = is_concrete((lb, ub))
+    # traced bounds: their finiteness is unknown, so the bounded method runs (with
+    # infinite bounds trf is an unconstrained trust region)
+    has_bounds = (not bounds_known) or bool(np.any(np.isfinite(lb)) or
+                                            np.any(np.isfinite(ub)))
+    method = method or ("trf" if has_bounds else "lm")
+    if x_scale is None:   # scipy's default
+        x_scale = "jac" if method in ("lm", "gn") else 1.0
+    if has_bounds and method in ("lm", "gn"):
+        raise ValueError(f"method={method!r} does not support bounds; use method='trf' "
+                         "(or leave method unset)")
+    ftol, xtol, gtol = check_tolerances(ftol, xtol, gtol, method)
+    sparse_fd = jac_sparsity is not None and not callable(jac)
+    tr = tr_solver_options(tr_solver, tr_options, method,
+                           a.host_kind or ("sparse" if sparse_fd else None))
+    if method in ("lm", "gn") and m < n:
+        raise ValueError(f"method={method!r} needs at least as many residuals as "
+                         f"parameters; got m={m} residuals for n={n} parameters. Use "
+                         "method='trf' or add residuals.")
+    if is_concrete(a.x0_flat) and bounds_known:
+        xv = np.asarray(a.x0_flat, np.float64)
+        if np.any(xv < lb) or np.any(xv > ub):
+            i = int(np.argmax((xv < lb) | (xv > ub)))
+            raise ValueError(f"x0 is outside the bounds: x0[{i}]={xv[i]} not in "
+                             f"[{lb[i]}, {ub[i]}]")
+    # lm's portfolio: the default budget is per strategy, an explicit max_steps (or
+    # max_nfev) caps the whole solve; the user's max_nfev is the cap, so our own step cap
+    # must not end the solve earlier (each step costs at least one evaluation)
+    portfolio = (2 if max_steps is None and not max_nfev else 1) if PORTFOLIO else 0
+    if max_steps is not None and int(max_steps) < 1:
+        raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
+    max_steps = int(max_steps) if max_steps is not None else max(default_max_steps(n),
+                                                                 max_nfev)
+    if schedule is None and len(rungs) > 1:
+        schedule = default_schedule()
+    elif schedule is not None and not (hasattr(schedule, "init") and
+                                       hasattr(schedule, "update")):
+        raise TypeError(f"schedule must be an adaptprec.schedule.PrecisionSchedule, got "
+                        f"{type(schedule).__name__}")
+    if linear_solver == "auto":
+        linear_solver = "normal" if m >= NORMAL_EQ_MIN_M else "qr"
+    autodiff = jac in AD_METHODS
+    axes = a.point_axes() if linear_solver == "normal" and jac == "fwd" else None
+    jac, jac_key = _residual.jacobian(jac, a.fun_flat, m, n, a.host_kind, diff_step,
+                                      jac_sparsity, (lb, ub) if bounds_known and has_bounds
+                                      else (None, None))
+    eager = is_concrete((a.x0_flat, args, lb, ub, f_scale))
+    identity = eager and autodiff and axes is None
+    pad = None
+    if identity and linear_solver == "qr" and args and bucket(m) != m:
+        q_axes = a.point_axes()
+        if q_axes is not None:   # a new length in the bucket compiles nothing
+            pad = (q_axes, bucket(m))
+    opts = Options(n=n, rungs=tuple(rungs), method=method, loss=loss, jac=jac,
+                   jac_scale=isinstance(x_scale, str), has_bounds=has_bounds,
+                   max_steps=max_steps, linear_solver=linear_solver,
+                   max_rejections=int(max_rejections), cond_tol=float(cond_tol),
+                   schedule=schedule, point_axes=axes, max_nfev=max_nfev,
+                   callback=callback, tr=tr, portfolio=portfolio,
+                   adaptive_stop=adaptive_stop, m=0 if pad is not None else m)
+    context = (a.x0_flat.astype(top_dt), lb, ub, _scale_inv(x_scale, n), f_scale, ftol,
+               xtol, gtol)
+    return Problem(a.residual, a.fun_flat, a.unravel, a.x0_shape, opts, jac_key, m, pad,
+                   identity, a.host_kind or ("sparse" if sparse_fd else None), args,
+                   context)

@@ -3,9 +3,9 @@ shapes and dtypes of a pytree. Shared by the entry points and the drivers' progr
 
 Example:
     >>> import numpy as np
-    >>> from adaptprec.nlsq._keys import _hashable, _sig
-    >>> k = _hashable([1, 2])          # a list is unhashable: equal only to itself
-    >>> k == k, k == _hashable([1, 2]), _sig((np.zeros(3),))[1]
+    >>> from adaptprec.nlsq._keys import hashable, sig
+    >>> k = hashable([1, 2])          # a list is unhashable: equal only to itself
+    >>> k == k, k == hashable([1, 2]), sig((np.zeros(3),))[1]
     (True, False, (((3,), 'float64'),))
 """
 
@@ -15,10 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["_hashable", "_sig"]
+__all__ = ["hashable", "sig"]
 
 
-def _sig(tree):
+def sig(tree):
+    """The structure, shapes and dtypes of a pytree (a hashable key)."""
     leaves, treedef = jax.tree.flatten(tree)
     return treedef, tuple((np.shape(a), str(jnp.result_type(a)) if hasattr(a, "dtype")
                            else type(a).__name__) for a in leaves)
@@ -41,7 +42,8 @@ class _Same:
         return object.__hash__(self.obj)
 
 
-def _hashable(obj):
+def hashable(obj):
+    """``obj`` if hashable, else a stand-in equal only to itself."""
     try:
         hash(obj)
         return obj

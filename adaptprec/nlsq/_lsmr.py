@@ -287,7 +287,7 @@ def solve_trust_region_2d(B, g, Delta):
     return jnp.where(inside, p_newton, p_circle)
 
 
-def _tr_solver_options(tr_solver, tr_options, method: str, host_kind):
+def tr_solver_options(tr_solver, tr_options, method: str, host_kind):
     """scipy's ``tr_solver``/``tr_options``: ``None`` (exact step) or the lsmr options.
 
     ``tr_solver=None`` is ``"exact"`` unless the Jacobian is sparse (``host_kind``: ``jac``

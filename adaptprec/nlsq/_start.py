@@ -1,10 +1,10 @@
-"""A start where the residual or its Jacobian is not finite (issue 32 item 3): scipy's
-early, clear error, with the parameter values and the operation that failed.
+"""A start where the residual or its Jacobian is not finite: scipy's early, clear
+error, with the parameter values and the operation that failed.
 
 Inside ``jit`` the solve reports it through ``status`` (``NONFINITE_RESIDUAL`` or
-``NONFINITE_JACOBIAN`` with ``x`` still at ``x0``). Called eagerly, :func:`check_start`
-turns that result into scipy's ``ValueError("Residuals are not finite in the initial
-point")``, naming the first operation of the residual that produced an Inf or NaN from
+``NONFINITE_JACOBIAN`` with ``x`` still at ``x0``). Called eagerly,
+:func:`raise_nonfinite_start` turns that result into scipy's ``ValueError("Residuals are
+not finite in the initial point")``, naming the first operation of the residual that produced an Inf or NaN from
 finite inputs (an overflow in ``exp``, a division by zero, a log of a negative number).
 The diagnosis runs only on this failure path: a successful fit pays one comparison.
 
@@ -19,30 +19,13 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import functools
-
 import jax
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from .._status import Status
-from .._tracing import ThreadScoped, is_concrete
 
-__all__ = ["check_start", "first_nonfinite_op", "NonFiniteStartError", "quiet_starts"]
-
-_quiet = ThreadScoped(False)   # within quiet_starts()
-
-
-@contextlib.contextmanager
-def quiet_starts():
-    """Inside this block a non-finite start returns its status instead of raising (the
-    starts of ``starts="auto"``: a start where the model overflows is skipped, and the
-    diagnosis, an op-by-op evaluation, is not worth its time there)."""
-    with _quiet.set(True):
-        yield
-
-_NONFINITE = (int(Status.NONFINITE_RESIDUAL), int(Status.NONFINITE_JACOBIAN))
+__all__ = ["raise_nonfinite_start", "first_nonfinite_op", "NonFiniteStartError"]
 
 #: what an operation's Inf/NaN from finite inputs usually means
 _CAUSES = {
@@ -141,36 +124,23 @@ def _describe(culprit) -> str:
             f"{', '.join(show(a) for a in ins)}){loc}.")
 
 
-def check_start(solve):
-    """Decorate ``solve_nlsq``: an eager result that failed on a non-finite residual or
-    Jacobian without leaving ``x0`` raises scipy's error with the likely cause."""
-
-    @functools.wraps(solve)
-    def wrapper(*pos, **kw):
-        res = solve(*pos, **kw)
-        status = getattr(res, "status", None)
-        if status is None or not is_concrete(status) or int(np.asarray(status)) \
-                not in _NONFINITE or _quiet.get():
-            return res
-        named = dict(zip(("residual", "x0", "args"), pos), **kw)
-        residual, x0, args = named["residual"], named["x0"], named.get("args", ())
-        x0_flat = np.ravel(np.asarray(ravel_pytree(x0)[0], np.float64))
-        x = np.ravel(np.asarray(ravel_pytree(res.x)[0], np.float64))
-        if x.shape != x0_flat.shape or not np.array_equal(x, x0_flat):
-            return res  # failed later along the path: the status says so
-        if not isinstance(args, tuple):
-            args = (args,)
-        what = ("Residuals are not finite in the initial point"
-                if int(np.asarray(status)) == Status.NONFINITE_RESIDUAL else
-                "The Jacobian is not finite in the initial point")
-        try:
-            cause = _describe(first_nonfinite_op(lambda p, a: residual(p, *a),
-                                                 res.x, args))
-        except Exception:  # the diagnosis must never hide the error itself
-            cause = ""
-        raise NonFiniteStartError(
-            f"{what} x0 = {np.array2string(x0_flat, precision=6)}.{cause} Start from a "
-            f"point where the model and its derivatives are finite (e.g. parameters of "
-            f"the data's scale; curve_fit's default p0 is all ones).")
-
-    return wrapper
+def raise_nonfinite_start(residual, x0, args, res) -> None:
+    """Raise scipy's ``ValueError`` for a solve ``res`` that failed on a non-finite
+    residual or Jacobian without leaving ``x0``, with the likely cause (an op-by-op
+    evaluation, run only on this failure path); return when it left ``x0``."""
+    x0_flat = np.ravel(np.asarray(ravel_pytree(x0)[0], np.float64))
+    x = np.ravel(np.asarray(ravel_pytree(res.x)[0], np.float64))
+    if x.shape != x0_flat.shape or not np.array_equal(x, x0_flat):
+        return  # failed later along the path: the status says so
+    args = args if isinstance(args, tuple) else (args,)
+    what = ("Residuals are not finite in the initial point"
+            if int(np.asarray(res.status)) == Status.NONFINITE_RESIDUAL else
+            "The Jacobian is not finite in the initial point")
+    try:
+        cause = _describe(first_nonfinite_op(lambda p, a: residual(p, *a), res.x, args))
+    except Exception:  # the diagnosis must never hide the error itself
+        cause = ""
+    raise NonFiniteStartError(
+        f"{what} x0 = {np.array2string(x0_flat, precision=6)}.{cause} Start from a "
+        f"point where the model and its derivatives are finite (e.g. parameters of "
+        f"the data's scale; curve_fit's default p0 is all ones).")

@@ -34,7 +34,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._compile import cpu_jit
 from .._status import Status, status_message
 
 __all__ = [
@@ -53,7 +52,10 @@ __all__ = [
     "update_tr_radius",
     "check_termination_codes",
     "lower_rung_budget",
-    "covariance_from_jac",
+    "covariance",
+    "covariance_at",
+    "gram_covariance",
+    "scale_pcov",
 ]
 
 LossLike = Union[str, Callable]
@@ -394,55 +396,64 @@ def lower_rung_budget(max_steps: int, n: int, n_rungs: int) -> int:
 
 
 # --------------------------------------------------------------------------- covariance
-def covariance_from_jac(J, *, null_tol: float | None = None):
-    """``(J^T J)^+`` by SVD with scipy's rank threshold ``eps * max(m, n) * s_max``;
-    rows and columns of parameters with a component in the numerical null space (larger
-    than ``null_tol``, default ``sqrt(eps)``) are ``inf`` (not identifiable).
+#: From this many rows on, :func:`covariance` tries the Gram matrix first.
+GRAM_COVARIANCE_MIN_M = 1024
 
-    The singular values and right singular vectors of ``J`` are those of the ``n x n``
-    triangular factor of its QR decomposition, so a tall ``J`` costs one ``O(m n^2)``
-    QR; from 1024 rows on, the column-scaled Gram matrix is inverted instead when that is
-    provably as accurate and full rank (the SVD route otherwise, see ``_covariance``).
-    Returns ``(cov, rank)``. Works on numpy or JAX arrays, under ``jit``.
+
+def covariance(J, *, m=None, null_tol: float | None = None):
+    """``(J^T J)^+`` at the solution, the one covariance of every fitting entry point.
+
+    scipy's route: the SVD of ``J`` (through the ``n x n`` triangular factor of its QR
+    when ``J`` is tall) with the rank threshold ``eps max(m, n) s_max``; parameters with
+    a component larger than ``null_tol`` (default ``sqrt(eps)``) in the numerical null
+    space get ``inf`` rows and columns (not identifiable). From
+    :data:`GRAM_COVARIANCE_MIN_M` rows on, the column-scaled Gram matrix is inverted
+    instead when that is provably as accurate and ``J`` full rank
+    (:func:`gram_covariance`; a QR of a 1e6 x 5 ``J`` costs ~5x its Gram matrix), else
+    the SVD route runs. ``m``: the real row count where ``J`` has zero padding rows
+    (traced or int). Traceable.
 
     Example:
         >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.common import covariance_from_jac
-        >>> cov, rank = covariance_from_jac(jnp.array([[2.0, 0.0], [0.0, 0.0]]))
-        >>> float(cov[0, 0]), bool(jnp.isinf(cov[1, 1])), int(rank)
-        (0.25, True, 1)
+        >>> from adaptprec.nlsq.common import covariance
+        >>> cov = covariance(jnp.array([[2.0, 0.0], [0.0, 0.0]]))
+        >>> float(cov[0, 0]), bool(jnp.isinf(cov[1, 1]))
+        (0.25, True)
     """
     J = jnp.asarray(J)
-    eps = float(np.finfo(np.dtype(J.dtype)).eps)
-    return _covariance_jit()(J, float(np.sqrt(eps) if null_tol is None else null_tol))
+    rows, n = J.shape
+    tol = float(np.sqrt(np.finfo(np.dtype(J.dtype)).eps)) if null_tol is None else null_tol
+    if rows < GRAM_COVARIANCE_MIN_M:   # small: under vmap a lax.cond would run both routes
+        return _covariance_svd(J, tol, m)
+    fast, inv = gram_covariance(J.T @ J, rows if m is None else m)
+    return jax.lax.cond(fast, lambda: inv, lambda: _covariance_svd(J, tol, m))
 
 
-#: From this many rows on, covariance_from_jac tries the Gram matrix first.
-_GRAM_COVARIANCE_MIN_M = 1024
+def covariance_at(J):
+    """:func:`covariance` of a Jacobian at a solution: compiled once per shape for a
+    concrete ``J`` (eagerly, op by op, each operation would compile), traced as is."""
+    from .._tracing import is_concrete
+
+    if not is_concrete(J):
+        return covariance(J)
+    J = jnp.asarray(J)
+    return _covariance_program(str(J.dtype))(J)
 
 
-def _covariance(J, null_tol):
-    m, n = J.shape
-    if m < _GRAM_COVARIANCE_MIN_M:  # small: the QR is cheap, and under vmap the
-        return _covariance_svd(J, null_tol)  # lax.cond below would run both routes
-    # Tall J (m >> n): a QR of J costs ~5x the Gram matrix G = J^T J (m = 1e6, n = 5:
-    # 50 ms vs 11 ms). Inverting the column-scaled Gram matrix is as accurate as the SVD
-    # route while its condition number is moderate: the eigenvalues of the formed G_s
-    # carry an absolute error ~ n eps lam_max, so lam_min >= n sqrt(eps) lam_max keeps
-    # the covariance's relative error below ~sqrt(eps). Full rank by scipy's SVD rule
-    # (s_min > eps max(m, n) s_max) follows from the bound on s_min(J) / s_max(J) through
-    # the column scales. Otherwise (rank deficient or ill-conditioned) the SVD route runs,
-    # only then (lax.cond).
-    fast, inv = gram_covariance(J.T @ J, m)
-    return jax.lax.cond(fast, lambda: (inv, jnp.asarray(n, jnp.int32)),
-                        lambda: _covariance_svd(J, null_tol))
+@functools.lru_cache(maxsize=4)
+def _covariance_program(dtype: str):
+    from ._compile import cpu_jit
+
+    return cpu_jit(covariance, optimise=False)
 
 
-def gram_covariance(G, m: int):
-    """``(ok, (J^T J)^{-1})`` from the Gram matrix ``G = J^T J`` of ``m`` rows (traceable):
-    ``ok`` when inverting the column-scaled ``G`` is as accurate as scipy's SVD route
-    and ``J`` is full rank by scipy's rule (see ``_covariance``); otherwise the caller
-    takes the SVD route of ``J`` (``inv`` is then not the covariance)."""
+def gram_covariance(G, m):
+    """``(ok, (J^T J)^{-1})`` from the Gram matrix ``G = J^T J`` of ``m`` rows: ``ok``
+    when inverting the column-scaled ``G`` is as accurate as the SVD route (its
+    eigenvalues carry an absolute error ``~ n eps lam_max``, so ``lam_min >= n sqrt(eps)
+    lam_max`` keeps the covariance's relative error below ``~sqrt(eps)``) and ``J`` is
+    full rank by scipy's rule (``s_min > eps max(m, n) s_max``, bounded through the
+    column scales); otherwise ``inv`` is not the covariance."""
     n = G.shape[0]
     eps = jnp.finfo(G.dtype).eps
     d = jnp.sqrt(jnp.diag(G))
@@ -450,37 +461,48 @@ def gram_covariance(G, m: int):
     lam, V = jnp.linalg.eigh(G / d_safe[:, None] / d_safe[None, :])
     lam_min, lam_max = lam[0], lam[-1]
     well_conditioned = lam_min >= n * jnp.sqrt(eps) * lam_max
-    full_rank = jnp.sqrt(lam_min) * jnp.min(d) > eps * max(m, n) * jnp.sqrt(lam_max) * \
-        jnp.max(d)
+    full_rank = jnp.sqrt(lam_min) * jnp.min(d) > eps * jnp.maximum(m, n) * \
+        jnp.sqrt(lam_max) * jnp.max(d)
     ok = well_conditioned & full_rank & jnp.all(jnp.isfinite(G))
     inv = (V / jnp.where(ok, lam, 1.0)) @ V.T
     return ok, inv / d_safe[:, None] / d_safe[None, :]
 
 
-@functools.cache
-def _covariance_jit():
-    """LAPACK and dot calls do the work: LLVM -O0 compiles ~6x faster, runs as fast.
-    Built on first use: ``cpu_jit`` asks for the default backend, and initialising it
-    at import made fork-started worker processes deadlock in their first fit (newcomer
-    audit 6)."""
-    return cpu_jit(_covariance, optimise=False, static_argnums=1)
-
-
-def _covariance_svd(J, null_tol, xnp=jnp, m=None):
-    """scipy's route: SVD of J (through the triangular factor of a QR when tall).
-
-    ``xnp`` is ``jax.numpy`` (traceable) or ``numpy`` (an eager curve_fit: no compilation
-    per data length); the two give the same formula. ``m``: the point count of the rank
-    threshold where ``J`` has zero padding rows (traced or int; default its rows)."""
+def _covariance_svd(J, null_tol, m=None):
+    """scipy's route: SVD of ``J`` (through the triangular factor of a QR when tall)."""
     M, n = J.shape
-    eps = xnp.finfo(J.dtype).eps
-    A = J if M >= n else xnp.concatenate([J, xnp.zeros((n - M, n), J.dtype)])
-    R = xnp.linalg.qr(A, mode="r")[:n] if M > 2 * n else A
-    _, s, VT = xnp.linalg.svd(R, full_matrices=False)
-    keep = s > eps * (max(M, n) if m is None else xnp.maximum(m, n)) * s[0]
-    inv_s2 = xnp.where(keep, 1.0 / xnp.where(keep, s, 1.0) ** 2, 0.0)
+    eps = jnp.finfo(J.dtype).eps
+    A = J if M >= n else jnp.concatenate([J, jnp.zeros((n - M, n), J.dtype)])
+    R = jnp.linalg.qr(A, mode="r")[:n] if M > 2 * n else A
+    _, s, VT = jnp.linalg.svd(R, full_matrices=False)
+    keep = s > eps * (max(M, n) if m is None else jnp.maximum(m, n)) * s[0]
+    inv_s2 = jnp.where(keep, 1.0 / jnp.where(keep, s, 1.0) ** 2, 0.0)
     cov = (VT.T * inv_s2) @ VT
-    null_weight = xnp.sum(xnp.where(keep[:, None], 0.0, VT ** 2), axis=0)
-    bad = xnp.sqrt(null_weight) > null_tol
-    cov = xnp.where(bad[:, None] | bad[None, :], xnp.inf, cov)
-    return cov, xnp.sum(keep).astype(xnp.int32)
+    null_weight = jnp.sum(jnp.where(keep[:, None], 0.0, VT ** 2), axis=0)
+    bad = jnp.sqrt(null_weight) > null_tol
+    return jnp.where(bad[:, None] | bad[None, :], jnp.inf, cov)
+
+
+def scale_pcov(cov, cost, m: int, n: int, *, lm_rule: bool, absolute_sigma: bool,
+               xnp=np):
+    """scipy's ``pcov`` from ``(J^T J)^+``: for ``lm``, all ``inf`` when a parameter is
+    not identifiable (MINPACK's ``cov_x`` is ``None`` then); unless ``absolute_sigma``,
+    times the reduced chi-square ``2 cost / (m - n)`` (``inf`` everywhere when ``m <=
+    n``). An ``inf`` entry stays ``inf`` also for an exact fit (cost 0). ``xnp``:
+    ``numpy``, or ``jax.numpy`` for traced values.
+
+    Example:
+        >>> import numpy as np
+        >>> from adaptprec.nlsq.common import scale_pcov
+        >>> scale_pcov(np.eye(1), 2.0, 5, 1, lm_rule=True, absolute_sigma=False)
+        array([[1.]])
+    """
+    if lm_rule:
+        cov = xnp.where(xnp.any(xnp.isinf(cov)), xnp.inf, cov)
+    if absolute_sigma:
+        return cov
+    dof = m - n
+    if dof > 0:
+        with np.errstate(invalid="ignore"):   # inf * 0, discarded
+            return xnp.where(xnp.isinf(cov), cov, cov * (2.0 * xnp.asarray(cost) / dof))
+    return xnp.full_like(cov, xnp.inf)

@@ -1,0 +1,307 @@
+"""The in-memory solve: one compiled program per (residual computation, data bucket,
+options), run by one driver.
+
+The program is the whole solve (:func:`whole_solve`): the data cast to each rung,
+:func:`.solver.iterate` over the :class:`.solver.TrustRegion` steps, the iterate made
+differentiable in the data (implicit differentiation of ``grad_x cost = 0``) and the
+solver's ``postprocess``. How it is compiled depends on the call:
+
+* **eager, autodiff Jacobian, dense model** (every small fit): the residual is traced to a
+  jaxpr per rung with the arrays it captures hoisted out as arguments
+  (:func:`._identity.trace_residual`), and the program is keyed on that jaxpr, not on the
+  Python object, so a new lambda per call finds the program of the same computation.
+  A pointwise residual's data are padded to a bucket length (:func:`._buckets.bucket`,
+  the padded rows masked), so a new data length in the bucket compiles nothing. The
+  executable comes from :mod:`adaptprec._disk_cache` (memory, the disk for later
+  processes, or compiled) with XLA:CPU options that halve compile time
+  (:func:`._compile.cpu_options`);
+* **anything else** (under a user's ``jit``/``vmap``/``grad``, a user or finite-difference
+  Jacobian, a blocked large fit): the program closes over the residual and is keyed on
+  the residual object and shapes; under a trace it is inlined in the user's program.
+
+A lean solve (:meth:`.solver.TrustRegion.is_lean`) whose last model does not describe its
+iterate evaluates once more in a program of its own (:func:`final_program`).
+
+Example:
+    >>> import numpy as np, jax.numpy as jnp
+    >>> import adaptprec as ap
+    >>> t = np.linspace(0.0, 1.0, 20)
+    >>> res = ap.solve_nlsq(lambda p, t, y: p[0] * jnp.exp(-p[1] * t) - y, np.ones(2),
+    ...                     args=(t, 3.0 * np.exp(-2.0 * t)))
+    >>> [round(float(v), 8) for v in res.x]
+    [3.0, 2.0]
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _disk_cache
+from .._policy import cast_floating
+from .._tracing import is_concrete
+from . import _caches
+from ._buckets import masked, pad_points, padded_avals
+from ._compile import cpu_jit, cpu_options
+from ._identity import jaxpr_function, trace_residual
+from ._keys import hashable
+from ._pack import Packer
+from ._state import Context, Options, Outputs, Solution
+from .solver import TrustRegion, iterate
+from .trf import make_strictly_feasible
+
+__all__ = ["whole_solve", "run", "run_identity", "run_object", "final_program",
+           "NO_HOIST_PASSES"]
+
+#: XLA passes a small program is compiled without. While-loop invariant code motion
+#: hoists what the loop body computes from loop constants (``jacfwd``'s basis vectors,
+#: ``x ** 2`` of the data) out of the loop; at LLVM ``-O0`` that changes which multiply-add
+#: pairs are contracted into an FMA (NIST MGH09's Jacobian from iteration 70 on), so the
+#: bits would depend on the program's shape rather than on the arithmetic.
+NO_HOIST_PASSES = "while-loop-invariant-code-motion"
+#: From this many residuals on a program is compiled with LLVM's optimisations: below it,
+#: compilation dominates a fit's cost (a NIST problem runs in well under a millisecond).
+OPTIMISE_MIN_M = 4096
+
+
+def _options(opts: Options, m: int) -> dict | None:
+    optimise = m >= OPTIMISE_MIN_M
+    out = cpu_options(optimise=optimise)
+    if out is not None and not optimise:
+        out["xla_disable_hlo_passes"] = NO_HOIST_PASSES
+    return out
+
+
+def whole_solve(opts: Options, outputs: Outputs, funs, padded_to: int | None = None):
+    """The solve as one traceable function ``solve(ctxv, consts, args, m) -> Solution``.
+
+    ``funs(consts)`` gives the residual ``fun(x, *args)`` of each rung (``consts``: the
+    arrays it captures, as arguments so that derivatives reach them); ``ctxv`` packs
+    ``(x0, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol)`` (:func:`context_packer`);
+    ``padded_to``: the bucket length of padded data (rows ``>= m`` masked)."""
+    rungs, top_dt = opts.rungs, opts.rungs[-1]
+    packer = context_packer(opts.n, top_dt)
+
+    def residual(consts, m):
+        by_dtype = {np.dtype(d): f for d, f in zip(rungs, funs(consts))}
+
+        def fun(x, *a):
+            return by_dtype[np.dtype(x.dtype)](x, *a)
+        return masked(fun, jnp.arange(padded_to) < m if padded_to is not None else None)
+
+    def cost_at(x, consts, args, f_scale, m):
+        from .common import robust_cost
+        return robust_cost(opts.loss, residual(consts, m)(x, *args).astype(top_dt), f_scale)
+
+    @jax.custom_jvp
+    def implicit_x(x, consts, args, f_scale, free, m):
+        return x
+
+    @implicit_x.defjvp
+    def _implicit_jvp(primals, tangents):
+        # x*(data) solves grad_x cost(x, data) = 0, so H dx = -d(grad_x cost)/d(data)
+        # (parameters at an active bound held fixed)
+        x, consts, args, f_scale, free, m = primals
+        _, dconsts, dargs, dfs, _, _ = tangents
+        grad_x = jax.grad(cost_at)
+        H = jax.jacfwd(grad_x)(x, consts, args, f_scale, m)
+        fz = free.astype(H.dtype)
+        H = H * fz[:, None] * fz[None, :] + jnp.diag(1.0 - fz)
+        _, rhs = jax.jvp(lambda c, a, s: grad_x(x, c, a, s, m), (consts, args, f_scale),
+                         (dconsts, dargs, dfs))
+        return x, -jnp.linalg.solve(H, rhs * fz)
+
+    def solve(ctxv, consts, args, m):
+        x0, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol = packer.unpack(ctxv)
+        fun = residual(consts, m)
+        solver = TrustRegion(fun, opts)
+        args_top = cast_floating(args, top_dt)
+        args_c = jax.lax.stop_gradient(args)
+        args_all = tuple(cast_floating(args_c, d) for d in rungs)
+        if solver.blocks is not None:   # once, outside the loop: the data in blocks
+            args_all = tuple(b.block(a) for b, a in zip(solver.blocks, args_all))
+        x0c = jax.lax.stop_gradient(x0)
+        if opts.has_bounds and opts.method == "trf":
+            x0c = make_strictly_feasible(x0c, lb, ub)
+        ctx = Context(args_all, lb, ub, scale_inv0, jax.lax.stop_gradient(f_scale), ftol,
+                      xtol, gtol, x0c, m)
+        if opts.max_nfev == 1:   # one evaluation, at x0: the final one below
+            st = solver.at_x0_only(x0c, ctx)
+        else:
+            st = iterate(solver, x0c, ctx)
+        free = solver.active_mask(jax.lax.stop_gradient(st.x), ctx) == 0
+        x = implicit_x(jax.lax.stop_gradient(st.x), consts, args_top, f_scale, free, m)
+        return solver.postprocess(st, ctx, x, args_top, f_scale, outputs)
+
+    return solve
+
+
+def context_packer(n: int, top_dt) -> Packer:
+    """One top-dtype vector for ``(x0, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol)``:
+    a compiled call costs a few microseconds per argument."""
+    vec, sca = jax.ShapeDtypeStruct((n,), top_dt), jax.ShapeDtypeStruct((), top_dt)
+    return Packer((vec, vec, vec, vec, sca, sca, sca, sca))
+
+
+def _arg_sig(tree) -> tuple:
+    """The structure, shapes and dtypes of ``tree`` (Python scalars by type: weakly typed)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((a.shape, a.dtype) if isinstance(a, (np.ndarray, jax.Array,
+                                                                 np.generic))
+                          else type(a) for a in leaves)
+
+
+def _rung_aval(a, dt):
+    dtype = jnp.result_type(a)
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jax.ShapeDtypeStruct(np.shape(a), dt)
+    return jax.ShapeDtypeStruct(np.shape(a), dtype,
+                                weak_type=isinstance(a, (bool, int, float, complex)))
+
+
+def _trace_rungs(residual, fun_flat, x0, shaped, rungs, pad) -> tuple:
+    """The residual traced on each rung at the (padded) data shapes, memoised per
+    residual object and shapes (a new object is traced again and finds its program by
+    the computation)."""
+    def trace():
+        out = []
+        for dt in rungs:
+            avals = jax.tree.map(lambda a: _rung_aval(a, dt), shaped)
+            out.append(trace_residual(fun_flat, jax.ShapeDtypeStruct((x0.shape[0],), dt),
+                                      avals))
+        return tuple(out)
+
+    try:
+        key = (residual, _arg_sig(x0), _arg_sig(shaped), rungs, pad)
+        hash(key)
+    except TypeError:
+        return trace()
+    return _caches.TRACES.get_or_build(key, trace)
+
+
+def run(prob, outputs: Outputs) -> Solution:
+    """Solve ``prob`` (a :class:`._inputs.Problem`) on its program: the identity program
+    for an eager dense autodiff solve (NumPy results), the object program otherwise. A
+    lean solve whose last model does not hold at its iterate gets cost, gradient and
+    covariance from one more evaluation (:func:`final_program`)."""
+    opts = prob.opts
+    if prob.identity:
+        return run_identity(prob, outputs)
+    sol = run_object(prob, outputs)
+    if sol.model_holds is None or not outputs.covariance:
+        return sol
+    if is_concrete(sol.model_holds):
+        if bool(sol.model_holds):
+            return sol
+        cost, g, cov = final_program(prob.fun_flat, opts)(sol.x, prob.args,
+                                                          prob.context[4])
+    else:
+        cost, g, cov = jax.lax.cond(
+            sol.model_holds, lambda: (sol.cost, sol.grad, sol.cov),
+            lambda: final_program(prob.fun_flat, opts)(sol.x, prob.args, prob.context[4]))
+    return sol._replace(cost=cost, grad=g, cov=cov, optimality=jnp.max(jnp.abs(g)))
+
+
+def run_identity(prob, outputs: Outputs) -> Solution:
+    """An eager, dense, autodiff solve on the program keyed by the residual's computation
+    (see the module docstring); the results come back as NumPy."""
+    opts, pad, m, args = prob.opts, prob.pad, prob.m, prob.args
+    x0 = prob.context[0]
+    shaped = padded_avals(args, *pad) if pad is not None else args
+    traced = _trace_rungs(prob.residual, prob.fun_flat, x0, shaped, opts.rungs, pad)
+    padded_to = pad[1] if pad is not None else None
+    if pad is not None:
+        args = pad_points(args, pad[0], m, padded_to)
+    consts = tuple(tr.consts for tr in traced)
+    ctxv = context_packer(opts.n, opts.rungs[-1]).pack_numpy(prob.context)
+    operands = (ctxv, consts, args, np.asarray(m, np.int32))
+    key = ("nlsq-solve", tuple(tr.key for tr in traced), _options_key(opts, prob.jac_key),
+           outputs, padded_to, _arg_sig(args))
+    out = solution_packer(opts, outputs, padded_to or m)
+    prog = _caches.PROGRAMS.get(key)
+    if prog is None:
+        def funs(cs):
+            return tuple(jaxpr_function(tr.jaxpr, c) for tr, c in zip(traced, cs))
+
+        solve = whole_solve(opts, outputs, funs, padded_to)
+
+        def packed(*a):
+            sol = solve(*a)._asdict()
+            tree = {k: sol[k] for k in out.treedef.unflatten(range(out.treedef.num_leaves))}
+            got = [(np.shape(v), np.dtype(v.dtype)) for v in jax.tree.leaves(tree)]
+            want = [(tuple(s[3]), out.dtypes[s[0]]) for s in out.slots]
+            if got != [(w[0], w[1] if not b else np.dtype(bool))
+                       for w, b in zip(want, out.bools)]:
+                raise AssertionError(f"solution layout {got} is not {want}")
+            return out.pack(tree)
+
+        options = _options(opts, m)
+        jitted = jax.jit(packed, **({"compiler_options": options} if options else {}))
+        prog = _disk_cache.compiled(jitted, key, operands, options)
+        _caches.PROGRAMS.put(key, prog)
+    return Solution(**{**_NO_SOLUTION, **out.unpack_numpy(prog(*operands))})
+
+
+_NO_SOLUTION = dict.fromkeys(Solution._fields)
+
+
+def run_object(prob, outputs: Outputs) -> Solution:
+    """A solve on the program that closes over the flat residual (keyed on the residual
+    object and shapes): traced calls (inlined in the user's program), user and
+    finite-difference Jacobians, blocked fits."""
+    opts, m = prob.opts, prob.m
+    packer = context_packer(opts.n, opts.rungs[-1])
+    ctxv = packer.pack_numpy(prob.context) if is_concrete(prob.context) else \
+        packer.pack(prob.context)
+    key = ("nlsq-object", hashable(prob.residual), _options_key(opts, prob.jac_key),
+           outputs, _arg_sig(prob.context[0]), _arg_sig(prob.args))
+    nr = len(opts.rungs)
+    fun_flat = prob.fun_flat
+    prog = _caches.PROGRAMS.get_or_build(key, lambda: cpu_jit(
+        whole_solve(opts, outputs, lambda cs: (fun_flat,) * nr),
+        optimise=m >= OPTIMISE_MIN_M))
+    return prog(ctxv, (), prob.args, np.asarray(m, np.int32))
+
+
+def solution_packer(opts: Options, outputs: Outputs, rows: int) -> Packer:
+    """The layout of a :class:`._state.Solution` (``rows``: the evaluated residuals, the
+    bucket length of padded data) packed into one vector per dtype: an executable's
+    call costs a few microseconds per result."""
+    sds, n, nr = jax.ShapeDtypeStruct, opts.n, len(opts.rungs)
+    top, i32 = np.dtype(opts.rungs[-1]), np.dtype(np.int32)
+    vec, sca, cnt, per_rung = sds((n,), top), sds((), top), sds((), i32), sds((nr,), i32)
+    return Packer(dict(
+        x=vec, cost=sca, grad=vec, optimality=sca, active_mask=sds((n,), i32), nfev=cnt,
+        njev=cnt, nit=cnt, status=cnt, rung=cnt, escalations=cnt, rung_entered=per_rung,
+        rung_nfev=per_rung, escalation_reason=per_rung,
+        **({"fun": sds((rows,), top), "jac": sds((rows, n), top)} if outputs.fun_jac
+           else {}),
+        **({"cov": sds((n, n), top)} if outputs.covariance else {})), bool_as=np.int32)
+
+
+def _options_key(opts: Options, jac_key):
+    """``opts`` as a key: the Jacobian by its key, user objects by identity when
+    unhashable."""
+    return opts._replace(loss=hashable(opts.loss), jac=hashable(jac_key),
+                         schedule=hashable(opts.schedule), callback=hashable(opts.callback))
+
+
+def final_program(fun_flat, opts: Options):
+    """``final(x, args, f_scale) -> (cost, g, (J^T J)^+)`` on the top rung at ``x``, for a
+    lean solve whose last model does not describe its iterate (compiled on first use,
+    kept per residual and options). Not inside the solve's program: there, behind a
+    ``lax.cond`` a fit almost never takes, its ``m x n`` Jacobian would be a temporary of
+    every call (1e6 x 5 float64: 80 MB mapped afresh at each execution)."""
+    from ._evaluate import final_evaluation
+    from .common import covariance
+
+    top_dt = opts.rungs[-1]
+    def final(x, args, f_scale):
+        _, Js, g, cost = final_evaluation(fun_flat, opts, x, cast_floating(args, top_dt),
+                                          f_scale)
+        return cost, g, covariance(Js)
+
+    return _caches.FINAL_PROGRAMS.get_or_build(
+        (hashable(fun_flat), _options_key(opts, None)),
+        lambda: cpu_jit(final, optimise=opts.m >= OPTIMISE_MIN_M))
