@@ -491,6 +491,7 @@ class Problem(NamedTuple):
     jac_format: Any      # "sparse" / "operator": res.jac in the user's jac's format
     args: tuple
     context: tuple       # (x0, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol), top dtype
+    x0_sig: Any          # x0's structure, shapes and dtypes (keys of closing programs)
 
 
 def prepare(residual, x0, args, *, method, bounds, loss, f_scale, x_scale, jac, ftol,
@@ -502,6 +503,7 @@ def prepare(residual, x0, args, *, method, bounds, loss, f_scale, x_scale, jac, 
     from . import _residual
     from ._buckets import bucket
     from ._finite_diff import as_sparsity
+    from ._keys import sig
     from ._lsmr import tr_solver_options
     from ._state import Options
     from ._step_schedule import default_schedule
@@ -611,4 +613,4 @@ def prepare(residual, x0, args, *, method, bounds, loss, f_scale, x_scale, jac, 
                xtol, gtol)
     return Problem(a.residual, a.fun_flat, a.unravel, a.x0_shape, opts, jac_key, m, pad,
                    identity, a.host_kind or ("sparse" if sparse_fd else None), args,
-                   context)
+                   context, sig(a.x0))

@@ -48,7 +48,8 @@ from ._identity import jaxpr_function, trace_residual
 from ._keys import hashable
 from ._pack import Packer
 from ._state import Context, Options, Outputs, Solution
-from .solver import TrustRegion, iterate
+from .common import covariance_at
+from .solver import TrustRegion, iterate, lean_capable
 from .trf import make_strictly_feasible
 
 __all__ = ["whole_solve", "run", "run_identity", "run_object", "final_program",
@@ -181,26 +182,33 @@ def _trace_rungs(residual, fun_flat, x0, shaped, rungs, pad) -> tuple:
 
 
 def run(prob, outputs: Outputs) -> Solution:
-    """Solve ``prob`` (a :class:`._inputs.Problem`) on its program: the identity program
-    for an eager dense autodiff solve (NumPy results), the object program otherwise. A
-    lean solve whose last model does not hold at its iterate gets cost, gradient and
-    covariance from one more evaluation (:func:`final_program`)."""
+    """Solve ``prob`` (a :class:`._inputs.Problem`) on its program.
+
+    Every program evaluates once more at the solution on the top rung (``fun``, ``jac``
+    and, when asked, the covariance come from there), except the **lean** one: an eager,
+    blocked, unbounded, linear-loss fit (:func:`.solver.lean_capable`) reads cost,
+    gradient and covariance off the loop's last model, then forms only what was asked:
+    ``fun``/``jac`` by a final evaluation of its own (:func:`final_program`), or the
+    covariance from it where the last model does not describe the iterate."""
     opts = prob.opts
+    full = outputs._replace(fun_jac=True)
     if prob.identity:
-        return run_identity(prob, outputs)
-    sol = run_object(prob, outputs)
-    if sol.model_holds is None or not outputs.covariance:
-        return sol
-    if is_concrete(sol.model_holds):
-        if bool(sol.model_holds):
-            return sol
-        cost, g, cov = final_program(prob.fun_flat, opts)(sol.x, prob.args,
-                                                          prob.context[4])
-    else:
-        cost, g, cov = jax.lax.cond(
-            sol.model_holds, lambda: (sol.cost, sol.grad, sol.cov),
-            lambda: final_program(prob.fun_flat, opts)(sol.x, prob.args, prob.context[4]))
-    return sol._replace(cost=cost, grad=g, cov=cov, optimality=jnp.max(jnp.abs(g)))
+        return run_identity(prob, full)
+    if not (lean_capable(opts) and is_concrete((prob.context, prob.args))):
+        return run_object(prob, full)
+    sol = run_object(prob, outputs._replace(fun_jac=False, covariance=True))
+    f_scale = prob.context[4]
+    if outputs.fun_jac:
+        f, Js, g, cost = final_program(prob, "full")(sol.x, prob.args,
+                                                                     f_scale)
+        sol = sol._replace(fun=f, jac=Js, grad=g, cost=cost, optimality=jnp.max(jnp.abs(g)))
+        if outputs.covariance and not bool(sol.model_holds):
+            sol = sol._replace(cov=covariance_at(Js))
+    elif outputs.covariance and not bool(sol.model_holds):
+        cost, g, cov = final_program(prob, "covariance")(sol.x, prob.args,
+                                                                         f_scale)
+        sol = sol._replace(cost=cost, grad=g, cov=cov, optimality=jnp.max(jnp.abs(g)))
+    return sol._replace(cov=sol.cov if outputs.covariance else None, model_holds=None)
 
 
 def run_identity(prob, outputs: Outputs) -> Solution:
@@ -255,7 +263,7 @@ def run_object(prob, outputs: Outputs) -> Solution:
     ctxv = packer.pack_numpy(prob.context) if is_concrete(prob.context) else \
         packer.pack(prob.context)
     key = ("nlsq-object", hashable(prob.residual), _options_key(opts, prob.jac_key),
-           outputs, _arg_sig(prob.context[0]), _arg_sig(prob.args))
+           outputs, prob.x0_sig, _arg_sig(prob.args))
     nr = len(opts.rungs)
     fun_flat = prob.fun_flat
     prog = _caches.PROGRAMS.get_or_build(key, lambda: cpu_jit(
@@ -287,21 +295,23 @@ def _options_key(opts: Options, jac_key):
                          schedule=hashable(opts.schedule), callback=hashable(opts.callback))
 
 
-def final_program(fun_flat, opts: Options):
-    """``final(x, args, f_scale) -> (cost, g, (J^T J)^+)`` on the top rung at ``x``, for a
-    lean solve whose last model does not describe its iterate (compiled on first use,
-    kept per residual and options). Not inside the solve's program: there, behind a
-    ``lax.cond`` a fit almost never takes, its ``m x n`` Jacobian would be a temporary of
-    every call (1e6 x 5 float64: 80 MB mapped afresh at each execution)."""
+def final_program(prob, kind: str):
+    """The final evaluation of a lean solve at its iterate ``x``, compiled on first use
+    and kept per residual and options: ``kind="full"``: ``(fun, jac, g, cost)``;
+    ``"covariance"``: ``(cost, g, (J^T J)^+)``. Not inside the solve's program: there,
+    behind a ``lax.cond`` a fit almost never takes, its ``m x n`` Jacobian would be a
+    temporary of every call (1e6 x 5 float64: 80 MB mapped afresh at each execution)."""
     from ._evaluate import final_evaluation
     from .common import covariance
 
+    opts, fun_flat = prob.opts, prob.fun_flat
     top_dt = opts.rungs[-1]
+
     def final(x, args, f_scale):
-        _, Js, g, cost = final_evaluation(fun_flat, opts, x, cast_floating(args, top_dt),
+        f, Js, g, cost = final_evaluation(fun_flat, opts, x, cast_floating(args, top_dt),
                                           f_scale)
-        return cost, g, covariance(Js)
+        return (f, Js, g, cost) if kind == "full" else (cost, g, covariance(Js))
 
     return _caches.FINAL_PROGRAMS.get_or_build(
-        (hashable(fun_flat), _options_key(opts, None)),
+        (hashable(prob.residual), _options_key(opts, prob.jac_key), prob.x0_sig, kind),
         lambda: cpu_jit(final, optimise=opts.m >= OPTIMISE_MIN_M))

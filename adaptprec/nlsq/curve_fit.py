@@ -69,6 +69,14 @@ def _warning_class():
     return OptimizeWarning
 
 
+def __getattr__(name):
+    # the subclass pickles by reference (warnings cross process boundaries in test
+    # runners and multiprocessing): created on first use, here as in the sender
+    if name == "OptimizeWarningBoth":
+        return _both_warning_classes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 @float64_entry("curve_fit", ("xdata", "ydata", "p0", "sigma", "bounds", "kwargs"),
                always_host=True)
 def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bool = False,
@@ -163,7 +171,9 @@ def _fit_outputs(res, cov, cf, absolute_sigma, full_output):
     """``(popt, pcov)`` (and scipy's ``infodict``, ``mesg``, ``ier``) of a fit."""
     popt = np.array(res.x) if isinstance(res.x, np.ndarray) else res.x  # writable
     concrete = is_concrete((res.status, cov))
-    pcov = scale_pcov(cov, res.cost, cf.m, cf.n, lm_rule=cf.lm_rule,
+    # the point count is the residual's size (a scalar ydata broadcasts against f)
+    m = int(np.size(res.fun)) if res.fun is not None else cf.m
+    pcov = scale_pcov(cov, res.cost, m, cf.n, lm_rule=cf.lm_rule,
                       absolute_sigma=bool(absolute_sigma), xnp=np if concrete else jnp)
     if not concrete and not full_output:
         # under a trace nothing can raise scipy's RuntimeError: a failed fit returns NaN

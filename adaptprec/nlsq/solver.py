@@ -71,7 +71,7 @@ from .dogbox import dogbox_gnorm, on_bound
 from .lm import at_noise_level, minpack_radius, optx_radius, verify_minimum
 from .trf import active_constraints, cl_scaling
 
-__all__ = ["TrustRegion", "iterate", "one_eval_gate", "PORTFOLIO", "RESTART_RADIUS",
+__all__ = ["TrustRegion", "iterate", "one_eval_gate", "lean_capable", "PORTFOLIO", "RESTART_RADIUS",
            "ONE_EVAL_MIN_M"]
 
 #: ``lm``'s portfolio: when its default strategy (MINPACK's radius rule) fails on the top
@@ -87,6 +87,15 @@ RESTART_RADIUS = 0.01
 #: fits); smaller problems iterate the top rung to its own tolerances, where NIST StRD's
 #: certified digits are judged.
 ONE_EVAL_MIN_M = 4096
+
+
+def lean_capable(opts: Options) -> bool:
+    """Whether a solve's last model describes its iterate well enough to give cost,
+    gradient and covariance without a final evaluation: blocked (pointwise, normal
+    equations), unbounded, the linear loss, no ``max_nfev``. Forming the ``m x n``
+    Jacobian again costs as much as a float64 evaluation there."""
+    return (opts.point_axes is not None and not opts.has_bounds and not opts.max_nfev
+            and isinstance(opts.loss, str) and opts.loss == "linear")
 
 
 def one_eval_gate(opts: Options) -> bool:
@@ -204,13 +213,9 @@ class TrustRegion:
         return jnp.zeros(x.shape, jnp.int32)
 
     def is_lean(self, outputs: Outputs) -> bool:
-        """Whether the outputs come from the loop's last model (blocked, unbounded,
-        linear-loss fits without ``max_nfev`` that need no residual): forming the final
-        ``m x n`` Jacobian again costs as much as a float64 evaluation."""
-        opts = self.opts
-        return (not outputs.fun_jac and self.blocks is not None and not opts.has_bounds
-                and not opts.max_nfev and isinstance(opts.loss, str)
-                and opts.loss == "linear")
+        """Whether the outputs come from the loop's last model (:func:`lean_capable`,
+        and no residual asked for)."""
+        return not outputs.fun_jac and lean_capable(self.opts)
 
     def at_x0_only(self, x0, ctx: Context) -> State:
         """The state of a solve that ends at ``x0`` after its one evaluation, the final
