@@ -113,7 +113,7 @@ def test_blocked_matches_unblocked(loss):
     rb = ap.solve_nlsq(dexp_res, PB0, args=args, **kw)
     ru = ap.solve_nlsq(dexp_res_unblocked, PB0, args=args, **kw)
     assert set(_blocked_key_used(dexp_res)) == {(0, 0)}
-    assert set(_blocked_key_used(dexp_res_unblocked)) == {None}
+    assert set(_blocked_key_used(dexp_res_unblocked)) <= {None}   # (or the dense program)
     assert bool(rb.success) and bool(ru.success)
     assert rb.fun.shape == (MB,) and rb.jac.shape == (MB, 5)
     # converged tightly; only the summation order of J^T J differs. With the robust

@@ -101,10 +101,11 @@ def test_chunks_source_uneven_and_oversized(data, streamed):
 
 def test_one_program_for_every_length(data, streamed):
     t, y = data
-    before = len(_chunks._programs)
+    from adaptprec.nlsq import _caches
+    before = len(_caches.STREAM_PROGRAMS)
     res = ap.solve_nlsq(residual, X0, args=(t[:15_000], y[:15_000]), chunk_size=CHUNK)
     assert int(res.status) > 0
-    assert len(_chunks._programs) == before
+    assert len(_caches.STREAM_PROGRAMS) == before
 
 
 @pytest.mark.slow

@@ -19,6 +19,8 @@ Example:
 
 from __future__ import annotations
 
+import collections
+
 from typing import TYPE_CHECKING
 
 import jax

@@ -244,7 +244,8 @@ def _stream_loop(opts: Options, evaluator: _Evaluator, sums, final, x0, ctx):
             break
         A, b, cost = evaluator.run(sums, rung, prop.z, tail=(fs,))
         ev = model(np.asarray(A, top_dt), np.asarray(b, top_dt), np.asarray(cost, top_dt))
-        st, prop = step(st, prop, ev, ctx)
+        # (the point count is known after the first pass over a Chunks source)
+        st, prop = step(st, prop, ev, ctx._replace(m=np.asarray(evaluator.m, np.int32)))
     st = jax.device_get(st)
     A, g, cost = evaluator.run(final, st.x, tail=(fs,))
     return st, g, cost, A
@@ -412,7 +413,7 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
         return np.asarray(v, top_dt)
 
     ctx = Context(None, arr(lb), arr(ub), arr(scale_inv0), arr(f_scale), arr(ftol),
-                  arr(xtol), arr(gtol), arr(x0), np.asarray(evaluator.m, np.int32))
+                  arr(xtol), arr(gtol), arr(x0), np.asarray(0, np.int32))
     st, g, cost, A = _stream_loop(opts, evaluator, sums, final, arr(x0), ctx)
     res = _result(opts, st, g, cost, ctx)
     return (res, np.asarray(A, np.float64), evaluator.m) if with_gram else res

@@ -20,7 +20,7 @@ import numpy as np
 
 from .._pytree import replace
 from .._tracing import is_concrete
-from .._x64_rule import float64_entry
+from .._x64_rule import float64_entry, to_device
 from ._inputs import Problem, lists_as_arrays, prepare
 from ._state import Outputs
 from .result import NLSQResult, result_to_host
@@ -54,7 +54,8 @@ def cache_info() -> dict:
     return _caches.info()
 
 
-@float64_entry("solve_nlsq", ("x0", "args", "bounds", "f_scale"), host=result_to_host)
+@float64_entry("solve_nlsq", ("x0", "args", "bounds", "f_scale"), host=result_to_host,
+               device=to_device)
 def solve_nlsq(residual: Callable, x0: Any, args: tuple = (), *, method: str | None = None,
                bounds=(-np.inf, np.inf), loss="linear", f_scale: float = 1.0, x_scale=None,
                jac=None, ftol: float = 1e-15, xtol: float = 1e-10, gtol: float = 1e-10,
