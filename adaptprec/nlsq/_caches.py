@@ -9,6 +9,8 @@ them all (``adaptprec.nlsq.clear_cache``). Compiled executables themselves live 
 ========================  ==========================================================  ====
 memo                      key -> value                                                size
 ========================  ==========================================================  ====
+``PROBLEMS``              (residual, shapes, options) -> a validated problem of the
+                          common eager call (:func:`._inputs.prepare`)                 64
 ``SIZES``                 (residual, x0 and args signatures) -> ``m``                  256
 ``POINT_AXES``            (residual, x0 and args signatures) -> point axes or None     256
 ``TRACES``                (residual, x0 and padded-args signatures, rungs) -> per-rung
@@ -38,7 +40,7 @@ from __future__ import annotations
 import collections
 import threading
 
-__all__ = ["Memo", "SIZES", "POINT_AXES", "TRACES", "PROGRAMS", "FINAL_PROGRAMS",
+__all__ = ["Memo", "PROBLEMS", "SIZES", "POINT_AXES", "TRACES", "PROGRAMS", "FINAL_PROGRAMS",
            "STREAM_PROGRAMS", "RESIDUALS", "POINTS", "clear", "info"]
 
 
@@ -88,6 +90,7 @@ class Memo:
 
 _MISSING = object()
 
+PROBLEMS = Memo("PROBLEMS", 64)
 SIZES = Memo("SIZES", 256)
 POINT_AXES = Memo("POINT_AXES", 256)
 TRACES = Memo("TRACES", 128)
@@ -95,7 +98,7 @@ PROGRAMS = Memo("PROGRAMS", 64)
 FINAL_PROGRAMS = Memo("FINAL_PROGRAMS", 32)
 STREAM_PROGRAMS = Memo("STREAM_PROGRAMS", 64)
 RESIDUALS = Memo("RESIDUALS", 256)
-_ALL = (SIZES, POINT_AXES, TRACES, PROGRAMS, FINAL_PROGRAMS, STREAM_PROGRAMS,
+_ALL = (PROBLEMS, SIZES, POINT_AXES, TRACES, PROGRAMS, FINAL_PROGRAMS, STREAM_PROGRAMS,
         RESIDUALS)
 
 

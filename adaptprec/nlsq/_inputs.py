@@ -151,6 +151,11 @@ def broadcast_bounds(bounds, n: int, dtype):
                 raise ValueError(f"a bound of shape {b.shape} does not broadcast to the "
                                  f"{n} parameters") from exc
         return tuple(out)
+    return _numpy_bounds(bounds, n)
+
+
+def _numpy_bounds(bounds, n: int):
+    """:func:`broadcast_bounds` of concrete bounds."""
     out = []
     for b, name in zip(bounds, ("lower", "upper")):
         try:
@@ -313,8 +318,10 @@ all_finite(np.array([1e308, 1e308]))
     return bool(np.all(np.isfinite(a)))
 
 
-def check_finite_tree(tree, what: str, fix: str = "clean the data first (curve_fit can "
-                      "drop NaN points with nan_policy='omit')", skip=()) -> None:
+_FINITE_FIX = "clean the data first (curve_fit can drop NaN points with nan_policy='omit')"
+
+
+def check_finite_tree(tree, what: str, fix: str = _FINITE_FIX, skip=()) -> None:
     """Raise ``ValueError`` when a concrete leaf of ``tree`` is not finite (``skip``:
     arrays the caller has checked already, by identity)."""
     if not is_concrete(tree):
@@ -492,19 +499,104 @@ class Problem(NamedTuple):
     args: tuple
     context: tuple       # (x0, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol), top dtype
     x0_sig: Any          # x0's structure, shapes and dtypes (keys of closing programs)
+    njev_none: bool      # scipy's njev=None (lm with a Jacobian it did not evaluate)
+    memo_key: Any = None  # the structure key of a memoised problem (:func:`prepare`)
 
 
-def prepare(residual, x0, args, *, method, bounds, loss, f_scale, x_scale, jac, ftol,
-            xtol, gtol, max_steps, precision, schedule, linear_solver, max_rejections,
-            cond_tol, max_nfev, diff_step, kwargs, tr_solver, tr_options, jac_sparsity,
-            verbose, workers, callback, checked=()) -> Problem:
-    """``solve_nlsq``'s arguments validated and resolved into a :class:`Problem`, before
-    anything is traced (``checked``: data arrays the caller found finite already)."""
+def _structure_key(residual, x0, args, kw):
+    """A key of everything but the values of ``x0``, the data, the bounds, ``x_scale``
+    and ``f_scale``, for the common eager call (NumPy data and ``x0``, an autodiff
+    Jacobian, scalar or array bounds); ``None`` for anything else (then nothing is
+    memoised)."""
+    if kw["jac"] not in (None, "fwd", "rev") or kw["kwargs"] or kw["jac_sparsity"] is not None:
+        return None
+    if not (isinstance(x0, np.ndarray) or (isinstance(x0, (list, tuple)) and all(
+            isinstance(v, (int, float)) for v in x0))):
+        return None
+    if not isinstance(args, tuple) or not all(type(a) is np.ndarray for a in args):
+        return None
+    bounds = kw["bounds"]
+    if not (isinstance(bounds, tuple) and len(bounds) == 2):
+        return None
+    bsig = []
+    for b in bounds:
+        if isinstance(b, (int, float)):
+            bsig.append(np.isfinite(b))
+        elif type(b) is np.ndarray:
+            bsig.append((b.shape, np.isfinite(b).tobytes()))
+        else:
+            return None
+    xs = kw["x_scale"]
+    xs = xs if xs is None or isinstance(xs, (str, int, float)) else (
+        "array" if type(xs) is np.ndarray else None)
+    static = tuple((k, v) for k, v in kw.items()
+                   if k not in ("bounds", "x_scale", "f_scale", "jac_sparsity", "kwargs"))
+    try:
+        key = (residual, np.shape(x0), tuple((a.shape, a.dtype.str) for a in args),
+               tuple(bsig), xs, static, x64_enabled(), jax.default_backend())
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _with_values(known: Problem, x0, args, kw, checked) -> Problem:
+    """A memoised problem with this call's values: ``x0``, the data, the bounds,
+    ``x_scale`` and ``f_scale``, each checked as :func:`prepare` checks them."""
+    n, top_dt = known.opts.n, np.dtype(known.opts.rungs[-1])
+    x0_flat = np.ravel(np.asarray(x0, np.float64))
+    for what, leaves in (("x0", (x0_flat,)), ("the data in args", args)):
+        for leaf in leaves:
+            if not any(leaf is c for c in checked) and not all_finite(leaf):
+                check_finite_tree(leaves, what, "give a finite starting point" if
+                                  what == "x0" else _FINITE_FIX, skip=checked)
+    f_scale = kw["f_scale"]
+    if not (np.isscalar(f_scale) and np.isfinite(f_scale) and f_scale > 0):
+        raise ValueError(f"f_scale must be a positive finite number, got {f_scale!r}")
+    lb, ub = _numpy_bounds(kw["bounds"], n)
+    if np.any(x0_flat < lb) or np.any(x0_flat > ub):
+        i = int(np.argmax((x0_flat < lb) | (x0_flat > ub)))
+        raise ValueError(f"x0 is outside the bounds: x0[{i}]={x0_flat[i]} not in "
+                         f"[{lb[i]}, {ub[i]}]")
+    x_scale = kw["x_scale"]
+    if x_scale is None:
+        x_scale = "jac" if known.opts.method in ("lm", "gn") else 1.0
+    ctx = known.context
+    return known._replace(args=args, context=(
+        x0_flat.astype(top_dt), lb, ub, _scale_inv(x_scale, n), f_scale, *ctx[5:]))
+
+
+def prepare(residual, x0, args, *, checked=(), **kw) -> Problem:
+    """``solve_nlsq``'s arguments (``kw``: its options) validated and resolved into a
+    :class:`Problem`, before anything is traced (``checked``: data arrays the caller
+    found finite already). What does not depend on the values (the residual's size and
+    point axes, the options, the program) is memoised for the common eager call
+    (:func:`_structure_key`, :data:`._caches.PROBLEMS`); a repeat checks the values
+    only."""
+    from . import _caches
+
+    key = _structure_key(residual, x0, args, kw)
+    if key is not None:
+        known = _caches.PROBLEMS.get(key)
+        if known is not None:
+            return _with_values(known, x0, args, kw, checked)
+    prob = _prepare(residual, x0, args, checked=checked, **kw)
+    if key is not None and prob.identity:
+        prob = prob._replace(memo_key=key)
+        _caches.PROBLEMS.put(key, prob)
+    return prob
+
+
+def _prepare(residual, x0, args, *, method, bounds, loss, f_scale, x_scale, jac, ftol,
+             xtol, gtol, max_steps, precision, schedule, linear_solver, max_rejections,
+             cond_tol, max_nfev, diff_step, kwargs, tr_solver, tr_options, jac_sparsity,
+             verbose, workers, callback, checked=()) -> Problem:
     from . import _residual
     from ._buckets import bucket
     from ._finite_diff import as_sparsity
     from ._keys import sig
     from ._lsmr import tr_solver_options
+    from ._methods import njev_is_none
     from ._state import Options
     from ._step_schedule import default_schedule
     from .common import check_loss, check_loss_output, default_max_steps
@@ -613,4 +705,4 @@ def prepare(residual, x0, args, *, method, bounds, loss, f_scale, x_scale, jac, 
                xtol, gtol)
     return Problem(a.residual, a.fun_flat, a.unravel, a.x0_shape, opts, jac_key, m, pad,
                    identity, a.host_kind or ("sparse" if sparse_fd else None), args,
-                   context, sig(a.x0))
+                   context, sig(a.x0), njev_is_none(opts))

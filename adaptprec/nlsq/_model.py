@@ -251,7 +251,81 @@ def prepare_curve_fit(f, xdata, ydata, p0, sigma, check_finite, bounds, method,
     """scipy's ``curve_fit`` rules on its data: array-likes read as arrays, non-finite
     data refused (or dropped, ``nan_policy="omit"``), ``ydata`` raveled, ``p0`` from the
     signature (or the middle of finite bounds), ``sigma`` as standard deviations or a
-    covariance (whitened by its Cholesky factor)."""
+    covariance (whitened by its Cholesky factor). For the common call (NumPy data, no
+    ``nan_policy``, scalar bounds) what does not depend on the values is memoised
+    (:data:`._caches.PROBLEMS`); a repeat checks the values only."""
+    from . import _caches
+
+    key = _curve_fit_key(f, xdata, ydata, p0, sigma, check_finite, bounds, method,
+                         nan_policy)
+    if key is not None:
+        known = _caches.PROBLEMS.get(key)
+        if known is not None:
+            return _with_data(known, xdata, ydata, p0, sigma)
+    cf = _prepare_curve_fit(f, xdata, ydata, p0, sigma, check_finite, bounds, method,
+                            nan_policy)
+    if key is not None and cf.kind != "2d":
+        _caches.PROBLEMS.put(key, cf)
+    return cf
+
+
+def _curve_fit_key(f, xdata, ydata, p0, sigma, check_finite, bounds, method, nan_policy):
+    """The structure of the common call, or ``None``."""
+    if nan_policy is not None or type(xdata) is not np.ndarray or \
+            type(ydata) is not np.ndarray or ydata.ndim != 1 or \
+            xdata.dtype.kind not in "fiu" or ydata.dtype.kind not in "fiu":
+        return None
+    if sigma is None or isinstance(sigma, (int, float)):
+        sk = None if sigma is None else "scalar"
+    elif type(sigma) is np.ndarray and sigma.shape == ydata.shape:
+        sk = ("1d", sigma.dtype.str)
+    else:
+        return None
+    if p0 is None:
+        pk = None
+    elif isinstance(p0, (list, tuple)) and all(type(v) in (float, int) for v in p0):
+        pk = len(p0)
+    elif type(p0) is np.ndarray and p0.ndim == 1 and p0.dtype.kind in "fiu":
+        pk = p0.shape
+    else:
+        return None
+    if not (isinstance(bounds, tuple) and len(bounds) == 2 and
+            all(type(b) in (float, int) for b in bounds)):
+        return None
+    try:
+        key = ("curve_fit", f, xdata.shape, xdata.dtype.str, ydata.shape, ydata.dtype.str,
+               sk, pk, bounds, method, check_finite, jax.config.read("jax_enable_x64"))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _with_data(known: CurveFitProblem, xdata, ydata, p0, sigma) -> CurveFitProblem:
+    """A memoised curve_fit problem with this call's data, ``p0`` and ``sigma``."""
+    x = xdata if xdata.dtype.kind == "f" else xdata.astype(float)
+    y = ydata if ydata.dtype == np.float64 else ydata.astype(np.float64)
+    checked = ()
+    if known.checked:   # check_finite: as the first call checked them
+        for arr, name in ((x, "xdata"), (y, "ydata")):
+            if not all_finite(arr):
+                raise ValueError(f"{name} contains NaN or Inf (array must not contain "
+                                 "infs or NaNs); remove those points or pass "
+                                 "nan_policy='omit'.")
+        checked = (x, y)
+    extra = ()
+    if known.kind == "1d":
+        s = np.asarray(sigma, np.float64)
+        if np.any(s <= 0):
+            raise ValueError("1-D `sigma` must be positive (standard deviations).")
+        with np.errstate(over="ignore", divide="ignore"):
+            extra = (np.broadcast_to(1.0 / s.reshape(-1), (known.m,)),)
+    p0 = known.p0 if p0 is None else np.atleast_1d(np.asarray(p0, np.float64))
+    return known._replace(p0=p0, args=(x, y, *extra), checked=checked)
+
+
+def _prepare_curve_fit(f, xdata, ydata, p0, sigma, check_finite, bounds, method,
+                       nan_policy) -> CurveFitProblem:
     xdata, ydata, sigma = as_data(xdata, "xdata"), as_data(ydata, "ydata"), \
         as_data(sigma, "sigma")
     concrete = is_concrete((xdata, ydata, sigma))

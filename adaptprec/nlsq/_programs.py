@@ -46,7 +46,6 @@ from ._buckets import masked, pad_points, padded_avals
 from ._compile import cpu_jit, cpu_options
 from ._identity import jaxpr_function, trace_residual
 from ._keys import hashable
-from ._pack import Packer
 from ._state import Context, Options, Outputs, Solution
 from .common import covariance_at
 from .solver import TrustRegion, iterate, lean_capable
@@ -138,7 +137,7 @@ def whole_solve(opts: Options, outputs: Outputs, funs, padded_to: int | None = N
     return solve
 
 
-def context_packer(n: int, top_dt) -> Packer:
+def context_packer(n: int, top_dt) -> "Packer":
     """One top-dtype vector for ``(x0, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol)``:
     a compiled call costs a few microseconds per argument."""
     vec, sca = jax.ShapeDtypeStruct((n,), top_dt), jax.ShapeDtypeStruct((), top_dt)
@@ -213,20 +212,56 @@ def run(prob, outputs: Outputs) -> Solution:
 
 def run_identity(prob, outputs: Outputs) -> Solution:
     """An eager, dense, autodiff solve on the program keyed by the residual's computation
-    (see the module docstring); the results come back as NumPy."""
+    (see the module docstring); the results come back as NumPy. A memoised problem
+    (:func:`._inputs.prepare`) keeps its runner: a repeat traces and looks up nothing."""
+    key = ("runner", prob.memo_key, outputs) if prob.memo_key is not None else None
+    runner = _caches.PROGRAMS.get(key) if key is not None else None
+    if runner is None:
+        runner = _identity_runner(prob, outputs)
+        if key is not None:
+            _caches.PROGRAMS.put(key, runner)
+    return runner(prob)
+
+
+class _Runner:
+    """One identity program with what its calls share: the residual's hoisted arrays,
+    the layouts of its packed operands and results, the bucket's padding."""
+
+    def __init__(self, prog, consts, out: Packer, ctx: Packer, pad, m: int):
+        self.prog, self.consts, self.out, self.ctx = prog, consts, out, ctx
+        self.pad = pad
+        self.m = np.asarray(m, np.int32)
+        self.idx = None if pad is None else np.minimum(np.arange(pad[1]), m - 1)
+
+    def __call__(self, prob) -> Solution:
+        args = prob.args
+        if self.pad is not None:   # the last point repeated to the bucket (masked)
+            leaves, treedef = jax.tree.flatten(args)
+            args = jax.tree.unflatten(treedef, [
+                a if ax is None else np.take(np.asarray(a), self.idx, axis=ax)
+                for a, ax in zip(leaves, self.pad[0])])
+        packed = self.prog(self.ctx.pack_numpy(prob.context), self.consts, args, self.m)
+        return Solution(**{**_NO_SOLUTION, **self.out.unpack_numpy(packed)})
+
+
+_NO_SOLUTION = dict.fromkeys(Solution._fields)
+
+
+def _identity_runner(prob, outputs: Outputs) -> _Runner:
     opts, pad, m, args = prob.opts, prob.pad, prob.m, prob.args
-    x0 = prob.context[0]
     shaped = padded_avals(args, *pad) if pad is not None else args
-    traced = _trace_rungs(prob.residual, prob.fun_flat, x0, shaped, opts.rungs, pad)
+    traced = _trace_rungs(prob.residual, prob.fun_flat, prob.context[0], shaped, opts.rungs,
+                          pad)
     padded_to = pad[1] if pad is not None else None
-    if pad is not None:
-        args = pad_points(args, pad[0], m, padded_to)
     consts = tuple(tr.consts for tr in traced)
-    ctxv = context_packer(opts.n, opts.rungs[-1]).pack_numpy(prob.context)
-    operands = (ctxv, consts, args, np.asarray(m, np.int32))
-    key = ("nlsq-solve", tuple(tr.key for tr in traced), _options_key(opts, prob.jac_key),
-           outputs, padded_to, _arg_sig(args))
+    ctx = context_packer(opts.n, opts.rungs[-1])
     out = solution_packer(opts, outputs, padded_to or m)
+    runner = _Runner(None, consts, out, ctx, pad, m)
+    operands = (ctx.pack_numpy(prob.context), consts,
+                pad_points(args, pad[0], m, padded_to) if pad is not None else args,
+                runner.m)
+    key = ("nlsq-solve", tuple(tr.key for tr in traced), _options_key(opts, prob.jac_key),
+           outputs, padded_to, _arg_sig(operands[2]))
     prog = _caches.PROGRAMS.get(key)
     if prog is None:
         def funs(cs):
@@ -236,22 +271,18 @@ def run_identity(prob, outputs: Outputs) -> Solution:
 
         def packed(*a):
             sol = solve(*a)._asdict()
-            tree = {k: sol[k] for k in out.treedef.unflatten(range(out.treedef.num_leaves))}
+            tree = {k: sol[k] for k in out.names}
             got = [(np.shape(v), np.dtype(v.dtype)) for v in jax.tree.leaves(tree)]
-            want = [(tuple(s[3]), out.dtypes[s[0]]) for s in out.slots]
-            if got != [(w[0], w[1] if not b else np.dtype(bool))
-                       for w, b in zip(want, out.bools)]:
-                raise AssertionError(f"solution layout {got} is not {want}")
+            if got != out.avals:
+                raise AssertionError(f"solution layout {got} is not {out.avals}")
             return out.pack(tree)
 
         options = _options(opts, m)
         jitted = jax.jit(packed, **({"compiler_options": options} if options else {}))
         prog = _disk_cache.compiled(jitted, key, operands, options)
         _caches.PROGRAMS.put(key, prog)
-    return Solution(**{**_NO_SOLUTION, **out.unpack_numpy(prog(*operands))})
-
-
-_NO_SOLUTION = dict.fromkeys(Solution._fields)
+    runner.prog = prog
+    return runner
 
 
 def run_object(prob, outputs: Outputs) -> Solution:
@@ -272,7 +303,7 @@ def run_object(prob, outputs: Outputs) -> Solution:
     return prog(ctxv, (), prob.args, np.asarray(m, np.int32))
 
 
-def solution_packer(opts: Options, outputs: Outputs, rows: int) -> Packer:
+def solution_packer(opts: Options, outputs: Outputs, rows: int) -> "Packer":
     """The layout of a :class:`._state.Solution` (``rows``: the evaluated residuals, the
     bucket length of padded data) packed into one vector per dtype: an executable's
     call costs a few microseconds per result."""
@@ -315,3 +346,69 @@ def final_program(prob, kind: str):
     return _caches.FINAL_PROGRAMS.get_or_build(
         (hashable(prob.residual), _options_key(opts, prob.jac_key), prob.x0_sig, kind),
         lambda: cpu_jit(final, optimise=opts.m >= OPTIMISE_MIN_M))
+
+
+class Packer:
+    """Packs trees with the structure and avals of ``avals`` (a pytree of
+    ``ShapeDtypeStruct``) into a tuple of 1-D arrays, one per dtype (in order of first
+    appearance; booleans travel in the ``bool_as`` group, exactly as 0/1), and back: a
+    compiled program's call costs a few microseconds per argument and result.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, numpy as np
+        >>> from adaptprec.nlsq._programs import Packer
+        >>> tree = {"a": jnp.ones((2, 2)), "b": jnp.asarray(3, jnp.int32)}
+        >>> p = Packer(jax.eval_shape(lambda: tree))
+        >>> [v.shape for v in p.pack(tree)], int(p.unpack_numpy(p.pack(tree))["b"])
+        ([(4,), (1,)], 3)
+    """
+
+    def __init__(self, avals, bool_as=np.int32):
+        leaves, self.treedef = jax.tree.flatten(avals)
+        self.dtypes: list = []
+        self.slots: list = []          # per leaf: (group, start, size, shape)
+        self.bools: list = []          # per leaf: stored as bool_as, given back as bool
+        sizes: dict = {}
+        for a in leaves:
+            dt = np.dtype(a.dtype)
+            self.bools.append(dt == np.bool_ and bool_as is not None)
+            if self.bools[-1]:
+                dt = np.dtype(bool_as)
+            if dt not in sizes:
+                sizes[dt] = 0
+                self.dtypes.append(dt)
+            size = int(np.prod(a.shape, dtype=np.int64))
+            self.slots.append((self.dtypes.index(dt), sizes[dt], size, tuple(a.shape)))
+            sizes[dt] += size
+        self.sizes = tuple(sizes[d] for d in self.dtypes)
+        self.avals = [(tuple(a.shape), np.dtype(a.dtype)) for a in leaves]
+        self.names = list(avals) if isinstance(avals, dict) else None
+
+    def pack(self, tree):
+        """The tree's leaves concatenated per dtype (traceable)."""
+        leaves = self.treedef.flatten_up_to(tree)
+        groups = [[] for _ in self.dtypes]
+        for (g, _, _, _), leaf in zip(self.slots, leaves):
+            groups[g].append(jnp.ravel(jnp.asarray(leaf, self.dtypes[g])))
+        return tuple(jnp.concatenate(g) if len(g) > 1 else g[0] for g in groups)
+
+    def pack_numpy(self, tree):
+        """:meth:`pack` on the host (NumPy; no compilation)."""
+        leaves = self.treedef.flatten_up_to(tree)
+        groups = [[] for _ in self.dtypes]
+        for (g, _, _, _), leaf in zip(self.slots, leaves):
+            groups[g].append(np.ravel(np.asarray(leaf, self.dtypes[g])))
+        return tuple(np.concatenate(g) for g in groups)
+
+    def _unpack(self, vecs, xnp):
+        leaves = [xnp.reshape(vecs[g][s:s + k], shape) for g, s, k, shape in self.slots]
+        leaves = [v != 0 if b else v for v, b in zip(leaves, self.bools)]
+        return jax.tree.unflatten(self.treedef, leaves)
+
+    def unpack(self, vecs):
+        """The tree back from :meth:`pack`'s vectors (traceable)."""
+        return self._unpack(vecs, jnp)
+
+    def unpack_numpy(self, vecs):
+        """:meth:`unpack` on the host (NumPy views; no compilation)."""
+        return self._unpack(tuple(np.asarray(v) for v in vecs), np)

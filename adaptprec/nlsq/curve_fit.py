@@ -26,6 +26,7 @@ import sys
 import warnings
 from collections.abc import Callable
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -39,7 +40,7 @@ from ._model import (_call, _jac_for, _n_params, _residual_for, initialize_feasi
 from ._sharded import point_sharding
 from ._state import Outputs
 from . import _stream
-from ._stream import Chunks, _is_host_array, covariance_from_gram, solve_stream
+from ._stream import Chunks, covariance_from_gram, solve_stream
 from .common import covariance_at, scale_pcov
 from .result import result_to_host
 from .solve import route, solve_in_memory
@@ -135,7 +136,8 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
     cf = prepare_curve_fit(f, xdata, ydata, p0, sigma, check_finite, bounds, method,
                            nan_policy)
     starts = kwargs.pop("starts", 1)
-    auto = for_curve_fit(starts, cf.kind, absolute_sigma, cf.args[0])
+    auto = None if starts == 1 else for_curve_fit(starts, cf.kind, absolute_sigma,
+                                                  cf.args[0])
     # a string jac as given (None: autodiff, or 2-point where diff_step asks for it)
     jac_arg = _jac_for(jac, cf.kind) if callable(jac) else jac
     kw = dict(_SOLVE_DEFAULTS, **kwargs, bounds=cf.bounds, method=method, jac=jac_arg)
@@ -214,7 +216,9 @@ def wants_curve_fit_stream(xdata, ydata, kwargs) -> bool:
     if kwargs.get("chunk_size") is False and not isinstance(xdata, Chunks):
         return False      # "never stream", as solve_nlsq's chunk_size=False
     return (isinstance(xdata, Chunks) or kwargs.get("chunk_size") is not None or
-            (_is_host_array(ydata) and ydata.size >= _stream.STREAM_MIN_POINTS) or
+            (isinstance(ydata, np.ndarray) and not isinstance(ydata, jax.Array)
+             and ydata.size >= _stream.STREAM_MIN_POINTS) or
+            (isinstance(xdata, jax.Array) or isinstance(ydata, jax.Array)) and
             point_sharding((xdata, ydata)) is not None)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 
 from .._pytree import replace
@@ -153,7 +154,8 @@ def route(residual, x0, args, kw: dict, *, starts=1, throw=False, chunk_size=Non
     """
     from . import _stream
 
-    if chunk_size is not False and (chunk_size is not None or _stream.wants_stream(args)):
+    if chunk_size is not False and (chunk_size is not None or _may_stream(args) and
+                                    _stream.wants_stream(args)):
         res = _stream.solve_stream(residual, x0, args, chunk_size=chunk_size,
                                    auto=chunk_size is None and not isinstance(
                                        args, _stream.Chunks),
@@ -171,6 +173,19 @@ def route(residual, x0, args, kw: dict, *, starts=1, throw=False, chunk_size=Non
         return solve_multistart(solve_in_memory, residual, x0, args, kw, starts=starts,
                                 throw=throw)
     return solve_in_memory(residual, x0, args, kw, outputs=Outputs(throw=bool(throw)))[0]
+
+
+def _may_stream(args) -> bool:
+    """Whether ``args`` may be streamed without being asked (:func:`._stream.wants_stream`
+    decides): a :class:`~adaptprec.Chunks`, a ``jax.Array`` (sharded over a mesh?) or a
+    host array of at least ``_stream.STREAM_MIN_POINTS`` entries."""
+    from ._stream import STREAM_MIN_POINTS, Chunks
+
+    if isinstance(args, Chunks):
+        return True
+    return any(isinstance(a, jax.Array) or (isinstance(a, np.ndarray) and
+                                             a.size >= STREAM_MIN_POINTS)
+               for a in jax.tree.leaves(args))
 
 
 def solve_in_memory(residual, x0, args, kw: dict, *, outputs: Outputs = Outputs(),
@@ -194,8 +209,6 @@ def solve_in_memory(residual, x0, args, kw: dict, *, outputs: Outputs = Outputs(
 
 def _result(prob: Problem, sol) -> NLSQResult:
     """The :class:`NLSQResult` of a program's :class:`._state.Solution`."""
-    from ._methods import njev_is_none
-
     x = sol.x
     if prob.x0_shape is not None and is_concrete(x):
         x = np.asarray(x).reshape(prob.x0_shape)
@@ -215,4 +228,4 @@ def _result(prob: Problem, sol) -> NLSQResult:
                      rung_entered=sol.rung_entered, rung_nfev=sol.rung_nfev,
                      escalation_reason=sol.escalation_reason,
                      ladder=tuple(np.dtype(d) for d in prob.opts.rungs))
-    return replace(res, njev=None) if njev_is_none(prob.opts) else res
+    return replace(res, njev=None) if prob.njev_none else res
