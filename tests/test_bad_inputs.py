@@ -200,7 +200,7 @@ def test_every_entry_point_is_covered():
 def test_multistart_refuses_options_it_cannot_carry(option):
     # starts= runs on the batched engine: an option it does not carry is an error, never
     # silently dropped
-    from adaptprec.nlsq._inputs import OptionNotOffered
+    from adaptprec.nlsq._arguments import OptionNotOffered
 
     with pytest.raises(OptionNotOffered, match=next(iter(option))):
         ap.solve_nlsq(lambda x: x - 1.0, np.zeros(2), starts=3, **option)

@@ -12,7 +12,7 @@ import pytest
 
 import adaptprec as ap
 from adaptprec.nlsq import _chunks, _stream
-from adaptprec.nlsq._inputs import OptionNotOffered
+from adaptprec.nlsq._arguments import OptionNotOffered
 
 from _subprocess import run_python
 

@@ -16,7 +16,7 @@ from scipy.optimize import least_squares as sp_least_squares
 
 import adaptprec as ap
 from adaptprec.nlsq._finite_diff import fd_jacobian
-from adaptprec.nlsq._inputs import OptionNotOffered
+from adaptprec.nlsq._arguments import OptionNotOffered
 from adaptprec.nlsq._model import initialize_feasible
 
 # (scipy behaviour, test name)

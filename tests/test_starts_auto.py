@@ -178,7 +178,7 @@ def test_streamed_fits_refuse_starts_auto():
     # a streamed fit (chunk_size=, Chunks) runs one pass over the data per iteration;
     # starts="auto" is not offered there (a clear error, as for starts=K); large host
     # data that would stream by itself is fitted in memory when starts is given
-    from adaptprec.nlsq._inputs import OptionNotOffered
+    from adaptprec.nlsq._arguments import OptionNotOffered
 
     with pytest.raises(OptionNotOffered, match="starts"):
         ap.solve_nlsq(_decay, np.ones(2), args=(_DECAY_X, _DECAY_Y), chunk_size=16,

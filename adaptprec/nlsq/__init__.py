@@ -18,7 +18,7 @@ Example:
 
 from .common import LOSSES, STATUS_MESSAGES, Status, covariance
 from .result import ESCALATION_REASONS, NLSQResult
-from ._inputs import OptionNotOffered, resolve_ladder
+from ._arguments import OptionNotOffered, resolve_ladder
 from .solve import cache_info, clear_cache, solve_nlsq
 from .curve_fit import OptimizeWarning, curve_fit
 from ._stream import Chunks

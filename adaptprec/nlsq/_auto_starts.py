@@ -74,7 +74,8 @@ from jax.flatten_util import ravel_pytree
 from .._pytree import field
 from .._tracing import is_concrete
 from . import _caches
-from ._inputs import as_bounds, broadcast_bounds
+from ._inputs import broadcast_bounds
+from ._arguments import as_bounds
 from ._multistart import latin_hypercube
 from ._start import NonFiniteStartError
 from .result import NLSQResult

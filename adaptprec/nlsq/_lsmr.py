@@ -57,7 +57,7 @@ def check_tr_options(tr_options, method: str):
     """
     import warnings
 
-    from ._inputs import OptionNotOffered
+    from ._arguments import OptionNotOffered
 
     opts = dict(tr_options or {})
     if method == "dogbox" and "regularize" in opts:

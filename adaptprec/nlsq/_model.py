@@ -28,7 +28,8 @@ from jax.scipy.linalg import solve_triangular
 
 from .._tracing import is_concrete
 from .._user_fn import returns_arrays
-from ._inputs import EPS, OptionNotOffered, all_finite, as_bounds, as_x0, broadcast_bounds
+from ._inputs import all_finite, broadcast_bounds
+from ._arguments import EPS, OptionNotOffered, as_bounds, as_x0
 
 __all__ = ["_residual_for", "_jac_for", "_n_params", "_call", "CurveFitProblem",
            "prepare_curve_fit", "as_data", "initialize_feasible", "leastsq_kwargs"]

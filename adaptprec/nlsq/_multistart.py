@@ -34,7 +34,8 @@ from jax.flatten_util import ravel_pytree
 
 from .._tracing import is_concrete
 from . import _caches
-from ._inputs import OptionNotOffered, broadcast_bounds, resolve_ladder
+from ._inputs import broadcast_bounds
+from ._arguments import OptionNotOffered, resolve_ladder
 from ._rules import runaway as runaway_test
 from ._state import Outputs
 from .common import Status

@@ -28,7 +28,8 @@ from . import _caches
 from ._errors import explain_trace_error
 from ._finite_diff import as_sparsity, fd_jacobian
 from ._identity import user_callables
-from ._inputs import FD_METHODS, check_finite_tree, check_jac_shape, wrap_jac
+from ._inputs import check_finite_tree
+from ._arguments import FD_METHODS, check_jac_shape, wrap_jac
 from ._keys import hashable, sig
 from ._pointwise import point_axes
 from ._sparse_jac import host_jac, probe_host_jac

@@ -262,8 +262,9 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
     asked for, only large): ``None`` when the problem cannot be streamed (the caller
     then solves in memory). ``with_gram``: return ``(result, J^T J, m)``.
     """
-    from ._inputs import (METHODS, OptionNotOffered, _scale_inv, as_bounds, as_x0,
-                          broadcast_bounds, check_tolerances, resolve_ladder)
+    from ._arguments import (METHODS, OptionNotOffered, as_bounds, as_x0,
+                             check_tolerances, resolve_ladder)
+    from ._inputs import _scale_inv, broadcast_bounds
     from ._pointwise import point_axes
     from ._step_schedule import default_schedule
     from .common import check_loss, default_max_steps

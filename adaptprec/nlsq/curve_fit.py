@@ -33,7 +33,8 @@ import numpy as np
 from .._tracing import is_concrete
 from .._x64_rule import float64_entry
 from ._auto_starts import for_curve_fit
-from ._inputs import as_bounds, as_x0, broadcast_bounds, check_jac_option
+from ._inputs import broadcast_bounds
+from ._arguments import as_bounds, as_x0, check_jac_option
 from ._minpack import minpack_fields
 from ._model import (_call, _jac_for, _n_params, _residual_for, initialize_feasible,
                      leastsq_kwargs, prepare_curve_fit)
