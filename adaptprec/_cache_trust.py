@@ -1,0 +1,307 @@
+"""Trust in the program cache's files: only yours, only what you wrote.
+
+The cache's entries are pickles (a compiled executable's bytes and its pytree layout), and
+unpickling can run any code: an entry someone else wrote would run their code as you. So
+no byte is unpickled unless both checks below pass.
+
+1. **Ownership and mode.** The cache directory, the secret key's directory and every
+   file read must be owned by you (the effective user id) and not writable by group or
+   others; the key file must not be open to them at all (mode 0600). The checks are made
+   on open descriptors (``fstat``), and files are opened relative to the checked
+   directory's descriptor with ``O_NOFOLLOW``: a path component renamed or replaced
+   between the check and the read cannot redirect the read. The path's parent
+   directories therefore need no check of their own: whoever can replace one can only
+   point the cache at a directory of theirs (refused here) or at one of yours, whose
+   entries must still pass check 2.
+
+   A directory or key file that fails: one ``RuntimeWarning`` per process (which path,
+   what is wrong, how to fix it) and memory only for the rest of the process: nothing
+   is read from or written there. An entry file that fails, in a directory that passes,
+   is not read: it is deleted (one warning per directory) and its program compiled again.
+
+2. **Authentication.** A file is ``MAGIC + tag + body`` with
+   ``tag = HMAC-SHA256(secret, MAGIC + file name + NUL + body)`` (RFC 2104), the secret
+   being 32 random bytes of yours. The tag is compared (``hmac.compare_digest``) before
+   any of the body is unpickled; a file whose tag is wrong or missing (planted, copied
+   from someone else's cache, an older format, truncated, one byte changed) is deleted
+   and its program compiled again. The name is in the tag, so one of your entries cannot
+   stand in for another.
+
+The secret lives in ``$ADAPTPREC_CACHE_KEY_FILE`` if set, else
+``$XDG_DATA_HOME/adaptprec/cache-key``, else ``~/.local/share/adaptprec/cache-key``:
+outside the cache directory, so copying someone's cache directory copies nothing you
+will load. It is created on first use without a race: written whole to a new temporary
+file (mode 0600, ``O_EXCL``) in its directory, then hard-linked to its name; ``link``
+never replaces a file, so of two processes creating it at once one wins and the other
+reads the winner's, and no reader sees part of a key. Deleting it is safe: the next
+process creates another, and the old entries are compiled again.
+
+On a platform without POSIX ownership and the ``*at`` calls (Windows) the disk cache is
+not used: programs are kept in memory only.
+
+Example:
+    >>> from adaptprec._cache_trust import seal, unseal
+    >>> secret, other = b"k" * 32, b"m" * 32
+    >>> blob = seal(secret, "a.xla", b"body")
+    >>> bytes(unseal(secret, "a.xla", blob)), unseal(other, "a.xla", blob)
+    (b'body', None)
+    >>> unseal(secret, "b.xla", blob) is None   # the name is authenticated too
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import os
+import secrets
+import stat
+import threading
+import warnings
+
+__all__ = ["POSIX", "trusted_dir", "refused_reason", "entry_problem", "refuse_entry",
+           "secret", "key_file", "seal", "unseal"]
+
+#: the first bytes of every cache file (the format is in it: an older file is refused)
+MAGIC = b"adaptprec program cache 3\n"
+#: bytes of an HMAC-SHA256 tag, and of the secret (the hash's block-size guidance of
+#: RFC 2104: a key as long as the output)
+TAG_BYTES = SECRET_BYTES = 32
+#: whether ownership, modes and the descriptor-relative calls exist here (not Windows)
+POSIX = (hasattr(os, "geteuid")
+         and {os.open, os.stat, os.unlink, os.rename, os.link} <= os.supports_dir_fd
+         and os.scandir in os.supports_fd)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
+_lock = threading.Lock()
+_refused: dict = {}          # path -> why it is not used (memory only for the process)
+_warned_entries: set = set()   # directories whose bad entry files were reported
+_secrets: dict = {}          # key file path -> the secret read or created
+
+
+def _user(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name!r} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def problem(st: os.stat_result, *, private: bool = False) -> str | None:
+    """Why a file or directory with status ``st`` is not safe to load from (not yours,
+    writable by group or others; with ``private``, open to them at all), or ``None``."""
+    uid = os.geteuid()
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid != uid:
+        return f"it is owned by {_user(st.st_uid)}, not by you ({_user(uid)})"
+    if mode & 0o022:
+        return f"it is writable by group or others (mode {mode:04o})"
+    if private and mode & 0o077:
+        return f"it is readable by group or others (mode {mode:04o}; it must be 0600)"
+    return None
+
+
+def _fix(kind: str, path: str, reason: str) -> str:
+    off = "or set ADAPTPREC_CACHE_DIR=off"
+    if kind == "key file":
+        if "owned by" in reason or "bytes" in reason or "safely" in reason:
+            return ("delete it (a new key is made, and the cached programs are compiled "
+                    f"again), or point ADAPTPREC_CACHE_KEY_FILE at a file of yours, {off}")
+        if "mode" in reason:
+            return f"run `chmod 600 {path}`, or delete it (a new key is made)"
+        return ("point ADAPTPREC_CACHE_KEY_FILE at a file in a directory you can write, "
+                + off)
+    env = "ADAPTPREC_CACHE_KEY_FILE" if kind == "key directory" else "ADAPTPREC_CACHE_DIR"
+    first = (f"have it given to you (`chown $USER {path}`, as its owner or root)"
+             if "owned by" in reason else f"run `chmod 700 {path}` (or `chmod go-w`)")
+    return (f"{first}, or point {env} at a directory only you can write (a new one is "
+            f"created with mode 0700), {off}")
+
+
+def _refuse(kind: str, path: str, reason: str) -> None:
+    """Memory only for the rest of the process for ``path``, and one warning saying why
+    and how to fix it."""
+    with _lock:
+        if path in _refused:
+            return
+        _refused[path] = reason
+    warnings.warn(
+        f"adaptprec's program cache does not use its {kind} {path!r}: {reason}. Cached "
+        "programs are pickles, which run code when loaded, so a file that someone else "
+        "can write or read there could run their code as you. Compiled programs are kept "
+        f"in memory only for this process. To fix it: {_fix(kind, path, reason)}.",
+        RuntimeWarning, stacklevel=3)
+
+
+def refused_reason(path: str) -> str | None:
+    """Why directory ``path`` is not used (refused in this process, or failing check 1
+    now), or ``None``; no warning (``python -m adaptprec cache`` prints it)."""
+    if not POSIX:
+        return "this platform has no POSIX file ownership, which the cache relies on"
+    with _lock:
+        reason = _refused.get(path)
+    if reason is not None:
+        return reason
+    try:
+        return problem(os.stat(path))
+    except OSError:
+        return None
+
+
+def _open_dir(path: str, create: bool, kind: str) -> int | None:
+    if not POSIX or path in _refused:
+        return None
+    if create:
+        os.makedirs(path, mode=0o700, exist_ok=True)   # (OSError: the caller's to report)
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+    except OSError:   # missing, not a directory, not readable: nothing to read there
+        if create:
+            raise
+        return None
+    reason = problem(os.fstat(fd))
+    if reason is not None:
+        os.close(fd)
+        _refuse(kind, path, reason)
+        return None
+    return fd
+
+
+@contextlib.contextmanager
+def trusted_dir(path: str, *, create: bool, kind: str = "directory"):
+    """The descriptor of directory ``path`` when it passes check 1, else ``None`` (with
+    one warning per process); ``None`` too when it cannot be opened and not ``create``.
+    ``create`` makes it (mode 0700) and raises ``OSError`` when it cannot."""
+    fd = _open_dir(path, create, kind)
+    try:
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def entry_problem(st: os.stat_result) -> str | None:
+    """Why an entry file with status ``st`` is not read (check 1), or ``None``."""
+    if not stat.S_ISREG(st.st_mode):
+        return "it is not a regular file"
+    return problem(st)
+
+
+def refuse_entry(directory: str, name: str, reason: str) -> None:
+    """Report (once per directory and process) an entry file that was not read."""
+    with _lock:
+        if directory in _warned_entries:
+            return
+        _warned_entries.add(directory)
+    warnings.warn(
+        f"adaptprec's program cache did not load {os.path.join(directory, name)!r}: "
+        f"{reason}. Cached programs are pickles, which run code when loaded; the file was "
+        "deleted and its program is compiled again. Every cache file should be yours with "
+        "mode 0600 (`python -m adaptprec cache clear` empties the cache).",
+        RuntimeWarning, stacklevel=3)
+
+
+def key_file() -> str:
+    """Where the secret is kept (see the module docstring)."""
+    env = os.environ.get("ADAPTPREC_CACHE_KEY_FILE")
+    if env:
+        return os.path.expanduser(env)
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"),
+                                                           ".local", "share")
+    return os.path.join(base, "adaptprec", "cache-key")
+
+
+def _create_secret(dir_fd: int, name: str) -> bytes | None:
+    """A new secret under ``name``, or ``None`` when another process made one first."""
+    value = secrets.token_bytes(SECRET_BYTES)
+    tmp = f".{name}.tmp-{secrets.token_hex(8)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC,
+                 0o600, dir_fd=dir_fd)
+    try:
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(value)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        finally:
+            os.unlink(tmp, dir_fd=dir_fd)
+    except FileExistsError:
+        return None
+    return value
+
+
+def _read_secret(dir_fd: int, name: str) -> bytes | str | None:
+    """The secret in ``name``; a reason (``str``) when the file fails check 1; ``None``
+    when there is none."""
+    try:
+        fd = os.open(name, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | os.O_NONBLOCK,
+                     dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:   # a symbolic link (ELOOP), ...
+        return f"it cannot be opened safely ({exc.strerror or exc})"
+    try:
+        st = os.fstat(fd)
+        reason = entry_problem(st) or problem(st, private=True)
+        if reason is None and st.st_size != SECRET_BYTES:
+            reason = f"it holds {st.st_size} bytes, not a {SECRET_BYTES}-byte key"
+        return reason if reason is not None else os.read(fd, SECRET_BYTES)
+    finally:
+        os.close(fd)
+
+
+def secret() -> bytes | None:
+    """This user's secret (read, or created on first use), or ``None`` when it cannot
+    be trusted or made (one warning per process; the cache is then memory only)."""
+    path = key_file()
+    with _lock:
+        value = _secrets.get(path)
+    if value is not None or not POSIX or path in _refused:
+        return value
+    directory, name = os.path.split(path)
+    try:
+        with trusted_dir(directory, create=True, kind="key directory") as dir_fd:
+            if dir_fd is None:
+                return None
+            for _ in range(3):   # (created by another process meanwhile: read it)
+                value = _read_secret(dir_fd, name)
+                if value is None:
+                    value = _create_secret(dir_fd, name)
+                if value is not None:
+                    break
+    except OSError as exc:
+        value = f"it cannot be created ({exc.strerror or exc})"
+    if not isinstance(value, bytes):
+        _refuse("key file", path, value or "it keeps vanishing")
+        return None
+    with _lock:
+        return _secrets.setdefault(path, value)
+
+
+def _tag(secret_: bytes, name: str, body) -> bytes:
+    h = hmac.new(secret_, MAGIC, hashlib.sha256)
+    h.update(name.encode())
+    h.update(b"\0")
+    h.update(body)
+    return h.digest()
+
+
+def seal(secret_: bytes, name: str, body: bytes) -> bytes:
+    """The file holding ``body`` under ``name``: ``MAGIC + tag + body``."""
+    return MAGIC + _tag(secret_, name, body) + body
+
+
+def unseal(secret_: bytes, name: str, blob: bytes) -> memoryview | None:
+    """The body of a file read under ``name`` if its tag is right, else ``None``."""
+    head = len(MAGIC) + TAG_BYTES
+    if len(blob) < head or not blob.startswith(MAGIC):
+        return None
+    body = memoryview(blob)[head:]
+    if not hmac.compare_digest(blob[len(MAGIC):head], _tag(secret_, name, body)):
+        return None
+    return body
