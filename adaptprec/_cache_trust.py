@@ -57,6 +57,7 @@ import hmac
 import os
 import secrets
 import stat
+import sys
 import threading
 import warnings
 
@@ -122,6 +123,16 @@ def _fix(kind: str, path: str, reason: str) -> str:
             f"created with mode 0700), {off}")
 
 
+def _stacklevel() -> int:
+    """The ``warnings`` stack level of the first caller outside adaptprec (and its
+    ``with`` blocks) of the function calling this one: the user's line."""
+    inside = (os.path.dirname(os.path.abspath(__file__)), contextlib.__file__)
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def _refuse(kind: str, path: str, reason: str) -> None:
     """Memory only for the rest of the process for ``path``, and one warning saying why
     and how to fix it."""
@@ -134,7 +145,7 @@ def _refuse(kind: str, path: str, reason: str) -> None:
         "programs are pickles, which run code when loaded, so a file that someone else "
         "can write or read there could run their code as you. Compiled programs are kept "
         f"in memory only for this process. To fix it: {_fix(kind, path, reason)}.",
-        RuntimeWarning, stacklevel=3)
+        RuntimeWarning, stacklevel=_stacklevel())
 
 
 def refused_reason(path: str) -> str | None:
@@ -202,7 +213,7 @@ def refuse_entry(directory: str, name: str, reason: str) -> None:
         f"{reason}. Cached programs are pickles, which run code when loaded; the file was "
         "deleted and its program is compiled again. Every cache file should be yours with "
         "mode 0600 (`python -m adaptprec cache clear` empties the cache).",
-        RuntimeWarning, stacklevel=3)
+        RuntimeWarning, stacklevel=_stacklevel())
 
 
 def key_file() -> str:
