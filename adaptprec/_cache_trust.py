@@ -60,14 +60,15 @@ import stat
 import sys
 import threading
 import warnings
+from typing import NamedTuple
 
 __all__ = ["POSIX", "trusted_dir", "refused_reason", "entry_problem", "refuse_entry",
            "secret", "key_file", "seal", "unseal"]
 
 #: the first bytes of every cache file (the format is in it: an older file is refused)
 MAGIC = b"adaptprec program cache 3\n"
-#: bytes of an HMAC-SHA256 tag, and of the secret (the hash's block-size guidance of
-#: RFC 2104: a key as long as the output)
+#: bytes of an HMAC-SHA256 tag, and of the secret (RFC 2104, section 3: a key no
+#: shorter than the hash's output)
 TAG_BYTES = SECRET_BYTES = 32
 #: whether ownership, modes and the descriptor-relative calls exist here (not Windows)
 POSIX = (hasattr(os, "geteuid")
@@ -92,35 +93,51 @@ def _user(uid: int) -> str:
         return f"uid {uid}"
 
 
-def problem(st: os.stat_result, *, private: bool = False) -> str | None:
-    """Why a file or directory with status ``st`` is not safe to load from (not yours,
-    writable by group or others; with ``private``, open to them at all), or ``None``."""
+class Problem(NamedTuple):
+    """Why a path is not used, and how to fix it (both go into the warning)."""
+
+    reason: str
+    fix: str
+
+
+_OFF = "or set ADAPTPREC_CACHE_DIR=off"
+
+
+def _fix(kind: str, path: str, owner: bool) -> str:
+    """How to fix a ``kind`` ("directory", "key directory", "key file", "entry") whose
+    owner (``owner``) or mode is wrong."""
+    if kind == "entry":
+        return "none needed: the file is deleted and its program compiled again"
+    if kind == "key file":
+        if owner:
+            return ("delete it (a new key is made, and the cached programs are compiled "
+                    f"again), or point ADAPTPREC_CACHE_KEY_FILE at a file of yours, {_OFF}")
+        return f"run `chmod 600 {path}`, or delete it (a new key is made)"
+    env = "ADAPTPREC_CACHE_KEY_FILE" if kind == "key directory" else "ADAPTPREC_CACHE_DIR"
+    first = (f"have it given to you (`chown $USER {path}`, as its owner or root)" if owner
+             else f"run `chmod 700 {path}` (or `chmod go-w`)")
+    return (f"{first}, or point {env} at a directory only you can write (a new one is "
+            f"created with mode 0700), {_OFF}")
+
+
+def problem(st: os.stat_result, path: str, kind: str) -> Problem | None:
+    """Check 1 for ``path`` (a ``kind``: "directory", "key directory", "key file" or
+    "entry") with status ``st``: ``None`` when it is yours and not writable by group or
+    others (a file: a regular one; the key file: not open to them at all)."""
     uid = os.geteuid()
     mode = stat.S_IMODE(st.st_mode)
+    if kind in ("key file", "entry") and not stat.S_ISREG(st.st_mode):
+        return Problem("it is not a regular file", _fix(kind, path, owner=True))
     if st.st_uid != uid:
-        return f"it is owned by {_user(st.st_uid)}, not by you ({_user(uid)})"
+        return Problem(f"it is owned by {_user(st.st_uid)}, not by you ({_user(uid)})",
+                       _fix(kind, path, owner=True))
     if mode & 0o022:
-        return f"it is writable by group or others (mode {mode:04o})"
-    if private and mode & 0o077:
-        return f"it is readable by group or others (mode {mode:04o}; it must be 0600)"
+        return Problem(f"it is writable by group or others (mode {mode:04o})",
+                       _fix(kind, path, owner=False))
+    if kind == "key file" and mode & 0o077:
+        return Problem(f"it is readable by group or others (mode {mode:04o}; it must be "
+                       "0600)", _fix(kind, path, owner=False))
     return None
-
-
-def _fix(kind: str, path: str, reason: str) -> str:
-    off = "or set ADAPTPREC_CACHE_DIR=off"
-    if kind == "key file":
-        if "owned by" in reason or "bytes" in reason or "safely" in reason:
-            return ("delete it (a new key is made, and the cached programs are compiled "
-                    f"again), or point ADAPTPREC_CACHE_KEY_FILE at a file of yours, {off}")
-        if "mode" in reason:
-            return f"run `chmod 600 {path}`, or delete it (a new key is made)"
-        return ("point ADAPTPREC_CACHE_KEY_FILE at a file in a directory you can write, "
-                + off)
-    env = "ADAPTPREC_CACHE_KEY_FILE" if kind == "key directory" else "ADAPTPREC_CACHE_DIR"
-    first = (f"have it given to you (`chown $USER {path}`, as its owner or root)"
-             if "owned by" in reason else f"run `chmod 700 {path}` (or `chmod go-w`)")
-    return (f"{first}, or point {env} at a directory only you can write (a new one is "
-            f"created with mode 0700), {off}")
 
 
 def _stacklevel() -> int:
@@ -133,18 +150,18 @@ def _stacklevel() -> int:
     return level
 
 
-def _refuse(kind: str, path: str, reason: str) -> None:
+def _refuse(kind: str, path: str, why: Problem) -> None:
     """Memory only for the rest of the process for ``path``, and one warning saying why
     and how to fix it."""
     with _lock:
         if path in _refused:
             return
-        _refused[path] = reason
+        _refused[path] = why
     warnings.warn(
-        f"adaptprec's program cache does not use its {kind} {path!r}: {reason}. Cached "
-        "programs are pickles, which run code when loaded, so a file that someone else "
-        "can write or read there could run their code as you. Compiled programs are kept "
-        f"in memory only for this process. To fix it: {_fix(kind, path, reason)}.",
+        f"adaptprec's program cache does not use its {kind} {path!r}: {why.reason}. "
+        "Cached programs are pickles, which run code when loaded, so a file that someone "
+        "else can write or read there could run their code as you. Compiled programs are "
+        f"kept in memory only for this process. To fix it: {why.fix}.",
         RuntimeWarning, stacklevel=_stacklevel())
 
 
@@ -154,13 +171,13 @@ def refused_reason(path: str) -> str | None:
     if not POSIX:
         return "this platform has no POSIX file ownership, which the cache relies on"
     with _lock:
-        reason = _refused.get(path)
-    if reason is not None:
-        return reason
-    try:
-        return problem(os.stat(path))
-    except OSError:
-        return None
+        why = _refused.get(path)
+    if why is None:
+        try:
+            why = problem(os.stat(path), path, "directory")
+        except OSError:
+            return None
+    return None if why is None else why.reason
 
 
 def _open_dir(path: str, create: bool, kind: str) -> int | None:
@@ -174,10 +191,10 @@ def _open_dir(path: str, create: bool, kind: str) -> int | None:
         if create:
             raise
         return None
-    reason = problem(os.fstat(fd))
-    if reason is not None:
+    why = problem(os.fstat(fd), path, kind)
+    if why is not None:
         os.close(fd)
-        _refuse(kind, path, reason)
+        _refuse(kind, path, why)
         return None
     return fd
 
@@ -197,9 +214,8 @@ def trusted_dir(path: str, *, create: bool, kind: str = "directory"):
 
 def entry_problem(st: os.stat_result) -> str | None:
     """Why an entry file with status ``st`` is not read (check 1), or ``None``."""
-    if not stat.S_ISREG(st.st_mode):
-        return "it is not a regular file"
-    return problem(st)
+    why = problem(st, "", "entry")
+    return None if why is None else why.reason
 
 
 def refuse_entry(directory: str, name: str, reason: str) -> None:
@@ -220,7 +236,7 @@ def key_file() -> str:
     """Where the secret is kept (see the module docstring)."""
     env = os.environ.get("ADAPTPREC_CACHE_KEY_FILE")
     if env:
-        return os.path.expanduser(env)
+        return os.path.abspath(os.path.expanduser(env))
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"),
                                                            ".local", "share")
     return os.path.join(base, "adaptprec", "cache-key")
@@ -246,22 +262,24 @@ def _create_secret(dir_fd: int, name: str) -> bytes | None:
     return value
 
 
-def _read_secret(dir_fd: int, name: str) -> bytes | str | None:
-    """The secret in ``name``; a reason (``str``) when the file fails check 1; ``None``
-    when there is none."""
+def _read_secret(dir_fd: int, path: str) -> bytes | Problem | None:
+    """The secret in key file ``path`` (opened in ``dir_fd``); the :class:`Problem`
+    when the file fails check 1; ``None`` when there is none."""
     try:
-        fd = os.open(name, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | os.O_NONBLOCK,
-                     dir_fd=dir_fd)
+        fd = os.open(os.path.basename(path),
+                     os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:   # a symbolic link (ELOOP), ...
-        return f"it cannot be opened safely ({exc.strerror or exc})"
+        return Problem(f"it cannot be opened safely ({exc.strerror or exc})",
+                       _fix("key file", path, owner=True))
     try:
         st = os.fstat(fd)
-        reason = entry_problem(st) or problem(st, private=True)
-        if reason is None and st.st_size != SECRET_BYTES:
-            reason = f"it holds {st.st_size} bytes, not a {SECRET_BYTES}-byte key"
-        return reason if reason is not None else os.read(fd, SECRET_BYTES)
+        why = problem(st, path, "key file")
+        if why is None and st.st_size != SECRET_BYTES:
+            why = Problem(f"it holds {st.st_size} bytes, not a {SECRET_BYTES}-byte key",
+                          _fix("key file", path, owner=True))
+        return why if why is not None else os.read(fd, SECRET_BYTES)
     finally:
         os.close(fd)
 
@@ -279,16 +297,19 @@ def secret() -> bytes | None:
         with trusted_dir(directory, create=True, kind="key directory") as dir_fd:
             if dir_fd is None:
                 return None
-            for _ in range(3):   # (created by another process meanwhile: read it)
-                value = _read_secret(dir_fd, name)
+            for _ in range(3):   # (made by another process meanwhile: read theirs)
+                value = _read_secret(dir_fd, path)
                 if value is None:
                     value = _create_secret(dir_fd, name)
                 if value is not None:
                     break
     except OSError as exc:
-        value = f"it cannot be created ({exc.strerror or exc})"
+        value = Problem(f"it cannot be created ({exc.strerror or exc})",
+                        "point ADAPTPREC_CACHE_KEY_FILE at a file in a directory you "
+                        f"can write, {_OFF}")
     if not isinstance(value, bytes):
-        _refuse("key file", path, value or "it keeps vanishing")
+        _refuse("key file", path, value or Problem("it keeps vanishing",
+                                                   _fix("key file", path, owner=True)))
         return None
     with _lock:
         return _secrets.setdefault(path, value)
