@@ -173,9 +173,9 @@ def _trim(dir_fd: int) -> None:
 
 def disk_info() -> dict:
     """What the cache holds on disk: ``directory`` (``None`` when off), ``entries``
-    (compiled programs and stored metadata), ``bytes``, ``max_bytes``, and ``refused``:
-    why the directory is not used (see :mod:`adaptprec._cache_trust`), or ``None``. The
-    ``python -m adaptprec cache`` command prints it.
+    (compiled programs and stored metadata), ``bytes``, ``max_bytes``, ``refused``: why
+    the directory is not used (see :mod:`adaptprec._cache_trust`), or ``None``, and
+    ``fix``: how to fix that. The ``python -m adaptprec cache`` command prints it.
 
     Example:
         >>> import os, tempfile
@@ -188,11 +188,12 @@ def disk_info() -> dict:
     """
     directory = cache_dir()
     info = {"directory": directory, "entries": 0, "bytes": 0, "max_bytes": max_bytes(),
-            "refused": None}
+            "refused": None, "fix": None}
     if directory is None:
         return info
-    info["refused"] = trust.refused_reason(directory)
-    if info["refused"] is not None:
+    why = trust.refused(directory)
+    if why is not None:
+        info["refused"], info["fix"] = why
         return info
     with trust.trusted_dir(directory, create=False) as dir_fd:
         if dir_fd is not None:

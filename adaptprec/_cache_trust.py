@@ -62,7 +62,7 @@ import threading
 import warnings
 from typing import NamedTuple
 
-__all__ = ["POSIX", "trusted_dir", "refused_reason", "entry_problem", "refuse_entry",
+__all__ = ["POSIX", "trusted_dir", "refused", "Problem", "entry_problem", "refuse_entry",
            "secret", "key_file", "seal", "unseal"]
 
 #: the first bytes of every cache file (the format is in it: an older file is refused)
@@ -103,21 +103,36 @@ class Problem(NamedTuple):
 _OFF = "or set ADAPTPREC_CACHE_DIR=off"
 
 
-def _fix(kind: str, path: str, owner: bool) -> str:
-    """How to fix a ``kind`` ("directory", "key directory", "key file", "entry") whose
-    owner (``owner``) or mode is wrong."""
+def _fix(kind: str, path: str, shared: bool) -> str:
+    """How to fix a ``kind`` ("directory", "key directory", "key file", "entry") that
+    fails check 1. ``shared``: not yours alone by design (another user's, or with the
+    sticky bit, as ``/tmp`` or a scratch disk), so not to be changed: the advice is then
+    a directory of your own first; otherwise ``chmod`` first."""
     if kind == "entry":
         return "none needed: the file is deleted and its program compiled again"
     if kind == "key file":
-        if owner:
+        if shared:
             return ("delete it (a new key is made, and the cached programs are compiled "
                     f"again), or point ADAPTPREC_CACHE_KEY_FILE at a file of yours, {_OFF}")
         return f"run `chmod 600 {path}`, or delete it (a new key is made)"
     env = "ADAPTPREC_CACHE_KEY_FILE" if kind == "key directory" else "ADAPTPREC_CACHE_DIR"
-    first = (f"have it given to you (`chown $USER {path}`, as its owner or root)" if owner
-             else f"run `chmod 700 {path}` (or `chmod go-w`)")
-    return (f"{first}, or point {env} at a directory only you can write (a new one is "
-            f"created with mode 0700), {_OFF}")
+    example = os.path.join(path, "adaptprec-" + _login())
+    if kind == "key directory":
+        example = os.path.join(example, "cache-key")
+    mine = (f"point {env} at a directory of your own (one that does not exist is created "
+            f"with mode 0700: {env}={example}, say)")
+    if shared:
+        return f"{mine}, {_OFF}"
+    return f"run `chmod 700 {path}` if it is yours alone, or {mine}, {_OFF}"
+
+
+def _login() -> str:
+    try:
+        import getpass
+
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no name for this uid
+        return str(os.geteuid())
 
 
 def problem(st: os.stat_result, path: str, kind: str) -> Problem | None:
@@ -127,16 +142,16 @@ def problem(st: os.stat_result, path: str, kind: str) -> Problem | None:
     uid = os.geteuid()
     mode = stat.S_IMODE(st.st_mode)
     if kind in ("key file", "entry") and not stat.S_ISREG(st.st_mode):
-        return Problem("it is not a regular file", _fix(kind, path, owner=True))
+        return Problem("it is not a regular file", _fix(kind, path, shared=True))
     if st.st_uid != uid:
         return Problem(f"it is owned by {_user(st.st_uid)}, not by you ({_user(uid)})",
-                       _fix(kind, path, owner=True))
+                       _fix(kind, path, shared=True))
     if mode & 0o022:
         return Problem(f"it is writable by group or others (mode {mode:04o})",
-                       _fix(kind, path, owner=False))
+                       _fix(kind, path, shared=bool(mode & stat.S_ISVTX)))
     if kind == "key file" and mode & 0o077:
         return Problem(f"it is readable by group or others (mode {mode:04o}; it must be "
-                       "0600)", _fix(kind, path, owner=False))
+                       "0600)", _fix(kind, path, shared=False))
     return None
 
 
@@ -157,19 +172,22 @@ def _refuse(kind: str, path: str, why: Problem) -> None:
         if path in _refused:
             return
         _refused[path] = why
+    danger = ("a file that someone else can write there could run their code as you"
+              if kind == "directory" else "anyone who can read or replace your key can "
+              "make files the cache trusts, and run their code as you")
     warnings.warn(
         f"adaptprec's program cache does not use its {kind} {path!r}: {why.reason}. "
-        "Cached programs are pickles, which run code when loaded, so a file that someone "
-        "else can write or read there could run their code as you. Compiled programs are "
-        f"kept in memory only for this process. To fix it: {why.fix}.",
+        f"Cached programs are pickles, which run code when loaded, so {danger}. Compiled "
+        f"programs are kept in memory only for this process. To fix it: {why.fix}.",
         RuntimeWarning, stacklevel=_stacklevel())
 
 
-def refused_reason(path: str) -> str | None:
+def refused(path: str) -> Problem | None:
     """Why directory ``path`` is not used (refused in this process, or failing check 1
     now), or ``None``; no warning (``python -m adaptprec cache`` prints it)."""
     if not POSIX:
-        return "this platform has no POSIX file ownership, which the cache relies on"
+        return Problem("this platform has no POSIX file ownership, which the cache's "
+                       "checks need", "none: the programs are kept in memory")
     with _lock:
         why = _refused.get(path)
     if why is None:
@@ -177,7 +195,7 @@ def refused_reason(path: str) -> str | None:
             why = problem(os.stat(path), path, "directory")
         except OSError:
             return None
-    return None if why is None else why.reason
+    return why
 
 
 def _open_dir(path: str, create: bool, kind: str) -> int | None:
@@ -272,13 +290,13 @@ def _read_secret(dir_fd: int, path: str) -> bytes | Problem | None:
         return None
     except OSError as exc:   # a symbolic link (ELOOP), ...
         return Problem(f"it cannot be opened safely ({exc.strerror or exc})",
-                       _fix("key file", path, owner=True))
+                       _fix("key file", path, shared=True))
     try:
         st = os.fstat(fd)
         why = problem(st, path, "key file")
         if why is None and st.st_size != SECRET_BYTES:
             why = Problem(f"it holds {st.st_size} bytes, not a {SECRET_BYTES}-byte key",
-                          _fix("key file", path, owner=True))
+                          _fix("key file", path, shared=True))
         return why if why is not None else os.read(fd, SECRET_BYTES)
     finally:
         os.close(fd)
@@ -309,7 +327,7 @@ def secret() -> bytes | None:
                         f"can write, {_OFF}")
     if not isinstance(value, bytes):
         _refuse("key file", path, value or Problem("it keeps vanishing",
-                                                   _fix("key file", path, owner=True)))
+                                                   _fix("key file", path, shared=True)))
         return None
     with _lock:
         return _secrets.setdefault(path, value)

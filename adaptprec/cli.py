@@ -148,8 +148,8 @@ def cache(action: str) -> int:
     if info["refused"] is not None:
         print(f"directory: {info['directory']}")
         print(f"not used:  {info['refused']}; nothing is read from it or written to it "
-              "(cached programs run code when loaded). Make it yours and writable only "
-              "by you (chmod 700), or point ADAPTPREC_CACHE_DIR at such a directory.")
+              "(cached programs run code when loaded)")
+        print(f"to fix it: {info['fix']}")
         return 0
     if action == "clear":
         n = _disk_cache.clear_disk()

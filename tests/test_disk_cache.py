@@ -175,7 +175,7 @@ def test_planted_entry_in_a_world_writable_directory_does_not_run(cold, tmp_path
     assert len(res["warnings"]) == 1, res["warnings"]   # once, for the whole process
     message = res["warnings"][0]
     assert str(d) in message and "writable by group or others (mode 0777)" in message
-    assert "memory only" in message and f"chmod 700 {d}" in message
+    assert "memory only" in message and f"chmod 700 {d}` if it is yours alone" in message
     assert "ADAPTPREC_CACHE_DIR=off" in message
 
 
@@ -482,7 +482,9 @@ def test_files_of_another_user_are_not_read(fresh_trust, tmp_path, monkeypatch):
         warnings.simplefilter("always")
         assert _compile_two(dc) == (4.0, 9.0)
     [message] = _cache_warnings(seen)
-    assert "owned by" in message and "chown" in message and not marker.exists()
+    assert "owned by" in message and "uid 4242" in message and not marker.exists()
+    assert "chmod" not in message   # (not yours to change: a directory of your own)
+    assert f"ADAPTPREC_CACHE_DIR={d}{os.sep}adaptprec-" in message
     assert dc.stats()["disk_hits"] == 0 and dc.stats()["disk_writes"] == 0
 
 
@@ -502,3 +504,20 @@ def test_the_key_is_created_once_when_threads_race(fresh_trust):
     assert len(got) == 8 and len(set(got)) == 1 and got[0] == fresh_trust.read_bytes()
     assert os.listdir(fresh_trust.parent) == ["cache-key"]   # no temporary file left
     assert stat.S_IMODE(fresh_trust.stat().st_mode) == 0o600
+
+
+def test_a_shared_directory_is_never_to_be_changed(tmp_path):
+    # /tmp or a scratch disk (sticky bit): the advice is a directory of your own, not
+    # chmod; a directory of yours that others can write: chmod first
+    shared, mine = tmp_path / "scratch", tmp_path / "mine"
+    shared.mkdir()
+    mine.mkdir()
+    shared.chmod(0o1777)
+    mine.chmod(0o775)
+    why = trust.problem(shared.stat(), str(shared), "directory")
+    assert why.reason == "it is writable by group or others (mode 1777)"
+    assert "chmod" not in why.fix and f"ADAPTPREC_CACHE_DIR={shared}{os.sep}" in why.fix
+    why = trust.problem(mine.stat(), str(mine), "directory")
+    assert why.fix.startswith(f"run `chmod 700 {mine}` if it is yours alone")
+    assert trust.problem((tmp_path / "mine").stat(), "", "entry").reason == \
+        "it is not a regular file"
