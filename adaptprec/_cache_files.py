@@ -37,6 +37,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 
@@ -63,16 +64,23 @@ def _unlink(dir_fd: int, name: str) -> None:
         pass
 
 
+@contextlib.contextmanager
+def _opened(directory: str, *, create: bool):
+    """``(descriptor, secret)`` of the cache directory, or ``None`` when the directory
+    or the key is not trusted (or the directory cannot be opened and not ``create``)."""
+    with trust.trusted_dir(directory, create=create) as dir_fd:
+        key = None if dir_fd is None else trust.secret()
+        yield None if key is None else (dir_fd, key)
+
+
 def read(directory: str, name: str) -> memoryview | None:
     """The authenticated body of entry ``name``; ``None`` when there is none, or the
     directory is missing or not trusted. Raises :class:`Refused` (after deleting the
     file) when the file fails a check."""
-    with trust.trusted_dir(directory, create=False) as dir_fd:
-        if dir_fd is None:
+    with _opened(directory, create=False) as opened:
+        if opened is None:
             return None
-        key = trust.secret()
-        if key is None:
-            return None
+        dir_fd, key = opened
         try:
             fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
         except FileNotFoundError:
@@ -105,12 +113,10 @@ def write(directory: str, name: str, body: bytes) -> bool:
     """Store ``body`` as entry ``name`` (authenticated, atomic), then keep the directory
     within its size bound. ``False`` when the directory or the key is not trusted
     (memory only); ``OSError`` when the directory cannot be made or written."""
-    with trust.trusted_dir(directory, create=True) as dir_fd:
-        if dir_fd is None:
+    with _opened(directory, create=True) as opened:
+        if opened is None:
             return False
-        key = trust.secret()
-        if key is None:
-            return False
+        dir_fd, key = opened
         tmp = ".tmp-" + secrets.token_hex(8)
         fd = os.open(tmp, _NEW_FLAGS, 0o600, dir_fd=dir_fd)
         try:
