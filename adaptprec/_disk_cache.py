@@ -2,7 +2,7 @@
 
 A new Python process compiles every program again: for a small ``curve_fit`` that is
 most of the first call. Programs whose key is stable across processes (a fit's whole
-solve, keyed by its residual's closed jaxpr text, :mod:`adaptprec.nlsq._identity`, and
+solve, keyed by its residual's closed jaxpr text, :mod:`adaptprec._identity`, and
 its options) are stored here with ``jax.experimental.serialize_executable`` after they
 compile, and the next process loads them instead of compiling. JAX's global ``jax_compilation_cache_dir`` option is
 the user's switch and is never touched.
@@ -47,7 +47,7 @@ import jax
 
 from . import _cache_files
 from ._cache_files import Refused, disk_info
-from ._cache_keys import MAX_BYTES, OFF, cache_dir, entry, signature
+from ._cache_keys import MAX_BYTES, cache_dir, entry, signature
 from ._lapack_init import ensure_lapack
 
 __all__ = ["cache_dir", "compiled", "signature", "stats", "clear_memory", "disk_info",

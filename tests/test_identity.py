@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import adaptprec as ap
-from adaptprec.nlsq._identity import trace_residual, user_callables
+from adaptprec._identity import trace_residual, user_callables
 from adaptprec.nlsq._residual import traced_once
 
 

@@ -10,7 +10,7 @@ import pytest
 
 import adaptprec as ap
 from adaptprec.nlsq._blocks import PointBlocks, block_size
-from adaptprec.nlsq._pointwise import point_axes
+from adaptprec._pointwise import point_axes
 from adaptprec.nlsq.common import _covariance_svd, covariance
 from adaptprec.nlsq.curve_fit import _residual_for
 

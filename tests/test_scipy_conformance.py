@@ -819,7 +819,7 @@ def test_tr_options():
 def test_lsmr_matches_scipy():
     from scipy.sparse.linalg import lsmr as sp_lsmr
 
-    from adaptprec.nlsq._lsmr import lsmr
+    from adaptprec.linalg._lsmr import lsmr
 
     rng = np.random.default_rng(3)
     A = rng.standard_normal((30, 8))

@@ -55,7 +55,7 @@ def run() -> None:
 
     import jax
 
-    from adaptprec.nlsq._pointwise import point_axes
+    from adaptprec._pointwise import point_axes
 
     def dexp(t, a1, k1, a2, k2, c):
         return a1 * jnp.exp(-k1 * t) + a2 * jnp.exp(-k2 * t) + c

@@ -44,7 +44,7 @@ from .._tracing import is_concrete
 from . import _caches
 from ._buckets import masked, pad_points, padded_avals
 from ._compile import cpu_jit, cpu_options
-from ._identity import jaxpr_function, trace_residual
+from .._identity import jaxpr_function, trace_residual
 from ._keys import hashable
 from ._state import Context, Options, Outputs, Solution
 from .common import covariance_at

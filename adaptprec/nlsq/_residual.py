@@ -27,11 +27,11 @@ from .._user_fn import returns_arrays
 from . import _caches
 from ._errors import explain_trace_error
 from ._finite_diff import as_sparsity, fd_jacobian
-from ._identity import user_callables
+from .._identity import user_callables
 from ._inputs import check_finite_tree
 from ._arguments import FD_METHODS, check_jac_shape, wrap_jac
 from ._keys import hashable, sig
-from ._pointwise import point_axes
+from .._pointwise import point_axes
 from ._sparse_jac import host_jac, probe_host_jac
 
 __all__ = ["flat_residual", "traced_once", "flat_x0", "with_kwargs", "jacobian",

@@ -265,7 +265,7 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
     from ._arguments import (METHODS, OptionNotOffered, as_bounds, as_x0,
                              check_tolerances, resolve_ladder)
     from ._inputs import _scale_inv, broadcast_bounds
-    from ._pointwise import point_axes
+    from .._pointwise import point_axes
     from ._step_schedule import default_schedule
     from .common import check_loss, default_max_steps
     from .trf import make_strictly_feasible
