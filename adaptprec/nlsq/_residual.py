@@ -28,7 +28,6 @@ from . import _caches
 from ._errors import explain_trace_error
 from ._finite_diff import as_sparsity, fd_jacobian
 from .._identity import user_callables
-from ._inputs import check_finite_tree
 from ._arguments import FD_METHODS, check_jac_shape, wrap_jac
 from ._keys import hashable, sig
 from .._pointwise import point_axes
@@ -318,7 +317,10 @@ def analyse(residual, x0, args, jac, kwargs, top_dt) -> Analysis:
     if callable(jac):  # a user's jac runs once per shape (gh-13670)
         jac = traced_once(jac)
     x0_flat, unravel = flat_x0(x0, top_dt)
-    check_finite_tree(x0_flat, "x0", "give a finite starting point")
+    if is_concrete(x0_flat) and not np.all(np.isfinite(np.asarray(x0_flat))):
+        bad = int(np.sum(~np.isfinite(np.asarray(x0_flat))))
+        raise ValueError(f"x0 contains NaN or Inf ({bad} non-finite value(s)); give a "
+                         "finite starting point.")
     n = int(x0_flat.size)
     fun_flat = flat_residual(residual, unravel)
     recalled = _caches.POINTS.recall(residual, x0_flat, args) if jac in ("fwd", "rev") \
