@@ -9,7 +9,9 @@ from adaptprec import _backend
 
 
 def _primitives(fn, *args):
-    return {eqn.primitive.name for eqn in jax.make_jaxpr(fn)(*args).jaxpr.eqns}
+    from adaptprec._jaxpr import iter_eqns
+
+    return {eqn.primitive.name for eqn in iter_eqns(jax.make_jaxpr(fn)(*args).jaxpr)}
 
 
 def test_plain_branch_has_no_cpu_tricks(monkeypatch):
