@@ -16,7 +16,10 @@ operation runs:
 * :func:`serial_blocks` -- whether sums over data points run as a serial scan over
   cache-sized blocks (CPU) or as one vectorised reduction;
 * :func:`host_alignment` -- the byte alignment of host arrays handed to the device
-  without a copy (64 on CPU; 0, no special alignment, elsewhere).
+  without a copy (64 on CPU; 0, no special alignment, elsewhere);
+* :func:`cpu_options` / :func:`cpu_jit` -- XLA:CPU compiler options that cut the compile
+  time of small programs (the classic emitters, one LLVM module, LLVM ``-O0`` where run
+  time is negligible); ``None`` (plain ``jit``) elsewhere.
 
 ``ADAPTPREC_CPU_TRICKS=0`` (or ``1``) forces the plain (or the CPU) path, for tests and
 for measuring what a trick buys.
@@ -36,8 +39,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ._lapack_init import ensure_lapack
+from ._tracing import is_eager
+
 __all__ = ["cpu_tricks", "materialise", "qr_r", "serial_blocks", "host_alignment",
-           "HOUSEHOLDER_MAX_COLUMNS", "HOUSEHOLDER_MIN_SIZE"]
+           "cpu_options", "cpu_jit", "tuned_jit", "HOUSEHOLDER_MAX_COLUMNS",
+           "HOUSEHOLDER_MIN_SIZE"]
 
 #: Up to this many columns the CPU path's QR is Householder in XLA ops (:func:`qr_r`) ...
 HOUSEHOLDER_MAX_COLUMNS = 32
@@ -129,3 +136,73 @@ def host_alignment() -> int:
     CPU, where ``jax.device_put`` aliases 64-byte-aligned NumPy buffers; 0 elsewhere:
     the transfer copies anyway)."""
     return 64 if cpu_tricks() else 0
+
+
+# ---------------------------------------------------------------- compiler options
+_CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False,
+                         "xla_cpu_parallel_codegen_split_count": 1}
+# Small programs (the host driver's, the promoted whole solve, small fused solves) spend
+# their run time in XLA:CPU's thunk executor, not in arithmetic: perf of a promoted
+# 3-parameter fit showed 6% of samples in generated code and ~45% in the executor and
+# its thread pool (work stealing, futex wake-ups), because the default scheduler leaves
+# parallel branches in the DAG of ~130 tiny thunks per iteration. The memory-optimised
+# scheduler and region-based copy insertion order and alias the same work into a DAG
+# with fewer branches and copies (one fewer copy per carried value): ~25% less run time,
+# the same bits (ordering and aliasing never change arithmetic). Measured: benchmarks/RESULTS.md.
+_CPU_UNOPTIMISED = {"xla_backend_optimization_level": 0,
+                    "xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED",
+                    "xla_cpu_copy_insertion_use_region_analysis": True}
+
+
+def tuned_jit(fn, options: dict | None, *, plain_fn=None, **jit_kwargs):
+    """``jax.jit(fn, compiler_options=options)`` for calls on concrete inputs, and
+    ``jax.jit(plain_fn or fn)`` (no options: they are only legal on a top-level ``jit``)
+    when traced inside a user's ``jit``/``vmap``/``grad``. ``options=None`` gives the
+    plain jit. ``.plain`` / ``.tuned`` expose both (for ``.lower(...)``/profiling).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from adaptprec._backend import tuned_jit
+        >>> f = tuned_jit(lambda x: 2.0 * x, {"xla_cpu_use_fusion_emitters": False})
+        >>> float(f(jnp.asarray(1.5))), float(jax.jit(f)(jnp.asarray(1.5)))
+        (3.0, 3.0)
+    """
+    plain = jax.jit(plain_fn or fn, **jit_kwargs)
+    if not options:
+        plain.plain = plain.tuned = plain
+        plain.plain_fn = plain_fn or fn
+        plain.options = None
+        return plain
+    tuned = jax.jit(fn, compiler_options=dict(options), **jit_kwargs)
+
+    def call(*args, **kwargs):
+        if is_eager((args, kwargs)):
+            ensure_lapack()  # a no-op after the first call (see adaptprec._lapack_init)
+            return tuned(*args, **kwargs)
+        return plain(*args, **kwargs)
+
+    call.plain, call.tuned = plain, tuned
+    call.__wrapped__, call.plain_fn = fn, plain_fn or fn
+    call.options = dict(options)
+    return call
+
+
+def cpu_jit(fn, *, optimise: bool = True, **jit_kwargs):
+    """:func:`tuned_jit` with the options above on CPU (``optimise=False``: also LLVM
+    ``-O0``).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from adaptprec._backend import cpu_jit
+        >>> f = cpu_jit(lambda x: 2.0 * x, optimise=False)
+        >>> float(f(jnp.asarray(1.5)))
+        3.0
+    """
+    return tuned_jit(fn, cpu_options(optimise), **jit_kwargs)
+
+
+def cpu_options(optimise: bool = True) -> dict | None:
+    """The compiler options :func:`cpu_jit` uses (a fresh dict), ``None`` off CPU."""
+    if not cpu_tricks():
+        return None
+    return {**_CPU_COMPILER_OPTIONS, **({} if optimise else _CPU_UNOPTIMISED)}

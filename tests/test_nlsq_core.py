@@ -58,7 +58,7 @@ def test_expfit_matches_scipy_lm_and_trace():
     np.testing.assert_allclose(np.asarray(res.fun), ref.fun, atol=1e-10)
     np.testing.assert_allclose(np.asarray(res.jac), ref.jac, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(np.asarray(res.grad), ref.jac.T @ ref.fun, atol=1e-9)
-    # "adaptive" at this size (m n = 120) on CPU: float64 alone (_ladder.SMALL_F64_MN)
+    # "adaptive" at this size (m n = 120) on CPU: float64 alone (common.SMALL_F64_MN)
     assert [t["rung"] for t in res.trace()] == ["f64"] and int(res.escalations) == 0
     # the ladder: started on f32, finished (and verified) on f64
     res = ap.solve_nlsq(expo, jnp.asarray(P0), args=(jnp.asarray(T), jnp.asarray(Y)),

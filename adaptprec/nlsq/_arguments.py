@@ -26,8 +26,7 @@ from ..precision import Ladder, canonical_dtype, is_adaptive, x64_enabled
 __all__ = ["OptionNotOffered", "as_x0", "as_bounds", "check_tolerances", "check_max_nfev",
            "check_array_leaves", "check_jac_option", "check_jac_shape",
            "normalize_jac_output", "wrap_jac", "check_unsupported", "check_scipy_options",
-           "resolve_ladder", "float64_alone", "EPS", "METHODS", "FD_METHODS", "AD_METHODS",
-           "SMALL_F64_MN"]
+           "resolve_ladder", "float64_alone", "EPS", "METHODS", "FD_METHODS", "AD_METHODS"]
 
 EPS = float(np.finfo(np.float64).eps)
 #: finite-difference schemes (scipy's names; :mod:`._finite_diff`) and autodiff modes
@@ -35,10 +34,6 @@ FD_METHODS = ("2-point", "3-point", "cs")
 AD_METHODS = ("fwd", "rev")
 #: the trust-region methods (scipy's three and Gauss-Newton)
 METHODS = ("lm", "gn", "trf", "dogbox")
-#: ``precision="adaptive"`` runs float64 alone on CPU below this many ``m n``: a float32
-#: rung saves nothing where a step costs dispatch and small dense algebra rather than
-#: memory traffic, and it costs a second rung's compilation (docs/nlsq.md, "Precision").
-SMALL_F64_MN = 32768
 
 
 
@@ -356,6 +351,8 @@ def resolve_ladder(precision) -> Ladder:
 
 def float64_alone(precision, schedule, m: int, n: int) -> bool:
     """Whether an ``"adaptive"`` solve runs float64 alone: the default ladder and no
-    schedule, on CPU, with ``m n <`` :data:`SMALL_F64_MN`."""
-    return (is_adaptive(precision) and schedule is None and m * n < SMALL_F64_MN
+    schedule, on CPU, with ``m n <`` :data:`.common.SMALL_F64_MN`."""
+    from . import common
+
+    return (is_adaptive(precision) and schedule is None and m * n < common.SMALL_F64_MN
             and jax.default_backend() == "cpu")

@@ -31,7 +31,7 @@ from jax import lax
 from .._policy import cast_floating
 from ._blocks import PointBlocks, block_size, residual_and_rows
 from . import _caches
-from ._compile import cpu_jit
+from .._backend import cpu_jit
 from .common import robust_cost, scale_for_robust_loss
 
 if TYPE_CHECKING:

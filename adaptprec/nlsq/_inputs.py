@@ -25,12 +25,7 @@ from ._arguments import (AD_METHODS, METHODS, as_bounds, as_x0, check_array_leav
                          resolve_ladder)
 
 __all__ = ["Problem", "prepare", "broadcast_bounds", "lists_as_arrays", "all_finite",
-           "check_finite_tree", "NORMAL_EQ_MIN_M"]
-
-#: ``linear_solver="auto"`` takes the normal equations from this many residuals on: the
-#: QR of a tall ``m x (n+1)`` matrix dominates the step there
-NORMAL_EQ_MIN_M = 4096
-
+           "check_finite_tree"]
 
 def broadcast_bounds(bounds, n: int, dtype):
     """``(lb, ub)`` as ``(n,)`` arrays: validated NumPy when concrete (no NaN, ``lb <
@@ -257,12 +252,13 @@ def _prepare(residual, x0, args, *, method, bounds, loss, f_scale, x_scale, jac,
     from . import _residual
     from ._buckets import bucket
     from ._finite_diff import as_sparsity
-    from ._keys import sig
+    from .._user_fn import sig
     from ._lsmr import tr_solver_options
     from ._methods import njev_is_none
     from ._state import Options
     from ._step_schedule import default_schedule
-    from .common import check_loss, check_loss_output, default_max_steps
+    from .common import (NORMAL_EQ_MIN_M, check_loss, check_loss_output,
+                         default_max_steps)
     from .solver import PORTFOLIO
 
     if not callable(residual):

@@ -43,9 +43,9 @@ from .._policy import cast_floating
 from .._tracing import is_concrete
 from . import _caches
 from ._buckets import masked, pad_points, padded_avals
-from ._compile import cpu_jit, cpu_options
+from .._backend import cpu_jit, cpu_options
 from .._identity import jaxpr_function, trace_residual
-from ._keys import hashable
+from .._user_fn import hashable
 from ._state import Context, Options, Outputs, Solution
 from .common import covariance_at
 from .solver import TrustRegion, iterate, lean_capable

@@ -25,11 +25,11 @@ from typing import Any, NamedTuple
 from .._tracing import is_concrete
 from .._user_fn import returns_arrays
 from . import _caches
-from ._errors import explain_trace_error
+from .._user_fn import explain_trace_error
 from ._finite_diff import as_sparsity, fd_jacobian
 from .._identity import user_callables
 from ._arguments import FD_METHODS, check_jac_shape, wrap_jac
-from ._keys import hashable, sig
+from .._user_fn import hashable, sig
 from .._pointwise import point_axes
 from ._sparse_jac import host_jac, probe_host_jac
 

@@ -31,7 +31,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from .._policy import cast_floating
 from .._tracing import is_traced
 from ._chunks import chunk_sums
-from ._compile import cpu_jit
+from .._backend import cpu_jit
 
 __all__ = ["point_sharding", "ShardedEvaluator", "sharded_programs"]
 

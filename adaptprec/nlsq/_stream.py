@@ -52,9 +52,9 @@ import numpy as np
 from .._tracing import is_concrete
 from ._chunks import (_ArraySource, _Evaluator, _chunk_program, _final_chunk_program,
                       _program)
-from ._compile import cpu_jit
+from .._backend import cpu_jit
 from ._factor import factor_gram
-from ._keys import hashable
+from .._user_fn import hashable
 from ._sharded import ShardedEvaluator, plan, point_sharding, sharded_programs
 from ._state import Context, Evaluation, Options
 from .common import Status

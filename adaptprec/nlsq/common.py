@@ -52,6 +52,12 @@ __all__ = [
     "update_tr_radius",
     "check_termination_codes",
     "lower_rung_budget",
+    "default_max_steps",
+    "DEFAULT_FTOL",
+    "DEFAULT_XTOL",
+    "DEFAULT_GTOL",
+    "NORMAL_EQ_MIN_M",
+    "SMALL_F64_MN",
     "covariance",
     "covariance_at",
     "gram_covariance",
@@ -64,19 +70,51 @@ LOSSES = ("linear", "soft_l1", "huber", "cauchy", "arctan")
 arctan); a callable ``rho(z)`` is accepted too."""
 
 
-# --------------------------------------------------------------------------- losses
-#: (issue 31) A lower rung's answer verified on the top rung is accepted when the top
-#: rung's Gauss-Newton step is at most this fraction of every parameter's standard error
-#: (in the covariance's metric, which bounds each parameter): the one criterion of the
-#: single-fit hand-off (:mod:`._loop`) and the batched one (:mod:`adaptprec.batch.verify`).
+# --------------------------------------------------------------------------- defaults
+# The one table of defaults of every fitting entry point (solve_nlsq, curve_fit,
+# solve_nlsq_batch); the measurements behind them: docs/nlsq.md, benchmarks/RESULTS.md.
+
+#: Tolerances, tighter than scipy's 1e-8 (with 1e-8 NIST ENSO/Chwirut/Kirby2 stop at LRE
+#: 3-5); a lower rung's are raised to 16 u_rung (it cannot resolve more).
+DEFAULT_FTOL = 1e-15
+DEFAULT_XTOL = 1e-10
+DEFAULT_GTOL = 1e-10
+#: A lower rung's answer verified on the top rung is accepted when the Gauss-Newton step
+#: there is at most this fraction of every parameter's standard error (the one-evaluation
+#: hand-off of single fits and batches).
 SE_FRACTION = 1e-3
+#: ``linear_solver="auto"``: the normal equations from this many residuals on (the QR of
+#: a tall ``m x (n+1)`` matrix dominates the step there).
+NORMAL_EQ_MIN_M = 4096
+#: ``precision="adaptive"`` runs float64 alone on CPU below this many ``m n``: a float32
+#: rung saves nothing where a step costs dispatch and small dense algebra, not memory
+#: traffic, and costs a second rung's compilation.
+SMALL_F64_MN = 32768
+#: A lower rung's share of the trial steps: ``LOWER_RUNG_STEPS_PER_PARAM n``, at least
+#: ``LOWER_RUNG_MIN_STEPS``, at most ``1 / n_rungs`` of ``max_steps``.
+LOWER_RUNG_STEPS_PER_PARAM = 10
+LOWER_RUNG_MIN_STEPS = 10
 
-#: ``linear_solver="auto"`` uses the normal equations from this many residuals on: the
-#: QR of a tall ``m x (n+1)`` matrix dominates the step there, while the normal
-#: equations cost one ``O(m n^2)`` product (accumulated in float32 or wider).
-_NORMAL_EQ_MIN_M = 4096
+
+def default_max_steps(n: int) -> int:
+    """The step cap when ``max_steps`` is None: ``100 (n + 1)`` (MINPACK's ``maxfev``)."""
+    return 100 * (n + 1)
 
 
+def lower_rung_budget(max_steps: int, n: int, n_rungs: int) -> int:
+    """Trial steps a rung below the top may take before it escalates (``BUDGET``): small,
+    so that a lower rung that cannot converge costs little next to the top rung.
+
+    Example:
+        >>> from adaptprec.nlsq.common import lower_rung_budget
+        >>> [lower_rung_budget(*a) for a in ((400, 3, 2), (400, 100, 2), (3, 3, 2))]
+        [30, 200, 1]
+    """
+    share = max(LOWER_RUNG_MIN_STEPS, LOWER_RUNG_STEPS_PER_PARAM * n)
+    return int(max(1, min(share, max_steps // max(n_rungs, 1))))
+
+
+# --------------------------------------------------------------------------- losses
 def _rho_builtin(name: str, z):
     if name == "linear":
         return jnp.stack([z, jnp.ones_like(z), jnp.zeros_like(z)])
@@ -171,7 +209,7 @@ def check_loss_output(loss: LossLike, m: int, dtype) -> None:
 
 @functools.lru_cache(maxsize=64)
 def _check_loss_traced(loss, m: int, dtype) -> None:
-    from ._errors import explain_trace_error
+    from .._user_fn import explain_trace_error
 
     def both(z):   # rho as given, and the (3, m) rows with autodiff derivatives
         return loss(z), _rho_callable(loss, z)
@@ -227,19 +265,6 @@ def scale_for_robust_loss(loss: LossLike, f, J, f_scale):
 
 
 # --------------------------------------------------------------------------- defaults
-#: Default tolerances of every NLSQ entry point (solve_nlsq, curve_fit, solve_nlsq_batch).
-#: Tighter than scipy's 1e-8: with 1e-8, ENSO/Chwirut/Kirby2 stop at LRE 3-5 (docs/nlsq.md).
-#: On a low rung each is raised to 16 u_rung (the rung cannot resolve more).
-DEFAULT_FTOL = 1e-15
-DEFAULT_XTOL = 1e-10
-DEFAULT_GTOL = 1e-10
-
-
-def default_max_steps(n: int) -> int:
-    """Iteration cap when ``max_steps`` is None: ``100 (n + 1)`` (MINPACK's ``maxfev``)."""
-    return 100 * (n + 1)
-
-
 # --------------------------------------------------------------------------- status
 # One vocabulary for every layer (adaptprec/_status.py); re-exported here for nlsq users.
 STATUS_MESSAGES = {int(s): s.message for s in Status}
@@ -371,30 +396,6 @@ def check_termination_codes(dF, F, dx_norm, x_norm, ratio, ftol, xtol):
         jnp.int32)
 
 
-#: A lower rung's share of the iteration budget: ``LOWER_RUNG_STEPS_PER_PARAM * n``
-#: trial steps (at least ``LOWER_RUNG_MIN_STEPS``), and never more than ``1 / n_rungs`` of
-#: ``max_steps``.
-LOWER_RUNG_STEPS_PER_PARAM = 10
-LOWER_RUNG_MIN_STEPS = 10
-
-
-def lower_rung_budget(max_steps: int, n: int, n_rungs: int) -> int:
-    """Trial steps a rung below the top may take before it escalates (``Reason.BUDGET``).
-
-    A lower rung never ends a solve: when it has used this share without converging, the
-    solve moves up; the top rung gets the rest of ``max_steps`` (and at least one step).
-    The share is small (``10 n`` steps, at least 10) so that a lower rung that cannot
-    converge costs little next to the float64 solve it precedes.
-
-    Example:
-        >>> from adaptprec.nlsq.common import lower_rung_budget
-        >>> [lower_rung_budget(*a) for a in ((400, 3, 2), (400, 100, 2), (3, 3, 2))]
-        [30, 200, 1]
-    """
-    share = max(LOWER_RUNG_MIN_STEPS, LOWER_RUNG_STEPS_PER_PARAM * n)
-    return int(max(1, min(share, max_steps // max(n_rungs, 1))))
-
-
 # --------------------------------------------------------------------------- covariance
 #: From this many rows on, :func:`covariance` tries the Gram matrix first.
 GRAM_COVARIANCE_MIN_M = 1024
@@ -442,7 +443,7 @@ def covariance_at(J):
 
 @functools.lru_cache(maxsize=4)
 def _covariance_program(dtype: str):
-    from ._compile import cpu_jit
+    from .._backend import cpu_jit
 
     return cpu_jit(covariance, optimise=False)
 
