@@ -26,7 +26,9 @@ from ..precision import Ladder, canonical_dtype, is_adaptive, x64_enabled
 __all__ = ["OptionNotOffered", "as_x0", "as_bounds", "check_tolerances", "check_max_nfev",
            "check_array_leaves", "check_jac_option", "check_jac_shape",
            "normalize_jac_output", "wrap_jac", "check_unsupported", "check_scipy_options",
-           "resolve_ladder", "float64_alone", "EPS", "METHODS", "FD_METHODS", "AD_METHODS"]
+           "resolve_ladder", "float64_alone", "EPS", "METHODS", "FD_METHODS", "AD_METHODS",
+           "check_method_loss", "top_rungs", "method_for_bounds", "check_x0_inside",
+           "step_budget", "schedule_for"]
 
 EPS = float(np.finfo(np.float64).eps)
 #: finite-difference schemes (scipy's names; :mod:`._finite_diff`) and autodiff modes
@@ -356,3 +358,83 @@ def float64_alone(precision, schedule, m: int, n: int) -> bool:
 
     return (is_adaptive(precision) and schedule is None and m * n < common.SMALL_F64_MN
             and jax.default_backend() == "cpu")
+
+
+# ------------------------------------------------------ shared by the in-memory and streamed
+def check_method_loss(method, loss):
+    """``method`` one of :data:`METHODS` (or ``None``), ``loss`` checked; ``"lm"`` takes
+    the linear loss only (scipy's rule). Returns the loss."""
+    from .common import check_loss
+
+    if method is not None and method not in METHODS:
+        raise ValueError(f"method={method!r} is not supported; use one of {METHODS}")
+    loss = check_loss(loss)
+    if method == "lm" and loss != "linear":
+        raise ValueError("method='lm' supports only 'linear' loss function; use "
+                         "method='trf' for a robust loss.")
+    return loss
+
+
+def top_rungs(precision) -> tuple:
+    """The ladder's rungs; the top one must be float32 or float64 (the iterate, the trust
+    region and the factored model live there, and LAPACK has no half precision)."""
+    from ..precision import unit_roundoff
+
+    rungs = resolve_ladder(precision).rungs
+    top_dt = np.dtype(rungs[-1])
+    if unit_roundoff(top_dt) > unit_roundoff(np.float32):
+        raise ValueError(
+            f"precision={precision!r} ends on {top_dt.name}: the iterate, the trust region "
+            "and the factored model live in the top rung's dtype, which must be float32 or "
+            "float64 (LAPACK has no half precision). Start low and end on one of them, "
+            "e.g. precision='bf16,f32'.")
+    return tuple(rungs)
+
+
+def method_for_bounds(method, has_bounds: bool, x_scale):
+    """scipy's defaults: ``"trf"`` with bounds, ``"lm"`` without; ``x_scale`` ``"jac"``
+    for ``lm``/``gn``, 1 otherwise; ``lm``/``gn`` refuse bounds."""
+    method = method or ("trf" if has_bounds else "lm")
+    if x_scale is None:
+        x_scale = "jac" if method in ("lm", "gn") else 1.0
+    if has_bounds and method in ("lm", "gn"):
+        raise ValueError(f"method={method!r} does not support bounds; use method='trf' "
+                         "(or leave method unset)")
+    return method, x_scale
+
+
+def check_x0_inside(x0, lb, ub) -> None:
+    """``lb <= x0 <= ub`` (concrete values)."""
+    xv = np.asarray(x0, np.float64)
+    if np.any(xv < lb) or np.any(xv > ub):
+        i = int(np.argmax((xv < lb) | (xv > ub)))
+        raise ValueError(f"x0 is outside the bounds: x0[{i}]={xv[i]} not in "
+                         f"[{lb[i]}, {ub[i]}]")
+
+
+def step_budget(max_steps, n: int, max_nfev: int = 0):
+    """``(max_steps, portfolio)``: the default is ``100 (n + 1)`` steps per strategy of
+    ``lm``'s portfolio; an explicit ``max_steps`` (or ``max_nfev``) caps the whole solve,
+    and ``max_nfev`` is then the cap (each step costs at least one evaluation)."""
+    from .common import default_max_steps
+    from .solver import PORTFOLIO
+
+    portfolio = (2 if max_steps is None and not max_nfev else 1) if PORTFOLIO else 0
+    if max_steps is not None and int(max_steps) < 1:
+        raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
+    if max_steps is None:
+        return max(default_max_steps(n), max_nfev), portfolio
+    return int(max_steps), portfolio
+
+
+def schedule_for(schedule, rungs):
+    """The default schedule for a ladder (none for one rung), or the user's, checked."""
+    from ._step_schedule import default_schedule
+
+    if schedule is None and len(rungs) > 1:
+        return default_schedule()
+    if schedule is not None and not (hasattr(schedule, "init") and
+                                     hasattr(schedule, "update")):
+        raise TypeError(f"schedule must be an adaptprec.schedule.PrecisionSchedule, got "
+                        f"{type(schedule).__name__}")
+    return schedule

@@ -19,10 +19,11 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from .._tracing import is_concrete
-from ..precision import unit_roundoff, x64_enabled
-from ._arguments import (AD_METHODS, METHODS, as_bounds, as_x0, check_array_leaves,
-                         check_scipy_options, check_tolerances, float64_alone,
-                         resolve_ladder)
+from ..precision import x64_enabled
+from ._arguments import (AD_METHODS, as_bounds, as_x0, check_array_leaves,
+                         check_method_loss, check_scipy_options, check_tolerances,
+                         check_x0_inside, float64_alone, method_for_bounds,
+                         schedule_for, step_budget, top_rungs)
 
 __all__ = ["Problem", "prepare", "broadcast_bounds", "lists_as_arrays", "all_finite",
            "check_finite_tree"]
@@ -213,9 +214,7 @@ def _with_values(known: Problem, x0, args, kw, checked) -> Problem:
         raise ValueError(f"f_scale must be a positive finite number, got {f_scale!r}")
     lb, ub = _numpy_bounds(kw["bounds"], n)
     if np.any(x0_flat < lb) or np.any(x0_flat > ub):
-        i = int(np.argmax((x0_flat < lb) | (x0_flat > ub)))
-        raise ValueError(f"x0 is outside the bounds: x0[{i}]={x0_flat[i]} not in "
-                         f"[{lb[i]}, {ub[i]}]")
+        check_x0_inside(x0_flat, lb, ub)
     x_scale = kw["x_scale"]
     if x_scale is None:
         x_scale = "jac" if known.opts.method in ("lm", "gn") else 1.0
@@ -256,20 +255,12 @@ def _prepare(residual, x0, args, *, method, bounds, loss, f_scale, x_scale, jac,
     from ._lsmr import tr_solver_options
     from ._methods import njev_is_none
     from ._state import Options
-    from ._step_schedule import default_schedule
-    from .common import (NORMAL_EQ_MIN_M, check_loss, check_loss_output,
-                         default_max_steps)
-    from .solver import PORTFOLIO
+    from .common import NORMAL_EQ_MIN_M, check_loss_output
 
     if not callable(residual):
         raise TypeError(f"residual must be callable, got {type(residual).__name__}")
     args = args if isinstance(args, tuple) else (args,)
-    if method is not None and method not in METHODS:
-        raise ValueError(f"method={method!r} is not supported; use one of {METHODS}")
-    loss = check_loss(loss)
-    if method == "lm" and loss != "linear":
-        raise ValueError("method='lm' supports only 'linear' loss function; use "
-                         "method='trf' for a robust loss.")
+    loss = check_method_loss(method, loss)
     jac, max_nfev = check_scipy_options(
         jac, method, diff_step=diff_step, jac_sparsity=jac_sparsity, tr_solver=tr_solver,
         tr_options=tr_options, verbose=verbose, workers=workers, callback=callback,
@@ -280,14 +271,8 @@ def _prepare(residual, x0, args, *, method, bounds, loss, f_scale, x_scale, jac,
     if not (np.isscalar(f_scale) and np.isfinite(f_scale) and f_scale > 0) \
             and is_concrete(f_scale):
         raise ValueError(f"f_scale must be a positive finite number, got {f_scale!r}")
-    rungs = resolve_ladder(precision).rungs
+    rungs = top_rungs(precision)
     top_dt = np.dtype(rungs[-1])
-    if unit_roundoff(top_dt) > unit_roundoff(np.float32):
-        raise ValueError(
-            f"precision={precision!r} ends on {top_dt.name}: the iterate, the trust region "
-            "and the factored model live in the top rung's dtype, which must be float32 or "
-            "float64 (LAPACK has no half precision). Start low and end on one of them, "
-            "e.g. precision='bf16,f32'.")
     check_array_leaves(args)
     check_finite_tree(args, "the data in args", skip=checked)
     a = _residual.analyse(residual, as_x0(x0), args, jac, kwargs, top_dt)
@@ -305,12 +290,7 @@ def _prepare(residual, x0, args, *, method, bounds, loss, f_scale, x_scale, jac,
     # infinite bounds trf is an unconstrained trust region)
     has_bounds = (not bounds_known) or bool(np.any(np.isfinite(lb)) or
                                             np.any(np.isfinite(ub)))
-    method = method or ("trf" if has_bounds else "lm")
-    if x_scale is None:   # scipy's default
-        x_scale = "jac" if method in ("lm", "gn") else 1.0
-    if has_bounds and method in ("lm", "gn"):
-        raise ValueError(f"method={method!r} does not support bounds; use method='trf' "
-                         "(or leave method unset)")
+    method, x_scale = method_for_bounds(method, has_bounds, x_scale)
     ftol, xtol, gtol = check_tolerances(ftol, xtol, gtol, method)
     sparse_fd = jac_sparsity is not None and not callable(jac)
     tr = tr_solver_options(tr_solver, tr_options, method,
@@ -320,25 +300,9 @@ def _prepare(residual, x0, args, *, method, bounds, loss, f_scale, x_scale, jac,
                          f"parameters; got m={m} residuals for n={n} parameters. Use "
                          "method='trf' or add residuals.")
     if is_concrete(a.x0_flat) and bounds_known:
-        xv = np.asarray(a.x0_flat, np.float64)
-        if np.any(xv < lb) or np.any(xv > ub):
-            i = int(np.argmax((xv < lb) | (xv > ub)))
-            raise ValueError(f"x0 is outside the bounds: x0[{i}]={xv[i]} not in "
-                             f"[{lb[i]}, {ub[i]}]")
-    # lm's portfolio: the default budget is per strategy, an explicit max_steps (or
-    # max_nfev) caps the whole solve; the user's max_nfev is the cap, so our own step cap
-    # must not end the solve earlier (each step costs at least one evaluation)
-    portfolio = (2 if max_steps is None and not max_nfev else 1) if PORTFOLIO else 0
-    if max_steps is not None and int(max_steps) < 1:
-        raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
-    max_steps = int(max_steps) if max_steps is not None else max(default_max_steps(n),
-                                                                 max_nfev)
-    if schedule is None and len(rungs) > 1:
-        schedule = default_schedule()
-    elif schedule is not None and not (hasattr(schedule, "init") and
-                                       hasattr(schedule, "update")):
-        raise TypeError(f"schedule must be an adaptprec.schedule.PrecisionSchedule, got "
-                        f"{type(schedule).__name__}")
+        check_x0_inside(a.x0_flat, lb, ub)
+    max_steps, portfolio = step_budget(max_steps, n, max_nfev)
+    schedule = schedule_for(schedule, rungs)
     if linear_solver == "auto":
         linear_solver = "normal" if m >= NORMAL_EQ_MIN_M else "qr"
     autodiff = jac in AD_METHODS

@@ -262,141 +262,48 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
     asked for, only large): ``None`` when the problem cannot be streamed (the caller
     then solves in memory). ``with_gram``: return ``(result, J^T J, m)``.
     """
-    from ._arguments import (METHODS, OptionNotOffered, as_bounds, as_x0,
-                             check_tolerances, resolve_ladder)
+    from ._arguments import (as_bounds, as_x0, check_method_loss, check_tolerances,
+                             check_x0_inside, method_for_bounds, schedule_for,
+                             step_budget, top_rungs)
     from ._inputs import _scale_inv, broadcast_bounds
-    from .._pointwise import point_axes
-    from ._step_schedule import default_schedule
-    from .common import check_loss, default_max_steps
     from .trf import make_strictly_feasible
 
     if not is_concrete(x0, args if not isinstance(args, Chunks) else (), bounds, f_scale):
         if auto:
             return None
         raise ValueError(TRACED_MESSAGE.format(entry=entry, min_points=STREAM_MIN_POINTS))
-    bad = {k: v for k, v in others.items()
-           if k in UNSUPPORTED_DEFAULTS and not _is_default(v, UNSUPPORTED_DEFAULTS[k])}
-    unknown = set(others) - set(UNSUPPORTED_DEFAULTS)
-    if unknown:
-        raise TypeError(f"{entry}: unexpected keyword argument(s) {sorted(unknown)}")
-    if jac not in (None, "fwd") or linear_solver not in ("auto", "normal") or bad:
-        if auto:
-            return None
-        names = sorted(bad) + (["jac"] if jac not in (None, "fwd") else []) + (
-            ["linear_solver"] if linear_solver not in ("auto", "normal") else [])
-        raise OptionNotOffered(
-            f"{entry}: streamed fits (chunk_size=, Chunks, sharded or large host data) use "
-            f"the autodiff Jacobian and the normal equations accumulated chunk by chunk; "
-            f"{', '.join(names)} cannot be combined with them. Drop those options, or "
-            "fit in memory (jax.Arrays, no chunk_size).")
+    if not _streamable_options(entry, auto, jac, linear_solver, others):
+        return None
     if chunk_size is not None and (int(chunk_size) != chunk_size or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
-    if method is not None and method not in METHODS:
-        raise ValueError(f"method={method!r} is not supported; use one of {METHODS}")
-    loss = check_loss(loss)
-    if method == "lm" and loss != "linear":
-        raise ValueError("method='lm' supports only 'linear' loss function; use "
-                         "method='trf' for a robust loss.")
+    loss = check_method_loss(method, loss)
     x0 = np.asarray(as_x0(x0))
     if x0.ndim != 1 or x0.size == 0:
         raise ValueError(f"streamed fits take a 1-D x0 with at least one parameter; got "
                          f"shape {x0.shape}")
     if not np.all(np.isfinite(x0)):
         raise ValueError("x0 contains NaN or Inf")
-    ladder = resolve_ladder(precision)
-    rungs = ladder.rungs
+    rungs = top_rungs(precision)
     top_dt = np.dtype(rungs[-1])
-    x0 = x0.astype(top_dt)
-    n = x0.size
-
-    # ---- the data source, its chunk size and point axes
-    if isinstance(args, Chunks):
-        it = iter(args)
-        try:
-            first = next(it)
-        except StopIteration:
-            raise ValueError("the Chunks source gave no chunks") from None
-        close = getattr(it, "close", None)
-        if close is not None:
-            close()
-        treedef = jax.tree.structure(first)
-        sample = first
-        source = args
-        m = None
-    else:
-        if not isinstance(args, tuple):
-            args = (args,)
-        treedef = jax.tree.structure(args)
-        sample, source = args, None
-        m = None
-    leaves = jax.tree.leaves(sample)
-    avals = [jax.ShapeDtypeStruct(np.shape(a), a.dtype if hasattr(a, "dtype") else
-                                  np.result_type(a)) for a in leaves]
-    shaped = jax.tree.unflatten(treedef, avals)
-
-    def fun_flat(x, *a):
-        return jnp.ravel(residual(x, *a))
-
-    try:
-        k0 = int(np.prod(jax.eval_shape(fun_flat, jax.ShapeDtypeStruct((n,), top_dt),
-                                        *shaped).shape))
-    except Exception:
-        if auto:
-            return None
-        raise
-    axes = point_axes(fun_flat, jax.ShapeDtypeStruct((n,), top_dt), shaped, k0)
-    if axes is None:
-        if auto:
-            return None
-        raise ValueError(
-            f"{entry}: streaming needs a pointwise residual (its i-th entry computed from "
-            "data point i alone, proved from its jaxpr), with the points on one axis of "
-            "each data array; this residual is not provably pointwise (it reduces over "
-            "the points, sorts, gathers or mixes points). Fit in memory instead.")
-    mesh = point_sharding(args) if source is None else None
-    if source is None:
-        m = k0
-        if auto and mesh is None and not any(_is_host_array(a) and ax is not None
-                                             for a, ax in zip(leaves, axes)):
-            return None
-        size = int(chunk_size) if chunk_size is not None else CHUNK
-        size = min(size, m)
-        source = _ArraySource(args, axes, m, size)
-    else:
-        size = int(chunk_size or args.size or k0)
-    evaluator = _Evaluator(source, axes, size, treedef, bool(check_finite))
-
-    # ---- options (as solve_nlsq)
+    x0, n = x0.astype(top_dt), x0.size
+    data = _data_source(residual, args, n, top_dt, chunk_size, check_finite, auto, entry)
+    if data is None:
+        return None
+    fun_flat, evaluator, axes, treedef, avals, size, mesh, m = data
     lb, ub = broadcast_bounds(as_bounds(bounds, n), n, top_dt)
     has_bounds = bool(np.any(np.isfinite(lb)) or np.any(np.isfinite(ub)))
-    if method is None:
-        method = "trf" if has_bounds else "lm"
-    if x_scale is None:   # scipy's default
-        x_scale = "jac" if method in ("lm", "gn") else 1.0
-    if has_bounds and method in ("lm", "gn"):
-        raise ValueError(f"method={method!r} does not support bounds; use method='trf' "
-                         "(or leave method unset)")
-    if np.any(x0 < lb) or np.any(x0 > ub):
-        i = int(np.argmax((x0 < lb) | (x0 > ub)))
-        raise ValueError(f"x0 is outside the bounds: x0[{i}]={x0[i]} not in "
-                         f"[{lb[i]}, {ub[i]}]")
+    method, x_scale = method_for_bounds(method, has_bounds, x_scale)
+    check_x0_inside(x0, lb, ub)
     ftol, xtol, gtol = check_tolerances(ftol, xtol, gtol, method)
     if not (np.isscalar(f_scale) and np.isfinite(f_scale) and f_scale > 0):
         raise ValueError(f"f_scale must be a positive finite number, got {f_scale!r}")
-    scale_inv0 = _scale_inv(x_scale, n)
-    if max_steps is not None and int(max_steps) < 1:
-        raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
-    max_steps = default_max_steps(n) if max_steps is None else int(max_steps)
-    if schedule is None and len(rungs) > 1:
-        schedule = default_schedule()
-    opts = Options(n=n, rungs=tuple(rungs), method=method, loss=loss, jac="fwd",
+    opts = Options(n=n, rungs=rungs, method=method, loss=loss, jac="fwd",
                    jac_scale=isinstance(x_scale, str), has_bounds=has_bounds,
-                   max_steps=int(max_steps), linear_solver="normal",
+                   max_steps=step_budget(max_steps, n)[0], linear_solver="normal",
                    max_rejections=int(max_rejections), cond_tol=float(cond_tol),
-                   schedule=schedule, point_axes=None)
+                   schedule=schedule_for(schedule, rungs), point_axes=None, portfolio=1)
     if has_bounds and method == "trf":
         x0 = np.asarray(make_strictly_feasible(x0, lb, ub), top_dt)
-
     key = (hashable(residual), rungs, str(loss) if isinstance(loss, str) else hashable(loss),
            treedef, tuple((a.shape if ax is None else a.shape[:ax] + a.shape[ax + 1:],
                            str(a.dtype)) for a, ax in zip(avals, axes)), axes, size, n)
@@ -413,11 +320,92 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
     def arr(v):
         return np.asarray(v, top_dt)
 
-    ctx = Context(None, arr(lb), arr(ub), arr(scale_inv0), arr(f_scale), arr(ftol),
-                  arr(xtol), arr(gtol), arr(x0), np.asarray(0, np.int32))
+    ctx = Context(None, arr(lb), arr(ub), arr(_scale_inv(x_scale, n)), arr(f_scale),
+                  arr(ftol), arr(xtol), arr(gtol), arr(x0), np.asarray(0, np.int32))
     st, g, cost, A = _stream_loop(opts, evaluator, sums, final, arr(x0), ctx)
     res = _result(opts, st, g, cost, ctx)
     return (res, np.asarray(A, np.float64), evaluator.m) if with_gram else res
+
+
+def _streamable_options(entry, auto, jac, linear_solver, others) -> bool:
+    """Whether the options allow streaming: the autodiff Jacobian and the normal
+    equations; the options streaming does not carry at their defaults. ``False`` when
+    ``auto`` (the caller fits in memory), an error otherwise."""
+    bad = {k: v for k, v in others.items()
+           if k in UNSUPPORTED_DEFAULTS and not _is_default(v, UNSUPPORTED_DEFAULTS[k])}
+    unknown = set(others) - set(UNSUPPORTED_DEFAULTS)
+    if unknown:
+        raise TypeError(f"{entry}: unexpected keyword argument(s) {sorted(unknown)}")
+    if jac in (None, "fwd") and linear_solver in ("auto", "normal") and not bad:
+        return True
+    if auto:
+        return False
+    from ._arguments import OptionNotOffered
+
+    names = sorted(bad) + (["jac"] if jac not in (None, "fwd") else []) + (
+        ["linear_solver"] if linear_solver not in ("auto", "normal") else [])
+    raise OptionNotOffered(
+        f"{entry}: streamed fits (chunk_size=, Chunks, sharded or large host data) use "
+        f"the autodiff Jacobian and the normal equations accumulated chunk by chunk; "
+        f"{', '.join(names)} cannot be combined with them. Drop those options, or "
+        "fit in memory (jax.Arrays, no chunk_size).")
+
+
+def _data_source(residual, args, n, top_dt, chunk_size, check_finite, auto, entry):
+    """``(fun_flat, evaluator, axes, treedef, avals, size, mesh, m)`` of the data: its
+    point axes proved from the residual on a sample (the first chunk), the chunk size,
+    the evaluator that walks it (``m`` ``None`` for a :class:`Chunks` source until its
+    first pass); ``None`` when ``auto`` and the data cannot or need not be streamed."""
+    from .._pointwise import point_axes
+
+    if isinstance(args, Chunks):
+        it = iter(args)
+        try:
+            sample = next(it)
+        except StopIteration:
+            raise ValueError("the Chunks source gave no chunks") from None
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+    else:
+        args = args if isinstance(args, tuple) else (args,)
+        sample = args
+    treedef, leaves = jax.tree.structure(sample), jax.tree.leaves(sample)
+    avals = [jax.ShapeDtypeStruct(np.shape(a), a.dtype if hasattr(a, "dtype") else
+                                  np.result_type(a)) for a in leaves]
+    shaped = jax.tree.unflatten(treedef, avals)
+
+    def fun_flat(x, *a):
+        return jnp.ravel(residual(x, *a))
+
+    x_aval = jax.ShapeDtypeStruct((n,), top_dt)
+    try:
+        k0 = int(np.prod(jax.eval_shape(fun_flat, x_aval, *shaped).shape))
+    except Exception:
+        if auto:
+            return None
+        raise
+    axes = point_axes(fun_flat, x_aval, shaped, k0)
+    if axes is None:
+        if auto:
+            return None
+        raise ValueError(
+            f"{entry}: streaming needs a pointwise residual (its i-th entry computed from "
+            "data point i alone, proved from its jaxpr), with the points on one axis of "
+            "each data array; this residual is not provably pointwise (it reduces over "
+            "the points, sorts, gathers or mixes points). Fit in memory instead.")
+    if isinstance(args, Chunks):
+        size = int(chunk_size or args.size or k0)
+        source, mesh, m = args, None, None
+    else:
+        mesh, m = point_sharding(args), k0
+        if auto and mesh is None and not any(_is_host_array(a) and ax is not None
+                                             for a, ax in zip(leaves, axes)):
+            return None
+        size = min(int(chunk_size) if chunk_size is not None else CHUNK, m)
+        source = _ArraySource(args, axes, m, size)
+    evaluator = _Evaluator(source, axes, size, treedef, bool(check_finite))
+    return fun_flat, evaluator, axes, treedef, avals, size, mesh, m
 
 
 def _result(opts: Options, st, g, cost, ctx):

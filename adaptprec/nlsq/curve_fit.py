@@ -128,7 +128,7 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
         raise ValueError("'args' is not a supported keyword argument (curve_fit passes "
                          "the parameters to f as f(xdata, *params)).")
     kwargs = leastsq_kwargs(kwargs)
-    jac = check_jac_option(jac, allow_none=True)
+    jac = None if jac is None else check_jac_option(jac)
     if wants_curve_fit_stream(xdata, ydata, kwargs):  # larger than memory
         out = curve_fit_stream(f, xdata, ydata, p0, sigma, absolute_sigma, check_finite,
                                bounds, method, jac, full_output, nan_policy, kwargs)
