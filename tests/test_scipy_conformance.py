@@ -15,7 +15,7 @@ from scipy.optimize import curve_fit as sp_curve_fit
 from scipy.optimize import least_squares as sp_least_squares
 
 import adaptprec as ap
-from adaptprec.nlsq._finite_diff import fd_jacobian
+from adaptprec._finite_diff import fd_jacobian
 from adaptprec.nlsq._arguments import OptionNotOffered
 from adaptprec.nlsq._model import initialize_feasible
 
@@ -664,7 +664,7 @@ def test_jac_sparsity():
         return f.at[:-1].add(-2 * x[1:])
 
     pattern = diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(n, n))
-    from adaptprec.nlsq._finite_diff import as_sparsity, fd_jacobian, group_columns
+    from adaptprec._finite_diff import as_sparsity, fd_jacobian, group_columns
 
     sp = as_sparsity(pattern, n, n)
     assert group_columns(sp).max() + 1 == 3  # tridiagonal: 3 evaluations, not 30

@@ -250,7 +250,7 @@ def _prepare(residual, x0, args, *, method, bounds, loss, f_scale, x_scale, jac,
              verbose, workers, callback, checked=()) -> Problem:
     from . import _residual
     from ._buckets import bucket
-    from ._finite_diff import as_sparsity
+    from .._finite_diff import as_sparsity
     from .._user_fn import sig
     from ._lsmr import tr_solver_options
     from ._methods import njev_is_none

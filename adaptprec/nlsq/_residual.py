@@ -26,7 +26,7 @@ from .._tracing import is_concrete
 from .._user_fn import returns_arrays
 from . import _caches
 from .._user_fn import explain_trace_error
-from ._finite_diff import as_sparsity, fd_jacobian
+from .._finite_diff import as_sparsity, fd_jacobian
 from .._identity import user_callables
 from ._arguments import FD_METHODS, check_jac_shape, wrap_jac
 from .._user_fn import hashable, sig
