@@ -4,26 +4,17 @@ The local fit from ``x0`` runs first, as ``starts=1`` would (same program, same 
 
 * it did not succeed (``status <= 0``), or the residual is not finite at ``x0``
   (:class:`._start.NonFiniteStartError`: the search then looks for a finite start);
-* a Jacobian column is all zero: a parameter the data never saw (three Gaussians started
-  at ``x = 1`` on a spectrum from 200 to 1800);
-* the cost is far above what the noise implies (:func:`noise_test`):
-  with absolute ``sigma`` (``curve_fit(..., sigma, absolute_sigma=True)``): ``chi^2``
-  beyond its ``1e-6`` upper tail for ``m - n`` degrees of freedom; otherwise (no known
-  noise level): the residual variance ``s^2 = ||r||^2 / (m - n)`` more than
-  :data:`NOISE_RATIO` times the noise variance estimated from the residual's successive
-  differences, ``sum (r[i+1] - r[i])^2 / (2 (m - 1))`` (von Neumann; in data order, by
-  ``xdata`` for a 1-D curve_fit). White residuals give a ratio near 1; a missed peak or a
-  wrong local minimum leaves a smooth, correlated misfit and a large ratio. (The ratio is
-  ``2 / DW``, Durbin-Watson's statistic; ``> 4`` is ``DW < 0.5``.)
+* a Jacobian column is all zero: a parameter the data never saw;
+* the cost is far above what the noise implies (:func:`noise_test`): with absolute
+  ``sigma``, ``chi^2`` beyond its ``1e-6`` upper tail; otherwise the residual variance
+  more than :data:`NOISE_RATIO` times the noise variance estimated from the residual's
+  successive differences (von Neumann's ratio, ``2 / DW``: a missed peak or a wrong local
+  minimum leaves a smooth, correlated misfit).
 
-When it is not accepted, up to ``max_starts`` further local fits run *one after another*
-through the same in-memory solve, from starts spread by a Latin hypercube
-(:func:`auto_starts`): uniform in a finite box (log-uniform where the box spans three or
-more decades of positive values), otherwise log-uniform in magnitude across 1 to 4
-decades around ``x0`` (``|x0_j|``, or 1 where ``x0_j = 0``; the sign of ``x0_j`` kept
-three times in four), measured from a one-sided bound. The starts are ranked by their
-cost (one vmapped evaluation) and the ones where the model is not finite are skipped.
-The search stops at the first start whose fit would have been accepted, when
+When it is not accepted, up to ``max_starts`` further local fits run one after another
+through the same in-memory solve (its compiled program), from Latin-hypercube starts
+across decades (:func:`auto_starts`), ranked by their cost (one vmapped evaluation;
+starts where the model is not finite are skipped). The search stops at the first start whose fit would have been accepted, when
 ``max_starts`` have run, or when its budget is spent; the best fit (a success before a
 failure, then the lower cost) is returned, the local fit included, so ``"auto"`` is never
 worse than ``starts=1``.
@@ -36,11 +27,6 @@ the local fit's, at least ``100 (n + 1)``), or ``nfev_budget`` when given. A use
 reproducible under load, and documented so. With ``throw=True`` the fits run without it
 and the answer raises (``equinox.EquinoxRuntimeError``, with the search in its message)
 only if it failed.
-
-Why one after another, not the batched engine of ``starts=K``: every start reuses the
-local fit's compiled program (same residual, shapes and options), each fit stops on its
-own, and the budget is checked between fits. The batched engine compiles one program per
-residual and batch size.
 
 The result is a :class:`SearchResult`: ``starts_run`` (fits run beyond the local one),
 ``search`` (why it searched, how many starts, which won, why it stopped; appended to

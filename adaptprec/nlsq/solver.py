@@ -1,34 +1,13 @@
 """The adaptive trust-region solver of ``lm``, ``gn``, ``trf`` and ``dogbox``: one object
 with ``init / step / terminate / postprocess`` (optimistix's shape), run by one loop
-(:func:`iterate`).
+(:func:`iterate`); docs/architecture.md, "One solve", describes it whole.
 
-A step is **propose** (the method's trust-region step from the factored model), **evaluate**
-(residual and Jacobian once, at the trial point, on the current rung), **advance** (accept
-or reject, update the radius, decide on escalation and termination). After an escalation
-(and at the start) the evaluation is at the current point on the new rung (``pending``).
-The iterate and the model live in the top dtype; only the evaluation runs on the rung.
-
-``advance`` applies these rules (:mod:`._rules`, each with its maths):
-
-* **noise stop** -- rounding-level steps on the top rung are taken and, after a few that
-  stop contracting, end the solve (``ftol``);
-* **rounding floor** -- a rung below the top whose Gauss-Newton gain is below its
-  evaluation error of the cost hands its point on (``VERIFY``);
-* **conditioning** -- a rung whose Gauss-Newton step error (Wedin's bound) exceeds
-  ``cond_tol`` hands its point and radius on (``ILL_CONDITIONED``);
-* **budget** -- a lower rung's share of the steps (``BUDGET``); ``max_steps`` ends a
-  solve only on the top rung;
-* **one-evaluation hand-off** -- a large, unbounded, linear-loss fit accepts a lower
-  rung's converged point at one top-rung evaluation when the Gauss-Newton step there is
-  below ``SE_FRACTION`` of every standard error;
-* **confirming step** -- a top-rung convergence right after an escalation is confirmed by
-  one more step;
-* **runaway** -- ``lm``'s portfolio restarts from ``x0`` with a second radius rule when the
-  first strategy fails or converges along a flat direction far out.
-
-Non-finite values, convergence on a lower rung, ``max_rejections`` rejected steps at the
-rounding level and the precision schedule also make a rung hand over. A lower rung never
-ends a solve.
+A step is **propose** (the method's trust-region step from the factored model),
+**evaluate** (residual and Jacobian once, at the trial point, on the current rung) and
+**advance** (accept or reject, update the radius, decide on escalation and termination by
+the rules of :mod:`._rules`). After an escalation, and at the start, the evaluation is at
+the current point on the new rung (``pending``). The iterate and the model live in the top
+dtype; only the evaluation runs on the rung. A lower rung never ends a solve.
 
 Example:
     >>> import jax.numpy as jnp, numpy as np
