@@ -416,8 +416,7 @@ def step_budget(max_steps, n: int, max_nfev: int = 0):
     """``(max_steps, portfolio)``: the default is ``100 (n + 1)`` steps per strategy of
     ``lm``'s portfolio; an explicit ``max_steps`` (or ``max_nfev``) caps the whole solve,
     and ``max_nfev`` is then the cap (each step costs at least one evaluation)."""
-    from .common import default_max_steps
-    from .solver import PORTFOLIO
+    from .common import PORTFOLIO, default_max_steps
 
     portfolio = (2 if max_steps is None and not max_nfev else 1) if PORTFOLIO else 0
     if max_steps is not None and int(max_steps) < 1:

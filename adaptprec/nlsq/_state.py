@@ -43,7 +43,7 @@ class Options(NamedTuple):
     callback: Any = None
     #: ``tr_solver="lsmr"``'s options (:func:`._lsmr.check_tr_options`; ``None``: exact)
     tr: Any = None
-    #: ``lm``'s second strategy (:data:`.solver.PORTFOLIO`): 0 off, 1 ``max_steps`` caps
+    #: ``lm``'s second strategy (:data:`.common.PORTFOLIO`): 0 off, 1 ``max_steps`` caps
     #: the whole solve, 2 each strategy has ``max_steps``
     portfolio: int = 1
     #: the top-rung stopping rules of a solve that runs float64 alone for ``"adaptive"``

@@ -58,6 +58,7 @@ __all__ = [
     "DEFAULT_GTOL",
     "NORMAL_EQ_MIN_M",
     "SMALL_F64_MN",
+    "PORTFOLIO",
     "covariance",
     "covariance_at",
     "gram_covariance",
@@ -94,6 +95,12 @@ SMALL_F64_MN = 32768
 #: ``LOWER_RUNG_MIN_STEPS``, at most ``1 / n_rungs`` of ``max_steps``.
 LOWER_RUNG_STEPS_PER_PARAM = 10
 LOWER_RUNG_MIN_STEPS = 10
+#: ``lm``'s portfolio: when its default strategy (MINPACK's radius rule) fails on the top
+#: rung -- out of steps, no finite step, or a convergence with the parameters run off
+#: along a flat direction (:func:`._rules.runaway`) -- the top rung restarts from ``x0``
+#: with optimistix's trust-region constants (:func:`.lm.optx_radius`) and the lower-cost
+#: end of the two is returned (docs/nlsq.md, "Robustness").
+PORTFOLIO = True
 
 
 def default_max_steps(n: int) -> int:

@@ -157,7 +157,7 @@ def minpack_radius(Delta, ratio, step_norm, alpha, blew_up):
 
 
 def optx_radius(Delta, ratio, step_norm):
-    """The portfolio's second radius rule (:data:`.solver.PORTFOLIO`): optimistix's
+    """The portfolio's second radius rule (:data:`.common.PORTFOLIO`): optimistix's
     ``ClassicalTrustRegion`` constants in radius form. ``ratio < 0.01`` shrinks to
     ``0.25 min(Delta, ||D p||)``, ``ratio > 0.99`` grows to ``3.5 Delta``, otherwise
     ``Delta`` is kept (optimistix scales its LM step size ``1/lambda`` the same way).
@@ -172,7 +172,7 @@ def optx_radius(Delta, ratio, step_norm):
 
 
 #: Runaway parameters: a convergence with ``||x|| > RUNAWAY_FACTOR ||x0||`` is not
-#: trusted by the portfolio (:data:`.solver.PORTFOLIO`): along a direction where the
+#: trusted by the portfolio (:data:`.common.PORTFOLIO`): along a direction where the
 #: model flattens (a minimum at infinity) the gradient test is met without a minimum ...
 RUNAWAY_FACTOR = 1e6
 

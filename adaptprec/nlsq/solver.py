@@ -43,22 +43,16 @@ from ._evaluate import evaluation_branches, final_evaluation, rung_blocks
 from ._methods import method_fns
 from ._step_schedule import consult_schedule, schedule_observes, set_schedule_rung
 from ._state import Context, Evaluation, Kept, Options, Outputs, Proposal, Solution, State
-from .common import (SE_FRACTION, STATUS_MESSAGES, Status, check_termination_codes,
-                     covariance, gram_covariance, jac_scale, lower_rung_budget,
-                     update_tr_radius)
+from .common import (PORTFOLIO, SE_FRACTION, STATUS_MESSAGES, Status,
+                     check_termination_codes, covariance, gram_covariance, jac_scale,
+                     lower_rung_budget, update_tr_radius)
 from .dogbox import dogbox_gnorm, on_bound
 from .lm import at_noise_level, minpack_radius, optx_radius, verify_minimum
 from .trf import active_constraints, cl_scaling
 
-__all__ = ["TrustRegion", "iterate", "one_eval_gate", "lean_capable", "PORTFOLIO", "RESTART_RADIUS",
+__all__ = ["TrustRegion", "iterate", "one_eval_gate", "lean_capable", "RESTART_RADIUS",
            "ONE_EVAL_MIN_M"]
 
-#: ``lm``'s portfolio: when its default strategy (MINPACK's radius rule) fails on the top
-#: rung -- out of steps, no finite step, or a convergence with the parameters run off
-#: along a flat direction (:func:`._rules.runaway`) -- the top rung restarts from ``x0``
-#: with optimistix's trust-region constants (:func:`.lm.optx_radius`) and the lower-cost
-#: end of the two is returned (docs/nlsq.md, "Robustness").
-PORTFOLIO = True
 #: The restart starts with this fraction of the first strategy's initial radius (its
 #: failure says the full radius led astray).
 RESTART_RADIUS = 0.01
