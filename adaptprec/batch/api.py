@@ -20,7 +20,7 @@ from ._problem import Residual, build_problem, nonfinite_fits
 from .._status import Reason
 from .._tracing import is_eager, is_traced
 from . import _status as st
-from .._backend import tuned_jit
+from ._compile import tuned_jit
 from .chunking import MIN_LANES, auto_chunk_size, map_blocks, run_chunked
 from .covariance import batched_pcov
 from .escalation import RungPlan, solve_ladder

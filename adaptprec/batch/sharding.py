@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .._backend import tuned_jit
+from ._compile import tuned_jit
 from .chunking import pad_rows
 
 __all__ = ["infer_mesh", "shard_solve", "spans_processes", "local_rows", "host_array",
