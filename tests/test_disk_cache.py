@@ -371,7 +371,6 @@ def test_a_world_writable_directory_is_not_used(fresh_trust, tmp_path, monkeypat
     dc.clear_memory()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        assert not dc.on_disk(("test", "trust", "f"), (jnp.arange(4.0),))
         assert _compile_two(dc) == (4.0, 9.0)
     assert not marker.exists()
     assert {n: (d / n).read_bytes() for n in os.listdir(d)} == before   # nothing written

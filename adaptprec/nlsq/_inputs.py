@@ -167,7 +167,9 @@ def _structure_key(residual, x0, args, kw):
     and ``f_scale``, for the common eager call (NumPy data and ``x0``, an autodiff
     Jacobian, scalar or array bounds); ``None`` for anything else (then nothing is
     memoised)."""
-    if kw["jac"] not in (None, "fwd", "rev") or kw["kwargs"] or kw["jac_sparsity"] is not None:
+    jac = kw["jac"]
+    if not (jac is None or (isinstance(jac, str) and jac in ("fwd", "rev"))) or \
+            kw["kwargs"] or kw["jac_sparsity"] is not None:
         return None
     if not (isinstance(x0, np.ndarray) or (isinstance(x0, (list, tuple)) and all(
             isinstance(v, (int, float)) for v in x0))):
