@@ -83,7 +83,7 @@ def cold(tmp_path_factory):
 @pytest.mark.slow
 def test_cold_process_writes_and_warm_process_loads_without_compiling(cold):
     d, first = cold
-    assert first["stats"]["compiles"] >= 4 and first["stats"]["disk_writes"] >= 4
+    assert first["stats"]["compiles"] >= 1 and first["stats"]["disk_writes"] >= 1
     # LAPACK started without importing scipy.linalg (adaptprec/_lapack_init.py), and a
     # later `import scipy.linalg` (and scipy's curve_fit) works as usual
     assert first["lapack"] == ["fast"] and not first["scipy_linalg"]
@@ -94,11 +94,6 @@ def test_cold_process_writes_and_warm_process_loads_without_compiling(cold):
     second = _fit({"ADAPTPREC_CACHE_DIR": d})
     assert second["stats"]["compiles"] == 0
     assert second["stats"]["disk_hits"] == first["stats"]["compiles"]
-    # the four programs were compiled (cold) or loaded (warm) in the background
-    # (_disk_cache.prefetch: the step programs while the residual was traced): their keys
-    # and shapes match the loop's calls
-    assert first["stats"]["background_compiles"] == first["stats"]["compiles"] == 4
-    assert first["stats"]["prefetched"] == 0 and second["stats"]["prefetched"] == 4
     assert second["compiles"] == 0          # no XLA compilation anywhere in the fit
     assert second["popt"] == first["popt"] and second["pcov"] == first["pcov"]  # bits
     assert second["lapack"] == ["fast"] and not second["scipy_linalg"]
@@ -302,36 +297,6 @@ def test_cache_command_info_and_clear_touch_only_the_cache_entries(tmp_path, mon
     assert main(["cache"]) == 0 and "off" in capsys.readouterr().out
 
 
-def test_held_prefetches_start_when_asked_for(tmp_path, monkeypatch):
-    from adaptprec import _disk_cache as dc
-
-    monkeypatch.setenv("ADAPTPREC_CACHE_DIR", str(tmp_path))
-    x = jnp.ones(3)
-    progs = {k: (("test-held", k), jax.jit(lambda x, c=c: x * c + 1.0))
-             for k, c in (("f", 3.0), ("g", 5.0), ("h", 7.0))}
-    with dc.held():
-        assert all(dc.prefetch(key, (x,), None, fn) for key, fn in progs.values())
-    pending = {k: dc._pending[(key, dc.signature((x,)))] for k, (key, _) in progs.items()}
-    assert not any(p.started for p in pending.values())   # lowered, not compiling
-    # a program asked for starts at once (no wait on a held thread) ...
-    key, fn = progs["f"]
-    assert float(dc.compiled(fn, key, (x,))(x)[0]) == 4.0
-    assert pending["f"].started and not pending["g"].started
-    # ... as does a prefetch of it, and start_held() starts the rest
-    key, fn = progs["g"]
-    assert not dc.prefetch(key, (x,), None, fn) and pending["g"].started
-    ran = []
-    dc.hold(("test-held", "task"), lambda: ran.append(1))
-    dc.hold(("test-held", "task"), lambda: ran.append(2))   # (once per key)
-    dc.start_held()
-    assert ran == [1]
-    assert pending["h"].started and pending["h"].done.wait(60)
-    key, fn = progs["h"]
-    assert float(dc.compiled(fn, key, (x,))(x)[0]) == 8.0
-    assert all(p.done.wait(60) for p in pending.values())
-    assert len(_entries(str(tmp_path))) == 3   # each compiled in the background, stored
-
-
 # --- trust and authentication in this process (adaptprec/_cache_trust.py) ---
 
 
@@ -406,7 +371,6 @@ def test_a_world_writable_directory_is_not_used(fresh_trust, tmp_path, monkeypat
     dc.clear_memory()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        assert not dc.on_disk(("test", "trust", "f"), (jnp.arange(4.0),))
         assert _compile_two(dc) == (4.0, 9.0)
     assert not marker.exists()
     assert {n: (d / n).read_bytes() for n in os.listdir(d)} == before   # nothing written
