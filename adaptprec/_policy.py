@@ -263,7 +263,12 @@ def _resolve(dtypeish: DTypeish, pol: Policy | str | None) -> np.dtype:
         return dtypeish.to_dtype(pol)
     if isinstance(dtypeish, str) and dtypeish.strip().lower() in _SEMANTIC_NAMES:
         return _SEMANTIC_NAMES[dtypeish.strip().lower()].to_dtype(pol)
-    return canonical_dtype(dtypeish)
+    try:
+        return canonical_dtype(dtypeish)
+    except ValueError as exc:
+        if not isinstance(dtypeish, str) or is_jmp_spec(dtypeish):
+            raise
+        raise ValueError(f"{exc}; {_OTHER_KIND}") from None
 
 
 def _is_floating_array(x: Any) -> bool:
