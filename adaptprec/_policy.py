@@ -157,9 +157,9 @@ class Policy:
             except ValueError as exc:
                 if is_jmp_spec(spec):   # an alias that cannot be used here (f64, x64 off)
                     raise
-                raise ValueError(f"{exc}. {spec!r} is not a jmp policy (a dtype alias such "
-                                 f"as 'bf16', or 'p=f32,c=bf16,o=f32'); {_OTHER_KIND}"
-                                 ) from None
+                raise ValueError(f"{spec!r} is not a jmp policy (a dtype alias such as "
+                                 f"'bf16', or 'p=f32,c=bf16,o=f32'); {_OTHER_KIND}. As a "
+                                 f"dtype: {exc}") from None
             return cls(d, d, d)
         found: dict[str, np.dtype] = {}
         for part in spec.split(","):

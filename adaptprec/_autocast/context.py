@@ -56,10 +56,17 @@ def _is_float(dtype: Any) -> bool:
         return False
 
 
+def _lit_value(val: Any, dtype: Any) -> np.ndarray:
+    """A literal's value in ``dtype``; out of range it rounds to +-inf, as an array cast
+    does (a ``-1e9`` mask in float16), without numpy's overflow warning."""
+    with np.errstate(over="ignore"):
+        return np.asarray(val, dtype=dtype)
+
+
 def _raw(v: Any, dtype: Any = None) -> Any:
     """A bindable value: literals become numpy scalars (of ``dtype`` if given)."""
     if isinstance(v, _Lit):
-        return np.asarray(v.val, dtype=v.dtype if dtype is None else dtype)
+        return _lit_value(v.val, v.dtype if dtype is None else dtype)
     return v
 
 
@@ -133,7 +140,7 @@ class _Ctx:
     def cast(self, v: Any, dtype: Any, kind: OpKind) -> Any:
         """``v`` in ``dtype``; literals for free, arrays once per (value, dtype)."""
         if isinstance(v, _Lit):
-            return np.asarray(v.val, dtype=dtype)
+            return _lit_value(v.val, dtype)
         if v.dtype == dtype:
             return v
         key = (id(v), np.dtype(dtype))

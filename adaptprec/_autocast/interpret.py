@@ -73,6 +73,7 @@ from .context import (  # noqa: F401  (_Ctx, _is_float, _raw: the accuracy guard
     _fmt,
     _is_float,
     _Lit,
+    _lit_value,
     _raw,
     _resolve,
     _widest,
@@ -147,7 +148,7 @@ def _to_traced(ctx: _Ctx, v: Any, dtype: Any, kind: OpKind) -> Any:
     if not _is_float(_dtype(v)) or not _is_float(dtype):
         return v
     if isinstance(v, _Lit):
-        return _Lit(np.asarray(v.val, dtype=dtype), np.dtype(dtype))
+        return _Lit(_lit_value(v.val, dtype), np.dtype(dtype))
     return ctx.cast(v, dtype, kind)
 
 
@@ -211,7 +212,7 @@ def _convert(ctx: _Ctx, eqn, invals) -> list:
                                name, kind))
     ctx.stats.op(kind, name, target)
     if isinstance(x, _Lit):
-        return [_Lit(np.asarray(x.val, dtype=target), target)]
+        return [_Lit(_lit_value(x.val, target), target)]
     if x.dtype == target:
         out = [x]
     else:
