@@ -361,8 +361,8 @@ def _errors(out, ref) -> tuple[float, float, float | None]:
 
 def _digits(rel_error: float, mismatch: float | None = None) -> float:
     # a wrong integer/bool entry (an index, a count, a decision) has no correct digits:
-    # the row gets 0, so neither pareto() nor the table prefers it (newcomer audit 5:
-    # a bf16 argsort 94% wrong scored 15.95 digits and was pareto's only choice)
+    # the row gets 0, so neither pareto() nor the table prefers it (a bf16 argsort that
+    # is mostly wrong has no float error to score it by)
     if not np.isfinite(rel_error) or (mismatch is not None and mismatch > 0):
         return 0.0
     if rel_error <= 0:

@@ -363,19 +363,13 @@ def test_bare_optimizer_never_applies_a_nonfinite_step():
 
 
 # ------------------------------------------------------ the layered example, as written
-def _example():
-    import importlib.util
-    import pathlib
-    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "layered_training.py"
-    spec = importlib.util.spec_from_file_location("layered_training", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def example():
-    return _example()
+    import pathlib
+    import sys
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
+    import layered_training
+    return layered_training
 
 
 def test_layered_example_rules_decide_every_scope_as_written(example):
