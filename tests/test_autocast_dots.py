@@ -168,3 +168,19 @@ def test_random_dot_general_runs_and_agrees(problem, mode, policy):
        policy=st.sampled_from(sorted(_POLICIES)))
 def test_random_dot_general_many(problem, mode, policy):
     _check(mode, policy, *problem)
+
+
+def test_issue_reproduction_with_x64_off():
+    from _subprocess import run_python
+    res = run_python("""
+        import jax, jax.numpy as jnp
+        import adaptprec as ap
+        def loss(w, x):
+            return jnp.sum(jnp.einsum("btf,fd->btd", x, w) ** 2)
+        w, x = jnp.ones((4, 3)), jnp.ones((2, 5, 4))
+        g = jax.jit(ap.autocast(jax.grad(loss), ap.AUTO_MIXED_BF16))(w, x)
+        ex = ap.explain(jax.grad(loss), ap.AUTO_MIXED_BF16)(w, x)
+        print(g.dtype, bool(jnp.allclose(g, jax.grad(loss)(w, x))), ex.guarded_dots)
+    """, x64=False, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["float32", "True", "2"]
