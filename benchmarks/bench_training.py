@@ -5,8 +5,9 @@ attention, MLP; width ``BENCH_WIDTH``, batch ``BENCH_BATCH`` sequences of ``BENC
 tokens), Adam, one compiled step per variant; median and best wall time of
 ``BENCH_STEPS`` calls after compilation, in ``ROUNDS`` interleaved rounds (a change in
 machine load hits every variant alike; on a shared machine the best time is the less
-disturbed one), ratios to the plain float32 step, and XLA's temporary bytes
-(``memory_analysis``):
+disturbed one), the median CPU time of the process per step (``time.process_time``, all
+threads: the work done, which other processes' load disturbs least), ratios to the plain
+float32 step, and XLA's temporary bytes (``memory_analysis``):
 
 * ``plain f32``: ``jax.value_and_grad`` + ``optax.adam`` + ``optax.apply_updates`` (what a
   user writes without adaptprec; the reference);
@@ -89,26 +90,29 @@ def main() -> None:
         out = compiled(params, state, x, y)
         jax.block_until_ready(out)
         runs.append({"name": name, "compiled": compiled, "compile": compile_s,
-                     "temp": temp, "out": out, "times": []})
+                     "temp": temp, "out": out, "times": [], "cpu": []})
     for _ in range(ROUNDS):   # interleaved rounds
         for r in runs:
             for _ in range(max(1, STEPS // ROUNDS)):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 r["out"] = r["compiled"](*r["out"][:2], x, y)
                 jax.block_until_ready(r["out"])
                 r["times"].append(time.perf_counter() - t0)
+                r["cpu"].append(time.process_time() - c0)
     ref = statistics.median(runs[0]["times"])
+    ref_cpu = statistics.median(runs[0]["cpu"])
     print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, load "
           f"{os.getloadavg()[0]:.1f}; transformer width {WIDTH}, {len(params['blocks'])} "
           f"blocks, batch {BATCH} x {LENGTH} tokens, Adam; median of {len(runs[0]['times'])}"
           f" steps in {ROUNDS} interleaved rounds")
     best = min(runs[0]["times"])
-    print(f"{'variant':<32}{'compile s':>10}{'step ms':>9}{'/ plain':>9}{'best ms':>9}"
-          f"{'/ plain':>9}{'temp MiB':>10}")
+    print(f"{'variant':<32}{'compile s':>10}{'step ms':>9}{'/ plain':>8}{'best ms':>9}"
+          f"{'/ plain':>8}{'cpu ms':>8}{'/ plain':>8}{'temp MiB':>9}")
     for r in runs:
-        t, b = statistics.median(r["times"]), min(r["times"])
-        print(f"{r['name']:<32}{r['compile']:>10.2f}{1e3 * t:>9.2f}{t / ref:>9.2f}"
-              f"{1e3 * b:>9.2f}{b / best:>9.2f}{r['temp'] / 2 ** 20:>10.2f}")
+        t, b, c = statistics.median(r["times"]), min(r["times"]), statistics.median(r["cpu"])
+        print(f"{r['name']:<32}{r['compile']:>10.2f}{1e3 * t:>9.2f}{t / ref:>8.2f}"
+              f"{1e3 * b:>9.2f}{b / best:>8.2f}{1e3 * c:>8.2f}{c / ref_cpu:>8.2f}"
+              f"{r['temp'] / 2 ** 20:>9.2f}")
 
 
 if __name__ == "__main__":

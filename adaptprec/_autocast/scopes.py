@@ -150,7 +150,7 @@ def _parse_rule(pattern: str, value: Any) -> tuple[str, PrecisionPolicy | None]:
     if isinstance(value, PrecisionPolicy):
         return str(value), value
     if isinstance(value, Policy):  # a jmp-style policy: its compute dtype
-        return str(value), region_policy(value.compute)
+        return str(value), precision_policy(value)
     if isinstance(value, str) and value.strip().lower() == KEEP:
         return KEEP, None
     try:
