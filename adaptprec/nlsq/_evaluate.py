@@ -25,7 +25,7 @@ Example:
     >>> (branch,) = evaluation_branches(lambda x, t: x[0] * t - 1.0, opts)
     >>> ev = branch(jnp.ones(1), ((jnp.arange(3.0),),), 1.0)
     >>> float(ev.cost)
-    1.5
+    1.0
 """
 
 from __future__ import annotations

@@ -20,13 +20,14 @@ from jax.flatten_util import ravel_pytree
 
 from .._tracing import is_concrete
 from ..precision import x64_enabled
-from ._arguments import (AD_METHODS, as_bounds, as_x0, check_array_leaves,
+from ._arguments import (AD_METHODS, as_bounds, as_x0, check_array_leaves, check_f_scale,
                          check_method_loss, check_scipy_options, check_tolerances,
                          check_x0_inside, float64_alone, method_for_bounds,
                          schedule_for, step_budget, top_rungs)
 
 __all__ = ["Problem", "prepare", "broadcast_bounds", "lists_as_arrays", "all_finite",
            "check_finite_tree"]
+
 
 def broadcast_bounds(bounds, n: int, dtype):
     """``(lb, ub)`` as ``(n,)`` arrays: validated NumPy when concrete (no NaN, ``lb <
@@ -93,13 +94,7 @@ def _scale_inv(x_scale, n: int):
 
 def lists_as_arrays(args):
     """Top-level ``args`` that are lists of numbers as NumPy arrays (to JAX a list is a
-    pytree: the residual would get a Python list of scalars).
-
-    Example:
-        >>> from adaptprec.nlsq._inputs import lists_as_arrays
-        >>> [type(a).__name__ for a in lists_as_arrays(([1.0, 2.0], 3.0))]
-        ['ndarray', 'float']
-    """
+    pytree: the residual would get a Python list of scalars)."""
     if not isinstance(args, tuple):
         return args
     return tuple(np.asarray(a) if isinstance(a, list) and a and all(
@@ -165,8 +160,7 @@ class Problem(NamedTuple):
 def _structure_key(residual, x0, args, kw):
     """A key of everything but the values of ``x0``, the data, the bounds, ``x_scale``
     and ``f_scale``, for the common eager call (NumPy data and ``x0``, an autodiff
-    Jacobian, scalar or array bounds); ``None`` for anything else (then nothing is
-    memoised)."""
+    Jacobian, scalar or array bounds); ``None`` for anything else."""
     if kw["jac"] not in (None, "fwd", "rev") or kw["kwargs"] or kw["jac_sparsity"] is not None:
         return None
     if not (isinstance(x0, np.ndarray) or (isinstance(x0, (list, tuple)) and all(
@@ -210,8 +204,7 @@ def _with_values(known: Problem, x0, args, kw, checked) -> Problem:
                 check_finite_tree(leaves, what, "give a finite starting point" if
                                   what == "x0" else _FINITE_FIX, skip=checked)
     f_scale = kw["f_scale"]
-    if not (np.isscalar(f_scale) and np.isfinite(f_scale) and f_scale > 0):
-        raise ValueError(f"f_scale must be a positive finite number, got {f_scale!r}")
+    check_f_scale(f_scale)
     lb, ub = _numpy_bounds(kw["bounds"], n)
     if np.any(x0_flat < lb) or np.any(x0_flat > ub):
         check_x0_inside(x0_flat, lb, ub)
@@ -226,8 +219,7 @@ def _with_values(known: Problem, x0, args, kw, checked) -> Problem:
 def prepare(residual, x0, args, *, checked=(), **kw) -> Problem:
     """``solve_nlsq``'s arguments (``kw``: its options) validated and resolved into a
     :class:`Problem`, before anything is traced (``checked``: data arrays the caller
-    found finite already). What does not depend on the values (the residual's size and
-    point axes, the options, the program) is memoised for the common eager call
+    found finite already). The common eager call's structure is memoised
     (:func:`_structure_key`, :data:`._caches.PROBLEMS`); a repeat checks the values
     only."""
     from . import _caches
@@ -268,9 +260,8 @@ def _prepare(residual, x0, args, *, method, bounds, loss, f_scale, x_scale, jac,
     if linear_solver not in ("auto", "qr", "normal"):
         raise ValueError(f"linear_solver must be 'auto', 'qr' or 'normal', got "
                          f"{linear_solver!r}")
-    if not (np.isscalar(f_scale) and np.isfinite(f_scale) and f_scale > 0) \
-            and is_concrete(f_scale):
-        raise ValueError(f"f_scale must be a positive finite number, got {f_scale!r}")
+    if is_concrete(f_scale):
+        check_f_scale(f_scale)
     rungs = top_rungs(precision)
     top_dt = np.dtype(rungs[-1])
     check_array_leaves(args)
