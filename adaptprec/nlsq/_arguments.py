@@ -1,8 +1,7 @@
 """scipy's rules for the arguments of the least-squares entry points, one argument at a
-time: lenient where scipy is lenient (a scalar or list ``x0``,
-``scipy.optimize.Bounds``, ``None`` tolerances, a 1-D Jacobian for one parameter), an
-error of scipy's type where scipy errors, and an error naming the alternative for every
-scipy option adaptprec does not offer (the differences that remain: ``docs/scipy.md``).
+time: lenient where scipy is lenient, an error of scipy's type where scipy errors, and
+an error naming the alternative for every option adaptprec does not offer
+(docs/scipy.md).
 
 Example:
     >>> from adaptprec.nlsq._arguments import as_x0, check_tolerances
@@ -278,10 +277,9 @@ def check_scipy_options(jac, method, *, diff_step, jac_sparsity, tr_solver, tr_o
 
 def resolve_ladder(precision) -> Ladder:
     """The ladder of ``precision=`` (the one parser of every fitting entry point):
-    ``"adaptive"`` is ``f32 -> f64`` (bf16 is not faster than f32 on CPU and loses too
-    much for a Jacobian), a :class:`~adaptprec.Ladder` or ``"f32,f64"`` as given, one
-    dtype a fixed precision. ``"adaptive"`` needs ``jax_enable_x64`` (the eager entry
-    points run inside ``jax.enable_x64(True)``).
+    ``"adaptive"`` is ``f32 -> f64`` (bf16 loses too much for a Jacobian), a
+    :class:`~adaptprec.Ladder` or ``"f32,f64"`` as given, one dtype a fixed precision.
+    ``"adaptive"`` needs ``jax_enable_x64`` (the eager entry points enable it).
 
     Example:
         >>> from adaptprec.nlsq._arguments import resolve_ladder

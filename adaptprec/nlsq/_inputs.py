@@ -20,6 +20,7 @@ from jax.flatten_util import ravel_pytree
 
 from .._tracing import is_concrete
 from ..precision import x64_enabled
+from . import _caches
 from ._arguments import (AD_METHODS, as_bounds, as_x0, check_array_leaves, check_f_scale,
                          check_method_loss, check_scipy_options, check_tolerances,
                          check_x0_inside, float64_alone, method_for_bounds,
@@ -184,13 +185,9 @@ def _structure_key(residual, x0, args, kw):
         "array" if type(xs) is np.ndarray else None)
     static = tuple((k, v) for k, v in kw.items()
                    if k not in ("bounds", "x_scale", "f_scale", "jac_sparsity", "kwargs"))
-    try:
-        key = (residual, np.shape(x0), tuple((a.shape, a.dtype.str) for a in args),
-               tuple(bsig), xs, static, x64_enabled(), jax.default_backend())
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    return _caches.hashable_key((residual, np.shape(x0), tuple(
+        (a.shape, a.dtype.str) for a in args), tuple(bsig), xs, static, x64_enabled(),
+        jax.default_backend()))
 
 
 def _with_values(known: Problem, x0, args, kw, checked) -> Problem:
@@ -222,8 +219,6 @@ def prepare(residual, x0, args, *, checked=(), **kw) -> Problem:
     found finite already). The common eager call's structure is memoised
     (:func:`_structure_key`, :data:`._caches.PROBLEMS`); a repeat checks the values
     only."""
-    from . import _caches
-
     key = _structure_key(residual, x0, args, kw)
     if key is not None:
         known = _caches.PROBLEMS.get(key)

@@ -69,10 +69,7 @@ def _residual_for(f: Callable, kind: str) -> Callable:
     so that the programs of a model are found again."""
     from . import _caches
 
-    try:
-        return _caches.RESIDUALS.get_or_build((f, kind), lambda: _make_residual(f, kind))
-    except TypeError:   # an unhashable model
-        return _make_residual(f, kind)
+    return _caches.RESIDUALS.get_or_build((f, kind), lambda: _make_residual(f, kind))
 
 
 def _make_residual(f: Callable, kind: str) -> Callable:
@@ -279,13 +276,11 @@ def _curve_fit_key(f, xdata, ydata, p0, sigma, check_finite, bounds, method, nan
     if not (isinstance(bounds, tuple) and len(bounds) == 2 and
             all(type(b) in (float, int) for b in bounds)):
         return None
-    try:
-        key = ("curve_fit", f, xdata.shape, xdata.dtype.str, ydata.shape, ydata.dtype.str,
-               sk, pk, bounds, method, check_finite, jax.config.read("jax_enable_x64"))
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    from ._caches import hashable_key
+
+    return hashable_key(("curve_fit", f, xdata.shape, xdata.dtype.str, ydata.shape,
+                         ydata.dtype.str, sk, pk, bounds, method, check_finite,
+                         jax.config.read("jax_enable_x64")))
 
 
 def _with_data(known: CurveFitProblem, xdata, ydata, p0, sigma) -> CurveFitProblem:

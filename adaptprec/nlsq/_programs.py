@@ -151,12 +151,8 @@ def _trace_rungs(residual, fun_flat, x0, shaped, rungs, pad) -> tuple:
                                       avals))
         return tuple(out)
 
-    try:
-        key = (residual, _arg_sig(x0), _arg_sig(shaped), rungs, pad)
-        hash(key)
-    except TypeError:
-        return trace()
-    return _caches.TRACES.get_or_build(key, trace)
+    return _caches.TRACES.get_or_build((residual, _arg_sig(x0), _arg_sig(shaped), rungs,
+                                        pad), trace)
 
 
 def run(prob, outputs: Outputs) -> Solution:

@@ -1,20 +1,9 @@
 """A ``jac`` callable that returns a ``scipy.sparse`` matrix or a ``LinearOperator``.
 
-scipy's ``least_squares`` accepts a ``jac`` that builds a sparse matrix (``lil_array``,
-``csr_matrix``...) or a ``scipy.sparse.linalg.LinearOperator``. Such a function cannot be
-traced by JAX (it assigns into a NumPy-backed sparse structure), so it is evaluated on
-the host, through ``jax.pure_callback``, at NumPy values of ``x`` and ``args``, and its
-result is densified to the ``(m, n)`` array the trust-region step factors (a sparse
-matrix with ``toarray()``, a ``LinearOperator`` with ``matmat(I)``). The solve then runs
-as with a dense callable ``jac``, under ``jit`` and ``vmap`` too (sequentially per
-batch element); the Jacobian is not differentiated, so ``grad`` of the solution (implicit
-differentiation through the residual) is unaffected.
-
-What this means next to scipy: the memory is that of a dense Jacobian (the step needs
-an ``(m, n)`` array), so it is for problems whose dense Jacobian fits; ``x_scale="jac"``
-with a ``LinearOperator``, ``method="lm"`` and ``tr_solver="exact"`` are rejected as in
-scipy. An eager solve returns ``res.jac`` in the user's format (a ``csr_array`` or a
-``LinearOperator``), as scipy does.
+Such a function cannot be traced by JAX, so it is evaluated on the host through
+``jax.pure_callback`` and densified to the ``(m, n)`` array the step factors (under
+``jit``/``vmap`` too; ``grad`` of the solution differentiates the residual only). The
+memory is that of a dense Jacobian; ``res.jac`` comes back in the user's format.
 
 Example:
     >>> import numpy as np
@@ -79,8 +68,7 @@ def host_jac(jac, m: int, n: int):
     def J(x, *args):
         # float64 travels as its bits (two uint32 per entry): the callback runs on an XLA
         # thread outside the caller's thread-local x64 scope, where JAX would
-        # canonicalise a float64 result to float32 and refuse it (newcomer audit 4:
-        # every sparse or LinearOperator jac crashed with x64 off)
+        # canonicalise a float64 result to float32 and refuse it
         wide = np.dtype(x.dtype) == np.float64
         out = (jax.ShapeDtypeStruct((m, n, 2), np.uint32) if wide
                else jax.ShapeDtypeStruct((m, n), x.dtype))

@@ -1,6 +1,5 @@
-"""The precision schedule inside the step: ``advance`` consults it (docs/architecture.md,
-"One solve", step 5) with the step's statistics, moves its rung when the solver climbs
-for another reason, and runs the default schedule when none is given.
+"""The precision schedule inside the step: ``advance`` consults it with the step's
+statistics and moves its rung when the solver climbs for another reason.
 
 Example:
     >>> from adaptprec.nlsq._step_schedule import default_schedule

@@ -28,7 +28,7 @@ from .._tracing import is_concrete
 from ._chunks import (_ArraySource, _Evaluator, _chunk_program, _final_chunk_program,
                       _program)
 from .._backend import cpu_jit
-from ._factor import factor_gram
+from ._evaluate import factor_gram
 from .._user_fn import hashable
 from ._sharded import ShardedEvaluator, plan, point_sharding, sharded_programs
 from ._state import Context, Evaluation, Options
@@ -373,5 +373,4 @@ def _result(opts: Options, st, g, cost, ctx):
 
 
 def _is_default(v, d):
-    return v is d or (v is None and d is None) or (
-        not isinstance(v, (np.ndarray, jax.Array)) and v == d)
+    return v is d or (not isinstance(v, (np.ndarray, jax.Array)) and v == d)

@@ -123,15 +123,7 @@ def loss_rho(loss: LossLike, z):
     """``rho(z)`` and its first two derivatives as a ``(3, m)`` array.
 
     ``loss`` is one of :data:`LOSSES` or a callable. A callable either returns ``rho(z)``
-    elementwise (its derivatives are taken by autodiff) or scipy's ``(3, m)`` array.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.common import loss_rho
-        >>> r = loss_rho(lambda z: jnp.log1p(z), jnp.array([1.0]))
-        >>> [round(float(v), 4) for v in r[:, 0]]
-        [0.6931, 0.5, -0.25]
-    """
+    elementwise (its derivatives are taken by autodiff) or scipy's ``(3, m)`` array."""
     if isinstance(loss, str):
         return _rho_builtin(loss, z)
     return _rho_callable(loss, z)
