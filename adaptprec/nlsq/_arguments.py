@@ -84,15 +84,7 @@ def as_x0(x0):
 
 def as_bounds(bounds, n: int):
     """``bounds`` as ``(lb, ub)``: a ``scipy.optimize.Bounds`` (anything with ``lb``/``ub``)
-    is unpacked; each bound is a scalar or has ``n`` entries (scipy's shape rule).
-
-    Example:
-        >>> from scipy.optimize import Bounds
-        >>> from adaptprec.nlsq._arguments import as_bounds
-        >>> lb, ub = as_bounds(Bounds([0.0, 1.0], [2.0, 3.0]), 2)
-        >>> lb.tolist(), ub.tolist()
-        ([0.0, 1.0], [2.0, 3.0])
-    """
+    is unpacked; each bound is a scalar or has ``n`` entries (scipy's shape rule)."""
     if hasattr(bounds, "lb") and hasattr(bounds, "ub") and not isinstance(
             bounds, (tuple, list)):
         lb, ub = bounds.lb, bounds.ub

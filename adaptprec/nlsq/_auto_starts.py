@@ -117,18 +117,7 @@ def _chi2_quantile(dof: int, z: float = CHI2_TAIL_Z) -> float:
 
 
 def noise_test(fun, cost, n: int, noise: str = "diff", order=None, jx=None) -> str:
-    """Why the cost is far above the noise (module docstring), or ``""``.
-
-    Example:
-        >>> import numpy as np
-        >>> from adaptprec.nlsq._auto_starts import noise_test
-        >>> rng = np.random.default_rng(0)
-        >>> white = rng.standard_normal(200)
-        >>> bump = white + 10.0 * np.exp(-0.5 * ((np.arange(200) - 80) / 8.0) ** 2)
-        >>> noise_test(white, 0.5 * white @ white, 3) == "", bool(noise_test(
-        ...     bump, 0.5 * bump @ bump, 3))
-        (True, True)
-    """
+    """Why the cost is far above the noise (module docstring), or ``""``."""
     r = np.ravel(np.asarray(fun, np.float64))
     m = r.size
     dof = m - n
@@ -176,18 +165,7 @@ def needs_search(res, auto: AutoStarts) -> str:
 
 
 def auto_starts(x0, k: int, lb, ub, seed: int = 0) -> np.ndarray:
-    """``(k, n)`` starts for the search (module docstring; ``x0`` itself not included).
-
-    Example:
-        >>> import numpy as np
-        >>> from adaptprec.nlsq._auto_starts import auto_starts
-        >>> X = auto_starts(np.ones(2), 64, np.array([-np.inf, 0.0]),
-        ...                 np.array([np.inf, 10.0]))
-        >>> X.shape, bool(np.all((X[:, 1] > 0) & (X[:, 1] < 10)))
-        ((64, 2), True)
-        >>> bool(X[:, 0].max() > 100 and np.abs(X[:, 0]).min() < 0.01)  # decades
-        True
-    """
+    """``(k, n)`` starts for the search (module docstring; ``x0`` itself not included)."""
     x0 = np.asarray(x0, np.float64)
     n = x0.size
     lb = np.broadcast_to(np.asarray(lb, np.float64), (n,))

@@ -19,13 +19,7 @@ TARGET_BLOCK = 4096
 def block_size(m: int, target: int = TARGET_BLOCK) -> int:
     """Points per block: the divisor of ``m`` nearest to ``target`` within
     ``target / 2`` of it if there is one (no padding), else ``target`` (``m`` itself when
-    ``m <= target``).
-
-    Example:
-        >>> from adaptprec.nlsq._blocks import block_size
-        >>> block_size(1_000_000), block_size(1_000_003), block_size(300)
-        (4000, 4096, 300)
-    """
+    ``m <= target``)."""
     if m <= target:
         return m
     for delta in range(target // 2 + 1):

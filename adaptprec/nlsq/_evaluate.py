@@ -66,15 +66,7 @@ def factor_gram(A, b):
 def factor(J, f, linear_solver: str):
     """``R`` (n x n) and ``qtf`` with ``R^T R = J^T J`` and ``R^T qtf = J^T f``:
     ``"normal"`` through the Gram matrix (accumulated in ``J``'s dtype), ``"qr"`` as the
-    ``R`` factor of ``[J f]`` (its last column is ``qtf``).
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq._evaluate import factor
-        >>> R, qtf = factor(jnp.eye(3, 2), jnp.ones(3), "qr")
-        >>> [round(abs(float(v)), 6) for v in qtf]
-        [1.0, 1.0]
-    """
+    ``R`` factor of ``[J f]`` (its last column is ``qtf``)."""
     m, n = J.shape
     if linear_solver == "normal":
         A = jnp.einsum("mi,mj->ij", J, J, preferred_element_type=J.dtype)

@@ -4,13 +4,7 @@ scipy's ``trf``/``dogbox`` lsmr variants; the LSMR iteration itself is
 
 LSMR iterates on the factored model ``(R, qtf)`` the loop keeps, the same least-squares
 problem as ``(J, f)``: ``tr_solver="lsmr"`` gives scipy's iterates, not scipy's memory
-saving for very large sparse problems (for those, ``linear_solver="normal"``).
-
-Example:
-    >>> from adaptprec.nlsq._lsmr import check_tr_options
-    >>> dict(check_tr_options({"atol": 1e-8}, "dogbox"))["atol"]
-    1e-08
-"""
+saving for very large sparse problems (for those, ``linear_solver="normal"``)."""
 
 from __future__ import annotations
 

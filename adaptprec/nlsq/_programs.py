@@ -2,17 +2,7 @@
 options), run by one driver; docs/architecture.md ("One program per residual
 computation, bucket and options") describes it. :func:`whole_solve` is the program;
 :func:`run_identity` keys it on the residual's jaxpr (eager, autodiff, dense),
-:func:`run_object` on the residual object (everything else).
-
-Example:
-    >>> import numpy as np, jax.numpy as jnp
-    >>> import adaptprec as ap
-    >>> t = np.linspace(0.0, 1.0, 20)
-    >>> res = ap.solve_nlsq(lambda p, t, y: p[0] * jnp.exp(-p[1] * t) - y, np.ones(2),
-    ...                     args=(t, 3.0 * np.exp(-2.0 * t)))
-    >>> [round(float(v), 8) for v in res.x]
-    [3.0, 2.0]
-"""
+:func:`run_object` on the residual object (everything else)."""
 
 from __future__ import annotations
 

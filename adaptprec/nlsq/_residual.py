@@ -1,7 +1,7 @@
 """The residual as the solvers see it: a flat function of a flat parameter vector, its
 size ``m`` and point axes (checked once with ``jax.eval_shape`` and memoised per
-residual and shapes, so a repeated call traces nothing), scipy's ``kwargs=``, and a user
-``jac``'s shape.
+residual and shapes, so a repeated call traces nothing), scipy's ``kwargs=``, and the
+user's ``jac`` (its shape; a scipy.sparse or ``LinearOperator`` one on the host).
 
 Example:
     >>> import jax.numpy as jnp, numpy as np
@@ -28,10 +28,10 @@ from .._tracing import is_concrete
 from .._user_fn import explain_trace_error, hashable, returns_arrays, sig
 from . import _caches
 from ._arguments import FD_METHODS, check_jac_shape, wrap_jac
-from ._sparse_jac import host_jac, probe_host_jac
 
 __all__ = ["flat_residual", "traced_once", "flat_x0", "with_kwargs", "jacobian",
-           "check_host_jac", "analyse", "Analysis"]
+           "check_host_jac", "analyse", "Analysis", "probe_host_jac", "host_jac", "densify",
+           "as_user_format"]
 
 #: jaxprs kept per traced function (one per shapes/dtypes of its inputs; a solve sees one
 #: per rung)
@@ -182,7 +182,7 @@ def flat_x0(x0, top_dt):
 def _host_kind(jac, x0_flat, args, m: int, n: int) -> str | None:
     """A user ``jac``'s output shape, checked once (``jax.eval_shape``); a ``jac`` JAX
     cannot trace is called once on the host (eager only): ``"sparse"``/``"operator"``
-    when it returns a scipy.sparse matrix or a ``LinearOperator`` (:mod:`._sparse_jac`),
+    when it returns a scipy.sparse matrix or a ``LinearOperator`` (:func:`host_jac`),
     else the tracing error is raised."""
     try:
         out = jax.eval_shape(lambda x, a: jnp.asarray(jac(x, *a)), x0_flat, args)
@@ -311,3 +311,92 @@ def analyse(residual, x0, args, jac, kwargs, top_dt) -> Analysis:
     x0_shape = np.shape(x0) if isinstance(x0, (jax.Array, np.ndarray)) else None
     return Analysis(residual, fun_flat, unravel, x0_flat, x0_shape, n, m, args, jac,
                     host_kind, x0, top_dt, recalled[1] if recalled is not None else None)
+
+
+# ------------------------------------------- a jac returning scipy.sparse or a LinearOperator
+# JAX cannot trace such a function: it is evaluated on the host through
+# ``jax.pure_callback`` and densified to the ``(m, n)`` array the step factors (under
+# jit/vmap too; grad of the solution differentiates the residual only); ``res.jac`` comes
+# back in the user's format.
+def _kind(J) -> str | None:
+    """``"sparse"``, ``"operator"`` or ``None`` (anything JAX can read as an array)."""
+    try:
+        import scipy.sparse as sp
+        from scipy.sparse.linalg import LinearOperator
+    except ImportError:  # pragma: no cover - scipy is a dependency of these paths
+        return None
+    if sp.issparse(J):
+        return "sparse"
+    if isinstance(J, LinearOperator):
+        return "operator"
+    return None
+
+
+def probe_host_jac(jac, x0, args):
+    """Call ``jac`` once on the host at NumPy ``x0`` and ``args``: ``(kind, J0)`` with
+    ``kind`` ``"sparse"``/``"operator"`` for a scipy.sparse matrix or ``LinearOperator``,
+    ``None`` otherwise (the caller then reports the original tracing error).
+
+    Example:
+        >>> import numpy as np, scipy.sparse as sp
+        >>> from adaptprec.nlsq._residual import probe_host_jac
+        >>> probe_host_jac(lambda x: sp.diags(2 * x).tocsr(), np.ones(3), ())[0]
+        'sparse'
+    """
+    a = jax.tree.map(lambda v: np.asarray(v) if isinstance(v, jax.Array) else v, args)
+    try:
+        J0 = jac(np.asarray(x0), *a)
+    except Exception:  # noqa: BLE001 - the caller raises the tracing error instead
+        return None, None
+    return _kind(J0), J0
+
+
+def densify(J, n: int) -> np.ndarray:
+    """A scipy.sparse matrix or ``LinearOperator`` as a dense NumPy array."""
+    kind = _kind(J)
+    if kind == "sparse":
+        return np.asarray(J.toarray())
+    if kind == "operator":
+        return np.asarray(J.matmat(np.eye(n)))
+    return np.asarray(J)
+
+
+@functools.lru_cache(maxsize=256)
+def host_jac(jac, m: int, n: int):
+    """``jac`` as a JAX function of ``(x, *args)``: evaluated on the host with
+    ``jax.pure_callback`` and densified to ``(m, n)`` in ``x``'s dtype (stable per
+    ``(jac, m, n)`` so the compiled-solver cache hits)."""
+    def J(x, *args):
+        # float64 travels as its bits (two uint32 per entry): the callback runs on an XLA
+        # thread outside the caller's thread-local x64 scope, where JAX would
+        # canonicalise a float64 result to float32 and refuse it
+        wide = np.dtype(x.dtype) == np.float64
+        out = (jax.ShapeDtypeStruct((m, n, 2), np.uint32) if wide
+               else jax.ShapeDtypeStruct((m, n), x.dtype))
+
+        def host(xv, *av):
+            d = densify(jac(np.asarray(xv), *av), n)
+            if d.shape != (m, n):
+                raise ValueError(f"The return value of `jac` has wrong shape: expected "
+                                 f"{(m, n)}, actual {d.shape}.")
+            if wide:
+                return np.ascontiguousarray(d, np.float64).view(np.uint32).reshape(m, n, 2)
+            return d.astype(out.dtype)
+
+        got = jax.pure_callback(host, out, x, *args, vmap_method="sequential")
+        return jax.lax.bitcast_convert_type(got, x.dtype) if wide else got
+
+    J.host = True
+    return J
+
+
+def as_user_format(J, kind: str):
+    """The final Jacobian in the format the user's ``jac`` returned (scipy's ``res.jac``):
+    a ``csr_array`` for a sparse ``jac``, a ``LinearOperator`` for an operator one."""
+    if kind == "sparse":
+        import scipy.sparse as sp
+        return sp.csr_array(np.asarray(J))
+    if kind == "operator":
+        from scipy.sparse.linalg import aslinearoperator
+        return aslinearoperator(np.asarray(J))
+    return J

@@ -1,11 +1,5 @@
 """The precision schedule inside the step: ``advance`` consults it with the step's
-statistics and moves its rung when the solver climbs for another reason.
-
-Example:
-    >>> from adaptprec.nlsq._step_schedule import default_schedule
-    >>> default_schedule() is default_schedule()
-    True
-"""
+statistics and moves its rung when the solver climbs for another reason."""
 
 from __future__ import annotations
 

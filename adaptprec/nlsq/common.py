@@ -144,17 +144,7 @@ def check_loss(loss) -> LossLike:
 def check_loss_output(loss: LossLike, m: int, dtype) -> None:
     """A callable ``loss`` traced once at the boundary (``jax.eval_shape``, no compute):
     it must return ``rho(z)`` of shape ``(m,)`` or scipy's ``(3, m)`` array; NumPy or
-    Python control flow on ``z`` gets a message with the fix. Named losses pass.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.common import check_loss_output
-        >>> check_loss_output(lambda z: jnp.log1p(z), 5, jnp.float32)
-        >>> check_loss_output(lambda z: jnp.ones((5, 3)), 5, jnp.float32)
-        Traceback (most recent call last):
-        ...
-        ValueError: The return value of `loss` callable has wrong shape: expected (5,) or (3, 5), actual (5, 3).
-    """
+    Python control flow on ``z`` gets a message with the fix. Named losses pass."""
     if isinstance(loss, str):
         return
     try:   # a repeat fit with the same loss does not trace it again
@@ -407,14 +397,7 @@ def scale_pcov(cov, cost, m: int, n: int, *, lm_rule: bool, absolute_sigma: bool
     not identifiable (MINPACK's ``cov_x`` is ``None`` then); unless ``absolute_sigma``,
     times the reduced chi-square ``2 cost / (m - n)`` (``inf`` everywhere when ``m <=
     n``). An ``inf`` entry stays ``inf`` also for an exact fit (cost 0). ``xnp``:
-    ``numpy``, or ``jax.numpy`` for traced values.
-
-    Example:
-        >>> import numpy as np
-        >>> from adaptprec.nlsq.common import scale_pcov
-        >>> scale_pcov(np.eye(1), 2.0, 5, 1, lm_rule=True, absolute_sigma=False)
-        array([[1.]])
-    """
+    ``numpy``, or ``jax.numpy`` for traced values."""
     if lm_rule:
         cov = xnp.where(xnp.any(xnp.isinf(cov)), xnp.inf, cov)
     if absolute_sigma:

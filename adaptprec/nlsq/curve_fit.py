@@ -1,16 +1,5 @@
 """`curve_fit`: scipy's ``curve_fit`` semantics on :func:`adaptprec.solve_nlsq`, in
-memory (the problem from :mod:`._model`) or streamed (:func:`curve_fit_stream`).
-
-Example:
-    >>> import jax.numpy as jnp
-    >>> import adaptprec as ap
-    >>> x = jnp.linspace(0.0, 4.0, 50)
-    >>> y = 2.5 * jnp.exp(-1.3 * x) + 0.5 + 0.01 * jnp.sin(7 * x)
-    >>> popt, pcov = ap.curve_fit(lambda x, a, b, c: a * jnp.exp(-b * x) + c, x, y,
-    ...                           p0=[1.0, 1.0, 0.0])
-    >>> [round(float(v), 1) for v in popt], pcov.shape
-    ([2.5, 1.3, 0.5], (3, 3))
-"""
+memory (the problem from :mod:`._model`) or streamed (:func:`curve_fit_stream`)."""
 
 from __future__ import annotations
 

@@ -42,16 +42,7 @@ def _free(x, g, lb, ub):
 
 
 def dogbox_gnorm(x, g, R, fsn, lb, ub):
-    """``||g||_inf`` over the free variables (scipy's first-order measure for dogbox).
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.dogbox import dogbox_gnorm
-        >>> # x on its lower bound with g > 0 (pushing outwards): held, not counted
-        >>> float(dogbox_gnorm(jnp.array([0.0, 0.5]), jnp.array([5.0, 0.1]), None, None,
-        ...                    jnp.zeros(2), jnp.ones(2)))
-        0.1
-    """
+    """``||g||_inf`` over the free variables (scipy's first-order measure for dogbox)."""
     return jnp.max(jnp.abs(jnp.where(_free(x, g, lb, ub), g, 0.0)))
 
 

@@ -1,13 +1,5 @@
 """`NLSQResult`: scipy's ``OptimizeResult`` fields for least squares, plus the precision
-trace of an adaptive solve.
-
-Example:
-    >>> import jax.numpy as jnp
-    >>> import adaptprec as ap
-    >>> res = ap.solve_nlsq(lambda x: x - 2.0, jnp.zeros(1), precision="f64")
-    >>> round(float(res.x[0]), 6), bool(res.success), res.rung_name
-    (2.0, True, 'f64')
-"""
+trace of an adaptive solve."""
 
 from __future__ import annotations
 

@@ -125,17 +125,7 @@ def _eval_quad(Rh, g, s, diag):
 def select_step(x, Rh, diag_h, g_h, p, p_h, d, Delta, lb, ub, theta):
     """scipy's ``select_step``: the Newton-type step if it stays inside the box, otherwise
     the best of the truncated step, its reflection and the scaled anti-gradient.
-    Returns ``(step, step_h, predicted_reduction)``.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.trf import select_step
-        >>> one = jnp.ones(1)
-        >>> st, st_h, pred = select_step(0 * one, one[:, None], 0 * one, -one, one, one,
-        ...                              one, 2.0, -2 * one, 2 * one, 0.995)
-        >>> float(st[0]), float(pred)
-        (1.0, 0.5)
-    """
+    Returns ``(step, step_h, predicted_reduction)``."""
     inside = jnp.all((x + p >= lb) & (x + p <= ub))
     p_value_full = _eval_quad(Rh, g_h, p_h, diag_h)
 
