@@ -26,7 +26,7 @@ __all__ = ["OptionNotOffered", "as_x0", "as_bounds", "check_tolerances", "check_
            "check_array_leaves", "check_jac_option", "check_jac_shape", "wrap_jac",
            "check_unsupported", "check_scipy_options", "resolve_ladder", "float64_alone",
            "EPS", "METHODS", "FD_METHODS", "AD_METHODS", "check_method_loss", "top_rungs",
-           "method_for_bounds", "check_x0_inside", "check_f_scale", "step_budget",
+           "method_for_bounds", "check_x0_inside", "step_budget",
            "schedule_for"]
 
 EPS = float(np.finfo(np.float64).eps)
@@ -344,12 +344,6 @@ def method_for_bounds(method, has_bounds: bool, x_scale):
         raise ValueError(f"method={method!r} does not support bounds; use method='trf' "
                          "(or leave method unset)")
     return method, x_scale
-
-
-def check_f_scale(f_scale) -> None:
-    """``f_scale`` a positive finite number (concrete)."""
-    if not (np.isscalar(f_scale) and np.isfinite(f_scale) and f_scale > 0):
-        raise ValueError(f"f_scale must be a positive finite number, got {f_scale!r}")
 
 
 def check_x0_inside(x0, lb, ub) -> None:

@@ -21,13 +21,13 @@ from jax.flatten_util import ravel_pytree
 from .._tracing import is_concrete
 from ..precision import x64_enabled
 from . import _caches
-from ._arguments import (AD_METHODS, as_bounds, as_x0, check_array_leaves, check_f_scale,
+from ._arguments import (AD_METHODS, as_bounds, as_x0, check_array_leaves,
                          check_method_loss, check_scipy_options, check_tolerances,
                          check_x0_inside, float64_alone, method_for_bounds,
                          schedule_for, step_budget, top_rungs)
 
 __all__ = ["Problem", "prepare", "broadcast_bounds", "lists_as_arrays", "all_finite",
-           "check_finite_tree"]
+           "check_finite_tree", "check_f_scale"]
 
 
 def broadcast_bounds(bounds, n: int, dtype):
@@ -71,6 +71,12 @@ def _numpy_bounds(bounds, n: int):
         raise ValueError(f"each lower bound must be strictly less than its upper bound; "
                          f"parameter {i} has lb={lb[i]} >= ub={ub[i]}")
     return lb, ub
+
+
+def check_f_scale(f_scale) -> None:
+    """``f_scale`` a positive finite number (concrete)."""
+    if not (np.isscalar(f_scale) and np.isfinite(f_scale) and f_scale > 0):
+        raise ValueError(f"f_scale must be a positive finite number, got {f_scale!r}")
 
 
 def _scale_inv(x_scale, n: int):
@@ -162,7 +168,9 @@ def _structure_key(residual, x0, args, kw):
     """A key of everything but the values of ``x0``, the data, the bounds, ``x_scale``
     and ``f_scale``, for the common eager call (NumPy data and ``x0``, an autodiff
     Jacobian, scalar or array bounds); ``None`` for anything else."""
-    if kw["jac"] not in (None, "fwd", "rev") or kw["kwargs"] or kw["jac_sparsity"] is not None:
+    jac = kw["jac"]
+    if not (jac is None or isinstance(jac, str) and jac in AD_METHODS) or kw["kwargs"] \
+            or kw["jac_sparsity"] is not None:
         return None
     if not (isinstance(x0, np.ndarray) or (isinstance(x0, (list, tuple)) and all(
             isinstance(v, (int, float)) for v in x0))):

@@ -210,10 +210,10 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
     """:func:`adaptprec.solve_nlsq` over streamed data; ``args`` is a :class:`Chunks` or a
     tuple with host arrays. ``auto=True`` (not asked for, only large): ``None`` when the
     problem cannot be streamed. ``with_gram``: return ``(result, J^T J, m)``."""
-    from ._arguments import (as_bounds, as_x0, check_f_scale, check_method_loss,
-                             check_tolerances, check_x0_inside, method_for_bounds,
-                             schedule_for, step_budget, top_rungs)
-    from ._inputs import _scale_inv, broadcast_bounds
+    from ._arguments import (as_bounds, as_x0, check_method_loss, check_tolerances,
+                             check_x0_inside, method_for_bounds, schedule_for,
+                             step_budget, top_rungs)
+    from ._inputs import _scale_inv, broadcast_bounds, check_f_scale
     from .trf import make_strictly_feasible
 
     if not is_concrete(x0, args if not isinstance(args, Chunks) else (), bounds, f_scale):
