@@ -26,8 +26,7 @@ __all__ = ["OptionNotOffered", "as_x0", "as_bounds", "check_tolerances", "check_
            "check_array_leaves", "check_jac_option", "check_jac_shape", "wrap_jac",
            "check_unsupported", "check_scipy_options", "resolve_ladder", "float64_alone",
            "EPS", "METHODS", "FD_METHODS", "AD_METHODS", "check_method_loss", "top_rungs",
-           "method_for_bounds", "check_x0_inside", "step_budget",
-           "schedule_for"]
+           "method_for_bounds", "check_x0_inside", "step_budget"]
 
 EPS = float(np.finfo(np.float64).eps)
 #: finite-difference schemes (scipy's names; :mod:`._finite_diff`) and autodiff modes
@@ -359,8 +358,7 @@ def step_budget(max_steps, n: int, max_nfev: int = 0):
     """``(max_steps, portfolio)``: the default is ``100 (n + 1)`` steps per strategy of
     ``lm``'s portfolio; an explicit ``max_steps`` (or ``max_nfev``) caps the whole solve,
     and ``max_nfev`` is then the cap (each step costs at least one evaluation)."""
-    from .common import default_max_steps
-    from .solver import PORTFOLIO
+    from .common import PORTFOLIO, default_max_steps
 
     portfolio = (2 if max_steps is None and not max_nfev else 1) if PORTFOLIO else 0
     if max_steps is not None and int(max_steps) < 1:
@@ -369,15 +367,3 @@ def step_budget(max_steps, n: int, max_nfev: int = 0):
         return max(default_max_steps(n), max_nfev), portfolio
     return int(max_steps), portfolio
 
-
-def schedule_for(schedule, rungs):
-    """The default schedule for a ladder (none for one rung), or the user's, checked."""
-    from ._step_schedule import default_schedule
-
-    if schedule is None and len(rungs) > 1:
-        return default_schedule()
-    if schedule is not None and not (hasattr(schedule, "init") and
-                                     hasattr(schedule, "update")):
-        raise TypeError(f"schedule must be an adaptprec.schedule.PrecisionSchedule, got "
-                        f"{type(schedule).__name__}")
-    return schedule

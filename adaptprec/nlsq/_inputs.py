@@ -24,7 +24,7 @@ from . import _caches
 from ._arguments import (AD_METHODS, as_bounds, as_x0, check_array_leaves,
                          check_method_loss, check_scipy_options, check_tolerances,
                          check_x0_inside, float64_alone, method_for_bounds,
-                         schedule_for, step_budget, top_rungs)
+                         step_budget, top_rungs)
 
 __all__ = ["Problem", "prepare", "broadcast_bounds", "lists_as_arrays", "all_finite",
            "check_finite_tree", "check_f_scale"]
@@ -250,6 +250,7 @@ def _prepare(residual, x0, args, *, method, bounds, loss, f_scale, x_scale, jac,
     from ._lsmr import tr_solver_options
     from ._methods import njev_is_none
     from ._state import Options
+    from ._step_schedule import schedule_for
     from .common import NORMAL_EQ_MIN_M, check_loss_output
 
     if not callable(residual):

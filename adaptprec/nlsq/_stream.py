@@ -211,9 +211,9 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
     tuple with host arrays. ``auto=True`` (not asked for, only large): ``None`` when the
     problem cannot be streamed. ``with_gram``: return ``(result, J^T J, m)``."""
     from ._arguments import (as_bounds, as_x0, check_method_loss, check_tolerances,
-                             check_x0_inside, method_for_bounds, schedule_for,
-                             step_budget, top_rungs)
+                             check_x0_inside, method_for_bounds, step_budget, top_rungs)
     from ._inputs import _scale_inv, broadcast_bounds, check_f_scale
+    from ._step_schedule import schedule_for
     from .trf import make_strictly_feasible
 
     if not is_concrete(x0, args if not isinstance(args, Chunks) else (), bounds, f_scale):

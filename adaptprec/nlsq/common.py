@@ -41,6 +41,7 @@ __all__ = ["SE_FRACTION", "LOSSES", "LossLike", "loss_rho", "check_loss", "robus
            "jac_scale", "solve_lsq_trust_region", "update_tr_radius",
            "check_termination_codes", "lower_rung_budget", "default_max_steps",
            "DEFAULT_FTOL", "DEFAULT_XTOL", "DEFAULT_GTOL", "NORMAL_EQ_MIN_M", "SMALL_F64_MN",
+           "PORTFOLIO",
            "covariance", "covariance_at", "gram_covariance", "scale_pcov"]
 
 LossLike = Union[str, Callable]
@@ -68,6 +69,11 @@ NORMAL_EQ_MIN_M = 4096
 #: ``precision="adaptive"`` runs float64 alone on CPU below this many ``m n``
 #: (docs/architecture.md, "float64 alone for small single solves").
 SMALL_F64_MN = 32768
+#: ``lm``'s portfolio: when MINPACK's radius rule fails on the top rung (out of steps, no
+#: finite step, or a runaway, :func:`._rules.runaway`), the top rung restarts from ``x0``
+#: with optimistix's radius rule (:func:`.lm.optx_radius`) and the lower-cost end of the
+#: two is returned (docs/nlsq.md, "Robustness").
+PORTFOLIO = True
 #: A lower rung's share of the trial steps: ``LOWER_RUNG_STEPS_PER_PARAM n``, at least
 #: ``LOWER_RUNG_MIN_STEPS``, at most ``1 / n_rungs`` of ``max_steps``.
 LOWER_RUNG_STEPS_PER_PARAM = 10

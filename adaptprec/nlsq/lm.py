@@ -130,7 +130,7 @@ def minpack_radius(Delta, ratio, step_norm, alpha, blew_up):
 
 
 def optx_radius(Delta, ratio, step_norm):
-    """The portfolio's second radius rule (:data:`.solver.PORTFOLIO`): optimistix's
+    """The portfolio's second radius rule (:data:`.common.PORTFOLIO`): optimistix's
     ``ClassicalTrustRegion`` constants in radius form. ``ratio < 0.01`` shrinks to
     ``0.25 min(Delta, ||D p||)``, ``ratio > 0.99`` grows to ``3.5 Delta``, otherwise
     ``Delta`` is kept (optimistix scales its LM step size ``1/lambda`` the same way)."""

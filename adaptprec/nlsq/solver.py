@@ -45,14 +45,9 @@ from .dogbox import dogbox_gnorm, on_bound
 from .lm import at_noise_level, minpack_radius, optx_radius, verify_minimum
 from .trf import active_constraints, cl_scaling
 
-__all__ = ["TrustRegion", "iterate", "one_eval_gate", "lean_capable", "PORTFOLIO",
-           "RESTART_RADIUS", "ONE_EVAL_MIN_M"]
+__all__ = ["TrustRegion", "iterate", "one_eval_gate", "lean_capable", "RESTART_RADIUS",
+           "ONE_EVAL_MIN_M"]
 
-#: ``lm``'s portfolio: when MINPACK's radius rule fails on the top rung (out of steps, no
-#: finite step, or a runaway, :func:`._rules.runaway`), the top rung restarts from ``x0``
-#: with optimistix's radius rule (:func:`.lm.optx_radius`) and the lower-cost end of the
-#: two is returned (docs/nlsq.md, "Robustness").
-PORTFOLIO = True
 #: The restart's initial radius, a fraction of the first strategy's (which led astray).
 RESTART_RADIUS = 0.01
 #: The one-evaluation hand-off applies from this many residuals on (the normal-equation
@@ -493,7 +488,7 @@ class TrustRegion:
             gn_rate=new["gn_rate"])
 
     def _portfolio(self, st, ctx, t, want_up, status, new, exhausted, nit):
-        """``lm``'s portfolio (:data:`PORTFOLIO`): the first strategy failed on the top
+        """``lm``'s portfolio (:data:`.common.PORTFOLIO`): the first strategy failed on the top
         rung -> keep its end and restart from ``x0`` with the second; when the second
         ends, return the lower-cost end of the two. A convergence reached only by
         running off is not a success."""
