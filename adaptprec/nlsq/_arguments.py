@@ -1,8 +1,7 @@
 """scipy's rules for the arguments of the least-squares entry points, one argument at a
-time: lenient where scipy is lenient (a scalar or list ``x0``,
-``scipy.optimize.Bounds``, ``None`` tolerances, a 1-D Jacobian for one parameter), an
-error of scipy's type where scipy errors, and an error naming the alternative for every
-scipy option adaptprec does not offer (the differences that remain: ``docs/scipy.md``).
+time: lenient where scipy is lenient, an error of scipy's type where scipy errors, and
+an error naming the alternative for every option adaptprec does not offer
+(docs/scipy.md).
 
 Example:
     >>> from adaptprec.nlsq._arguments import as_x0, check_tolerances
@@ -24,11 +23,10 @@ from .._tracing import is_concrete
 from ..precision import Ladder, canonical_dtype, is_adaptive, x64_enabled
 
 __all__ = ["OptionNotOffered", "as_x0", "as_bounds", "check_tolerances", "check_max_nfev",
-           "check_array_leaves", "check_jac_option", "check_jac_shape",
-           "normalize_jac_output", "wrap_jac", "check_unsupported", "check_scipy_options",
-           "resolve_ladder", "float64_alone", "EPS", "METHODS", "FD_METHODS", "AD_METHODS",
-           "check_method_loss", "top_rungs", "method_for_bounds", "check_x0_inside",
-           "step_budget", "schedule_for"]
+           "check_array_leaves", "check_jac_option", "check_jac_shape", "wrap_jac",
+           "check_unsupported", "check_scipy_options", "resolve_ladder", "float64_alone",
+           "EPS", "METHODS", "FD_METHODS", "AD_METHODS", "check_method_loss", "top_rungs",
+           "method_for_bounds", "check_x0_inside", "step_budget"]
 
 EPS = float(np.finfo(np.float64).eps)
 #: finite-difference schemes (scipy's names; :mod:`._finite_diff`) and autodiff modes
@@ -36,7 +34,6 @@ FD_METHODS = ("2-point", "3-point", "cs")
 AD_METHODS = ("fwd", "rev")
 #: the trust-region methods (scipy's three and Gauss-Newton)
 METHODS = ("lm", "gn", "trf", "dogbox")
-
 
 
 class OptionNotOffered(ValueError, NotImplementedError):
@@ -50,13 +47,7 @@ def _is_number_like(leaf) -> bool:
 
 def as_x0(x0):
     """``x0`` as scipy reads it: a scalar, list or tuple of numbers becomes a 1-D float
-    array; complex or non-numeric raises ``ValueError``; arrays and pytrees pass through.
-
-    Example:
-        >>> from adaptprec.nlsq._arguments import as_x0
-        >>> as_x0(2).tolist(), as_x0((0.1, 0.2)).tolist()
-        ([2.0], [0.1, 0.2])
-    """
+    array; complex or non-numeric raises ``ValueError``; arrays and pytrees pass through."""
     if x0 is None:
         raise ValueError("x0 is None; give an initial guess (a number, a list or an array "
                          "of the parameters).")
@@ -92,15 +83,7 @@ def as_x0(x0):
 
 def as_bounds(bounds, n: int):
     """``bounds`` as ``(lb, ub)``: a ``scipy.optimize.Bounds`` (anything with ``lb``/``ub``)
-    is unpacked; each bound is a scalar or has ``n`` entries (scipy's shape rule).
-
-    Example:
-        >>> from scipy.optimize import Bounds
-        >>> from adaptprec.nlsq._arguments import as_bounds
-        >>> lb, ub = as_bounds(Bounds([0.0, 1.0], [2.0, 3.0]), 2)
-        >>> lb.tolist(), ub.tolist()
-        ([0.0, 1.0], [2.0, 3.0])
-    """
+    is unpacked; each bound is a scalar or has ``n`` entries (scipy's shape rule)."""
     if hasattr(bounds, "lb") and hasattr(bounds, "ub") and not isinstance(
             bounds, (tuple, list)):
         lb, ub = bounds.lb, bounds.ub
@@ -126,13 +109,7 @@ def as_bounds(bounds, n: int):
 
 def check_tolerances(ftol, xtol, gtol, method):
     """scipy's ``check_tolerance``: ``None`` disables a test (0), a tolerance below
-    machine epsilon warns, all three below it raise (any, for ``"lm"``).
-
-    Example:
-        >>> from adaptprec.nlsq._arguments import check_tolerances
-        >>> check_tolerances(1e-8, None, None, "trf")
-        (1e-08, 0.0, 0.0)
-    """
+    machine epsilon warns, all three below it raise (any, for ``"lm"``)."""
     out = []
     for tol, name in ((ftol, "ftol"), (xtol, "xtol"), (gtol, "gtol")):
         if tol is None:
@@ -163,13 +140,7 @@ def check_tolerances(ftol, xtol, gtol, method):
 
 
 def check_max_nfev(max_nfev) -> int:
-    """``max_nfev``: ``None`` (0: no cap) or a positive integer.
-
-    Example:
-        >>> from adaptprec.nlsq._arguments import check_max_nfev
-        >>> check_max_nfev(None), check_max_nfev(5)
-        (0, 5)
-    """
+    """``max_nfev``: ``None`` (0: no cap) or a positive integer."""
     if max_nfev is None:
         return 0
     if isinstance(max_nfev, bool) or not isinstance(max_nfev, (numbers.Integral,
@@ -210,13 +181,7 @@ def check_array_leaves(args) -> None:
 
 
 def check_jac_option(jac, *, allow_none: bool = False):
-    """``jac``: ``"fwd"``/``"rev"``, ``"2-point"``/``"3-point"``/``"cs"`` or a callable.
-
-    Example:
-        >>> from adaptprec.nlsq._arguments import check_jac_option
-        >>> check_jac_option("3-point")
-        '3-point'
-    """
+    """``jac``: ``"fwd"``/``"rev"``, ``"2-point"``/``"3-point"``/``"cs"`` or a callable."""
     if (jac is None and allow_none) or callable(jac):
         return jac
     if isinstance(jac, str) and (jac in AD_METHODS or jac in FD_METHODS):
@@ -232,13 +197,7 @@ def check_jac_option(jac, *, allow_none: bool = False):
 
 def check_jac_shape(shape: tuple, m: int, n: int) -> tuple:
     """Raise ``ValueError`` unless a Jacobian of ``shape`` can be read as ``(m, n)`` (a
-    1-D one for one parameter or one residual, scipy's ``atleast_2d``).
-
-    Example:
-        >>> from adaptprec.nlsq._arguments import check_jac_shape
-        >>> check_jac_shape((4,), 4, 1)
-        (4,)
-    """
+    1-D one for one parameter or one residual, scipy's ``atleast_2d``)."""
     if shape == (m, n) or (len(shape) == 1 and ((n == 1 and shape[0] == m) or
                                                  (m == 1 and shape[0] == n))) \
             or (len(shape) == 0 and m == 1 and n == 1):
@@ -248,27 +207,19 @@ def check_jac_shape(shape: tuple, m: int, n: int) -> tuple:
                      "the residual with one row per residual and one column per parameter.")
 
 
-def normalize_jac_output(J, m: int, n: int):
-    """A user Jacobian's output as ``(m, n)`` (:func:`check_jac_shape`)."""
-    shape = check_jac_shape(tuple(np.shape(J)), m, n)
-    return J if shape == (m, n) else jnp.reshape(J, (m, n))
-
-
 @functools.lru_cache(maxsize=256)
 def wrap_jac(jac, m: int, n: int):
-    """``jac`` with its output read as ``(m, n)`` (one function per ``(jac, m, n)``)."""
+    """``jac`` with its output read as ``(m, n)`` (:func:`check_jac_shape`; one function
+    per ``(jac, m, n)``)."""
     def J(x, *args):
-        return normalize_jac_output(jnp.asarray(jac(x, *args)), m, n)
+        out = jnp.asarray(jac(x, *args))
+        shape = check_jac_shape(tuple(np.shape(out)), m, n)
+        return out if shape == (m, n) else jnp.reshape(out, (m, n))
     return J
 
 
 def check_unsupported(*, workers=None, verbose=0, tr_solver=None, tr_options=None):
-    """scipy options adaptprec does not offer raise, naming the alternative.
-
-    Example:
-        >>> from adaptprec.nlsq._arguments import check_unsupported
-        >>> check_unsupported(workers=None, verbose=0, tr_solver="exact")
-    """
+    """scipy options adaptprec does not offer raise, naming the alternative."""
     if workers is not None and workers is not map:
         raise OptionNotOffered(f"workers={workers!r} is not offered: adaptprec vectorises "
                                "evaluations itself (vmap); for many fits use "
@@ -287,15 +238,7 @@ def check_unsupported(*, workers=None, verbose=0, tr_solver=None, tr_options=Non
 def check_scipy_options(jac, method, *, diff_step, jac_sparsity, tr_solver, tr_options,
                         verbose, workers, callback, max_nfev):
     """scipy's rules for ``jac`` (its default; finite differences with ``diff_step`` and
-    ``jac_sparsity``), ``callback`` and ``max_nfev``: ``(jac, max_nfev)`` normalised.
-
-    Example:
-        >>> from adaptprec.nlsq._arguments import check_scipy_options
-        >>> check_scipy_options(None, None, diff_step=1e-6, jac_sparsity=None,
-        ...                     tr_solver=None, tr_options=None, verbose=0, workers=None,
-        ...                     callback=None, max_nfev=None)
-        ('2-point', 0)
-    """
+    ``jac_sparsity``), ``callback`` and ``max_nfev``: ``(jac, max_nfev)`` normalised."""
     if jac is None:  # scipy's default is "2-point": diff_step / jac_sparsity ask for it
         jac = "2-point" if (diff_step is not None or jac_sparsity is not None) else "fwd"
     jac = check_jac_option(jac)
@@ -325,10 +268,9 @@ def check_scipy_options(jac, method, *, diff_step, jac_sparsity, tr_solver, tr_o
 
 def resolve_ladder(precision) -> Ladder:
     """The ladder of ``precision=`` (the one parser of every fitting entry point):
-    ``"adaptive"`` is ``f32 -> f64`` (bf16 is not faster than f32 on CPU and loses too
-    much for a Jacobian), a :class:`~adaptprec.Ladder` or ``"f32,f64"`` as given, one
-    dtype a fixed precision. ``"adaptive"`` needs ``jax_enable_x64`` (the eager entry
-    points run inside ``jax.enable_x64(True)``).
+    ``"adaptive"`` is ``f32 -> f64`` (bf16 loses too much for a Jacobian), a
+    :class:`~adaptprec.Ladder` or ``"f32,f64"`` as given, one dtype a fixed precision.
+    ``"adaptive"`` needs ``jax_enable_x64`` (the eager entry points enable it).
 
     Example:
         >>> from adaptprec.nlsq._arguments import resolve_ladder
@@ -425,15 +367,3 @@ def step_budget(max_steps, n: int, max_nfev: int = 0):
         return max(default_max_steps(n), max_nfev), portfolio
     return int(max_steps), portfolio
 
-
-def schedule_for(schedule, rungs):
-    """The default schedule for a ladder (none for one rung), or the user's, checked."""
-    from ._step_schedule import default_schedule
-
-    if schedule is None and len(rungs) > 1:
-        return default_schedule()
-    if schedule is not None and not (hasattr(schedule, "init") and
-                                     hasattr(schedule, "update")):
-        raise TypeError(f"schedule must be an adaptprec.schedule.PrecisionSchedule, got "
-                        f"{type(schedule).__name__}")
-    return schedule

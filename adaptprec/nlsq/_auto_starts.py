@@ -1,37 +1,21 @@
 """``starts="auto"``: a global search only when the local fit asks for one.
 
-The local fit from ``x0`` runs first, as ``starts=1`` would (same program, same result). It is *accepted* unless one of these says it is not the answer:
+The local fit from ``x0`` (as ``starts=1``) is accepted unless it failed (or the residual
+is not finite at ``x0``), a Jacobian column is all zero (a parameter the data never saw),
+or the cost is far above the noise (:func:`noise_test`: with absolute ``sigma``, ``chi^2``
+beyond its ``1e-6`` tail; else the residual variance more than :data:`NOISE_RATIO` times
+the noise variance of its successive differences, von Neumann's ratio ``2 / DW``: a
+wrong minimum leaves a smooth, correlated misfit). Otherwise further local fits run one
+after another from Latin-hypercube starts across decades (:func:`auto_starts`), lowest
+screened cost first, until one would be accepted, ``max_starts`` have run or the budget
+is spent; the best fit (a success first, then the lower cost), the local one included,
+is returned as a :class:`SearchResult`.
 
-* it did not succeed (``status <= 0``), or the residual is not finite at ``x0``
-  (:class:`._start.NonFiniteStartError`: the search then looks for a finite start);
-* a Jacobian column is all zero: a parameter the data never saw;
-* the cost is far above what the noise implies (:func:`noise_test`): with absolute
-  ``sigma``, ``chi^2`` beyond its ``1e-6`` upper tail; otherwise the residual variance
-  more than :data:`NOISE_RATIO` times the noise variance estimated from the residual's
-  successive differences (von Neumann's ratio, ``2 / DW``: a missed peak or a wrong local
-  minimum leaves a smooth, correlated misfit).
-
-When it is not accepted, up to ``max_starts`` further local fits run one after another
-through the same in-memory solve (its compiled program), from Latin-hypercube starts
-across decades (:func:`auto_starts`), ranked by their cost (one vmapped evaluation;
-starts where the model is not finite are skipped). The search stops at the first start whose fit would have been accepted, when
-``max_starts`` have run, or when its budget is spent; the best fit (a success before a
-failure, then the lower cost) is returned, the local fit included, so ``"auto"`` is never
-worse than ``starts=1``.
-
-**The budget is in residual evaluations**, so the answer depends on the inputs alone (not
-on the machine's load or the clock): no further start begins once the search's fits have
-used ``max(SEARCH_FACTOR * nfev_local, SEARCH_MIN_NFEV * (n + 1))`` evaluations (10 times
-the local fit's, at least ``100 (n + 1)``), or ``nfev_budget`` when given. A user's
-``AutoStarts(seconds=...)`` adds a wall-time budget between fits: that one is not
-reproducible under load, and documented so. With ``throw=True`` the fits run without it
-and the answer raises (``equinox.EquinoxRuntimeError``, with the search in its message)
-only if it failed.
-
-The result is a :class:`SearchResult`: ``starts_run`` (fits run beyond the local one),
-``search`` (why it searched, how many starts, which won, why it stopped; appended to
-``message``); ``nfev``/``njev``/``nit`` count every fit's work. Eager only: under
-``jit``/``vmap`` it raises (use ``starts=K``, which runs traced).
+**The budget is in residual evaluations** (the answer depends on the inputs alone):
+``max(SEARCH_FACTOR * nfev_local, SEARCH_MIN_NFEV * (n + 1))``, or ``nfev_budget``. A
+user's ``AutoStarts(seconds=...)`` adds a wall-time budget, not reproducible under load.
+With ``throw=True`` the answer raises only if it failed after the search. Eager only
+(``starts=K`` runs traced).
 
 Example:
     >>> import numpy as np
@@ -88,15 +72,12 @@ MIN_STARTS = 4
 class AutoStarts(NamedTuple):
     """Options of ``starts="auto"`` (``solve_nlsq(starts=AutoStarts(...))``).
 
-    ``noise``: ``"diff"`` (the residual's successive differences estimate the noise) or
-    ``"chi2"`` (the residuals are whitened by absolute sigma: ``chi^2/(m-n)`` near 1);
-    ``order``: the data order for ``"diff"`` (indices; ``None``: as given);
+    ``noise``: ``"diff"`` (successive differences estimate the noise) or ``"chi2"``
+    (residuals whitened by absolute sigma); ``order``: the data order for ``"diff"``;
     ``max_starts``: fits beyond the local one (``None``: ``10 (n + 1)``);
-    ``nfev_budget``: residual evaluations of the search's fits (``None``: the default
-    budget of the module docstring); ``seconds``: an extra wall-time budget of the
-    search's fits, checked between fits, the first :data:`MIN_STARTS` regardless
-    (``None``: none; a time budget makes the answer depend on the machine's load);
-    ``seed``: of the Latin hypercube."""
+    ``nfev_budget``: evaluations of the search's fits (``None``: the module's default);
+    ``seconds``: a wall-time budget checked between fits, the first :data:`MIN_STARTS`
+    regardless (makes the answer depend on the machine's load); ``seed``."""
 
     noise: str = "diff"
     order: Any = None
@@ -107,9 +88,9 @@ class AutoStarts(NamedTuple):
 
 
 class SearchResult(NLSQResult):
-    """:class:`~adaptprec.NLSQResult` of ``starts="auto"``: ``starts_run`` (local fits
-    run beyond the one from ``x0``; 0 when it was accepted) and ``search`` (what the
-    search did, appended to ``message``)."""
+    """:class:`~adaptprec.NLSQResult` of ``starts="auto"``: ``starts_run`` (fits beyond
+    the one from ``x0``) and ``search`` (what the search did, appended to ``message``);
+    ``nfev``/``njev``/``nit`` count every fit."""
 
     starts_run: int = field(static=True, default=0)
     search: str = field(static=True, default="")
@@ -136,18 +117,7 @@ def _chi2_quantile(dof: int, z: float = CHI2_TAIL_Z) -> float:
 
 
 def noise_test(fun, cost, n: int, noise: str = "diff", order=None, jx=None) -> str:
-    """Why the cost is far above the noise (module docstring), or ``""``.
-
-    Example:
-        >>> import numpy as np
-        >>> from adaptprec.nlsq._auto_starts import noise_test
-        >>> rng = np.random.default_rng(0)
-        >>> white = rng.standard_normal(200)
-        >>> bump = white + 10.0 * np.exp(-0.5 * ((np.arange(200) - 80) / 8.0) ** 2)
-        >>> noise_test(white, 0.5 * white @ white, 3) == "", bool(noise_test(
-        ...     bump, 0.5 * bump @ bump, 3))
-        (True, True)
-    """
+    """Why the cost is far above the noise (module docstring), or ``""``."""
     r = np.ravel(np.asarray(fun, np.float64))
     m = r.size
     dof = m - n
@@ -195,18 +165,7 @@ def needs_search(res, auto: AutoStarts) -> str:
 
 
 def auto_starts(x0, k: int, lb, ub, seed: int = 0) -> np.ndarray:
-    """``(k, n)`` starts for the search (module docstring; ``x0`` itself not included).
-
-    Example:
-        >>> import numpy as np
-        >>> from adaptprec.nlsq._auto_starts import auto_starts
-        >>> X = auto_starts(np.ones(2), 64, np.array([-np.inf, 0.0]),
-        ...                 np.array([np.inf, 10.0]))
-        >>> X.shape, bool(np.all((X[:, 1] > 0) & (X[:, 1] < 10)))
-        ((64, 2), True)
-        >>> bool(X[:, 0].max() > 100 and np.abs(X[:, 0]).min() < 0.01)  # decades
-        True
-    """
+    """``(k, n)`` starts for the search (module docstring; ``x0`` itself not included)."""
     x0 = np.asarray(x0, np.float64)
     n = x0.size
     lb = np.broadcast_to(np.asarray(lb, np.float64), (n,))
@@ -242,9 +201,8 @@ def auto_starts(x0, k: int, lb, ub, seed: int = 0) -> np.ndarray:
 
 
 def _screen_costs(residual, x0, X, args, kwargs) -> np.ndarray:
-    """``0.5 ||r(x)||^2`` at every row of ``X``: one vmapped program per residual and
-    structure (:data:`._caches.RESIDUALS`), so the fits run from the most promising
-    starts first and a start where the model is not finite costs no fit."""
+    """``0.5 ||r(x)||^2`` at every row of ``X`` (one vmapped program per residual and
+    structure, :data:`._caches.RESIDUALS`; ``inf`` where not finite)."""
     leaves = jax.tree.leaves(x0)
     key = ("screen", residual, jax.tree.structure(x0),
            tuple((np.shape(v), str(np.result_type(v))) for v in leaves), len(args),
@@ -257,10 +215,7 @@ def _screen_costs(residual, x0, X, args, kwargs) -> np.ndarray:
             return 0.5 * jax.numpy.sum(f * f)
         return jax.jit(jax.vmap(cost, in_axes=(0, None, None)))
 
-    try:
-        program = _caches.RESIDUALS.get_or_build(key, build)
-    except TypeError:   # an unhashable residual
-        program = build()
+    program = _caches.RESIDUALS.get_or_build(key, build)
     c = np.asarray(program(X, args, kwargs or {}), np.float64)
     return np.where(np.isfinite(c), c, np.inf)
 
@@ -362,9 +317,8 @@ def solve_auto(solve_one, residual, x0, args, kw: dict, *, auto: AutoStarts,
 
 
 def _raise_if_failed(res: SearchResult, throw: bool) -> SearchResult:
-    """``res``; with ``throw=True`` and a failed answer (after the search), the error
-    ``solve_nlsq(throw=True)`` raises (an ``equinox.EquinoxRuntimeError``, a
-    ``RuntimeError``), its message ending with what the search did."""
+    """``res``; with ``throw=True`` and a failed answer, ``solve_nlsq(throw=True)``'s
+    ``equinox.EquinoxRuntimeError``, its message ending with what the search did."""
     if throw and not int(np.asarray(res.status)) > 0:
         import equinox as eqx  # only on this path: its import is slow
         from .._status import status_message

@@ -1,11 +1,6 @@
-"""Split the data of a pointwise residual into cache-sized blocks of points.
-
-Used by the solver loop when :func:`._pointwise.point_axes` proved the residual pointwise:
-each data leaf is moved to put its point axis first, padded at the end with copies of its
-last point (so the padded residuals are finite; a mask zeroes them) and reshaped to
-``(blocks, size, ...)``, once, before the iteration starts. ``lax.scan`` then walks the
-blocks; :meth:`PointBlocks.unblock` gives the residual its arguments back in their
-original layout, with ``size`` points.
+"""The data of a pointwise residual in cache-sized blocks of points: each data leaf with
+its point axis first, padded with copies of its last point (masked) and reshaped to
+``(blocks, size, ...)`` once before the loop; ``lax.scan`` walks the blocks.
 """
 
 from __future__ import annotations
@@ -16,22 +11,15 @@ import numpy as np
 
 __all__ = ["PointBlocks", "block_size", "residual_and_rows"]
 
-#: Points per block: residual and Jacobian rows of a block (``n + 1`` vectors of this
-#: length) stay in a 2-core CPU's L2 cache. Measured on the 1e6-point double exponential
-#: (benchmarks/RESULTS.md): 4000 and 50000 points per block within 10% of each other, 1000 slower.
+#: Points per block: a block's residual and Jacobian rows (``n + 1`` vectors) stay in L2
+#: (benchmarks/RESULTS.md, "the 1e6-point fit").
 TARGET_BLOCK = 4096
 
 
 def block_size(m: int, target: int = TARGET_BLOCK) -> int:
     """Points per block: the divisor of ``m`` nearest to ``target`` within
     ``target / 2`` of it if there is one (no padding), else ``target`` (``m`` itself when
-    ``m <= target``).
-
-    Example:
-        >>> from adaptprec.nlsq._blocks import block_size
-        >>> block_size(1_000_000), block_size(1_000_003), block_size(300)
-        (4000, 4096, 300)
-    """
+    ``m <= target``)."""
     if m <= target:
         return m
     for delta in range(target // 2 + 1):
@@ -53,10 +41,8 @@ def residual_and_rows(fun, x, args):
 
 
 class PointBlocks:
-    """Blocking of ``m`` data points for the leaves of an ``args`` pytree.
-
-    ``axes`` gives, per leaf, the axis holding the points (``None``: not data; passed
-    whole to every block).
+    """Blocking of ``m`` data points for the leaves of an ``args`` pytree (``axes``: per
+    leaf, the axis holding the points; ``None``: not data, passed whole to every block).
 
     Example:
         >>> import jax.numpy as jnp

@@ -57,7 +57,6 @@ def pad_points(args, axes, m: int, M: int):
     return jax.tree.unflatten(treedef, out)
 
 
-# ----------------------------------------------------------------------------- memo
 def masked(fun, mask):
     """``fun`` with the residuals of padded points (``~mask``) set to zero (so are their
     Jacobian rows); ``fun`` itself when ``mask`` is ``None``."""
@@ -66,12 +65,11 @@ def masked(fun, mask):
     return lambda x, *a: jnp.where(mask, fun(x, *a), 0.0)
 
 
+# ----------------------------------------------------------------------------- memo
 class PointMemo:
-    """Remembers, per residual *object* (weakly: a dropped residual is forgotten), the
-    point axes the pointwise analysis proved for an argument structure, so that a new
-    data length needs neither a trace for its size nor a new analysis: the residual's
-    size is the data leaves' common length along their point axes. (Programs are already
-    traced at the bucket length, not at each length, so this assumes nothing more.)
+    """Remembers, per residual object (weakly), the point axes proved for an argument
+    structure, so that a new data length needs no trace: the residual's size is the data
+    leaves' common length along their point axes.
 
     Example:
         >>> import numpy as np

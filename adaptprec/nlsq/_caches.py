@@ -40,7 +40,7 @@ from __future__ import annotations
 import collections
 import threading
 
-__all__ = ["Memo", "PROBLEMS", "SIZES", "POINT_AXES", "TRACES", "PROGRAMS", "FINAL_PROGRAMS",
+__all__ = ["Memo", "hashable_key", "PROBLEMS", "SIZES", "POINT_AXES", "TRACES", "PROGRAMS", "FINAL_PROGRAMS",
            "STREAM_PROGRAMS", "RESIDUALS", "POINTS", "clear", "info"]
 
 
@@ -72,7 +72,10 @@ class Memo:
 
     def get_or_build(self, key, build):
         """The value for ``key``, built by ``build()`` on a miss (outside the lock: two
-        threads may both build it, and the last one is kept)."""
+        threads may both build it, and the last one is kept); built every time for an
+        unhashable key (a user's unhashable function)."""
+        if hashable_key(key) is None:
+            return build()
         value = self.get(key, _MISSING)
         if value is _MISSING:
             value = build()
@@ -89,6 +92,16 @@ class Memo:
 
 
 _MISSING = object()
+
+
+def hashable_key(key):
+    """``key`` if it is hashable (a memo key), else ``None``."""
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
 
 PROBLEMS = Memo("PROBLEMS", 64)
 SIZES = Memo("SIZES", 256)

@@ -1,12 +1,8 @@
-"""scipy's ``callback`` for the least-squares driver: called on the host after every
-accepted step with an ``OptimizeResult``-like ``intermediate_result`` (``x``, ``nit``,
-``nfev``, ``cost``), or with ``x`` alone when its signature is not
-``callback(intermediate_result)``. Raising ``StopIteration`` ends the solve with status
-``-2`` (:attr:`adaptprec.Status.CALLBACK_STOP`), as in scipy.
-
-Inside the compiled loop the call is a ``jax.experimental.io_callback`` that returns the
-stop flag, so it works for eager calls and under ``jit``/``vmap`` alike (under ``vmap`` the
-callback runs once per batch element).
+"""scipy's ``callback``: called on the host (an ``io_callback`` inside the loop, so also
+under ``jit``/``vmap``) after every accepted step with an ``OptimizeResult``-like
+``intermediate_result`` (``x``, ``nit``, ``nfev``, ``cost``), or with ``x`` alone when its
+signature is not ``callback(intermediate_result)``. ``StopIteration`` ends the solve with
+status ``-2`` (:attr:`adaptprec.Status.CALLBACK_STOP`), as in scipy.
 
 Example:
     >>> import jax.numpy as jnp

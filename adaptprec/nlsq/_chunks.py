@@ -1,14 +1,9 @@
-"""Streamed data: a pointwise residual's normal equations summed chunk by chunk.
-
-A pointwise residual (:mod:`._pointwise`) has normal equations that are sums over its
-data points: ``J^T J``, ``J^T f`` and the cost. :func:`chunk_sums` forms them over one
-chunk, block by block (:mod:`._blocks`); ONE compiled per-chunk program per rung ladder
-(:func:`_chunk_program`; the last chunk padded with copies of its last point and masked,
-so every chunk has one shape) and :class:`_Evaluator`, which walks a source's chunks and
-adds the partial sums on the host in float64, keeping one chunk in flight. Chunks are
-views, converted to the rung's dtype inside the program (no float64 copy of float32
-data). The streamed driver (:mod:`._stream`) factors the sums and steps; sharded arrays
-(:mod:`._sharded`) implement the same ``run(program, *head, tail=)`` with one ``psum``.
+"""Streamed data: a pointwise residual's normal equations (``J^T J``, ``J^T f`` and the
+cost are sums over its points) summed chunk by chunk: :func:`chunk_sums` over one chunk,
+block by block (:mod:`._blocks`), in ONE compiled program per ladder (the last chunk
+padded with copies of its last point and masked), and :class:`_Evaluator`, which adds
+the partial sums on the host in float64. Chunks are views, cast to the rung inside the
+program. :mod:`._sharded` implements the same ``run(program, *head, tail=)``.
 
 Example:
     >>> import numpy as np
@@ -20,7 +15,6 @@ Example:
 from __future__ import annotations
 
 import collections
-
 from typing import TYPE_CHECKING
 
 import jax
@@ -30,6 +24,7 @@ from jax import lax
 
 from .._policy import cast_floating
 from ._blocks import PointBlocks, block_size, residual_and_rows
+from ._buckets import pad_points
 from . import _caches
 from .._backend import cpu_jit
 from .common import robust_cost, scale_for_robust_loss
@@ -56,22 +51,6 @@ class _ArraySource:
             yield jax.tree.unflatten(treedef, out)
 
 
-def _pad_chunk(leaves, axes, k, size):
-    """Leaves of a chunk of ``k <= size`` points padded to ``size`` with copies of the
-    last point (finite residuals; the mask zeroes them)."""
-    if k == size:
-        return leaves
-    out = []
-    for leaf, a in zip(leaves, axes):
-        if a is None:
-            out.append(leaf)
-            continue
-        leaf = np.asarray(leaf)
-        idx = np.minimum(np.arange(size), k - 1)
-        out.append(np.take(leaf, idx, axis=a))
-    return out
-
-
 def _split(leaves, axes, size):
     """``(leaves, k)`` pieces of at most ``size`` points of one chunk."""
     k = next(np.shape(leaf)[a] for leaf, a in zip(leaves, axes) if a is not None)
@@ -81,7 +60,6 @@ def _split(leaves, axes, size):
                for leaf, a in zip(leaves, axes)], e - s
 
 
-# ----------------------------------------------------------------------------- programs
 # ----------------------------------------------------------------------------- programs
 def _program(key, build):
     """The program built by ``build()`` for ``key`` (:data:`._caches.STREAM_PROGRAMS`)."""
@@ -157,7 +135,6 @@ def _final_chunk_program(fun, opts: Options, axes, size: int, key):
 
 
 # ----------------------------------------------------------------------------- evaluator
-# ----------------------------------------------------------------------------- driver
 class _Evaluator:
     """Walks the chunks of a source and sums a per-chunk program's outputs in float64,
     keeping one chunk in flight (the next chunk is read while the device works)."""
@@ -187,8 +164,9 @@ class _Evaluator:
                             raise ValueError(
                                 "the data contain NaN or Inf (in the chunk starting at "
                                 f"point {m}); clean the data first")
-                padded = _pad_chunk(piece, self.axes, k, self.size)
-                args = jax.tree.unflatten(self.treedef, padded)
+                if k < self.size:   # copies of the last point (masked)
+                    piece = pad_points(piece, self.axes, k, self.size)
+                args = jax.tree.unflatten(self.treedef, piece)
                 pending.append(program(*head, args, np.int32(k), *tail))
                 m += k
                 if len(pending) > 1:

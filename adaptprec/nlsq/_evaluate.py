@@ -1,19 +1,13 @@
 """The in-memory evaluation: residual and Jacobian at a point on a rung, handed to the
-step as the factored Gauss-Newton model (:class:`._state.Evaluation`), and the final
-evaluation on the top rung.
+step as the factored Gauss-Newton model ``R``, ``qtf`` with ``R^T R = J^T J`` and
+``R^T qtf = J^T f`` (:class:`._state.Evaluation`), and the final evaluation on the top
+rung.
 
-Two forms, chosen statically by the solve's options:
-
-* **dense**: the ``m x n`` Jacobian by ``jacfwd``/``jacrev`` (or the user's / finite
-  differences), loss-scaled, factored by a QR of ``[J f]`` or the normal equations
-  (:func:`._factor.factor`);
-* **blocked** (a residual proven pointwise, the normal equations): ``J^T J``, ``J^T f``
-  and the cost summed over blocks of points (:class:`._blocks.PointBlocks`), each block's
-  residual and Jacobian rows formed and consumed while in cache. Below the top rung, with
-  the linear loss, one Gram matrix of ``[J f]`` per block gives all three sums, and the
-  model is moved from the point rounded to the rung back to ``x``.
-
-Only ``O(n^2)`` leaves an evaluation: the ``m``-vectors stay inside.
+**Dense**: the ``m x n`` Jacobian (autodiff, the user's or finite differences),
+loss-scaled, factored (:func:`factor`). **Blocked** (a pointwise residual, the
+normal equations): ``J^T J``, ``J^T f`` and the cost summed over blocks of points
+(:class:`._blocks.PointBlocks`); below the top rung with the linear loss, one Gram matrix
+of ``[J f]`` per block. Only ``O(n^2)`` leaves an evaluation.
 
 Example:
     >>> import jax.numpy as jnp, numpy as np
@@ -25,7 +19,7 @@ Example:
     >>> (branch,) = evaluation_branches(lambda x, t: x[0] * t - 1.0, opts)
     >>> ev = branch(jnp.ones(1), ((jnp.arange(3.0),),), 1.0)
     >>> float(ev.cost)
-    1.5
+    1.0
 """
 
 from __future__ import annotations
@@ -34,17 +28,55 @@ import jax
 import jax.numpy as jnp
 
 from .. import guards
+from .._backend import qr_r
 from ._blocks import TARGET_BLOCK, PointBlocks, block_size
-from ._factor import factor, factor_gram, working_dtype
 from ._state import Evaluation, Options
 from .common import robust_cost, scale_for_robust_loss
 
-__all__ = ["evaluation_branches", "final_evaluation", "rung_blocks", "LOWER_RUNG_BLOCK"]
+__all__ = ["evaluation_branches", "final_evaluation", "rung_blocks", "LOWER_RUNG_BLOCK",
+           "factor", "factor_gram", "working_dtype"]
 
-#: Points per block on the rungs below the top (the top keeps ``_blocks.TARGET_BLOCK``):
-#: a cheaper rung spends a larger share of its evaluation in the scan's fixed cost per
-#: block; 16384 float32 points (6 vectors of a block, 375 KiB) still sit in L2.
+#: Points per block below the top rung: a cheaper rung spends a larger share in the scan's
+#: fixed cost per block; 16384 float32 points of a few vectors still sit in L2.
 LOWER_RUNG_BLOCK = 4 * TARGET_BLOCK
+
+
+def working_dtype(dtype):
+    """The dtype a rung's model is formed in: the rung's, at least float32 (bf16 and
+    f16 products accumulate in float32)."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def factor_gram(A, b):
+    """``R`` and ``qtf`` with ``R^T R = A`` and ``R^T qtf = b`` from the Gram matrix
+    ``A = J^T J`` and ``b = J^T f`` (symmetric eigendecomposition, rank-revealing). The
+    rank test is on the Gram matrix (eigenvalues carry absolute error ``~ n eps ||A||``),
+    not scipy's ``eps max(m, n)`` for ``J``: with ``m = 1e6`` in float32 that would drop
+    every direction below 10% of the largest singular value."""
+    n = A.shape[0]
+    lam, V = jnp.linalg.eigh(A)
+    lam = jnp.maximum(lam, 0.0)
+    sq = jnp.sqrt(lam)
+    keep = lam > n * jnp.finfo(A.dtype).eps * jnp.max(lam)
+    R = sq[:, None] * V.T
+    qtf = jnp.where(keep, (V.T @ b) / jnp.where(keep, sq, 1.0), 0.0)
+    return R, qtf
+
+
+def factor(J, f, linear_solver: str):
+    """``R`` (n x n) and ``qtf`` with ``R^T R = J^T J`` and ``R^T qtf = J^T f``:
+    ``"normal"`` through the Gram matrix (accumulated in ``J``'s dtype), ``"qr"`` as the
+    ``R`` factor of ``[J f]`` (its last column is ``qtf``)."""
+    m, n = J.shape
+    if linear_solver == "normal":
+        A = jnp.einsum("mi,mj->ij", J, J, preferred_element_type=J.dtype)
+        b = jnp.einsum("mi,m->i", J, f, preferred_element_type=J.dtype)
+        return factor_gram(A, b)
+    A = jnp.concatenate([J, f[:, None]], axis=1)
+    if m < n + 1:
+        A = jnp.concatenate([A, jnp.zeros((n + 1 - m, n + 1), A.dtype)])
+    Raug = qr_r(A)
+    return Raug[:n, :n], Raug[:n, n]
 
 
 def rung_blocks(opts: Options) -> list | None:

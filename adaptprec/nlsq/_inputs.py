@@ -20,13 +20,15 @@ from jax.flatten_util import ravel_pytree
 
 from .._tracing import is_concrete
 from ..precision import x64_enabled
+from . import _caches
 from ._arguments import (AD_METHODS, as_bounds, as_x0, check_array_leaves,
                          check_method_loss, check_scipy_options, check_tolerances,
                          check_x0_inside, float64_alone, method_for_bounds,
-                         schedule_for, step_budget, top_rungs)
+                         step_budget, top_rungs)
 
 __all__ = ["Problem", "prepare", "broadcast_bounds", "lists_as_arrays", "all_finite",
-           "check_finite_tree"]
+           "check_finite_tree", "check_f_scale"]
+
 
 def broadcast_bounds(bounds, n: int, dtype):
     """``(lb, ub)`` as ``(n,)`` arrays: validated NumPy when concrete (no NaN, ``lb <
@@ -71,6 +73,12 @@ def _numpy_bounds(bounds, n: int):
     return lb, ub
 
 
+def check_f_scale(f_scale) -> None:
+    """``f_scale`` a positive finite number (concrete)."""
+    if not (np.isscalar(f_scale) and np.isfinite(f_scale) and f_scale > 0):
+        raise ValueError(f"f_scale must be a positive finite number, got {f_scale!r}")
+
+
 def _scale_inv(x_scale, n: int):
     """``1 / x_scale`` as a float64 vector (ones for ``"jac"``, whose scaling the solver
     takes from the Jacobian); scipy's errors otherwise."""
@@ -93,13 +101,7 @@ def _scale_inv(x_scale, n: int):
 
 def lists_as_arrays(args):
     """Top-level ``args`` that are lists of numbers as NumPy arrays (to JAX a list is a
-    pytree: the residual would get a Python list of scalars).
-
-    Example:
-        >>> from adaptprec.nlsq._inputs import lists_as_arrays
-        >>> [type(a).__name__ for a in lists_as_arrays(([1.0, 2.0], 3.0))]
-        ['ndarray', 'float']
-    """
+    pytree: the residual would get a Python list of scalars)."""
     if not isinstance(args, tuple):
         return args
     return tuple(np.asarray(a) if isinstance(a, list) and a and all(
@@ -165,11 +167,10 @@ class Problem(NamedTuple):
 def _structure_key(residual, x0, args, kw):
     """A key of everything but the values of ``x0``, the data, the bounds, ``x_scale``
     and ``f_scale``, for the common eager call (NumPy data and ``x0``, an autodiff
-    Jacobian, scalar or array bounds); ``None`` for anything else (then nothing is
-    memoised)."""
+    Jacobian, scalar or array bounds); ``None`` for anything else."""
     jac = kw["jac"]
-    if not (jac is None or (isinstance(jac, str) and jac in ("fwd", "rev"))) or \
-            kw["kwargs"] or kw["jac_sparsity"] is not None:
+    if not (jac is None or isinstance(jac, str) and jac in AD_METHODS) or kw["kwargs"] \
+            or kw["jac_sparsity"] is not None:
         return None
     if not (isinstance(x0, np.ndarray) or (isinstance(x0, (list, tuple)) and all(
             isinstance(v, (int, float)) for v in x0))):
@@ -192,13 +193,9 @@ def _structure_key(residual, x0, args, kw):
         "array" if type(xs) is np.ndarray else None)
     static = tuple((k, v) for k, v in kw.items()
                    if k not in ("bounds", "x_scale", "f_scale", "jac_sparsity", "kwargs"))
-    try:
-        key = (residual, np.shape(x0), tuple((a.shape, a.dtype.str) for a in args),
-               tuple(bsig), xs, static, x64_enabled(), jax.default_backend())
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    return _caches.hashable_key((residual, np.shape(x0), tuple(
+        (a.shape, a.dtype.str) for a in args), tuple(bsig), xs, static, x64_enabled(),
+        jax.default_backend()))
 
 
 def _with_values(known: Problem, x0, args, kw, checked) -> Problem:
@@ -212,8 +209,7 @@ def _with_values(known: Problem, x0, args, kw, checked) -> Problem:
                 check_finite_tree(leaves, what, "give a finite starting point" if
                                   what == "x0" else _FINITE_FIX, skip=checked)
     f_scale = kw["f_scale"]
-    if not (np.isscalar(f_scale) and np.isfinite(f_scale) and f_scale > 0):
-        raise ValueError(f"f_scale must be a positive finite number, got {f_scale!r}")
+    check_f_scale(f_scale)
     lb, ub = _numpy_bounds(kw["bounds"], n)
     if np.any(x0_flat < lb) or np.any(x0_flat > ub):
         check_x0_inside(x0_flat, lb, ub)
@@ -228,12 +224,9 @@ def _with_values(known: Problem, x0, args, kw, checked) -> Problem:
 def prepare(residual, x0, args, *, checked=(), **kw) -> Problem:
     """``solve_nlsq``'s arguments (``kw``: its options) validated and resolved into a
     :class:`Problem`, before anything is traced (``checked``: data arrays the caller
-    found finite already). What does not depend on the values (the residual's size and
-    point axes, the options, the program) is memoised for the common eager call
+    found finite already). The common eager call's structure is memoised
     (:func:`_structure_key`, :data:`._caches.PROBLEMS`); a repeat checks the values
     only."""
-    from . import _caches
-
     key = _structure_key(residual, x0, args, kw)
     if key is not None:
         known = _caches.PROBLEMS.get(key)
@@ -257,6 +250,7 @@ def _prepare(residual, x0, args, *, method, bounds, loss, f_scale, x_scale, jac,
     from ._lsmr import tr_solver_options
     from ._methods import njev_is_none
     from ._state import Options
+    from ._step_schedule import schedule_for
     from .common import NORMAL_EQ_MIN_M, check_loss_output
 
     if not callable(residual):
@@ -270,9 +264,8 @@ def _prepare(residual, x0, args, *, method, bounds, loss, f_scale, x_scale, jac,
     if linear_solver not in ("auto", "qr", "normal"):
         raise ValueError(f"linear_solver must be 'auto', 'qr' or 'normal', got "
                          f"{linear_solver!r}")
-    if not (np.isscalar(f_scale) and np.isfinite(f_scale) and f_scale > 0) \
-            and is_concrete(f_scale):
-        raise ValueError(f"f_scale must be a positive finite number, got {f_scale!r}")
+    if is_concrete(f_scale):
+        check_f_scale(f_scale)
     rungs = top_rungs(precision)
     top_dt = np.dtype(rungs[-1])
     check_array_leaves(args)

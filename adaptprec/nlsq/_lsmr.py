@@ -2,24 +2,9 @@
 scipy's ``trf``/``dogbox`` lsmr variants; the LSMR iteration itself is
 :func:`adaptprec.linalg._lsmr.lsmr`.
 
-How the trust-region methods use it (as scipy): ``trf`` solves the regularised
-least-squares problem ``min ||[J_h; diag(diag_h + reg)^(1/2)] p - [f; 0]||`` (plus the
-user's ``damp``) by LSMR, then minimises the quadratic model over the 2-D subspace
-spanned by the scaled gradient and that LSMR direction (:func:`solve_trust_region_2d`);
-``dogbox`` takes LSMR's Gauss-Newton step over the free variables for its dogleg.
-
-The operator LSMR iterates on is the factored model the solver's loop keeps: ``R``
-(``R^T R = J^T J``) and ``qtf`` (``R^T qtf = J^T f``), which define the same
-least-squares problem as ``(J, f)``. The step is therefore scipy's lsmr step, but the
-Jacobian is still formed and QR-factored by the loop: ``tr_solver="lsmr"`` gives scipy's
-iterates, not scipy's memory saving for very large sparse problems (for those, use
-``linear_solver="normal"``).
-
-Example:
-    >>> from adaptprec.nlsq._lsmr import check_tr_options
-    >>> dict(check_tr_options({"atol": 1e-8}, "dogbox"))["atol"]
-    1e-08
-"""
+LSMR iterates on the factored model ``(R, qtf)`` the loop keeps, the same least-squares
+problem as ``(J, f)``: ``tr_solver="lsmr"`` gives scipy's iterates, not scipy's memory
+saving for very large sparse problems (for those, ``linear_solver="normal"``)."""
 
 from __future__ import annotations
 
@@ -38,13 +23,7 @@ def check_tr_options(tr_options, method: str):
     ``(key, value)``: ``regularize`` (``trf`` only; dropped with a warning for
     ``dogbox`` as scipy does) and ``lsmr``'s ``damp``, ``atol``, ``btol``, ``conlim``,
     ``maxiter``. An unknown key raises ``TypeError`` (scipy's ``lsmr`` does);
-    ``show=True`` (printing) and ``x0`` are not offered.
-
-    Example:
-        >>> from adaptprec.nlsq._lsmr import check_tr_options
-        >>> check_tr_options({"btol": 1e-10}, "trf")
-        (('atol', 1e-06), ('btol', 1e-10), ('conlim', 100000000.0), ('damp', 0.0), ('maxiter', None), ('regularize', True))
-    """
+    ``show=True`` (printing) and ``x0`` are not offered."""
     import warnings
 
     from ._arguments import OptionNotOffered
@@ -124,12 +103,9 @@ def solve_trust_region_2d(B, g, Delta):
 
 def tr_solver_options(tr_solver, tr_options, method: str, host_kind):
     """scipy's ``tr_solver``/``tr_options``: ``None`` (exact step) or the lsmr options.
-
-    ``tr_solver=None`` is ``"exact"`` unless the Jacobian is sparse (``host_kind``: ``jac``
-    returns a sparse matrix or a ``LinearOperator``, or finite differences with
-    ``jac_sparsity``): then ``"lsmr"``, as scipy chooses; ``tr_options`` with the exact
-    solver are ignored with a warning (scipy ignores them silently), and ``lm``/``gn``
-    ignore ``tr_solver`` with a warning (scipy's ``lm`` ignores it silently)."""
+    ``tr_solver=None`` is ``"lsmr"`` for a sparse Jacobian (``host_kind``), as scipy
+    chooses; ``tr_options`` with the exact solver, and ``tr_solver`` with ``lm``/``gn``,
+    are ignored with a warning (scipy ignores them silently)."""
     import warnings
 
     if tr_solver is None:

@@ -1,13 +1,6 @@
 """The method table: each trust-region method's step, gradient norm and initial radius
 (the :class:`.solver.TrustRegion`'s step, ``gtol`` measure and first radius), and scipy's
-per-method ``njev`` rule.
-
-Example:
-    >>> from adaptprec.nlsq._methods import method_fns
-    >>> step_fn, gnorm_fn, delta0_fn = method_fns("lm", 10)
-    >>> gnorm_fn.__name__, delta0_fn.__name__
-    ('minpack_gnorm', 'minpack_delta0')
-"""
+per-method ``njev`` rule."""
 
 from __future__ import annotations
 

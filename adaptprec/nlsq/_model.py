@@ -48,8 +48,7 @@ def _call(f, xdata, p, role="model"):
 
 def _model_minus_data(f, xdata, p, ydata):
     """``f(xdata, *p) - ydata``, refusing shapes that broadcast into something else (a
-    model of shape ``(m, 1)`` against ``ydata`` of shape ``(m,)`` would give ``m * m``
-    residuals and a wrong fit; scipy raises too). Checked when tracing: no run-time cost."""
+    model of shape ``(m, 1)`` against ``ydata`` of shape ``(m,)``), when tracing."""
     out = _call(f, xdata, p)
     a, b = np.shape(out), np.shape(ydata)
     try:
@@ -70,10 +69,7 @@ def _residual_for(f: Callable, kind: str) -> Callable:
     so that the programs of a model are found again."""
     from . import _caches
 
-    try:
-        return _caches.RESIDUALS.get_or_build((f, kind), lambda: _make_residual(f, kind))
-    except TypeError:   # an unhashable model
-        return _make_residual(f, kind)
+    return _caches.RESIDUALS.get_or_build((f, kind), lambda: _make_residual(f, kind))
 
 
 def _make_residual(f: Callable, kind: str) -> Callable:
@@ -107,9 +103,7 @@ def _jac_for(jac: Callable, kind: str) -> Callable:
 
 def check_p0_arity(f, n: int) -> None:
     """A ``ValueError`` naming the model's parameters when ``f(x, *p0)`` with ``n`` values
-    cannot bind to ``f``'s signature (a signature that cannot be inspected is not
-    checked). Called at the boundary, before any tracing: a short ``p0`` otherwise
-    surfaced as the model's own ``TypeError`` from deep inside the first trace."""
+    cannot bind to ``f``'s signature (not checked when it cannot be inspected)."""
     try:
         sig = inspect.signature(f)
     except (TypeError, ValueError):
@@ -141,9 +135,8 @@ def _n_params(f) -> int:
 
 
 def as_data(x, name: str, dtype=float):
-    """Data (``xdata``/``ydata``/``sigma``) as arrays: JAX arrays and tracers pass through,
-    pytrees (dicts) pass through, and lists, tuples, NumPy arrays and any array-like
-    (pandas Series, xarray DataArray, memoryview) become NumPy arrays of ``dtype``.
+    """Data (``xdata``/``ydata``/``sigma``) as arrays: JAX arrays, tracers and dicts pass
+    through; any array-like (lists, pandas, xarray, memoryview) becomes a NumPy array.
 
     Example:
         >>> from adaptprec.nlsq._model import as_data
@@ -172,15 +165,7 @@ def as_data(x, name: str, dtype=float):
 
 def initialize_feasible(lb, ub):
     """scipy's feasible start for ``curve_fit`` without ``p0``: the midpoint of finite
-    bounds, ``lb + 1`` / ``ub - 1`` for one-sided bounds, 1 otherwise.
-
-    Example:
-        >>> import numpy as np
-        >>> from adaptprec.nlsq._model import initialize_feasible
-        >>> initialize_feasible(np.array([0.0, 2.0, -np.inf]),
-        ...                     np.array([4.0, np.inf, 0.5])).tolist()
-        [2.0, 3.0, -0.5]
-    """
+    bounds, ``lb + 1`` / ``ub - 1`` for one-sided bounds, 1 otherwise."""
     lb = np.asarray(lb, float)
     ub = np.asarray(ub, float)
     p0 = np.ones_like(lb)
@@ -193,11 +178,10 @@ def initialize_feasible(lb, ub):
 
 
 def leastsq_kwargs(kwargs: dict) -> dict:
-    """Translate scipy ``leastsq`` keyword arguments (which scipy's ``curve_fit`` passes
-    through for ``method="lm"``) to :func:`~adaptprec.solve_nlsq` options: ``maxfev`` ->
-    ``max_nfev``, ``epsfcn`` -> ``diff_step = sqrt(epsfcn)`` (finite differences only),
-    ``diag`` -> ``x_scale = 1 / diag``; ``factor`` and ``col_deriv`` raise naming the
-    alternative.
+    """scipy ``leastsq``'s keyword arguments (scipy's ``curve_fit`` passes them on for
+    ``method="lm"``) as :func:`~adaptprec.solve_nlsq` options: ``maxfev`` -> ``max_nfev``,
+    ``epsfcn`` -> ``diff_step = sqrt(epsfcn)``, ``diag`` -> ``x_scale = 1 / diag``;
+    ``factor`` and ``col_deriv`` raise naming the alternative.
 
     Example:
         >>> from adaptprec.nlsq._model import leastsq_kwargs
@@ -252,8 +236,7 @@ def prepare_curve_fit(f, xdata, ydata, p0, sigma, check_finite, bounds, method,
     """scipy's ``curve_fit`` rules on its data: array-likes read as arrays, non-finite
     data refused (or dropped, ``nan_policy="omit"``), ``ydata`` raveled, ``p0`` from the
     signature (or the middle of finite bounds), ``sigma`` as standard deviations or a
-    covariance (whitened by its Cholesky factor). For the common call (NumPy data, no
-    ``nan_policy``, scalar bounds) what does not depend on the values is memoised
+    covariance (whitened by its Cholesky factor). The common call's structure is memoised
     (:data:`._caches.PROBLEMS`); a repeat checks the values only."""
     from . import _caches
 
@@ -293,27 +276,18 @@ def _curve_fit_key(f, xdata, ydata, p0, sigma, check_finite, bounds, method, nan
     if not (isinstance(bounds, tuple) and len(bounds) == 2 and
             all(type(b) in (float, int) for b in bounds)):
         return None
-    try:
-        key = ("curve_fit", f, xdata.shape, xdata.dtype.str, ydata.shape, ydata.dtype.str,
-               sk, pk, bounds, method, check_finite, jax.config.read("jax_enable_x64"))
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    from ._caches import hashable_key
+
+    return hashable_key(("curve_fit", f, xdata.shape, xdata.dtype.str, ydata.shape,
+                         ydata.dtype.str, sk, pk, bounds, method, check_finite,
+                         jax.config.read("jax_enable_x64")))
 
 
 def _with_data(known: CurveFitProblem, xdata, ydata, p0, sigma) -> CurveFitProblem:
     """A memoised curve_fit problem with this call's data, ``p0`` and ``sigma``."""
     x = xdata if xdata.dtype.kind == "f" else xdata.astype(float)
     y = ydata if ydata.dtype == np.float64 else ydata.astype(np.float64)
-    checked = ()
-    if known.checked:   # check_finite: as the first call checked them
-        for arr, name in ((x, "xdata"), (y, "ydata")):
-            if not all_finite(arr):
-                raise ValueError(f"{name} contains NaN or Inf (array must not contain "
-                                 "infs or NaNs); remove those points or pass "
-                                 "nan_policy='omit'.")
-        checked = (x, y)
+    checked = _check_finite_data(x, y) if known.checked else ()
     extra = ()
     if known.kind == "1d":
         s = np.asarray(sigma, np.float64)
@@ -340,12 +314,7 @@ def _prepare_curve_fit(f, xdata, ydata, p0, sigma, check_finite, bounds, method,
     if concrete:
         ydata = ydata if isinstance(ydata, jax.Array) else np.asarray(ydata, np.float64)
         if check_finite:
-            for arr, name in ((xdata, "xdata"), (ydata, "ydata")):
-                if not all_finite(arr):
-                    raise ValueError(f"{name} contains NaN or Inf (array must not contain "
-                                     "infs or NaNs); remove those points or pass "
-                                     "nan_policy='omit'.")
-            checked = (xdata, ydata)
+            checked = _check_finite_data(xdata, ydata)
         elif nan_policy is not None:
             xdata, ydata, sigma = _omit_nan(xdata, ydata, sigma, nan_policy)
     # eager calls prepare the data with NumPy (an eager jnp operation compiles per shape)
@@ -376,6 +345,15 @@ def _prepare_curve_fit(f, xdata, ydata, p0, sigma, check_finite, bounds, method,
     kind, extra = _sigma_args(sigma, ydata, m, concrete, xnp)
     return CurveFitProblem(_residual_for(f, kind), p0, (xdata, ydata, *extra), kind,
                            bounds, n, m, lm_rule, checked, concrete)
+
+
+def _check_finite_data(xdata, ydata) -> tuple:
+    """scipy's ``check_finite``: ``(xdata, ydata)``, checked finite."""
+    for arr, name in ((xdata, "xdata"), (ydata, "ydata")):
+        if not all_finite(arr):
+            raise ValueError(f"{name} contains NaN or Inf (array must not contain infs or "
+                             "NaNs); remove those points or pass nan_policy='omit'.")
+    return xdata, ydata
 
 
 def _omit_nan(xdata, ydata, sigma, nan_policy):

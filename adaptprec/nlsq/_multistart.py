@@ -1,16 +1,11 @@
 """Multi-start for :func:`adaptprec.solve_nlsq` (``starts=K``).
 
-``K - 1`` extra starts are spread by a Latin hypercube: uniformly inside the box when every
-parameter has two finite bounds, otherwise around ``x0`` by ``spread`` times the variable
-scale (``|x0|`` per parameter, or ``1 / x_scale`` when ``x_scale`` is an array; ``1`` where
-``x0`` is zero), clipped into the bounds. All ``K`` starts (``x0`` first) run at once on the
-batched engine (:func:`adaptprec.solve_nlsq_batch`, one compiled program for the batch);
-the start with the lowest cost among those that converged (the lowest finite cost if none
-did) is polished by :func:`solve_nlsq` (so the answer carries solve_nlsq's top-rung
-verification and status), and the plain solve from ``x0`` is kept instead when it ends
-at a lower cost. So ``starts=K`` is never worse than ``starts=1``; it costs one batched
-solve of ``K`` fits plus one extra ``solve_nlsq``. ``nfev``, ``njev`` and ``nit`` of the
-result count all of that work (the plain solve, every start, the polish).
+``K - 1`` extra starts from a Latin hypercube (:func:`spread_starts`) and ``x0`` run at
+once on the batched engine (:func:`adaptprec.solve_nlsq_batch`); the best (the lowest
+cost among those that converged, else the lowest finite cost) is polished by the
+in-memory solve, and the plain solve from ``x0`` is kept when it ends lower, so
+``starts=K`` is never worse than ``starts=1``. ``nfev``, ``njev`` and ``nit`` count all
+of that work.
 
 Example:
     >>> import jax.numpy as jnp
@@ -62,7 +57,8 @@ def latin_hypercube(k: int, n: int, seed: int = 0) -> np.ndarray:
 def spread_starts(x0, k: int, *, lb=None, ub=None, scale=None, spread: float = 0.5,
                   seed: int = 0):
     """``(k, n)`` starts: row 0 is ``x0``; the others a Latin hypercube in the box (both
-    bounds finite everywhere) or ``x0 + spread * scale * (2 u - 1)`` clipped into it.
+    bounds finite everywhere) or ``x0 + spread * scale * (2 u - 1)`` clipped into it
+    (``scale``: ``|x0|``, 1 where zero, or ``1 / x_scale``).
 
     Example:
         >>> import numpy as np
@@ -99,55 +95,29 @@ def _flat_residual(residual, unravel, treedef, shapes):
     def flat(x, *a):
         return ravel_pytree(residual(unravel(x), *a))[0]
 
-    try:
-        return _caches.RESIDUALS.get_or_build(("starts", residual, treedef, shapes),
-                                              lambda: flat)
-    except TypeError:   # an unhashable residual
-        return flat
+    return _caches.RESIDUALS.get_or_build(("starts", residual, treedef, shapes),
+                                          lambda: flat)
 
 
-def check_starts_options(starts, *, verbose, **options) -> None:
-    """Refuse the options the batched engine behind ``starts=`` does not carry (never
-    drop one silently): any of ``options`` given (not ``None``), or ``verbose``."""
-    given = [k for k, v in options.items() if v is not None] + (
-        ["verbose"] if verbose else [])
-    if given:
+def solve_multistart(solve_one, residual, x0, args, kw: dict, *, starts: int,
+                     throw: bool = False, seed: int = 0, spread: float = 0.5):
+    """``starts`` starts of one fit (module docstring); ``solve_one`` is the in-memory
+    solve (:func:`.solve.solve_in_memory`, passed by the dispatch)."""
+    from ..batch import solve_nlsq_batch  # (batch's engine loads only with starts=)
+
+    if not isinstance(starts, (int, np.integer)) or starts < 1:
+        raise ValueError(f"starts must be a positive integer or 'auto', got {starts!r}")
+    given = [k for k in ("max_nfev", "diff_step", "kwargs", "tr_solver", "tr_options",
+                         "jac_sparsity", "callback") if kw.get(k) is not None] + (
+        ["verbose"] if kw.get("verbose") else [])
+    if given:   # never drop an option silently
         raise OptionNotOffered(
             f"solve_nlsq(starts={starts}) runs the starts on the batched engine, which "
             f"does not take {', '.join(given)}; drop them, or call solve_nlsq once per "
             "start (starts=1) with those options.")
 
-
-def solve_multistart(solve_one, residual, x0, args, kw: dict, *, starts: int,
-                     throw: bool = False, seed: int = 0, spread: float = 0.5):
-    """``starts`` starts of one fit (module docstring). ``solve_one`` is the in-memory
-    solve (:func:`.solve.solve_in_memory`, passed by the dispatch so that this module
-    imports nothing of it): the plain solve from ``x0`` and the polish run through it,
-    the starts on the batched engine.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> import adaptprec as ap
-        >>> res = ap.solve_nlsq(lambda x: jnp.array([x[0] ** 2 - 4.0, x[1] - 1.0]),
-        ...                     jnp.array([1.0, 0.0]), starts=3, precision="f64")
-        >>> [round(abs(float(v)), 6) for v in res.x]
-        [2.0, 1.0]
-    """
-    if not isinstance(starts, (int, np.integer)) or starts < 1:
-        raise ValueError(f"starts must be a positive integer or 'auto', got {starts!r}")
-    check_starts_options(starts, verbose=kw.get("verbose"), **{
-        k: kw.get(k) for k in ("max_nfev", "diff_step", "kwargs", "tr_solver",
-                               "tr_options", "jac_sparsity", "callback")})
-
-    def one(x_start):
+    def solve_from(x_start):
         return solve_one(residual, x_start, args, kw, outputs=Outputs(throw=throw))[0]
-
-    return _solve_multistart(one, residual, x0, args, kw, starts=starts, seed=seed,
-                             spread=spread)
-
-
-def _solve_multistart(solve_from, residual, x0, args, kw, *, starts, seed, spread):
-    from ..batch import solve_nlsq_batch  # (batch's engine loads only with starts=)
 
     if not isinstance(args, tuple):
         args = (args,)
@@ -180,10 +150,9 @@ def _solve_multistart(solve_from, residual, x0, args, kw, *, starts, seed, sprea
     pick = jnp.argmin(jnp.where(batch.success, cost, jnp.inf))
     pick = jnp.where(jnp.any(batch.success), pick, jnp.argmin(cost))
     polished = solve_from(unravel(batch.x[pick].astype(top)))
-    # "run off" is judged against the user's x0, not the polish's start (which may have
-    # run off already)
+    # "run off" is judged against the user's x0 (not the polish's start), with the
+    # flatness evidence of the polished end's Jacobian, as the loop's test
     x_pol = ravel_pytree(polished.x)[0]
-    # (with the flatness evidence of the polished end's Jacobian, as the loop's test)
     J_pol = jnp.reshape(jnp.asarray(polished.jac), (-1, n)).astype(top)
     R_pol = jnp.linalg.qr(J_pol, mode="r")[:n] if J_pol.shape[0] >= n else jnp.linalg.qr(
         jnp.concatenate([J_pol, jnp.zeros((n - J_pol.shape[0], n), top)]), mode="r")

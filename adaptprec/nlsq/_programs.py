@@ -1,36 +1,8 @@
 """The in-memory solve: one compiled program per (residual computation, data bucket,
-options), run by one driver.
-
-The program is the whole solve (:func:`whole_solve`): the data cast to each rung,
-:func:`.solver.iterate` over the :class:`.solver.TrustRegion` steps, the iterate made
-differentiable in the data (implicit differentiation of ``grad_x cost = 0``) and the
-solver's ``postprocess``. How it is compiled depends on the call:
-
-* **eager, autodiff Jacobian, dense model** (every small fit): the residual is traced to a
-  jaxpr per rung with the arrays it captures hoisted out as arguments
-  (:func:`._identity.trace_residual`), and the program is keyed on that jaxpr, not on the
-  Python object, so a new lambda per call finds the program of the same computation.
-  A pointwise residual's data are padded to a bucket length (:func:`._buckets.bucket`,
-  the padded rows masked), so a new data length in the bucket compiles nothing. The
-  executable comes from :mod:`adaptprec._disk_cache` (memory, the disk for later
-  processes, or compiled) with XLA:CPU options that halve compile time
-  (:func:`._compile.cpu_options`);
-* **anything else** (under a user's ``jit``/``vmap``/``grad``, a user or finite-difference
-  Jacobian, a blocked large fit): the program closes over the residual and is keyed on
-  the residual object and shapes; under a trace it is inlined in the user's program.
-
-A lean solve (:meth:`.solver.TrustRegion.is_lean`) whose last model does not describe its
-iterate evaluates once more in a program of its own (:func:`final_program`).
-
-Example:
-    >>> import numpy as np, jax.numpy as jnp
-    >>> import adaptprec as ap
-    >>> t = np.linspace(0.0, 1.0, 20)
-    >>> res = ap.solve_nlsq(lambda p, t, y: p[0] * jnp.exp(-p[1] * t) - y, np.ones(2),
-    ...                     args=(t, 3.0 * np.exp(-2.0 * t)))
-    >>> [round(float(v), 8) for v in res.x]
-    [3.0, 2.0]
-"""
+options), run by one driver; docs/architecture.md ("One program per residual
+computation, bucket and options") describes it. :func:`whole_solve` is the program;
+:func:`run_identity` keys it on the residual's jaxpr (eager, autodiff, dense),
+:func:`run_object` on the residual object (everything else)."""
 
 from __future__ import annotations
 
@@ -54,14 +26,12 @@ from .trf import make_strictly_feasible
 __all__ = ["whole_solve", "run", "run_identity", "run_object", "final_program",
            "NO_HOIST_PASSES"]
 
-#: XLA passes a small program is compiled without. While-loop invariant code motion
-#: hoists what the loop body computes from loop constants (``jacfwd``'s basis vectors,
-#: ``x ** 2`` of the data) out of the loop; at LLVM ``-O0`` that changes which multiply-add
-#: pairs are contracted into an FMA (NIST MGH09's Jacobian from iteration 70 on), so the
-#: bits would depend on the program's shape rather than on the arithmetic.
+#: XLA passes a small program is compiled without: hoisting loop-invariant code out of the
+#: while loop changes, at LLVM ``-O0``, which multiply-adds become FMAs, so the bits would
+#: depend on the program's shape rather than on the arithmetic.
 NO_HOIST_PASSES = "while-loop-invariant-code-motion"
-#: From this many residuals on a program is compiled with LLVM's optimisations: below it,
-#: compilation dominates a fit's cost (a NIST problem runs in well under a millisecond).
+#: From this many residuals on a program is compiled with LLVM's optimisations (below it,
+#: compilation dominates a fit's cost).
 OPTIMISE_MIN_M = 4096
 
 
@@ -138,8 +108,7 @@ def whole_solve(opts: Options, outputs: Outputs, funs, padded_to: int | None = N
 
 
 def context_packer(n: int, top_dt) -> "Packer":
-    """One top-dtype vector for ``(x0, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol)``:
-    a compiled call costs a few microseconds per argument."""
+    """The :class:`Packer` of ``(x0, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol)``."""
     vec, sca = jax.ShapeDtypeStruct((n,), top_dt), jax.ShapeDtypeStruct((), top_dt)
     return Packer((vec, vec, vec, vec, sca, sca, sca, sca))
 
@@ -172,23 +141,16 @@ def _trace_rungs(residual, fun_flat, x0, shaped, rungs, pad) -> tuple:
                                       avals))
         return tuple(out)
 
-    try:
-        key = (residual, _arg_sig(x0), _arg_sig(shaped), rungs, pad)
-        hash(key)
-    except TypeError:
-        return trace()
-    return _caches.TRACES.get_or_build(key, trace)
+    return _caches.TRACES.get_or_build((residual, _arg_sig(x0), _arg_sig(shaped), rungs,
+                                        pad), trace)
 
 
 def run(prob, outputs: Outputs) -> Solution:
-    """Solve ``prob`` (a :class:`._inputs.Problem`) on its program.
-
-    Every program evaluates once more at the solution on the top rung (``fun``, ``jac``
-    and, when asked, the covariance come from there), except the **lean** one: an eager,
-    blocked, unbounded, linear-loss fit (:func:`.solver.lean_capable`) reads cost,
-    gradient and covariance off the loop's last model, then forms only what was asked:
-    ``fun``/``jac`` by a final evaluation of its own (:func:`final_program`), or the
-    covariance from it where the last model does not describe the iterate."""
+    """Solve ``prob`` (a :class:`._inputs.Problem`) on its program. A lean solve (eager,
+    :func:`.solver.lean_capable`) reads cost, gradient and covariance off the loop's last
+    model and forms only what was asked in a final evaluation of its own
+    (:func:`final_program`): ``fun``/``jac``, or the covariance where the last model does
+    not describe the iterate."""
     opts = prob.opts
     full = outputs._replace(fun_jac=True)
     if prob.identity:
@@ -198,22 +160,20 @@ def run(prob, outputs: Outputs) -> Solution:
     sol = run_object(prob, outputs._replace(fun_jac=False, covariance=True))
     f_scale = prob.context[4]
     if outputs.fun_jac:
-        f, Js, g, cost = final_program(prob, "full")(sol.x, prob.args,
-                                                                     f_scale)
+        f, Js, g, cost = final_program(prob, "full")(sol.x, prob.args, f_scale)
         sol = sol._replace(fun=f, jac=Js, grad=g, cost=cost, optimality=jnp.max(jnp.abs(g)))
         if outputs.covariance and not bool(sol.model_holds):
             sol = sol._replace(cov=covariance_at(Js))
     elif outputs.covariance and not bool(sol.model_holds):
-        cost, g, cov = final_program(prob, "covariance")(sol.x, prob.args,
-                                                                         f_scale)
+        cost, g, cov = final_program(prob, "covariance")(sol.x, prob.args, f_scale)
         sol = sol._replace(cost=cost, grad=g, cov=cov, optimality=jnp.max(jnp.abs(g)))
     return sol._replace(cov=sol.cov if outputs.covariance else None, model_holds=None)
 
 
 def run_identity(prob, outputs: Outputs) -> Solution:
-    """An eager, dense, autodiff solve on the program keyed by the residual's computation
-    (see the module docstring); the results come back as NumPy. A memoised problem
-    (:func:`._inputs.prepare`) keeps its runner: a repeat traces and looks up nothing."""
+    """An eager, dense, autodiff solve on the program keyed by the residual's computation;
+    results come back as NumPy. A memoised problem (:func:`._inputs.prepare`) keeps its
+    runner: a repeat traces and looks up nothing."""
     key = ("runner", prob.memo_key, outputs) if prob.memo_key is not None else None
     runner = _caches.PROGRAMS.get(key) if key is not None else None
     if runner is None:
@@ -304,9 +264,8 @@ def run_object(prob, outputs: Outputs) -> Solution:
 
 
 def solution_packer(opts: Options, outputs: Outputs, rows: int) -> "Packer":
-    """The layout of a :class:`._state.Solution` (``rows``: the evaluated residuals, the
-    bucket length of padded data) packed into one vector per dtype: an executable's
-    call costs a few microseconds per result."""
+    """The :class:`Packer` of a :class:`._state.Solution` (``rows``: the evaluated
+    residuals, the bucket length of padded data)."""
     sds, n, nr = jax.ShapeDtypeStruct, opts.n, len(opts.rungs)
     top, i32 = np.dtype(opts.rungs[-1]), np.dtype(np.int32)
     vec, sca, cnt, per_rung = sds((n,), top), sds((), top), sds((), i32), sds((nr,), i32)
@@ -327,11 +286,10 @@ def _options_key(opts: Options, jac_key):
 
 
 def final_program(prob, kind: str):
-    """The final evaluation of a lean solve at its iterate ``x``, compiled on first use
-    and kept per residual and options: ``kind="full"``: ``(fun, jac, g, cost)``;
-    ``"covariance"``: ``(cost, g, (J^T J)^+)``. Not inside the solve's program: there,
-    behind a ``lax.cond`` a fit almost never takes, its ``m x n`` Jacobian would be a
-    temporary of every call (1e6 x 5 float64: 80 MB mapped afresh at each execution)."""
+    """The final evaluation of a lean solve at its iterate ``x``, kept per residual and
+    options: ``kind="full"``: ``(fun, jac, g, cost)``; ``"covariance"``: ``(cost, g,
+    (J^T J)^+)``. Not inside the solve's program, where its ``m x n`` Jacobian would be a
+    temporary of every call."""
     from ._evaluate import final_evaluation
     from .common import covariance
 
@@ -349,10 +307,9 @@ def final_program(prob, kind: str):
 
 
 class Packer:
-    """Packs trees with the structure and avals of ``avals`` (a pytree of
-    ``ShapeDtypeStruct``) into a tuple of 1-D arrays, one per dtype (in order of first
-    appearance; booleans travel in the ``bool_as`` group, exactly as 0/1), and back: a
-    compiled program's call costs a few microseconds per argument and result.
+    """Packs trees shaped as ``avals`` (a pytree of ``ShapeDtypeStruct``) into one 1-D
+    array per dtype (booleans as 0/1 in the ``bool_as`` group), and back: a compiled
+    program's call costs a few microseconds per argument and result.
 
     Example:
         >>> import jax, jax.numpy as jnp, numpy as np
@@ -384,21 +341,20 @@ class Packer:
         self.avals = [(tuple(a.shape), np.dtype(a.dtype)) for a in leaves]
         self.names = list(avals) if isinstance(avals, dict) else None
 
-    def pack(self, tree):
-        """The tree's leaves concatenated per dtype (traceable)."""
+    def _pack(self, tree, xnp):
         leaves = self.treedef.flatten_up_to(tree)
         groups = [[] for _ in self.dtypes]
         for (g, _, _, _), leaf in zip(self.slots, leaves):
-            groups[g].append(jnp.ravel(jnp.asarray(leaf, self.dtypes[g])))
-        return tuple(jnp.concatenate(g) if len(g) > 1 else g[0] for g in groups)
+            groups[g].append(xnp.ravel(xnp.asarray(leaf, self.dtypes[g])))
+        return tuple(xnp.concatenate(g) if len(g) > 1 else g[0] for g in groups)
+
+    def pack(self, tree):
+        """The tree's leaves concatenated per dtype (traceable)."""
+        return self._pack(tree, jnp)
 
     def pack_numpy(self, tree):
         """:meth:`pack` on the host (NumPy; no compilation)."""
-        leaves = self.treedef.flatten_up_to(tree)
-        groups = [[] for _ in self.dtypes]
-        for (g, _, _, _), leaf in zip(self.slots, leaves):
-            groups[g].append(np.ravel(np.asarray(leaf, self.dtypes[g])))
-        return tuple(np.concatenate(g) for g in groups)
+        return self._pack(tree, np)
 
     def _unpack(self, vecs, xnp):
         leaves = [xnp.reshape(vecs[g][s:s + k], shape) for g, s, k, shape in self.slots]

@@ -1,7 +1,7 @@
 """The residual as the solvers see it: a flat function of a flat parameter vector, its
 size ``m`` and point axes (checked once with ``jax.eval_shape`` and memoised per
-residual and shapes, so a repeated call traces nothing), scipy's ``kwargs=``, and a user
-``jac``'s shape.
+residual and shapes, so a repeated call traces nothing), scipy's ``kwargs=``, and the
+user's ``jac`` (its shape; a scipy.sparse or ``LinearOperator`` one on the host).
 
 Example:
     >>> import jax.numpy as jnp, numpy as np
@@ -14,27 +14,24 @@ Example:
 from __future__ import annotations
 
 import functools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from typing import Any, NamedTuple
-
-from .._tracing import is_concrete
-from .._user_fn import returns_arrays
-from . import _caches
-from .._user_fn import explain_trace_error
 from .._finite_diff import as_sparsity, fd_jacobian
 from .._identity import user_callables
-from ._arguments import FD_METHODS, check_jac_shape, wrap_jac
-from .._user_fn import hashable, sig
 from .._pointwise import point_axes
-from ._sparse_jac import host_jac, probe_host_jac
+from .._tracing import is_concrete
+from .._user_fn import explain_trace_error, hashable, returns_arrays, sig
+from . import _caches
+from ._arguments import FD_METHODS, check_jac_shape, wrap_jac
 
 __all__ = ["flat_residual", "traced_once", "flat_x0", "with_kwargs", "jacobian",
-           "check_host_jac", "analyse", "Analysis"]
+           "check_host_jac", "analyse", "Analysis", "probe_host_jac", "host_jac", "densify",
+           "as_user_format"]
 
 #: jaxprs kept per traced function (one per shapes/dtypes of its inputs; a solve sees one
 #: per rung)
@@ -48,18 +45,12 @@ def _aval_key(leaf):
 
 def traced_once(fn):
     """``fn(*inputs)`` traced once per shapes/dtypes of its inputs: every later call with
-    the same ones (the size probe, the point-axes analysis, the loop, the final
-    evaluation, each finite-difference or autodiff use) evaluates the recorded jaxpr
-    instead of calling ``fn`` again (a user's Python model or ``jac`` runs once
+    the same ones evaluates the recorded jaxpr (a user's Python model or ``jac`` runs once
     per shape, as scipy's gh-13670 expects of callables with side effects). A trace whose
-    constants are tracers of an enclosing trace (a closure over a ``jit`` argument) is
-    used for that call only; inputs that are not arrays call ``fn`` directly.
-
-    ``call.user_callables`` lists the user's custom-derivative rules and callbacks found
-    in ``fn``'s own traces (:func:`._identity.user_callables`): a replayed
-    ``custom_jvp_call`` carries its rule nested too deep for a later trace's search, so
-    :func:`._identity.trace_residual` keys on this list as well (two residuals with the
-    same text and different rules must not share a compiled Jacobian).
+    constants are tracers of an enclosing trace is used for that call only; inputs that
+    are not arrays call ``fn`` directly. ``call.user_callables`` lists the user's
+    custom-derivative rules and callbacks found in ``fn``'s traces, for
+    :func:`._identity.trace_residual`'s key (a replayed ``custom_jvp_call`` hides them).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -132,8 +123,7 @@ def residual_size(residual, fun_flat, x0, x0_flat, args, top_dt=None) -> int:
     try:
         out_shape = jax.eval_shape(lambda x, a: fun_flat.tree(x, *a), x_aval, args)
     except Exception as exc:
-        # JAX's complaints about NumPy / Python control flow on a parameter get the fix;
-        # anything else (the user's own exceptions) propagates unchanged
+        # NumPy / Python control flow on a parameter gets the fix; the rest propagates
         explained = explain_trace_error(exc)
         if explained is None:
             raise
@@ -190,12 +180,10 @@ def flat_x0(x0, top_dt):
 
 
 def _host_kind(jac, x0_flat, args, m: int, n: int) -> str | None:
-    """A user ``jac``'s output shape, checked once (``jax.eval_shape``) at the boundary.
-
-    A ``jac`` JAX cannot trace is called once on the host (eager calls only): if it
-    returns a scipy.sparse matrix or a ``LinearOperator``, its kind (``"sparse"`` /
-    ``"operator"``) is returned and it will be evaluated on the host
-    (:mod:`._sparse_jac`); otherwise the tracing error is raised."""
+    """A user ``jac``'s output shape, checked once (``jax.eval_shape``); a ``jac`` JAX
+    cannot trace is called once on the host (eager only): ``"sparse"``/``"operator"``
+    when it returns a scipy.sparse matrix or a ``LinearOperator`` (:func:`host_jac`),
+    else the tracing error is raised."""
     try:
         out = jax.eval_shape(lambda x, a: jnp.asarray(jac(x, *a)), x0_flat, args)
     except Exception as exc:
@@ -222,8 +210,8 @@ def _reshape_to(shape, flat):
 
 def _point_axes(residual, fun_flat, x0, x0_flat, args, m):
     """:func:`._pointwise.point_axes` of the flat residual, memoised per residual and
-    shapes (:data:`._caches.POINT_AXES`), and remembered per residual object so that a
-    new data length needs no trace (:data:`._caches.POINTS`)."""
+    shapes (:data:`._caches.POINT_AXES`) and per residual object (:data:`._caches.POINTS`:
+    a new data length needs no trace)."""
     key = (hashable(residual), sig(x0), sig(args))
     axes = _caches.POINT_AXES.get(key, False)
     if axes is False:
@@ -236,14 +224,8 @@ def _point_axes(residual, fun_flat, x0, x0_flat, args, m):
 
 def check_host_jac(host_kind, method, tr_solver, x_scale_given):
     """scipy's rules for a ``jac`` returning a sparse matrix or a ``LinearOperator``
-    (``host_kind`` ``"sparse"``/``"operator"``, evaluated on the host; ``None``: a
-    dense one): the options it excludes, and ``"trf"`` as the default method.
-
-    Example:
-        >>> from adaptprec.nlsq._residual import check_host_jac
-        >>> check_host_jac("sparse", None, None, None), check_host_jac(None, "lm", None, None)
-        ('trf', 'lm')
-    """
+    (``host_kind`` ``"sparse"``/``"operator"``; ``None``: dense): the options it
+    excludes, and ``"trf"`` as the default method."""
     if host_kind is None:
         return method
     if method == "lm":
@@ -263,10 +245,9 @@ def check_host_jac(host_kind, method, tr_solver, x_scale_given):
 
 
 def jacobian(jac, fun_flat, m: int, n: int, host_kind, diff_step, jac_sparsity, fd_bounds):
-    """The Jacobian the solvers call, and its part of the compiled-solver cache key: a
-    user callable (checked shape, or evaluated on the host for ``host_kind``), finite
-    differences (``fd_bounds``: known finite bounds, or ``(None, None)``), or the
-    autodiff mode ``"fwd"``/``"rev"`` as it is."""
+    """The Jacobian the solvers call and its part of the program key: a user callable
+    (shape-checked, or on the host for ``host_kind``), finite differences
+    (``fd_bounds``: known bounds or ``(None, None)``), or ``"fwd"``/``"rev"`` as is."""
     jac_key = getattr(jac, "__wrapped__", jac)  # the user's object (traced_once wraps it)
     if callable(jac):
         jac = wrap_jac(jac, m, n) if host_kind is None else host_jac(jac_key, m, n)
@@ -308,10 +289,9 @@ class Analysis(NamedTuple):
 
 
 def analyse(residual, x0, args, jac, kwargs, top_dt) -> Analysis:
-    """The residual, ``x0`` (after :func:`._inputs.as_x0`) and ``args`` as the solver sees
-    them: scipy's ``kwargs`` bound, a user ``jac`` traced once per shape and its output
-    shape checked, ``x0`` flat and finite, the residual's size ``m`` (a new data length of
-    a pointwise residual seen before: no trace)."""
+    """The residual, ``x0`` (after :func:`._arguments.as_x0`) and ``args`` as the solver
+    sees them: scipy's ``kwargs`` bound, a user ``jac`` traced once per shape and
+    shape-checked, ``x0`` flat and finite, the residual's size ``m``."""
     if kwargs:
         residual, jac, args = with_kwargs(residual, jac, args, kwargs)
     if callable(jac):  # a user's jac runs once per shape (gh-13670)
@@ -331,3 +311,92 @@ def analyse(residual, x0, args, jac, kwargs, top_dt) -> Analysis:
     x0_shape = np.shape(x0) if isinstance(x0, (jax.Array, np.ndarray)) else None
     return Analysis(residual, fun_flat, unravel, x0_flat, x0_shape, n, m, args, jac,
                     host_kind, x0, top_dt, recalled[1] if recalled is not None else None)
+
+
+# ------------------------------------------- a jac returning scipy.sparse or a LinearOperator
+# JAX cannot trace such a function: it is evaluated on the host through
+# ``jax.pure_callback`` and densified to the ``(m, n)`` array the step factors (under
+# jit/vmap too; grad of the solution differentiates the residual only); ``res.jac`` comes
+# back in the user's format.
+def _kind(J) -> str | None:
+    """``"sparse"``, ``"operator"`` or ``None`` (anything JAX can read as an array)."""
+    try:
+        import scipy.sparse as sp
+        from scipy.sparse.linalg import LinearOperator
+    except ImportError:  # pragma: no cover - scipy is a dependency of these paths
+        return None
+    if sp.issparse(J):
+        return "sparse"
+    if isinstance(J, LinearOperator):
+        return "operator"
+    return None
+
+
+def probe_host_jac(jac, x0, args):
+    """Call ``jac`` once on the host at NumPy ``x0`` and ``args``: ``(kind, J0)`` with
+    ``kind`` ``"sparse"``/``"operator"`` for a scipy.sparse matrix or ``LinearOperator``,
+    ``None`` otherwise (the caller then reports the original tracing error).
+
+    Example:
+        >>> import numpy as np, scipy.sparse as sp
+        >>> from adaptprec.nlsq._residual import probe_host_jac
+        >>> probe_host_jac(lambda x: sp.diags(2 * x).tocsr(), np.ones(3), ())[0]
+        'sparse'
+    """
+    a = jax.tree.map(lambda v: np.asarray(v) if isinstance(v, jax.Array) else v, args)
+    try:
+        J0 = jac(np.asarray(x0), *a)
+    except Exception:  # noqa: BLE001 - the caller raises the tracing error instead
+        return None, None
+    return _kind(J0), J0
+
+
+def densify(J, n: int) -> np.ndarray:
+    """A scipy.sparse matrix or ``LinearOperator`` as a dense NumPy array."""
+    kind = _kind(J)
+    if kind == "sparse":
+        return np.asarray(J.toarray())
+    if kind == "operator":
+        return np.asarray(J.matmat(np.eye(n)))
+    return np.asarray(J)
+
+
+@functools.lru_cache(maxsize=256)
+def host_jac(jac, m: int, n: int):
+    """``jac`` as a JAX function of ``(x, *args)``: evaluated on the host with
+    ``jax.pure_callback`` and densified to ``(m, n)`` in ``x``'s dtype (stable per
+    ``(jac, m, n)`` so the compiled-solver cache hits)."""
+    def J(x, *args):
+        # float64 travels as its bits (two uint32 per entry): the callback runs on an XLA
+        # thread outside the caller's thread-local x64 scope, where JAX would
+        # canonicalise a float64 result to float32 and refuse it
+        wide = np.dtype(x.dtype) == np.float64
+        out = (jax.ShapeDtypeStruct((m, n, 2), np.uint32) if wide
+               else jax.ShapeDtypeStruct((m, n), x.dtype))
+
+        def host(xv, *av):
+            d = densify(jac(np.asarray(xv), *av), n)
+            if d.shape != (m, n):
+                raise ValueError(f"The return value of `jac` has wrong shape: expected "
+                                 f"{(m, n)}, actual {d.shape}.")
+            if wide:
+                return np.ascontiguousarray(d, np.float64).view(np.uint32).reshape(m, n, 2)
+            return d.astype(out.dtype)
+
+        got = jax.pure_callback(host, out, x, *args, vmap_method="sequential")
+        return jax.lax.bitcast_convert_type(got, x.dtype) if wide else got
+
+    J.host = True
+    return J
+
+
+def as_user_format(J, kind: str):
+    """The final Jacobian in the format the user's ``jac`` returned (scipy's ``res.jac``):
+    a ``csr_array`` for a sparse ``jac``, a ``LinearOperator`` for an operator one."""
+    if kind == "sparse":
+        import scipy.sparse as sp
+        return sp.csr_array(np.asarray(J))
+    if kind == "operator":
+        from scipy.sparse.linalg import aslinearoperator
+        return aslinearoperator(np.asarray(J))
+    return J

@@ -1,9 +1,9 @@
 """The trust-region step's stopping and escalation rules, one function each.
 
 Every rule is a pure function of the step's quantities (scalars or arrays of any batch
-shape, so the batched engine can call them too) and returns a mask or a code. The
-constants are module attributes with the reason for their value; the figures that chose
-them are in benchmarks/RESULTS.md ("Nonlinear least squares: robustness").
+shape, so the batched engine can call them too) and returns a mask or a code; the figures
+that chose the constants are in benchmarks/RESULTS.md ("Nonlinear least squares:
+robustness").
 
 Notation: ``u`` the unit roundoff of a rung, ``cost = 0.5 ||f||^2`` (robust: ``0.5 sum
 rho``), ``R^T R = J^T J`` and ``R^T qtf = J^T f`` the factored model, ``D`` the variable
@@ -32,9 +32,8 @@ __all__ = ["NOISE_STEPS", "NOISE_CONTRACTION", "NOISE_STEPS_MAX", "LOWER_RESOLVE
 #: Rounding-level steps in a row on the top rung before the solve may end (``ftol``) ...
 NOISE_STEPS = 3
 #: ... which it does once they stop contracting (``||D dx|| >= NOISE_CONTRACTION`` times
-#: the previous one: the steps are rounding noise) or after ``NOISE_STEPS_MAX`` of them:
-#: on a large-residual problem Gauss-Newton converges only linearly, and below the cost's
-#: rounding level the steps still shrink geometrically (NIST ENSO: by 0.64 a step).
+#: the previous one) or after ``NOISE_STEPS_MAX`` of them (Gauss-Newton converges only
+#: linearly on a large-residual problem).
 NOISE_CONTRACTION = 0.9
 NOISE_STEPS_MAX = 20
 #: A rung below the top leaves once the Gauss-Newton decrease left at its point is below
@@ -59,9 +58,8 @@ def rounding_level(predicted, actual, cost, u, scale, after_escalation):
     (``s = ||f|| ||J x||``), or, after an escalation (``after_escalation``), judged by the
     evaluation error ``E = u (|cost| + s)``: ``pred <= 10 E`` and ``actual >= -10 E``.
     The second form serves a top rung that starts from a lower rung's converged point,
-    where the cost is at its minimum to ~1e-14 while x has ~7 digits, so the remaining
-    Gauss-Newton corrections predict decreases of about ``E`` and their measured change
-    is rounding noise (NIST Misra1b start 2 otherwise stops 2 digits short)."""
+    where the cost is at its minimum to ~1e-14 while x has ~7 digits: the remaining
+    Gauss-Newton corrections predict decreases of about ``E``."""
     plain = (predicted <= 100.0 * u * jnp.abs(cost)) & (
         actual >= -u * (jnp.abs(cost) + scale))
     err = u * (jnp.abs(cost) + scale)
@@ -88,8 +86,7 @@ def rounding_floor(qtf, cost, fsn, R, x, u):
     Gauss-Newton model predicts the most the rung can still gain, ``0.5 ||qtf||^2``;
     when that is below :data:`LOWER_RESOLVE_FACTOR` times the rung's evaluation error
     ``u (|cost| + ||f|| ||R x||)`` every further step would be judged by rounding noise,
-    so the rung hands its point to the next one (NIST Misra1a start 2: eight float32
-    rejections of one step otherwise)."""
+    so the rung hands its point to the next one."""
     return 0.5 * jnp.sum(qtf * qtf) <= LOWER_RESOLVE_FACTOR * u * (
         jnp.abs(cost) + fsn * jnp.linalg.norm(R @ x))
 
@@ -105,8 +102,7 @@ def conditioning_error(s, fsn, qn, linear_solver: str):
     the range of ``J``). ``linear_solver="normal"`` squares ``kappa`` in the step itself.
     The rung is left when ``u`` times this exceeds ``cond_tol`` (the guards'
     :func:`adaptprec.guards.conditioned`). The second term is the residual's
-    amplification: NIST Bennett5 (``kappa ~ 5e4``, ``tan ~ 1e-4``) gives float32 steps 3%
-    off, enough to leave float64's path."""
+    amplification."""
     tiny = jnp.finfo(s.dtype).tiny
     kappa = s[..., 0] / jnp.maximum(s[..., -1], tiny)
     tan_t = jnp.sqrt(jnp.maximum(fsn * fsn - qn * qn, 0.0)) / jnp.maximum(qn, tiny)
@@ -127,9 +123,8 @@ def confirming_step(converged, on_top, after_escalation, confirmed, noise_stoppe
                     max_steps, first_at_top_gtol):
     """Whether a top-rung convergence is deferred for one confirming step: its first
     steps start from a lower rung's converged point, and a test met there (gtol after the
-    first Gauss-Newton step) stops a digit short of float64 alone, which meets the same
-    test one step further (NIST Misra1d from a perturbed start: LRE 10.0 vs 11.0). Not
-    after the noise stop (it has confirmed itself), not into ``max_steps``, not for a
+    first Gauss-Newton step) stops a digit short of float64 alone. Not after the noise
+    stop (it has confirmed itself), not into ``max_steps``, not for a
     point that meets ``gtol`` where the top rung first evaluated it."""
     return (on_top & after_escalation & ~confirmed & converged & ~noise_stopped
             & (nit < max_steps) & ~first_at_top_gtol)
@@ -191,8 +186,7 @@ def one_eval_check(x, R, qtf, cost, scale_inv, ftol, xtol, m, n: int, rate,
 def runaway(status, x, x0_norm, R=None, fnorm=None, triangular=True):
     """A convergence ``status`` at ``||x|| > RUNAWAY_FACTOR ||x0||`` (``x0 != 0``) and,
     given the model ``R`` and ``||f||`` there, only along a flat direction
-    (:func:`.lm.flat_direction`): distance alone is not evidence (Arrhenius' pre-factor
-    sits at 3.6e11 from ones, well determined)."""
+    (:func:`.lm.flat_direction`): distance alone is not evidence."""
     from .lm import RUNAWAY_FACTOR, flat_direction
 
     far = ((status > 0) & (status < Status.RUNNING) & (x0_norm > 0)

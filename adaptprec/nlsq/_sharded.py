@@ -1,16 +1,8 @@
-"""Sharded single fits: data sharded over a mesh along the point axis, the blocked sums
-reduced with one ``psum``.
-
-When the data arrays of a pointwise residual are ``jax.Array`` s with a
-``NamedSharding`` that splits their point axis over mesh axes, each device forms the
-partial sums ``J^T J``, ``J^T f`` and the cost of its own points (block by block,
-:func:`._stream.chunk_sums`) inside ``shard_map``, and one ``psum`` over those mesh axes
-(``n^2 + n + 1`` numbers per iteration) gives every device the full sums. The ``n x n``
-model and the trust-region step are then replicated: the host loop of
-:mod:`._stream` runs the same step on every process (same inputs, same bits), so a
-multi-process run (``jax.distributed``; arrays built with
-``jax.make_array_from_process_local_data``) needs no other communication. Only the data
-stay distributed; nothing of length ``m`` is gathered.
+"""Sharded single fits: each device sums ``J^T J``, ``J^T f`` and the cost over its own
+points (:func:`._chunks.chunk_sums`) inside ``shard_map``, and one ``psum`` of ``n^2 + n +
+1`` numbers per iteration gives every device the totals; the ``n x n`` step of
+:mod:`._stream` is replicated (same inputs, same bits on every process), and nothing of
+length ``m`` is gathered (docs/nlsq.md, "Large, streamed and sharded fits").
 
 Example:
     >>> import jax
@@ -111,10 +103,8 @@ def _shard_index(names, mesh):
 
 def sharded_programs(fun, opts, axes, treedef, specs, names, mesh, m, local):
     """``(sums, final)``: the per-iteration sums on rung ``rung`` and the final sums on
-    the top rung, each one ``shard_map`` with a ``psum`` (signatures as
-    :mod:`._stream`'s per-chunk programs without ``n_valid``: the global ``m`` is
-    static)."""
-
+    the top rung, each one ``shard_map`` with a ``psum`` (signatures as the per-chunk
+    programs without ``n_valid``: the global ``m`` is static)."""
     rungs = opts.rungs
     top_dt = rungs[-1]
     arg_specs = jax.tree.unflatten(treedef, specs)
@@ -145,9 +135,8 @@ def sharded_programs(fun, opts, axes, treedef, specs, names, mesh, m, local):
 
 
 class ShardedEvaluator:
-    """:class:`._stream._Evaluator` for sharded data: one "chunk", the global arrays;
-    scalars and small arrays entering the program are made replicated global arrays
-    (valid on every process)."""
+    """:class:`._chunks._Evaluator` for sharded data: one "chunk", the global arrays;
+    scalars and small arrays entering the program are made replicated global arrays."""
 
     def __init__(self, args, m, mesh, specs):
         self.m, self.mesh = m, mesh

@@ -1,11 +1,6 @@
-"""A start where the residual or its Jacobian is not finite: scipy's early, clear
-error, with the parameter values and the operation that failed.
-
-Inside ``jit`` the solve reports it through ``status`` (``NONFINITE_RESIDUAL`` or
-``NONFINITE_JACOBIAN`` with ``x`` still at ``x0``). Called eagerly,
-:func:`raise_nonfinite_start` turns that result into scipy's ``ValueError("Residuals are
-not finite in the initial point")``, naming the first operation of the residual that
-produced an Inf or NaN from finite inputs (:mod:`adaptprec._nonfinite`).
+"""A start where the residual or its Jacobian is not finite: inside ``jit`` the status
+says so; eagerly, scipy's ``ValueError("Residuals are not finite in the initial
+point")``, naming the first operation that produced an Inf or NaN from finite inputs.
 
 Example:
     >>> import jax.numpy as jnp

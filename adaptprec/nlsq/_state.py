@@ -1,12 +1,6 @@
 """What the trust-region solver carries: its static :class:`Options` (part of every
 compiled program's key), the per-solve :class:`Context`, the loop :class:`State`, the
-:class:`Proposal` of a step and the :class:`Evaluation` of the model at a point.
-
-Example:
-    >>> from adaptprec.nlsq._state import Options
-    >>> Options._fields[:4]
-    ('n', 'rungs', 'method', 'loss')
-"""
+:class:`Proposal` of a step and the :class:`Evaluation` of the model at a point."""
 
 from __future__ import annotations
 

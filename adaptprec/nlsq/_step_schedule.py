@@ -1,12 +1,5 @@
-"""The precision schedule inside the step: ``advance`` consults it (docs/architecture.md,
-"One solve", step 5) with the step's statistics, moves its rung when the solver climbs
-for another reason, and runs the default schedule when none is given.
-
-Example:
-    >>> from adaptprec.nlsq._step_schedule import default_schedule
-    >>> default_schedule() is default_schedule()
-    True
-"""
+"""The precision schedule inside the step: ``advance`` consults it with the step's
+statistics and moves its rung when the solver climbs for another reason."""
 
 from __future__ import annotations
 
@@ -17,7 +10,8 @@ import jax.numpy as jnp
 
 from ..schedule import NoiseFloor, ScheduleStats, StallEscalation, any_of
 
-__all__ = ["default_schedule", "consult_schedule", "schedule_observes", "set_schedule_rung"]
+__all__ = ["default_schedule", "schedule_for", "consult_schedule", "schedule_observes",
+           "set_schedule_rung"]
 
 
 def schedule_observes(schedule) -> bool:
@@ -58,3 +52,14 @@ def default_schedule():
     decrease the cost by less than ``10 u cost`` or progress stalls for 3 steps. One
     shared instance, so it is one entry of the compiled-solver cache key."""
     return any_of(NoiseFloor(factor=10.0), StallEscalation(rate=1e-6, patience=3))
+
+
+def schedule_for(schedule, rungs):
+    """The default schedule for a ladder (none for one rung), or the user's, checked."""
+    if schedule is None and len(rungs) > 1:
+        return default_schedule()
+    if schedule is not None and not (hasattr(schedule, "init") and
+                                     hasattr(schedule, "update")):
+        raise TypeError(f"schedule must be an adaptprec.schedule.PrecisionSchedule, got "
+                        f"{type(schedule).__name__}")
+    return schedule

@@ -1,34 +1,9 @@
 """The streamed driver: single fits over data that is never in device memory at once
-(the data side, chunk sums and their evaluators, is :mod:`._chunks` and :mod:`._sharded`).
-
-A pointwise residual (:mod:`._pointwise`) has normal equations that are sums over its
-data points: ``J^T J``, ``J^T f`` and the cost. Here those sums are formed chunk by
-chunk. Per trust-region iteration a host loop walks the data in fixed-size chunks and
-calls ONE compiled per-chunk program (residual and Jacobian rows block by block inside
-the chunk, as :mod:`._blocks`; the last chunk padded with copies of its last point and
-masked, so every chunk has one shape); the partial sums are added on the host in
-float64 and the small ``n x n`` model is factored and stepped on the device by the
-solver's own step (:class:`.solver.TrustRegion`'s ``advance`` and ``propose``, compiled
-once per options). Device memory is bounded by the chunk; host memory is the
-data (a ``np.memmap`` stays on disk) plus O(chunk): chunks are views, converted to the
-rung's dtype inside the program (no float64 copy of float32 data).
-
-Sources of data (:func:`solve_stream`):
-
-* host NumPy arrays or ``np.memmap`` in ``args`` (``solve_nlsq(..., chunk_size=N)``, or
-  automatically from :data:`STREAM_MIN_POINTS` points on);
-* a :class:`Chunks` source: ``source()`` returns an iterable of chunks, each a tuple of
-  arrays laid out as the residual's ``args`` (for ``curve_fit``: ``(xdata, ydata)`` or
-  ``(xdata, ydata, sigma)``), with any number of points;
-* ``jax.Array`` s sharded over a mesh along their point axis (:mod:`._sharded`): one
-  "chunk", the per-device sums reduced with one ``psum`` of ``n^2 + n + 1`` numbers per
-  iteration, the model replicated.
-
-Semantics are those of every solve: the adaptive ladder (f32 first, the final answer and
-the final evaluation on the top rung), the same status codes. Streaming is an eager host
-loop: it raises :data:`TRACED_MESSAGE` under ``jit``/``vmap``/``grad``. The result has
-``fun = jac = None`` (they would be as large as the data); ``grad``, ``cost``,
-``optimality`` and the Gram matrix (for ``curve_fit``'s ``pcov``) are exact sums.
+(docs/nlsq.md, "Large, streamed and sharded fits"). Per iteration a host loop sums a
+pointwise residual's normal equations over the data (:mod:`._chunks`, or one ``psum``
+for sharded arrays, :mod:`._sharded`) and steps the small ``n x n`` model with the
+solver's own compiled ``advance`` and ``propose``. Eager only; the result has ``fun =
+jac = None``, and ``grad``, ``cost``, ``optimality`` and ``J^T J`` are exact sums.
 
 Example:
     >>> import numpy as np, jax.numpy as jnp
@@ -53,7 +28,7 @@ from .._tracing import is_concrete
 from ._chunks import (_ArraySource, _Evaluator, _chunk_program, _final_chunk_program,
                       _program)
 from .._backend import cpu_jit
-from ._factor import factor_gram
+from ._evaluate import factor_gram
 from .._user_fn import hashable
 from ._sharded import ShardedEvaluator, plan, point_sharding, sharded_programs
 from ._state import Context, Evaluation, Options
@@ -65,14 +40,9 @@ __all__ = ["Chunks", "CHUNK", "STREAM_MIN_POINTS", "TRACED_MESSAGE", "solve_stre
 #: Default points per chunk (a multiple of the 4096-point block): 2^20 points of
 #: float64 ``x`` and ``y`` are 16 MB on the device.
 CHUNK = 1 << 20
-#: Host NumPy data (``np.ndarray``/``np.memmap``, not ``jax.Array``) with at least this
-#: many points is streamed without being asked (2^22, about 4.2e6). Measured
-#: (benchmarks/bench_stream.py --crossover, curve_fit of a 3-parameter exponential on
-#: NumPy float64 arrays, a busy 2-core machine): streamed vs in memory 0.17 s vs 0.68 s
-#: at 1e6 points, 1.4 s vs 3.1 s and 0.45 vs 1.03 GB peak RSS at 4e6, 7.6 s vs 16.7 s and
-#: 0.64 vs 2.98 GB at 1.6e7. Streaming won at every size; the switch sits where the
-#: in-memory solve's copies pass ~1 GB, so smaller fits keep ``fun``/``jac`` in the
-#: result.
+#: Host NumPy data (``np.ndarray``/``np.memmap``) of at least this many points is streamed
+#: without being asked: where the in-memory solve's copies pass ~1 GB (benchmarks/
+#: RESULTS.md, "streaming larger-than-memory fits"); smaller fits keep ``fun``/``jac``.
 STREAM_MIN_POINTS = 1 << 22
 
 TRACED_MESSAGE = (
@@ -91,15 +61,12 @@ UNSUPPORTED_DEFAULTS = {"throw": False, "starts": 1, "max_nfev": None,
 class Chunks:
     """A re-iterable source of data chunks for a streamed fit.
 
-    ``source`` is a callable returning a fresh iterable of chunks (it is called once per
-    pass over the data: once per trust-region iteration), or a list/tuple of chunks. A
-    chunk is a tuple of arrays laid out as the residual's ``args`` (``solve_nlsq``), or
-    ``(xdata, ydata)`` / ``(xdata, ydata, sigma)`` (``curve_fit``), each data array
-    holding the chunk's points on its point axis (found from the residual, as for the
-    in-memory blocked solve). Chunks may have different lengths: they are padded (and
-    masked) or split to ``size`` points (default: the first chunk's length), so one
-    compiled program serves them all. NumPy chunks are read as they are; convert nothing
-    yourself.
+    ``source`` is a callable returning a fresh iterable of chunks (called once per pass
+    over the data), or a list/tuple of chunks. A chunk is a tuple of arrays laid out as
+    the residual's ``args`` (``solve_nlsq``), or ``(xdata, ydata)`` / ``(xdata, ydata,
+    sigma)`` (``curve_fit``). Chunks of any length are padded (and masked) or split to
+    ``size`` points (default: the first chunk's length), so one compiled program serves
+    them all.
 
     Example:
         >>> import numpy as np, jax.numpy as jnp
@@ -147,14 +114,7 @@ def _is_host_array(a) -> bool:
 def wants_stream(args, min_points: int | None = None) -> bool:
     """Whether ``args`` should be streamed without being asked: a :class:`Chunks`, data
     sharded over a mesh (:mod:`._sharded`), or a host NumPy array (incl. ``np.memmap``)
-    leaf with at least ``min_points`` elements (default :data:`STREAM_MIN_POINTS`).
-
-    Example:
-        >>> import numpy as np
-        >>> from adaptprec.nlsq._stream import wants_stream
-        >>> wants_stream((np.zeros(10),)), wants_stream((np.zeros(10),), min_points=10)
-        (False, True)
-    """
+    leaf with at least ``min_points`` elements (default :data:`STREAM_MIN_POINTS`)."""
     if isinstance(args, Chunks) or point_sharding(args) is not None:
         return True
     min_points = STREAM_MIN_POINTS if min_points is None else min_points
@@ -164,12 +124,10 @@ def wants_stream(args, min_points: int | None = None) -> bool:
 
 
 def covariance_from_gram(A, m: int):
-    """``(J^T J)^+`` from the Gram matrix ``A = J^T J`` (NumPy, float64): the
-    eigendecomposition's square roots are ``J``'s singular values; scipy's rank threshold
-    ``eps * max(m, n) * s_max``, raised to the Gram matrix's own resolution
-    ``sqrt(n eps) * s_max`` (its eigenvalues carry absolute error ``~ n eps ||A||``);
-    parameters with a component in the numerical null space get ``inf``, as
-    :func:`~adaptprec.nlsq.common.covariance`.
+    """``(J^T J)^+`` from the Gram matrix ``A = J^T J`` (NumPy, float64), as
+    :func:`~adaptprec.nlsq.common.covariance` (``inf`` for parameters in the numerical
+    null space) with scipy's rank threshold raised to the Gram matrix's resolution
+    ``sqrt(n eps) s_max`` (its eigenvalues carry absolute error ``~ n eps ||A||``).
 
     Example:
         >>> import numpy as np
@@ -192,10 +150,10 @@ def covariance_from_gram(A, m: int):
 
 
 def _step_programs(opts: Options):
-    """``(init, step, model)`` of the streamed loop, compiled once per options:
-    ``init(x0, ctx) -> (state, proposal)``, ``step(state, proposal, ev, ctx) -> (state,
-    proposal)`` (the solver's ``advance`` and honest end, then the next ``propose``) and
-    ``model(A, b, cost) -> Evaluation`` from the summed normal equations."""
+    """``(init, step, model, finish)`` of the streamed loop, compiled once per options:
+    ``step`` is the solver's ``advance`` and honest end, then the next ``propose``;
+    ``model`` factors the summed normal equations; ``finish`` gives ``active_mask`` and
+    ``optimality``."""
     from .solver import TrustRegion
 
     solver = TrustRegion(None, opts)
@@ -215,15 +173,7 @@ def _step_programs(opts: Options):
 
     def finish(x, g, lb, ub, xtol):
         ctx = Context(None, lb, ub, None, None, None, xtol, None, None, None)
-        active = solver.active_mask(x, ctx)
-        if opts.has_bounds and opts.method == "dogbox":
-            from .dogbox import dogbox_gnorm
-            return active, dogbox_gnorm(x, g, None, None, lb, ub)
-        if opts.has_bounds:
-            from .trf import cl_scaling
-            v, _ = cl_scaling(x, g, lb, ub)
-            return active, jnp.max(jnp.abs(g * v))
-        return active, jnp.max(jnp.abs(g))
+        return solver.active_mask(x, ctx), solver.optimality(x, g, lb, ub)
 
     key = ("stream-step", opts._replace(schedule=hashable(opts.schedule),
                                         loss=hashable(opts.loss)))
@@ -257,15 +207,13 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
                  precision="adaptive", schedule=None, linear_solver="auto",
                  max_rejections=4, cond_tol=1e-2, check_finite=True, auto=False,
                  entry="solve_nlsq", with_gram=False, **others):
-    """:func:`adaptprec.solve_nlsq` over streamed data (see the module docstring);
-    ``args`` is a :class:`Chunks` or a tuple with host arrays. With ``auto=True`` (not
-    asked for, only large): ``None`` when the problem cannot be streamed (the caller
-    then solves in memory). ``with_gram``: return ``(result, J^T J, m)``.
-    """
+    """:func:`adaptprec.solve_nlsq` over streamed data; ``args`` is a :class:`Chunks` or a
+    tuple with host arrays. ``auto=True`` (not asked for, only large): ``None`` when the
+    problem cannot be streamed. ``with_gram``: return ``(result, J^T J, m)``."""
     from ._arguments import (as_bounds, as_x0, check_method_loss, check_tolerances,
-                             check_x0_inside, method_for_bounds, schedule_for,
-                             step_budget, top_rungs)
-    from ._inputs import _scale_inv, broadcast_bounds
+                             check_x0_inside, method_for_bounds, step_budget, top_rungs)
+    from ._inputs import _scale_inv, broadcast_bounds, check_f_scale
+    from ._step_schedule import schedule_for
     from .trf import make_strictly_feasible
 
     if not is_concrete(x0, args if not isinstance(args, Chunks) else (), bounds, f_scale):
@@ -295,8 +243,7 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
     method, x_scale = method_for_bounds(method, has_bounds, x_scale)
     check_x0_inside(x0, lb, ub)
     ftol, xtol, gtol = check_tolerances(ftol, xtol, gtol, method)
-    if not (np.isscalar(f_scale) and np.isfinite(f_scale) and f_scale > 0):
-        raise ValueError(f"f_scale must be a positive finite number, got {f_scale!r}")
+    check_f_scale(f_scale)
     opts = Options(n=n, rungs=rungs, method=method, loss=loss, jac="fwd",
                    jac_scale=isinstance(x_scale, str), has_bounds=has_bounds,
                    max_steps=step_budget(max_steps, n)[0], linear_solver="normal",
@@ -328,9 +275,9 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
 
 
 def _streamable_options(entry, auto, jac, linear_solver, others) -> bool:
-    """Whether the options allow streaming: the autodiff Jacobian and the normal
-    equations; the options streaming does not carry at their defaults. ``False`` when
-    ``auto`` (the caller fits in memory), an error otherwise."""
+    """Whether the options allow streaming (the autodiff Jacobian, the normal equations,
+    :data:`UNSUPPORTED_DEFAULTS` at their defaults); if not, ``False`` when ``auto``, an
+    error otherwise."""
     bad = {k: v for k, v in others.items()
            if k in UNSUPPORTED_DEFAULTS and not _is_default(v, UNSUPPORTED_DEFAULTS[k])}
     unknown = set(others) - set(UNSUPPORTED_DEFAULTS)
@@ -352,9 +299,8 @@ def _streamable_options(entry, auto, jac, linear_solver, others) -> bool:
 
 
 def _data_source(residual, args, n, top_dt, chunk_size, check_finite, auto, entry):
-    """``(fun_flat, evaluator, axes, treedef, avals, size, mesh, m)`` of the data: its
-    point axes proved from the residual on a sample (the first chunk), the chunk size,
-    the evaluator that walks it (``m`` ``None`` for a :class:`Chunks` source until its
+    """``(fun_flat, evaluator, axes, treedef, avals, size, mesh, m)`` of the data (point
+    axes proved on the first chunk; ``m`` ``None`` for a :class:`Chunks` source until its
     first pass); ``None`` when ``auto`` and the data cannot or need not be streamed."""
     from .._pointwise import point_axes
 
@@ -427,7 +373,4 @@ def _result(opts: Options, st, g, cost, ctx):
 
 
 def _is_default(v, d):
-    return v is d or (v is None and d is None) or (
-        not isinstance(v, (np.ndarray, jax.Array)) and v == d)
-
-
+    return v is d or (not isinstance(v, (np.ndarray, jax.Array)) and v == d)

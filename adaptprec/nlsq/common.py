@@ -36,34 +36,13 @@ import numpy as np
 
 from .._status import Status, status_message
 
-__all__ = [
-    "SE_FRACTION",
-    "LOSSES",
-    "LossLike",
-    "loss_rho",
-    "check_loss",
-    "robust_cost",
-    "scale_for_robust_loss",
-    "Status",
-    "STATUS_MESSAGES",
-    "status_message",
-    "jac_scale",
-    "solve_lsq_trust_region",
-    "update_tr_radius",
-    "check_termination_codes",
-    "lower_rung_budget",
-    "default_max_steps",
-    "DEFAULT_FTOL",
-    "DEFAULT_XTOL",
-    "DEFAULT_GTOL",
-    "NORMAL_EQ_MIN_M",
-    "SMALL_F64_MN",
-    "PORTFOLIO",
-    "covariance",
-    "covariance_at",
-    "gram_covariance",
-    "scale_pcov",
-]
+__all__ = ["SE_FRACTION", "LOSSES", "LossLike", "loss_rho", "check_loss", "robust_cost",
+           "scale_for_robust_loss", "Status", "STATUS_MESSAGES", "status_message",
+           "jac_scale", "solve_lsq_trust_region", "update_tr_radius",
+           "check_termination_codes", "lower_rung_budget", "default_max_steps",
+           "DEFAULT_FTOL", "DEFAULT_XTOL", "DEFAULT_GTOL", "NORMAL_EQ_MIN_M", "SMALL_F64_MN",
+           "PORTFOLIO",
+           "covariance", "covariance_at", "gram_covariance", "scale_pcov"]
 
 LossLike = Union[str, Callable]
 LOSSES = ("linear", "soft_l1", "huber", "cauchy", "arctan")
@@ -75,8 +54,8 @@ arctan); a callable ``rho(z)`` is accepted too."""
 # The one table of defaults of every fitting entry point (solve_nlsq, curve_fit,
 # solve_nlsq_batch); the measurements behind them: docs/nlsq.md, benchmarks/RESULTS.md.
 
-#: Tolerances, tighter than scipy's 1e-8 (with 1e-8 NIST ENSO/Chwirut/Kirby2 stop at LRE
-#: 3-5); a lower rung's are raised to 16 u_rung (it cannot resolve more).
+#: Tolerances, tighter than scipy's 1e-8, which stops large-residual problems short of
+#: NIST StRD's certified digits (benchmarks/RESULTS.md, "the MGH17 fix").
 DEFAULT_FTOL = 1e-15
 DEFAULT_XTOL = 1e-10
 DEFAULT_GTOL = 1e-10
@@ -87,20 +66,18 @@ SE_FRACTION = 1e-3
 #: ``linear_solver="auto"``: the normal equations from this many residuals on (the QR of
 #: a tall ``m x (n+1)`` matrix dominates the step there).
 NORMAL_EQ_MIN_M = 4096
-#: ``precision="adaptive"`` runs float64 alone on CPU below this many ``m n``: a float32
-#: rung saves nothing where a step costs dispatch and small dense algebra, not memory
-#: traffic, and costs a second rung's compilation.
+#: ``precision="adaptive"`` runs float64 alone on CPU below this many ``m n``
+#: (docs/architecture.md, "float64 alone for small single solves").
 SMALL_F64_MN = 32768
+#: ``lm``'s portfolio: when MINPACK's radius rule fails on the top rung (out of steps, no
+#: finite step, or a runaway, :func:`._rules.runaway`), the top rung restarts from ``x0``
+#: with optimistix's radius rule (:func:`.lm.optx_radius`) and the lower-cost end of the
+#: two is returned (docs/nlsq.md, "Robustness").
+PORTFOLIO = True
 #: A lower rung's share of the trial steps: ``LOWER_RUNG_STEPS_PER_PARAM n``, at least
 #: ``LOWER_RUNG_MIN_STEPS``, at most ``1 / n_rungs`` of ``max_steps``.
 LOWER_RUNG_STEPS_PER_PARAM = 10
 LOWER_RUNG_MIN_STEPS = 10
-#: ``lm``'s portfolio: when its default strategy (MINPACK's radius rule) fails on the top
-#: rung -- out of steps, no finite step, or a convergence with the parameters run off
-#: along a flat direction (:func:`._rules.runaway`) -- the top rung restarts from ``x0``
-#: with optimistix's trust-region constants (:func:`.lm.optx_radius`) and the lower-cost
-#: end of the two is returned (docs/nlsq.md, "Robustness").
-PORTFOLIO = True
 
 
 def default_max_steps(n: int) -> int:
@@ -110,13 +87,7 @@ def default_max_steps(n: int) -> int:
 
 def lower_rung_budget(max_steps: int, n: int, n_rungs: int) -> int:
     """Trial steps a rung below the top may take before it escalates (``BUDGET``): small,
-    so that a lower rung that cannot converge costs little next to the top rung.
-
-    Example:
-        >>> from adaptprec.nlsq.common import lower_rung_budget
-        >>> [lower_rung_budget(*a) for a in ((400, 3, 2), (400, 100, 2), (3, 3, 2))]
-        [30, 200, 1]
-    """
+    so that a lower rung that cannot converge costs little next to the top rung."""
     share = max(LOWER_RUNG_MIN_STEPS, LOWER_RUNG_STEPS_PER_PARAM * n)
     return int(max(1, min(share, max_steps // max(n_rungs, 1))))
 
@@ -158,28 +129,14 @@ def loss_rho(loss: LossLike, z):
     """``rho(z)`` and its first two derivatives as a ``(3, m)`` array.
 
     ``loss`` is one of :data:`LOSSES` or a callable. A callable either returns ``rho(z)``
-    elementwise (its derivatives are taken by autodiff) or scipy's ``(3, m)`` array.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.common import loss_rho
-        >>> r = loss_rho(lambda z: jnp.log1p(z), jnp.array([1.0]))
-        >>> [round(float(v), 4) for v in r[:, 0]]
-        [0.6931, 0.5, -0.25]
-    """
+    elementwise (its derivatives are taken by autodiff) or scipy's ``(3, m)`` array."""
     if isinstance(loss, str):
         return _rho_builtin(loss, z)
     return _rho_callable(loss, z)
 
 
 def check_loss(loss) -> LossLike:
-    """Validate ``loss`` at the boundary: a known name or a callable.
-
-    Example:
-        >>> from adaptprec.nlsq.common import check_loss
-        >>> check_loss("huber")
-        'huber'
-    """
+    """Validate ``loss`` at the boundary: a known name or a callable."""
     if isinstance(loss, str):
         if loss not in LOSSES:
             raise ValueError(f"loss={loss!r} is not supported; use one of {LOSSES} or a "
@@ -193,17 +150,7 @@ def check_loss(loss) -> LossLike:
 def check_loss_output(loss: LossLike, m: int, dtype) -> None:
     """A callable ``loss`` traced once at the boundary (``jax.eval_shape``, no compute):
     it must return ``rho(z)`` of shape ``(m,)`` or scipy's ``(3, m)`` array; NumPy or
-    Python control flow on ``z`` gets a message with the fix. Named losses pass.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.common import check_loss_output
-        >>> check_loss_output(lambda z: jnp.log1p(z), 5, jnp.float32)
-        >>> check_loss_output(lambda z: jnp.ones((5, 3)), 5, jnp.float32)
-        Traceback (most recent call last):
-        ...
-        ValueError: The return value of `loss` callable has wrong shape: expected (5,) or (3, 5), actual (5, 3).
-    """
+    Python control flow on ``z`` gets a message with the fix. Named losses pass."""
     if isinstance(loss, str):
         return
     try:   # a repeat fit with the same loss does not trace it again
@@ -235,14 +182,7 @@ def _check_loss_traced(loss, m: int, dtype) -> None:
 
 
 def robust_cost(loss: LossLike, f, f_scale):
-    """The cost ``0.5 * f_scale**2 * sum(rho((f / f_scale)**2))`` (``0.5 ||f||^2`` if linear).
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.common import robust_cost
-        >>> float(robust_cost("linear", jnp.array([3.0, 4.0]), 1.0))
-        12.5
-    """
+    """The cost ``0.5 * f_scale**2 * sum(rho((f / f_scale)**2))`` (``0.5 ||f||^2`` if linear)."""
     if isinstance(loss, str) and loss == "linear":
         return 0.5 * jnp.sum(f * f)
     z = (f / f_scale) ** 2
@@ -251,15 +191,7 @@ def robust_cost(loss: LossLike, f, f_scale):
 
 def scale_for_robust_loss(loss: LossLike, f, J, f_scale):
     """scipy's IRLS-like rescaling: returns ``(f_tilde, J_tilde)`` such that the
-    Gauss–Newton model of the robust cost is ``0.5 ||J_tilde p + f_tilde||^2``.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.common import scale_for_robust_loss
-        >>> f, J = scale_for_robust_loss("linear", jnp.array([2.0]), jnp.eye(1), 1.0)
-        >>> float(f[0]), float(J[0, 0])
-        (2.0, 1.0)
-    """
+    Gauss–Newton model of the robust cost is ``0.5 ||J_tilde p + f_tilde||^2``."""
     if isinstance(loss, str) and loss == "linear":
         return f, J
     z = (f / f_scale) ** 2
@@ -271,9 +203,7 @@ def scale_for_robust_loss(loss: LossLike, f, J, f_scale):
     return f * rho1 / js, J * js[:, None]
 
 
-# --------------------------------------------------------------------------- defaults
 # --------------------------------------------------------------------------- status
-# One vocabulary for every layer (adaptprec/_status.py); re-exported here for nlsq users.
 STATUS_MESSAGES = {int(s): s.message for s in Status}
 """``{code: message}`` of the unified :class:`adaptprec.Status` (the same table as
 ``adaptprec.linalg.STATUS_MESSAGES``)."""
@@ -282,14 +212,7 @@ STATUS_MESSAGES = {int(s): s.message for s in Status}
 # --------------------------------------------------------------------------- scaling
 def jac_scale(J, scale_inv_old=None):
     """Column norms of ``J`` (``D`` of Moré 1978), never below the previous ones and with
-    zero columns replaced by 1.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.common import jac_scale
-        >>> [float(v) for v in jac_scale(jnp.array([[3.0, 0.0], [4.0, 0.0]]))]
-        [5.0, 1.0]
-    """
+    zero columns replaced by 1."""
     d = jnp.sqrt(jnp.sum(J * J, axis=0))
     if scale_inv_old is not None:
         d = jnp.maximum(d, scale_inv_old)
@@ -325,13 +248,11 @@ def solve_lsq_trust_region(s, V, suf, Delta, alpha0, m: int, *, rtol=0.01, max_i
     eps = jnp.finfo(dt).eps
     s2 = s * s
     n = s.shape[0]
-    # ``m`` may be traced (the host driver's step is compiled once for every m)
+    # ``m`` may be traced (padded data: the count is a program argument)
     threshold = eps * jnp.maximum(m, n) * s[0]
     full_rank = (s[-1] > threshold) & (jnp.asarray(m) >= n)
-    # scipy's rank test is on ``s`` (not ``s**2``): a test ``s**2 > threshold * s[0]``
-    # drops every direction with ``s < sqrt(eps max(m, n)) s[0]`` from the Gauss–Newton
-    # step while still calling it full rank, so the iteration stalls in a valley whose
-    # floor is such a direction (NIST MGH17 from start 1 stopped at RSS 8e-5).
+    # scipy's rank test is on ``s``, not ``s**2`` (which would drop every direction
+    # with s < sqrt(eps max(m, n)) s[0] while calling J full rank)
     keep = s > threshold
     s2_safe = jnp.where(keep, s2, 1.0)
     p_gn = -V @ jnp.where(keep, suf / s2_safe, 0.0)
@@ -358,8 +279,7 @@ def solve_lsq_trust_region(s, V, suf, Delta, alpha0, m: int, *, rtol=0.01, max_i
         conv = jnp.abs(phi) < rtol * Delta
         return it + 1, jnp.where(conv, alpha_r, alpha_n), lo_n, up_n, conv
 
-    # A data-dependent exit: XLA does not unroll it (an unrolled fixed-count loop doubled
-    # the solver's compile time) and it stops as soon as |phi| < rtol * Delta.
+    # a data-dependent exit: XLA does not unroll it, and it stops at |phi| < rtol Delta
     _, alpha, _, _, _ = jax.lax.while_loop(
         lambda c: (c[0] < max_iter) & ~c[4], body,
         (jnp.zeros((), jnp.int32), alpha, alpha_lower, alpha_upper, jnp.asarray(False)))
@@ -372,14 +292,7 @@ def solve_lsq_trust_region(s, V, suf, Delta, alpha0, m: int, *, rtol=0.01, max_i
 
 def update_tr_radius(Delta, actual, predicted, step_norm, bound_hit):
     """scipy's trust-radius update: ratio < 1/4 shrinks to ``step_norm / 4``; ratio > 3/4
-    with the step on the boundary doubles ``Delta``. Returns ``(Delta, ratio)``.
-
-    Example:
-        >>> from adaptprec.nlsq.common import update_tr_radius
-        >>> D, r = update_tr_radius(1.0, 1.0, 1.0, 1.0, True)
-        >>> float(D), float(r)
-        (2.0, 1.0)
-    """
+    with the step on the boundary doubles ``Delta``. Returns ``(Delta, ratio)``."""
     ratio = jnp.where(predicted > 0, actual / jnp.where(predicted > 0, predicted, 1.0),
                       jnp.where((predicted == actual) & (actual == 0), 1.0, 0.0))
     Delta = jnp.where(ratio < 0.25, 0.25 * step_norm,
@@ -390,13 +303,7 @@ def update_tr_radius(Delta, actual, predicted, step_norm, bound_hit):
 def check_termination_codes(dF, F, dx_norm, x_norm, ratio, ftol, xtol):
     """scipy's ``check_termination`` as an int code: 4 (ftol and xtol), 2 (ftol),
     3 (xtol) or 0 (neither). ``ftol``: ``dF < ftol * F`` with ``ratio > 1/4``; ``xtol``:
-    ``dx_norm < xtol * (xtol + x_norm)``.
-
-    Example:
-        >>> from adaptprec.nlsq.common import check_termination_codes
-        >>> int(check_termination_codes(1e-12, 1.0, 1.0, 1.0, 1.0, 1e-8, 1e-8))
-        2
-    """
+    ``dx_norm < xtol * (xtol + x_norm)``."""
     f_ok = (dF < ftol * F) & (ratio > 0.25)
     x_ok = dx_norm < xtol * (xtol + x_norm)
     return jnp.where(f_ok & x_ok, 4, jnp.where(f_ok, 2, jnp.where(x_ok, 3, 0))).astype(
@@ -417,8 +324,7 @@ def covariance(J, *, m=None, null_tol: float | None = None):
     space get ``inf`` rows and columns (not identifiable). From
     :data:`GRAM_COVARIANCE_MIN_M` rows on, the column-scaled Gram matrix is inverted
     instead when that is provably as accurate and ``J`` full rank
-    (:func:`gram_covariance`; a QR of a 1e6 x 5 ``J`` costs ~5x its Gram matrix), else
-    the SVD route runs. ``m``: the real row count where ``J`` has zero padding rows
+    (:func:`gram_covariance`), else the SVD route runs. ``m``: the real row count where ``J`` has zero padding rows
     (traced or int). Traceable.
 
     Example:
@@ -497,14 +403,7 @@ def scale_pcov(cov, cost, m: int, n: int, *, lm_rule: bool, absolute_sigma: bool
     not identifiable (MINPACK's ``cov_x`` is ``None`` then); unless ``absolute_sigma``,
     times the reduced chi-square ``2 cost / (m - n)`` (``inf`` everywhere when ``m <=
     n``). An ``inf`` entry stays ``inf`` also for an exact fit (cost 0). ``xnp``:
-    ``numpy``, or ``jax.numpy`` for traced values.
-
-    Example:
-        >>> import numpy as np
-        >>> from adaptprec.nlsq.common import scale_pcov
-        >>> scale_pcov(np.eye(1), 2.0, 5, 1, lm_rule=True, absolute_sigma=False)
-        array([[1.]])
-    """
+    ``numpy``, or ``jax.numpy`` for traced values."""
     if lm_rule:
         cov = xnp.where(xnp.any(xnp.isinf(cov)), xnp.inf, cov)
     if absolute_sigma:

@@ -1,27 +1,10 @@
-"""`curve_fit`: scipy's ``curve_fit`` semantics on :func:`adaptprec.solve_nlsq`.
-
-``f(xdata, *params)`` is fitted to ``ydata``. ``sigma`` is either the 1-D standard
-deviations of ``ydata`` (residuals divided by ``sigma``) or the ``(m, m)`` covariance
-matrix of ``ydata`` (residuals whitened by its Cholesky factor, ``r = L^{-1} (f - y)``).
-``pcov`` is ``(J^T J)^+`` of the whitened, undamped Jacobian at the solution, by SVD
-with scipy's rank threshold ``eps * max(m, n) * s_max``; parameters with a component in
-the numerical null space (not identifiable) get ``inf`` rows and columns. Unless
-``absolute_sigma``, ``pcov`` is multiplied by the reduced chi-square ``2 cost / (m - n)``.
-
-Example:
-    >>> import jax.numpy as jnp
-    >>> import adaptprec as ap
-    >>> x = jnp.linspace(0.0, 4.0, 50)
-    >>> y = 2.5 * jnp.exp(-1.3 * x) + 0.5 + 0.01 * jnp.sin(7 * x)
-    >>> popt, pcov = ap.curve_fit(lambda x, a, b, c: a * jnp.exp(-b * x) + c, x, y,
-    ...                           p0=[1.0, 1.0, 0.0])
-    >>> [round(float(v), 1) for v in popt], pcov.shape
-    ([2.5, 1.3, 0.5], (3, 3))
-"""
+"""`curve_fit`: scipy's ``curve_fit`` semantics on :func:`adaptprec.solve_nlsq`, in
+memory (the problem from :mod:`._model`) or streamed (:func:`curve_fit_stream`)."""
 
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 import warnings
 from collections.abc import Callable
@@ -29,13 +12,13 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.scipy.linalg import qr
 
 from .._tracing import is_concrete
 from .._x64_rule import float64_entry
 from ._auto_starts import for_curve_fit
 from ._inputs import broadcast_bounds
 from ._arguments import as_bounds, as_x0, check_jac_option
-from ._minpack import minpack_fields
 from ._model import (_call, _jac_for, _n_params, _residual_for, initialize_feasible,
                      leastsq_kwargs, prepare_curve_fit)
 from ._sharded import point_sharding
@@ -44,7 +27,7 @@ from . import _stream
 from ._stream import Chunks, covariance_from_gram, solve_stream
 from .common import covariance_at, scale_pcov
 from .result import result_to_host
-from .solve import route, solve_in_memory
+from .solve import route, solve_in_memory, solve_nlsq
 
 __all__ = ["curve_fit", "OptimizeWarning"]
 
@@ -72,8 +55,7 @@ def _warning_class():
 
 
 def __getattr__(name):
-    # the subclass pickles by reference (warnings cross process boundaries in test
-    # runners and multiprocessing): created on first use, here as in the sender
+    # the subclass pickles by reference: created on first use, here as in the sender
     if name == "OptimizeWarningBoth":
         return _both_warning_classes()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -162,12 +144,9 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
 
 
 #: solve_nlsq's defaults, for the options curve_fit does not set
-_SOLVE_DEFAULTS = dict(loss="linear", f_scale=1.0, x_scale=None, ftol=1e-15, xtol=1e-10,
-                       gtol=1e-10, max_steps=None, precision="adaptive", schedule=None,
-                       linear_solver="auto", max_rejections=4, cond_tol=1e-2,
-                       max_nfev=None, diff_step=None, kwargs=None, tr_solver=None,
-                       tr_options=None, jac_sparsity=None, verbose=0, workers=None,
-                       callback=None)
+_SOLVE_DEFAULTS = {k: p.default for k, p in inspect.signature(solve_nlsq).parameters.items()
+                   if p.kind is p.KEYWORD_ONLY and k not in (
+                       "method", "bounds", "jac", "throw", "starts", "chunk_size")}
 
 
 def _fit_outputs(res, cov, cf, absolute_sigma, full_output):
@@ -200,8 +179,35 @@ def _fit_outputs(res, cov, cf, absolute_sigma, full_output):
         res.status
 
 
+def minpack_fields(J, f) -> dict:
+    """scipy ``leastsq``'s ``infodict`` fields ``{"fjac", "ipvt", "qtf"}`` for the
+    Jacobian ``J`` (m, n) and residual ``f`` (m,), by a column-pivoted QR (also under
+    ``jit``): ``fjac`` is ``(n, m)`` with ``R`` in the upper triangle of ``fjac.T[:n]``
+    (zeros where MINPACK keeps Householder vectors), ``ipvt`` 0-based (scipy >= 1.15),
+    ``J[:, ipvt] = Q R`` and ``qtf = Q^T f``, so scipy's covariance recipe applies.
+
+    Example:
+        >>> import numpy as np, jax.numpy as jnp
+        >>> from adaptprec.nlsq.curve_fit import minpack_fields
+        >>> J = jnp.array([[1.0, 0.0], [0.0, 3.0], [1.0, 1.0]])
+        >>> d = minpack_fields(J, jnp.array([1.0, 2.0, 3.0]))
+        >>> d["fjac"].shape, d["ipvt"].tolist()
+        ((2, 3), [1, 0])
+        >>> R = np.triu(np.asarray(d["fjac"]).T[:2])
+        >>> bool(np.allclose(R.T @ R, (J[:, d["ipvt"]].T @ J[:, d["ipvt"]])))
+        True
+    """
+    J = jnp.asarray(J)
+    f = jnp.asarray(f)
+    m, n = J.shape
+    k = min(m, n)
+    Q, R, P = qr(J, pivoting=True, mode="economic")
+    fjac = jnp.zeros((m, n), J.dtype).at[:k, :].set(R[:k])
+    qtf = jnp.zeros((n,), J.dtype).at[:k].set((Q.T @ f)[:k])
+    return {"fjac": fjac.T, "ipvt": P.astype(jnp.int32), "qtf": qtf}
+
+
 # ----------------------------------------------------------------------------- streamed
-# ----------------------------------------------------------------------------- curve_fit
 @functools.lru_cache(maxsize=256)
 def _sigma_residual(f: Callable) -> Callable:
     """``(f(x, *p) - y) / sigma``: sigma a scalar or streamed with the points."""

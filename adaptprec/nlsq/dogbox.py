@@ -1,5 +1,5 @@
 """Dogleg with a rectangular trust region (scipy's ``method="dogbox"``, Voglis & Lagaris
-2004), as a step of the shared trust-region driver.
+2004).
 
 The trust region is the box ``|step_i| <= Delta * scale_i`` intersected with the bounds.
 Variables sitting on a bound with the gradient pointing out of the box are held fixed (the
@@ -27,19 +27,13 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from .lm import Step
+from .trf import step_size_to_bound
 
 __all__ = ["dogbox_step", "dogbox_gnorm", "dogbox_delta0", "on_bound"]
 
 
 def on_bound(x, lb, ub):
-    """-1 / 0 / +1: ``x`` exactly on its lower bound, free, exactly on its upper bound.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.dogbox import on_bound
-        >>> on_bound(jnp.array([0.0, 0.5, 1.0]), jnp.zeros(3), jnp.ones(3)).tolist()
-        [-1, 0, 1]
-    """
+    """-1 / 0 / +1: ``x`` exactly on its lower bound, free, exactly on its upper bound."""
     return jnp.where(x == lb, -1, jnp.where(x == ub, 1, 0)).astype(jnp.int32)
 
 
@@ -48,41 +42,14 @@ def _free(x, g, lb, ub):
 
 
 def dogbox_gnorm(x, g, R, fsn, lb, ub):
-    """``||g||_inf`` over the free variables (scipy's first-order measure for dogbox).
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.dogbox import dogbox_gnorm
-        >>> # x on its lower bound with g > 0 (pushing outwards): held, not counted
-        >>> float(dogbox_gnorm(jnp.array([0.0, 0.5]), jnp.array([5.0, 0.1]), None, None,
-        ...                    jnp.zeros(2), jnp.ones(2)))
-        0.1
-    """
+    """``||g||_inf`` over the free variables (scipy's first-order measure for dogbox)."""
     return jnp.max(jnp.abs(jnp.where(_free(x, g, lb, ub), g, 0.0)))
 
 
 def dogbox_delta0(x, scale_inv, g, lb, ub):
-    """scipy's initial radius ``||x / scale||_inf`` (1 when that is 0).
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.dogbox import dogbox_delta0
-        >>> float(dogbox_delta0(jnp.array([0.0, -3.0]), jnp.ones(2), None, None, None))
-        3.0
-    """
+    """scipy's initial radius ``||x / scale||_inf`` (1 when that is 0)."""
     d = jnp.max(jnp.abs(x * scale_inv))
     return jnp.where(d > 0, d, 1.0)
-
-
-def _step_to_bound(x, s, lb, ub):
-    """The largest ``t >= 0`` with ``lb <= x + t s <= ub`` and which bound stops it
-    (-1/+1 per component that is hit, 0 otherwise); scipy's ``step_size_to_bound``."""
-    nz = s != 0
-    safe = jnp.where(nz, s, 1.0)
-    steps = jnp.where(nz, jnp.maximum((lb - x) / safe, (ub - x) / safe), jnp.inf)
-    t = jnp.min(steps)
-    hits = jnp.where(steps == t, jnp.sign(s), 0.0).astype(jnp.int32)
-    return t, hits
 
 
 def dogbox_step(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub, *, lsmr_opts=None) -> Step:
@@ -120,13 +87,13 @@ def dogbox_step(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub, *, lsmr_opts=None
     Rg = R_f @ g_f
     a = 0.5 * jnp.dot(Rg, Rg)
     b = -jnp.dot(g_f, g_f)
-    t_max, _ = _step_to_bound(jnp.zeros(n, x.dtype), -g_f, lo, hi)
+    t_max, _ = step_size_to_bound(jnp.zeros(n, x.dtype), -g_f, lo, hi)
     t_max = jnp.where(jnp.isfinite(t_max), t_max, 0.0)
     t_star = jnp.where(a > 0, -b / jnp.where(a > 0, 2 * a, 1.0), t_max)
     t = jnp.clip(t_star, 0.0, t_max)
     cauchy = -t * g_f
     diff = newton - cauchy
-    t2, hits = _step_to_bound(cauchy, diff, lo, hi)
+    t2, hits = step_size_to_bound(cauchy, diff, lo, hi)
     t2 = jnp.where(jnp.isfinite(t2), jnp.minimum(t2, 1.0), 1.0)
     dog = cauchy + t2 * diff
     step = jnp.where(newton_in, newton, dog)

@@ -25,16 +25,7 @@ __all__ = ["gn_step"]
 
 
 def gn_step(x, R, qtf, scale_inv, Delta, alpha, *, m: int) -> Step:
-    """One damped Gauss–Newton step from the factored model ``(R, qtf)``.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.gn import gn_step
-        >>> st = gn_step(jnp.zeros(1), jnp.eye(1), jnp.array([-3.0]), jnp.ones(1), 10.0,
-        ...              0.0, m=1)
-        >>> float(st.x_new[0])
-        3.0
-    """
+    """One damped Gauss–Newton step from the factored model ``(R, qtf)``."""
     d = 1.0 / scale_inv
     U, s, VT = jnp.linalg.svd(R * d[None, :], full_matrices=False)
     uf = U.T @ qtf

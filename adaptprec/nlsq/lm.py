@@ -33,9 +33,8 @@ from .._status import Status
 from .common import solve_lsq_trust_region
 
 __all__ = ["Step", "lm_step", "predicted_reduction", "minpack_gnorm", "minpack_delta0",
-           "minpack_radius", "verify_minimum", "NOT_A_MINIMUM_COSINE",
-           "RUNAWAY_FACTOR", "at_noise_level",
-           "FLAT_DIRECTION_RATIO", "flat_direction"]
+           "minpack_radius", "optx_radius", "verify_minimum", "NOT_A_MINIMUM_COSINE",
+           "RUNAWAY_FACTOR", "at_noise_level", "FLAT_DIRECTION_RATIO", "flat_direction"]
 
 
 class Step(NamedTuple):
@@ -52,14 +51,7 @@ class Step(NamedTuple):
 
 
 def predicted_reduction(s, suf, y):
-    """``-(0.5 ||J p||^2 + g^T p)`` with ``y = V^T p`` in the SVD basis of ``J``.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.lm import predicted_reduction
-        >>> float(predicted_reduction(jnp.ones(1), jnp.array([-2.0]), jnp.array([2.0])))
-        2.0
-    """
+    """``-(0.5 ||J p||^2 + g^T p)`` with ``y = V^T p`` in the SVD basis of ``J``."""
     return -(0.5 * jnp.sum((s * y) ** 2) + jnp.sum(suf * y))
 
 
@@ -101,36 +93,19 @@ def lm_step(x, R, qtf, scale_inv, Delta, alpha, *, m: int) -> Step:
 
 def minpack_gnorm(x, g, R, fnorm, lb=None, ub=None):
     """MINPACK's ``gtol`` measure: ``max_j |g_j| / (||J_j|| ||f||)`` (column norms of
-    ``J`` are those of ``R``), the cosine between the residual and each Jacobian column.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.lm import minpack_gnorm
-        >>> float(minpack_gnorm(None, jnp.array([1.0]), 2.0 * jnp.eye(1), 4.0))
-        0.125
-    """
+    ``J`` are those of ``R``), the cosine between the residual and each Jacobian column."""
     cn = jnp.sqrt(jnp.sum(R * R, axis=0))
     den = cn * fnorm
     return jnp.max(jnp.where(den > 0, jnp.abs(g) / jnp.where(den > 0, den, 1.0), 0.0))
 
 
-#: MINPACK's ``factor`` for the initial radius: 1, not MINPACK's 100, which sends far
-#: starts onto plateaus with its first, huge step (docs/nlsq.md, "Robustness").
+#: MINPACK's ``factor`` for the initial radius: 1, not MINPACK's 100, whose first, huge
+#: step sends far starts onto plateaus (docs/nlsq.md, "Robustness").
 DELTA0_FACTOR = 1.0
 
 
 def minpack_delta0(x, scale_inv, g=None, lb=None, ub=None, factor=DELTA0_FACTOR):
-    """MINPACK's initial radius ``factor * ||D x0||`` (``factor`` if that is zero), with
-    ``factor`` = :data:`DELTA0_FACTOR`.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.lm import minpack_delta0
-        >>> float(minpack_delta0(jnp.zeros(2), jnp.ones(2)))
-        1.0
-        >>> float(minpack_delta0(jnp.ones(1), 2 * jnp.ones(1), factor=100.0))
-        200.0
-    """
+    """MINPACK's initial radius ``factor * ||D x0||`` (``factor`` if that is zero)."""
     d = factor * jnp.linalg.norm(x * scale_inv)
     return jnp.where(d > 0, d, factor)
 
@@ -140,16 +115,14 @@ def minpack_radius(Delta, ratio, step_norm, alpha, blew_up):
     shrinks to ``temp * min(Delta, 10 ||D p||)`` (``temp = 1/2``, or ``1/10`` when the
     cost ``blew_up`` by more than 100x; MINPACK interpolates between them); a very good
     step (``ratio >= 3/4``) or a Gauss–Newton step (``alpha == 0``) sets
-    ``Delta = 2 ||D p||``; otherwise ``Delta`` is kept.
-    Unlike scipy's ``trf`` rule, the radius follows the length of successful steps,
-    which keeps the LM parameter small along a long curved valley.
+    ``Delta = 2 ||D p||``; otherwise ``Delta`` is kept. Unlike scipy's ``trf`` rule, the
+    radius follows the length of successful steps (the LM parameter stays small along a
+    long curved valley).
 
     Example:
         >>> from adaptprec.nlsq.lm import minpack_radius
         >>> float(minpack_radius(1.0, 0.9, 0.1, 0.0, False))
         0.2
-        >>> float(minpack_radius(1.0, 0.1, 0.5, 1.0, False))
-        0.5
     """
     temp = jnp.where(blew_up, 0.1, 0.5)
     return jnp.where(ratio < 0.25, temp * jnp.minimum(Delta, 10.0 * step_norm),
@@ -160,26 +133,16 @@ def optx_radius(Delta, ratio, step_norm):
     """The portfolio's second radius rule (:data:`.common.PORTFOLIO`): optimistix's
     ``ClassicalTrustRegion`` constants in radius form. ``ratio < 0.01`` shrinks to
     ``0.25 min(Delta, ||D p||)``, ``ratio > 0.99`` grows to ``3.5 Delta``, otherwise
-    ``Delta`` is kept (optimistix scales its LM step size ``1/lambda`` the same way).
-
-    Example:
-        >>> from adaptprec.nlsq.lm import optx_radius
-        >>> [float(optx_radius(1.0, r, 0.5)) for r in (0.0, 0.5, 1.0)]
-        [0.125, 1.0, 3.5]
-    """
+    ``Delta`` is kept (optimistix scales its LM step size ``1/lambda`` the same way)."""
     return jnp.where(ratio < 0.01, 0.25 * jnp.minimum(Delta, step_norm),
                      jnp.where(ratio > 0.99, 3.5 * Delta, Delta))
 
 
-#: Runaway parameters: a convergence with ``||x|| > RUNAWAY_FACTOR ||x0||`` is not
-#: trusted by the portfolio (:data:`.common.PORTFOLIO`): along a direction where the
-#: model flattens (a minimum at infinity) the gradient test is met without a minimum ...
+#: A convergence with ``||x|| > RUNAWAY_FACTOR ||x0||`` along a direction where the model
+#: flattens (a minimum at infinity) is not trusted (:func:`._rules.runaway`) ...
 RUNAWAY_FACTOR = 1e6
-
-#: ... but only with evidence that the model flattens there (distance alone is not:
-#: Arrhenius' pre-factor has its minimum at 3.6e11): some parameter combination must be
-#: undetermined even to its order of magnitude, ``||(R D)^-1|| ||f|| >
-#: FLAT_DIRECTION_RATIO`` with ``D = diag(|x|)``.
+#: ... where some parameter combination is undetermined even to its order of magnitude,
+#: ``||(R D)^-1|| ||f|| > FLAT_DIRECTION_RATIO`` (:func:`flat_direction`).
 FLAT_DIRECTION_RATIO = 1e3
 
 
@@ -189,18 +152,8 @@ def flat_direction(x, R, fnorm, x0_norm, triangular=True):
     model by no more than the residual, ``||f|| / sigma_min(R D) > FLAT_DIRECTION_RATIO``
     with ``D = diag(max(|x|, ||x0||))`` (``R^T R = J^T J``; a parameter near zero is
     measured on the start's scale). The 2-norm of ``(R D)^-1`` is bounded by its
-    Frobenius norm from one triangular solve (``triangular``: ``R`` from a QR; the Gram
-    path's ``R`` is not triangular, an LU solve then). A singular ``R D`` is flat.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.lm import flat_direction
-        >>> x = jnp.array([1e9, 1e9])
-        >>> well = jnp.array([[1e-9, 0.0], [0.0, 1e-9]])    # each column ~ 1 / x
-        >>> flat = jnp.array([[1e-9, 1e-9], [0.0, 1e-21]])  # nearly collinear columns
-        >>> [bool(flat_direction(x, R, 1.0, 1.0)) for R in (well, flat)]
-        [False, True]
-    """
+    Frobenius norm (a triangular solve when ``triangular``, else LU). A singular ``R D``
+    is flat."""
     d = jnp.maximum(jnp.abs(x), x0_norm)
     RD = R * d[None, :]
     eye = jnp.eye(R.shape[0], dtype=R.dtype)
@@ -211,6 +164,7 @@ def flat_direction(x, R, fnorm, x0_norm, triangular=True):
     ratio = jnp.linalg.norm(inv) * fnorm
     return ~(ratio <= FLAT_DIRECTION_RATIO)  # (nan or inf: singular, flat)
 
+
 #: A point is not a minimum when the residual keeps this cosine with a Jacobian column.
 NOT_A_MINIMUM_COSINE = 0.1
 #: ... unless the residual is at the rounding level of the model (``||f|| <= c eps ||J x||``):
@@ -220,14 +174,7 @@ _NOISE_FACTOR = 1e5
 
 def at_noise_level(x, R, fnorm):
     """Whether the residual norm ``fnorm`` is at the rounding level of the model,
-    ``||f|| <= 1e5 eps ||J x||`` (``||J x|| = ||R x||``): a zero-residual point.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.lm import at_noise_level
-        >>> [bool(at_noise_level(jnp.ones(1), jnp.eye(1), f)) for f in (1e-15, 1e-3)]
-        [True, False]
-    """
+    ``||f|| <= 1e5 eps ||J x||`` (``||J x|| = ||R x||``): a zero-residual point."""
     eps = jnp.finfo(R.dtype).eps
     return fnorm <= _NOISE_FACTOR * eps * jnp.linalg.norm(R @ x)
 
@@ -253,13 +200,10 @@ def verify_minimum(status, x, R, qtf, fnorm, tol=NOT_A_MINIMUM_COSINE):
     cosine = minpack_gnorm(x, g, R, fnorm)
     eps = jnp.finfo(R.dtype).eps
     noise = at_noise_level(x, R, fnorm)
-    # A degenerate minimum (J -> 0 with a nonzero residual, e.g. p**2 + 5 at 0) has a
-    # cosine near 1 but a gradient that moves the cost by nothing: exempt it.
+    # a degenerate minimum (J -> 0, f != 0: p**2 + 5 at 0): cosine ~1, gradient ~0
     flat = jnp.max(jnp.abs(g) * jnp.maximum(jnp.abs(x), 1.0)) <= jnp.sqrt(eps) * fnorm ** 2
-    # A stop where the model reproduces the data to sqrt(eps) of its size is a
-    # zero-residual fit (with m < n every residual lies in range(J), so the cosine is ~1
-    # at any such point); the model's size is ||J x||, or ||J diag(max(|x|, 1))|| where
-    # the parameters are ~0.
+    # a zero-residual fit: the model reproduces the data to sqrt(eps) of its size,
+    # ||J x|| or ||J diag(max(|x|, 1))|| (with m < n the cosine is ~1 at any such point)
     size = jnp.maximum(jnp.linalg.norm(R @ x),
                        jnp.linalg.norm(R * jnp.maximum(jnp.abs(x), 1.0)[None, :]))
     fitted = fnorm <= jnp.sqrt(eps) * size

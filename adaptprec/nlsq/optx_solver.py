@@ -2,15 +2,10 @@
 codes) as an ``optimistix.AbstractLeastSquaresSolver``, so optimistix users can pass it to
 ``optx.least_squares``.
 
-Precision adaptivity does not survive the optimistix interface: ``optx.least_squares``
-closure-converts the residual (``equinox.filter_closure_convert``) into a jaxpr whose input
-and output dtypes are fixed and checked at every call, so a solver cannot re-evaluate it
-in float32. ``MoreLM`` therefore runs a one-rung ladder in ``y0``'s dtype; for the
-f32 -> f64 ladder call :func:`adaptprec.solve_nlsq` (same algorithm, same state).
-
-Tolerance mapping: ``rtol`` is used as scipy's ``ftol`` and ``xtol``, ``atol`` as
-``gtol``. ``optx.least_squares``' ``max_steps`` bounds the iterations (each iteration
-evaluates residual and Jacobian once).
+``optx.least_squares`` closure-converts the residual into a jaxpr whose dtypes are
+fixed, so ``MoreLM`` runs one rung in ``y0``'s dtype (for the ladder:
+:func:`adaptprec.solve_nlsq`). ``rtol`` is scipy's ``ftol`` and ``xtol``, ``atol`` its
+``gtol``.
 
 Example:
     >>> import jax.numpy as jnp

@@ -1,25 +1,16 @@
 """`NLSQResult`: scipy's ``OptimizeResult`` fields for least squares, plus the precision
-trace of an adaptive solve.
-
-Example:
-    >>> import jax.numpy as jnp
-    >>> import adaptprec as ap
-    >>> res = ap.solve_nlsq(lambda x: x - 2.0, jnp.zeros(1), precision="f64")
-    >>> round(float(res.x[0]), 6), bool(res.success), res.rung_name
-    (2.0, True, 'f64')
-"""
+trace of an adaptive solve."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from .._pytree import Module, field
 from .._status import Reason
-from .common import STATUS_MESSAGES, Status
+from .common import STATUS_MESSAGES
 
 __all__ = ["NLSQResult", "ESCALATION_REASONS", "result_to_host"]
 
@@ -35,14 +26,11 @@ class NLSQResult(Module):
     Fields as scipy's ``least_squares``: ``x`` (same pytree structure as ``x0``), ``cost``
     (``0.5 * sum(rho)``), ``fun`` (residual at ``x``, flat), ``jac`` (the Jacobian at
     ``x``, loss-modified as in scipy), ``grad``, ``optimality`` (inf-norm of the scaled
-    gradient; first-order optimality), ``active_mask`` (-1 lower bound, 0 free, +1 upper
-    bound), ``nfev`` (residual evaluations the solver made, as scipy counts them: the
-    final re-evaluation at ``x`` on the top rung, which fills ``fun``/``jac``/``grad``, is
-    not counted, so a traced residual runs ``nfev + 1`` times, except with
-    ``max_nfev=1``: one run, at ``x0``; docs/scipy.md), ``njev`` (Jacobian evaluations; ``None`` for ``method="lm"`` with a
-    finite-difference Jacobian, as scipy), ``nit``, ``status`` (see
-    :class:`adaptprec.nlsq.common.Status`), and the properties ``message`` and
-    ``success`` (``status > 0``).
+    gradient), ``active_mask`` (-1 lower bound, 0 free, +1 upper bound), ``nfev``
+    (residual evaluations as scipy counts them: the final re-evaluation at ``x`` is not
+    counted; docs/scipy.md), ``njev`` (``None`` for ``method="lm"`` without a user
+    ``jac``, as scipy), ``nit``, ``status`` (:class:`adaptprec.Status`), and the
+    properties ``message`` and ``success`` (``status > 0``).
 
     Precision fields: ``rung`` (index into ``ladder`` of the rung that produced ``x``),
     ``escalations``, and the trace per rung: ``rung_entered`` (iteration at which each
@@ -179,9 +167,3 @@ def result_to_host(tree):
             out[name] = v.item() if name in _INT_FIELDS else np.asarray(v)[()]
     return dataclasses.replace(tree, **out)
 
-
-def _status_ok(status):
-    return jnp.asarray(status) > 0
-
-
-_ = Status  # re-exported for convenience via adaptprec.nlsq.result.Status

@@ -1,15 +1,4 @@
-"""`solve_nlsq`: nonlinear least squares with adaptive precision, and its dispatch.
-
-Example:
-    >>> import jax.numpy as jnp
-    >>> import adaptprec as ap
-    >>> t = jnp.linspace(0.0, 1.0, 20)
-    >>> y = 3.0 * jnp.exp(-2.0 * t)
-    >>> res = ap.solve_nlsq(lambda p, t, y: p[0] * jnp.exp(-p[1] * t) - y,
-    ...                     jnp.array([1.0, 1.0]), args=(t, y))
-    >>> [round(float(v), 6) for v in res.x], bool(res.success), res.rung_name
-    ([3.0, 2.0], True, 'f64')
-"""
+"""`solve_nlsq`: nonlinear least squares with adaptive precision, and its dispatch."""
 
 from __future__ import annotations
 
@@ -176,9 +165,8 @@ def route(residual, x0, args, kw: dict, *, starts=1, throw=False, chunk_size=Non
 
 
 def _may_stream(args) -> bool:
-    """Whether ``args`` may be streamed without being asked (:func:`._stream.wants_stream`
-    decides): a :class:`~adaptprec.Chunks`, a ``jax.Array`` (sharded over a mesh?) or a
-    host array of at least ``_stream.STREAM_MIN_POINTS`` entries."""
+    """Whether ``args`` may stream without being asked (the cheap test before
+    :func:`._stream.wants_stream`, which decides)."""
     from ._stream import STREAM_MIN_POINTS, Chunks
 
     if isinstance(args, Chunks):
@@ -218,7 +206,7 @@ def _result(prob: Problem, sol) -> NLSQResult:
     if prob.pad is not None and fun is not None:   # padded rows (eager: NumPy)
         fun, jac = fun[:prob.m], jac[:prob.m]
     if prob.jac_format is not None and jac is not None and is_concrete(jac):
-        from ._sparse_jac import as_user_format
+        from ._residual import as_user_format
 
         jac = as_user_format(jac, prob.jac_format)
     res = NLSQResult(x=x, cost=sol.cost, fun=fun, jac=jac, grad=sol.grad,

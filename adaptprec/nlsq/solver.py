@@ -1,13 +1,8 @@
 """The adaptive trust-region solver of ``lm``, ``gn``, ``trf`` and ``dogbox``: one object
 with ``init / step / terminate / postprocess`` (optimistix's shape), run by one loop
-(:func:`iterate`); docs/architecture.md, "One solve", describes it whole.
-
-A step is **propose** (the method's trust-region step from the factored model),
-**evaluate** (residual and Jacobian once, at the trial point, on the current rung) and
-**advance** (accept or reject, update the radius, decide on escalation and termination by
-the rules of :mod:`._rules`). After an escalation, and at the start, the evaluation is at
-the current point on the new rung (``pending``). The iterate and the model live in the top
-dtype; only the evaluation runs on the rung. A lower rung never ends a solve.
+(:func:`iterate`); docs/architecture.md ("The solver") describes it whole. A step is
+propose, evaluate (at the current point on a new rung when ``pending``), advance (the
+rules of :mod:`._rules`).
 
 Example:
     >>> import jax.numpy as jnp, numpy as np
@@ -43,9 +38,9 @@ from ._evaluate import evaluation_branches, final_evaluation, rung_blocks
 from ._methods import method_fns
 from ._step_schedule import consult_schedule, schedule_observes, set_schedule_rung
 from ._state import Context, Evaluation, Kept, Options, Outputs, Proposal, Solution, State
-from .common import (PORTFOLIO, SE_FRACTION, STATUS_MESSAGES, Status,
-                     check_termination_codes, covariance, gram_covariance, jac_scale,
-                     lower_rung_budget, update_tr_radius)
+from .common import (SE_FRACTION, STATUS_MESSAGES, Status, check_termination_codes,
+                     covariance, gram_covariance, jac_scale, lower_rung_budget,
+                     update_tr_radius)
 from .dogbox import dogbox_gnorm, on_bound
 from .lm import at_noise_level, minpack_radius, optx_radius, verify_minimum
 from .trf import active_constraints, cl_scaling
@@ -53,20 +48,17 @@ from .trf import active_constraints, cl_scaling
 __all__ = ["TrustRegion", "iterate", "one_eval_gate", "lean_capable", "RESTART_RADIUS",
            "ONE_EVAL_MIN_M"]
 
-#: The restart starts with this fraction of the first strategy's initial radius (its
-#: failure says the full radius led astray).
+#: The restart's initial radius, a fraction of the first strategy's (which led astray).
 RESTART_RADIUS = 0.01
 #: The one-evaluation hand-off applies from this many residuals on (the normal-equation
-#: fits); smaller problems iterate the top rung to its own tolerances, where NIST StRD's
-#: certified digits are judged.
+#: fits); smaller problems iterate the top rung to its own tolerances.
 ONE_EVAL_MIN_M = 4096
 
 
 def lean_capable(opts: Options) -> bool:
-    """Whether a solve's last model describes its iterate well enough to give cost,
-    gradient and covariance without a final evaluation: blocked (pointwise, normal
-    equations), unbounded, the linear loss, no ``max_nfev``. Forming the ``m x n``
-    Jacobian again costs as much as a float64 evaluation there."""
+    """Whether a solve may read cost, gradient and covariance off its last model instead
+    of a final evaluation: blocked (pointwise, normal equations), unbounded, the linear
+    loss, no ``max_nfev``."""
     return (opts.point_axes is not None and not opts.has_bounds and not opts.max_nfev
             and isinstance(opts.loss, str) and opts.loss == "linear")
 
@@ -80,12 +72,9 @@ def one_eval_gate(opts: Options) -> bool:
 
 
 class TrustRegion:
-    """The solver for one residual and one set of static :class:`._state.Options`.
-
-    ``fun(x, *args)`` maps a flat vector to a flat residual (``None`` when the caller
-    evaluates, as the streamed loop does). Methods take the per-solve
-    :class:`._state.Context`.
-    """
+    """The solver for one residual ``fun(x, *args)`` (flat to flat; ``None`` when the
+    caller evaluates, as the streamed loop does) and one set of static
+    :class:`._state.Options`; methods take the per-solve :class:`._state.Context`."""
 
     def __init__(self, fun, opts: Options):
         self.fun, self.opts = fun, opts
@@ -139,12 +128,11 @@ class TrustRegion:
 
     def postprocess(self, st: State, ctx: Context, x, args_top, f_scale,
                     outputs: Outputs) -> Solution:
-        """The solve's outputs at ``x`` (the final iterate, differentiable in the data):
-        the final evaluation on the top rung (residual, loss-scaled Jacobian, gradient,
-        cost) and, when asked, the covariance ``(J^T J)^+`` of its Jacobian (rank
-        threshold on the ``ctx.m`` real rows). A blocked fit that needs no residual
-        (:meth:`is_lean`) reads cost, gradient and covariance off the loop's last model
-        instead; ``model_holds`` says whether that model describes ``x``."""
+        """The :class:`._state.Solution` at ``x`` (the final iterate, differentiable in the
+        data): the final evaluation on the top rung and, when asked, the covariance
+        ``(J^T J)^+`` of its Jacobian; a lean solve (:meth:`is_lean`) reads cost, gradient
+        and covariance off the loop's last model, ``model_holds`` saying whether that
+        model describes ``x``."""
         opts = self.opts
         active = self.active_mask(jax.lax.stop_gradient(st.x), ctx)
         f = Js = cov = holds = None
@@ -161,13 +149,7 @@ class TrustRegion:
                 cov = covariance(Js, m=ctx.m)
             if not outputs.fun_jac:
                 f = Js = None
-        if opts.has_bounds and opts.method == "dogbox":
-            optimality = dogbox_gnorm(x, g, None, None, ctx.lb, ctx.ub)
-        elif opts.has_bounds:
-            v, _ = cl_scaling(x, g, ctx.lb, ctx.ub)
-            optimality = jnp.max(jnp.abs(g * v))
-        else:
-            optimality = jnp.max(jnp.abs(g))
+        optimality = self.optimality(x, g, ctx.lb, ctx.ub)
         if outputs.throw:
             x = _raise_on_failure(x, st.status)
         return Solution(x=x, cost=cost, fun=f, jac=Js, grad=g, optimality=optimality,
@@ -175,6 +157,15 @@ class TrustRegion:
                         status=st.status, rung=st.rung, escalations=st.escalations,
                         rung_entered=st.rung_entered, rung_nfev=st.rung_nfev,
                         escalation_reason=st.esc_reason, cov=cov, model_holds=holds)
+
+    def optimality(self, x, g, lb, ub):
+        """scipy's first-order optimality: ``||g||_inf``, scaled by Coleman-Li's ``v``
+        (``trf``) or over the free variables (``dogbox``) with bounds."""
+        if self.opts.has_bounds and self.opts.method == "dogbox":
+            return dogbox_gnorm(x, g, None, None, lb, ub)
+        if self.opts.has_bounds:
+            return jnp.max(jnp.abs(g * cl_scaling(x, g, lb, ub)[0]))
+        return jnp.max(jnp.abs(g))
 
     def active_mask(self, x, ctx: Context):
         """scipy's ``active_mask``: -1 at a lower bound, +1 at an upper one, 0 free."""
@@ -497,7 +488,7 @@ class TrustRegion:
             gn_rate=new["gn_rate"])
 
     def _portfolio(self, st, ctx, t, want_up, status, new, exhausted, nit):
-        """``lm``'s portfolio (:data:`PORTFOLIO`): the first strategy failed on the top
+        """``lm``'s portfolio (:data:`.common.PORTFOLIO`): the first strategy failed on the top
         rung -> keep its end and restart from ``x0`` with the second; when the second
         ends, return the lower-cost end of the two. A convergence reached only by
         running off is not a success."""

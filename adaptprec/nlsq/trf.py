@@ -31,15 +31,7 @@ __all__ = ["cl_scaling", "make_strictly_feasible", "active_constraints", "trf_de
 
 def cl_scaling(x, g, lb, ub):
     """Coleman–Li scaling vector ``v`` and its derivative ``dv`` (scipy's
-    ``CL_scaling_vector``).
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.trf import cl_scaling
-        >>> [float(a) for a in cl_scaling(jnp.ones(1), jnp.ones(1), jnp.zeros(1),
-        ...                               jnp.full(1, jnp.inf))[0]]
-        [1.0]
-    """
+    ``CL_scaling_vector``)."""
     up = (g < 0) & jnp.isfinite(ub)
     lo = (g > 0) & jnp.isfinite(lb)
     v = jnp.where(lo, x - lb, jnp.where(up, ub - x, 1.0))
@@ -49,15 +41,7 @@ def cl_scaling(x, g, lb, ub):
 
 def active_constraints(x, lb, ub, rtol=1e-10):
     """-1 / 0 / +1 per parameter: at the lower bound, free, at the upper bound (scipy's
-    ``find_active_constraints``).
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.trf import active_constraints
-        >>> [int(a) for a in active_constraints(jnp.array([0.0, 0.5, 1.0]), jnp.zeros(3),
-        ...                                     jnp.ones(3))]
-        [-1, 0, 1]
-    """
+    ``find_active_constraints``)."""
     lower_dist = x - lb
     upper_dist = ub - x
     lt = rtol * jnp.maximum(1.0, jnp.abs(lb))
@@ -69,14 +53,7 @@ def active_constraints(x, lb, ub, rtol=1e-10):
 
 def make_strictly_feasible(x, lb, ub, rstep=1e-10):
     """Move points on or outside a bound strictly inside (scipy's
-    ``make_strictly_feasible``; ``rstep=0`` moves by one ulp).
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.trf import make_strictly_feasible
-        >>> float(make_strictly_feasible(jnp.zeros(1), jnp.zeros(1), jnp.ones(1))[0]) > 0
-        True
-    """
+    ``make_strictly_feasible``; ``rstep=0`` moves by one ulp)."""
     x = jnp.clip(x, lb, ub)
     active = active_constraints(x, lb, ub, rstep)
     if rstep == 0:
@@ -91,15 +68,7 @@ def make_strictly_feasible(x, lb, ub, rstep=1e-10):
 
 
 def trf_delta0(x, scale_inv, g, lb, ub):
-    """Initial radius ``||x0 * scale_inv / v^(1/2)||`` (1 if zero), as scipy.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.trf import trf_delta0
-        >>> float(trf_delta0(jnp.zeros(2), jnp.ones(2), jnp.ones(2), jnp.full(2, -1.0),
-        ...                  jnp.ones(2)))
-        1.0
-    """
+    """Initial radius ``||x0 * scale_inv / v^(1/2)||`` (1 if zero), as scipy."""
     v, dv = cl_scaling(x, g, lb, ub)
     v = jnp.where(dv != 0, v * scale_inv, v)
     d = jnp.linalg.norm(x * scale_inv / jnp.sqrt(v))
@@ -107,16 +76,7 @@ def trf_delta0(x, scale_inv, g, lb, ub):
 
 
 def step_size_to_bound(x, s, lb, ub):
-    """Largest ``t`` with ``x + t s`` in the box, and which bounds are hit (+-1/0).
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.trf import step_size_to_bound
-        >>> t, hits = step_size_to_bound(jnp.zeros(2), jnp.array([1.0, 2.0]),
-        ...                              -jnp.ones(2), jnp.ones(2))
-        >>> float(t), [int(h) for h in hits]
-        (0.5, [0, 1])
-    """
+    """Largest ``t`` with ``x + t s`` in the box, and which bounds are hit (+-1/0)."""
     nz = s != 0
     s_safe = jnp.where(nz, s, 1.0)
     steps = jnp.where(nz, jnp.maximum((lb - x) / s_safe, (ub - x) / s_safe), jnp.inf)
@@ -165,17 +125,7 @@ def _eval_quad(Rh, g, s, diag):
 def select_step(x, Rh, diag_h, g_h, p, p_h, d, Delta, lb, ub, theta):
     """scipy's ``select_step``: the Newton-type step if it stays inside the box, otherwise
     the best of the truncated step, its reflection and the scaled anti-gradient.
-    Returns ``(step, step_h, predicted_reduction)``.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.trf import select_step
-        >>> one = jnp.ones(1)
-        >>> st, st_h, pred = select_step(0 * one, one[:, None], 0 * one, -one, one, one,
-        ...                              one, 2.0, -2 * one, 2 * one, 0.995)
-        >>> float(st[0]), float(pred)
-        (1.0, 0.5)
-    """
+    Returns ``(step, step_h, predicted_reduction)``."""
     inside = jnp.all((x + p >= lb) & (x + p <= ub))
     p_value_full = _eval_quad(Rh, g_h, p_h, diag_h)
 
@@ -254,12 +204,18 @@ def trf_step(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub, *, m: int) -> Step:
     suf = s * (U.T @ f_aug)
     theta = jnp.maximum(0.995, 1.0 - gnorm)
     p_h, alpha_new, _ = solve_lsq_trust_region(s, VT.T, suf, Delta, alpha, m)
-    p = d * p_h
-    step, step_h, pred = select_step(x, Rh, diag_h, g_h, p, p_h, d, Delta, lb, ub, theta)
+    return _bounded_step(x, Rh, diag_h, g_h, p_h, d, Delta, lb, ub, theta, alpha_new)
+
+
+def _bounded_step(x, Rh, diag_h, g_h, p_h, d, Delta, lb, ub, theta, alpha) -> Step:
+    """The :class:`.lm.Step` of the scaled step ``p_h``, kept in the box by
+    :func:`select_step` and moved strictly inside."""
+    step, step_h, pred = select_step(x, Rh, diag_h, g_h, d * p_h, p_h, d, Delta, lb, ub,
+                                     theta)
     x_new = make_strictly_feasible(x + step, lb, ub, rstep=0)
     hn = jnp.linalg.norm(step_h)
     s_model = jnp.linalg.svd(Rh, compute_uv=False)
-    return Step(x_new, pred, hn, hn > 0.95 * Delta, alpha_new, s_model)
+    return Step(x_new, pred, hn, hn > 0.95 * Delta, alpha, s_model)
 
 
 def _tr_1d(b, g, Delta):
@@ -277,8 +233,7 @@ def trf_lsmr_step(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub, *, m: int,
     the Cauchy point's model value when ``regularize``), then the quadratic model is
     minimised over the 2-D subspace of the scaled gradient and the LSMR direction, and
     :func:`select_step` handles the bounds as for the exact step. ``opts`` is
-    :func:`._lsmr.check_tr_options`'s tuple. The operator is the factored model
-    ``R`` (see :mod:`._lsmr`).
+    :func:`._lsmr.check_tr_options`'s tuple; the operator is the factored model ``R``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -319,10 +274,5 @@ def trf_lsmr_step(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub, *, m: int,
         JS = Rh @ S
         B_S = JS.T @ JS + (S.T * diag_h) @ S
         p_h = S @ solve_trust_region_2d(B_S, S.T @ g_h, Delta)
-    p = d * p_h
-    theta = jnp.maximum(0.995, 1.0 - gnorm)
-    step, step_h, pred = select_step(x, Rh, diag_h, g_h, p, p_h, d, Delta, lb, ub, theta)
-    x_new = make_strictly_feasible(x + step, lb, ub, rstep=0)
-    hn = jnp.linalg.norm(step_h)
-    s_model = jnp.linalg.svd(Rh, compute_uv=False)
-    return Step(x_new, pred, hn, hn > 0.95 * Delta, jnp.asarray(alpha, x.dtype), s_model)
+    return _bounded_step(x, Rh, diag_h, g_h, p_h, d, Delta, lb, ub,
+                         jnp.maximum(0.995, 1.0 - gnorm), jnp.asarray(alpha, x.dtype))
