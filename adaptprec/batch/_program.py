@@ -71,9 +71,9 @@ def _build(residual: Residual, cfg: BatchConfig) -> Callable:
 
 
 def solve_fits(residual: Residual, cfg: BatchConfig, x0, bargs, sargs) -> BatchResult:
-    """Every fit of one block through the ladder, then the result: ``x`` differentiable by
-    the implicit function theorem, the cost re-evaluated there in the top precision, the
-    covariance if asked for, and the runaway test on the status."""
+    """Every fit of one block through the ladder, then the result: ``x`` and the cost
+    differentiable by the implicit function theorem, the covariance if asked for, and the
+    runaway test on the status."""
     size = x0.shape[0]
     cap = max(cfg.escalate_min, int(np.ceil(min(size, cfg.block_size) * cfg.escalate_fraction)))
     # the iterations are not differentiated (see implicit_solution below)
@@ -88,13 +88,7 @@ def solve_fits(residual: Residual, cfg: BatchConfig, x0, bargs, sargs) -> BatchR
     x = implicit_solution(residual, s.x, bargs, sargs, loss, f_scale,
                           bounds_of=residual.bounds)
 
-    # with the fits on the minor axis, as every other evaluation of the solve
-    def cost_one(xb, s):
-        r = jnp.asarray(residual(xb[0], xb[1], s)).astype(top.acc_dtype)
-        return robust_cost(loss, r, f_scale)
-
-    cost = vmap_last(cost_one)((x.T, move_batch_axis(bargs, 0, -1)), sargs)
-    cost = jnp.where(jnp.isfinite(s.cost), cost, s.cost)
+    cost = _reported_cost(residual, top.acc_dtype, loss, f_scale, s.cost, x, bargs, sargs)
     pcov = None
     if cfg.return_pcov:
         f0, jt = make_fj(residual, top.acc_dtype, top.acc_dtype)(s.x, bargs, sargs)
@@ -109,6 +103,31 @@ def solve_fits(residual: Residual, cfg: BatchConfig, x0, bargs, sargs) -> BatchR
         nfev=s.nfev, njev=s.njev, nit=s.nit,
         optimality=jnp.max(jnp.abs(s.jtf), axis=-1), pcov=pcov,
         ladder=tuple(dtype_name(p.dtype) for p in cfg.plans), escalation_reason=reason)
+
+
+def _reported_cost(residual, dtype, loss, f_scale, cost, x, bargs, sargs):
+    """The solve's cost at ``x`` (the top rung's last evaluation there, or the Gauss–Newton
+    model's after a verified hand-off step), differentiable: its tangent is that of the
+    cost re-evaluated at ``x`` (a ``custom_jvp``: the residual is evaluated again only
+    when a derivative is asked for; ``x`` carries its implicit derivative)."""
+    def cost_one(xb, s):
+        r = jnp.asarray(residual(xb[0], xb[1], s)).astype(dtype)
+        return robust_cost(loss, r, f_scale)
+
+    def cost_at(x, b, s):   # fits last, as every other evaluation of the solve
+        return vmap_last(cost_one)((x.T, move_batch_axis(b, 0, -1)), s)
+
+    @jax.custom_jvp
+    def reported(value, x, b, s):
+        return value
+
+    @reported.defjvp
+    def _jvp(primals, tangents):
+        value, x, b, s = primals
+        _, dx, db, ds = tangents
+        return value, jax.jvp(cost_at, (x, b, s), (dx, db, ds))[1]
+
+    return reported(jax.lax.stop_gradient(cost), x, bargs, sargs)
 
 
 def _padding_result(size: int, n: int, cfg: BatchConfig) -> BatchResult:

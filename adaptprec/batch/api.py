@@ -142,7 +142,8 @@ def solve_nlsq_batch(
     Returns:
         :class:`~adaptprec.batch.BatchResult` with per-fit ``x``, ``cost``, ``status``,
         ``success``, ``rung``, ``nfev``, ``njev``, ``nit``, ``optimality`` and ``pcov``.
-        ``cost`` is re-evaluated at ``x`` in the top rung's precision. ``x`` and ``cost``
+        ``cost`` is the top rung's at ``x`` (its last evaluation there, or the
+        Gauss–Newton model's after a verified hand-off step). ``x`` and ``cost``
         are differentiable (forward and reverse mode) w.r.t. the floating ``args``/``ydata``/
         ``sigma`` by the implicit function theorem
         (:mod:`adaptprec.batch.implicit`), not through the iterations.

@@ -79,9 +79,10 @@ __all__ = ["LMOptions", "LMState", "make_fj", "move_batch_axis", "rung_ftol", "l
            "gauss_newton_code"]
 
 _ACCEPT = 1e-4
-# rounding level of a cost evaluation, relative to the cost, in eps * sqrt(m)
-_QUIET = 16.0
 _LAMBDA_MAX = 1e16
+#: The rounding level of a cost evaluation, relative to the cost, in ``eps sqrt(m)``
+#: (a sum of ``m`` squares each rounded at ``eps``; a margin of 16).
+QUIET_STEP = 16.0
 
 
 class LMOptions(NamedTuple):
@@ -225,6 +226,24 @@ def init_fits_last(fj: ResidualJacobian, x, bargs, sargs, opts: LMOptions, activ
                    njev=ones * active)
 
 
+def _rounding_level(s: LMState, pred, actred, m: int):
+    """Fits last: the steps at the rounding level of the rung's cost, taken as model steps
+    (gain ratio 1) on a rung whose answer the top rung verifies (``se_below``).
+
+    Below its rounding-level ``ftol`` the cost's change is rounding noise and the gain
+    ratio a coin flip; rejected, such steps would grow the damping until the fit crawls.
+    A step predicted and measured to change the cost by at most ``QUIET_STEP eps sqrt(m)``
+    of the cost is taken; the Gauss–Newton test and, at the end, the top rung's
+    one-evaluation check judge it. (The single fit's rule,
+    :func:`adaptprec.nlsq._rules.rounding_level`, judges by the evaluation error
+    ``u (|cost| + ||f|| ||J x||)``; ``||J x||`` costs every batched iteration a quadratic
+    form per fit, for no fewer iterations: docs/architecture.md, "The batched engine".)"""
+    pos = s.cost > 0
+    safe_cost = jnp.where(pos, s.cost, 1)
+    level = QUIET_STEP * float(np.finfo(s.x.dtype).eps) * float(np.sqrt(m))
+    return pos & (pred / safe_cost <= level) & (jnp.abs(actred) / safe_cost <= level)
+
+
 def _step(fj: ResidualJacobian, s: LMState, bargs, sargs, opts: LMOptions) -> LMState:
     acc = s.x.dtype
     active = s.active
@@ -254,14 +273,8 @@ def _step(fj: ResidualJacobian, s: LMState, bargs, sargs, opts: LMOptions) -> LM
     rho = jnp.where(jnp.isfinite(rho), rho, -1)
     tiny = float(np.finfo(acc).eps)
     if opts.se_below > 0:
-        # A rung whose answer the top rung verifies goes below its rounding-level ftol,
-        # where the cost's change is rounding noise and the gain ratio a coin flip:
-        # there a step predicted and measured to change the cost by less than the
-        # evaluation's rounding is taken as a model step (judged by the Gauss-Newton
-        # test and, at the end, by the top rung), not rejected into growing damping.
-        level = _QUIET * tiny * float(np.sqrt(f.shape[0]))
-        quiet = finite & pos & (rel_pred <= level) & (jnp.abs(rel_act) <= level)
-        rho = jnp.where(quiet & ~(rho > _ACCEPT), 1.0, rho)
+        rho = jnp.where(finite & _rounding_level(s, pred, actred, f.shape[0]) &
+                        ~(rho > _ACCEPT), 1.0, rho)
     accept = active & finite & (rho > _ACCEPT)
 
     # Nielsen damping update
