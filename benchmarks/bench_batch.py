@@ -22,6 +22,8 @@ process's peak RSS). The machine is shared: the load average is printed with the
 
 Run:  python benchmarks/bench_batch.py            (about 8-10 minutes)
       python benchmarks/bench_batch.py --quick    (1e4 only)
+      python benchmarks/bench_batch.py --decay    (20,000 three-parameter decays of 32
+                                                   points: default vs precision="f64")
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from scipy.optimize import least_squares  # noqa: E402
 
 import adaptprec as ap  # noqa: E402
 from adaptprec._demos.batch import gauss2d, make_problem  # noqa: E402
-from adaptprec.batch import api as _api  # noqa: E402
+from adaptprec.batch import api as _api  # noqa: E402  (its batch_solver is spied on)
 from adaptprec.batch._compile import compiler_options as _compiler_options  # noqa: E402
 
 # optimistix is also timed with the XLA:CPU options adaptprec compiles with, so the
@@ -91,25 +93,25 @@ def _timed(fn, repeat):
 def bench_adaptprec(xy, data, x0, repeat, **kw):
     """Time the public call; compile time = first call minus the best later call."""
     captured = {}
-    orig = _api._core
+    orig = _api.batch_solver
 
     def spy(residual, cfg):  # records the compiled program the public call uses
         f = orig(residual, cfg)
 
-        def g(x, b, s):
-            captured["args"] = (f, x, b, s)
-            return f(x, b, s)
+        def g(x, b, s, *count):
+            captured["args"] = (f, x, b, s, *count)
+            return f(x, b, s, *count)
         return g
 
     call = lambda: ap.solve_nlsq_batch(gauss2d, x0, args=(xy,), in_axes=None, ydata=data, **kw)
-    _api._core = spy
+    _api.batch_solver = spy
     try:
         t0 = time.perf_counter()
         jax.block_until_ready(call().x)
         first = time.perf_counter() - t0
         dt, res = _timed(call, repeat)
     finally:
-        _api._core = orig
+        _api.batch_solver = orig
     f, *args = captured["args"]
     mem = _mem(getattr(f, "tuned", f).lower(*args).compile())
     return dt, max(first - dt, 0.0), np.asarray(res.x), res, mem
@@ -167,6 +169,61 @@ def bench_scipy(xy, data, x0, nsub):
     return (time.perf_counter() - t0) / nsub, xs
 
 
+def decay3(p, t):
+    """Three-parameter decay ``a exp(-k t) + c``."""
+    return p[0] * jnp.exp(-p[1] * t) + p[2]
+
+
+def decay_problem(fits=20_000, points=32, noise=1e-2, starts="near", seed=0):
+    """``fits`` decays on ``points`` times in [0, 4]: a in U(1, 5), k in U(0.5, 2), c in
+    U(-1, 1), Gaussian noise of standard deviation ``noise``; starts within +-20% of the
+    truth (``"near"``) or all ones (``"ones"``)."""
+    rng = np.random.default_rng(seed)
+    t = np.linspace(0.0, 4.0, points)
+    truth = np.stack([rng.uniform(1, 5, fits), rng.uniform(0.5, 2.0, fits),
+                      rng.uniform(-1, 1, fits)], axis=1)
+    y = (truth[:, :1] * np.exp(-truth[:, 1:2] * t) + truth[:, 2:3]
+         + noise * rng.standard_normal((fits, points)))
+    x0 = truth * (1 + rng.uniform(-0.2, 0.2, truth.shape)) if starts == "near" \
+        else np.ones_like(truth)
+    return t, y, x0
+
+
+def run_decay(rounds=21, fits=20_000, noise=1e-2, starts="near"):
+    """``solve_nlsq_batch`` default against ``precision="f64"`` (and f32) on ``fits``
+    three-parameter decays of 32 points, ONE process, rounds interleaved in a random order
+    (medians and per-round ratios); the agreement criterion of the 2-D Gaussian row: every
+    parameter within 1e-3 of its f64 standard error. A row in bench_value's format."""
+    t, y, x0 = decay_problem(fits, noise=noise, starts=starts)
+    kw = dict(args=(t,), in_axes=None, ydata=y)
+    fns = {p: (lambda p=p: ap.solve_nlsq_batch(decay3, x0, precision=p, **kw).x)
+           for p in ("adaptive", "f64", "f32")}
+    for f in fns.values():
+        jax.block_until_ready(f())
+    times = {k: [] for k in fns}
+    order = np.random.default_rng(1)
+    for _ in range(rounds):
+        for k in order.permutation(list(fns)):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fns[k]())
+            times[k].append(time.perf_counter() - t0)
+    tm = {k: np.asarray(v) for k, v in times.items()}
+    med = {k: float(np.median(v)) for k, v in tm.items()}
+    ad = ap.solve_nlsq_batch(decay3, x0, **kw)
+    ref = ap.solve_nlsq_batch(decay3, x0, precision="f64", return_pcov=True, **kw)
+    se = np.sqrt(np.diagonal(np.asarray(ref.pcov), axis1=1, axis2=2))
+    good = np.all(np.isfinite(se) & (se > 0), axis=1)
+    worst = float(np.max(np.abs(np.asarray(ad.x) - np.asarray(ref.x))[good] / se[good]))
+    one = float(np.mean(np.asarray(ad.njev) - np.asarray(ad.nit) == 1))
+    per_round = float(np.median(tm["f64"] / tm["adaptive"]))
+    return dict(name=f"solve_nlsq_batch {fits:,} decays x 32 points (noise {noise:g}, "
+                f"starts {starts})", speed=med["f64"] / med["adaptive"], target=2.0,
+                note=f"per-round {per_round:.2f}; fits/s adaptive {fits / med['adaptive']:,.0f}, "
+                f"f64 {fits / med['f64']:,.0f}, f32 {fits / med['f32']:,.0f}; max |x - x64|/se "
+                f"{worst:.1e} (<= 1e-3); verified in one f64 evaluation: {one:.1%} of fits",
+                ok=worst <= 1e-3)
+
+
 def main(argv=None):
     if _WORKER:
         i = sys.argv.index("--optx32-worker")
@@ -175,7 +232,25 @@ def main(argv=None):
     ap_.add_argument("--quick", action="store_true", help="1e4 fits only")
     ap_.add_argument("--repeat", type=int, default=5)
     ap_.add_argument("--scipy-sample", type=int, default=300)
+    ap_.add_argument("--decay", action="store_true",
+                     help="only the decay rows: 20,000 three-parameter fits of 32 points, "
+                          "default vs precision='f64' (issue 44's batch target)")
+    ap_.add_argument("--rounds", type=int, default=21, help="interleaved rounds (--decay)")
     args = ap_.parse_args(argv)
+    if args.decay:
+        print(f"load average {os.getloadavg()[0]:.1f} at start; medians of {args.rounds} "
+              "interleaved rounds in this process")
+        fails = []
+        for noise, starts in ((1e-2, "near"), (1e-2, "ones"), (1e-4, "near")):
+            r = run_decay(args.rounds, noise=noise, starts=starts)
+            print(f"{r['name']}: throughput x{r['speed']:.2f} f64 (target >= {r['target']}); "
+                  f"{r['note']}", flush=True)
+            if r["speed"] < r["target"] or not r["ok"]:
+                fails.append(r["name"])
+        print(f"load average {os.getloadavg()[0]:.1f} at the end")
+        print("targets met" if not fails else "targets NOT met: " + "; ".join(fails))
+        print("reproduce: python benchmarks/bench_batch.py --decay")
+        return
     sizes = (10_000,) if args.quick else (10_000, 100_000)
     print(f"jax {jax.__version__} on {jax.default_backend()} ({os.cpu_count()} CPUs), "
           f"load average {os.getloadavg()[0]:.1f} at start")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable, Optional
 
 import jax
@@ -12,8 +11,9 @@ import numpy as np
 
 from .._tracing import is_traced
 from .._user_fn import returns_arrays
-from ..nlsq._inputs import lists_as_arrays
+from ..nlsq import _caches
 from ..nlsq._arguments import check_array_leaves
+from ..nlsq._inputs import lists_as_arrays
 from ._pytree import BatchedTreeSpec, TreeResidual, is_array_like
 
 __all__ = ["Residual", "Problem", "build_problem"]
@@ -105,12 +105,13 @@ def _check_ydata_length(fun, bpos, spos, bargs, sargs, one_x, m_y: int) -> None:
                          "output (shape (B, m)), or fix the model's output length.")
 
 
-@functools.lru_cache(maxsize=256)
 def _output_shape(res, one_x, leaves_b, tree_b, leaves_s, tree_s):
     """Shape of one fit's residual (traces the model once per residual and input shapes,
-    not on every call)."""
-    return jax.eval_shape(res, one_x, jax.tree.unflatten(tree_b, leaves_b),
-                          jax.tree.unflatten(tree_s, leaves_s))
+    not on every call: ``BATCH_SHAPES`` of :mod:`adaptprec.nlsq._caches`)."""
+    return _caches.BATCH_SHAPES.get_or_build(
+        (res, one_x, leaves_b, tree_b, leaves_s, tree_s),
+        lambda: jax.eval_shape(res, one_x, jax.tree.unflatten(tree_b, leaves_b),
+                               jax.tree.unflatten(tree_s, leaves_s)))
 
 
 def _bounds_matrix(limit, size: int, n: int, dtype, spec, which: str):
@@ -174,8 +175,8 @@ _NOT_NUMBERS = "USOMmV"
 def numeric_data(x, name: str):
     """``ydata``/``sigma``/a bound as an array of numbers: JAX arrays pass through, NumPy
     arrays and array-likes (lists, memoryviews) become NumPy arrays; strings, objects and
-    dates raise ``ValueError`` naming the argument, as ``curve_fit`` does (they failed
-    inside JAX with "Error interpreting argument ... at path bargs[0]": issue 34).
+    dates raise ``ValueError`` naming the argument, as ``curve_fit`` does (rather than
+    JAX's "Error interpreting argument ... at path bargs[0]").
 
     Example:
         >>> from adaptprec.batch._problem import numeric_data
@@ -332,8 +333,7 @@ def build_problem(fun, x0, args, in_axes, ydata, sigma, bounds=None) -> Problem:
         raise ValueError(f"the residual of one fit must be a 1-D array (m,), got "
                          f"{getattr(out, 'shape', type(out))}")
     if not jnp.issubdtype(out.dtype, jnp.floating):
-        # as solve_nlsq (a complex residual was cast to its real part and "converged":
-        # newcomer audit 4)
+        # as solve_nlsq (cast to its real part, a complex residual would "converge")
         raise TypeError(f"residual must return floating arrays, got {out.dtype}: split a "
                         "complex residual into its real and imaginary parts, e.g. "
                         "jnp.concatenate([r.real, r.imag])")

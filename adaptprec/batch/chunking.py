@@ -238,13 +238,12 @@ def map_blocks(solve: Callable, x0, bargs, sargs, block_size: int, count=None):
     of 2,048); when that size does not divide ``B``, the last block ends at the last fit
     and overlaps its predecessor by fewer fits than there are blocks (solved twice, kept
     once). Each block is sliced from the inputs where it starts: no padded copy of the
-    whole batch (at 1e5 fits a copy of every start and datum cost about 3% of the
-    adaptive solve, issue 31).
+    whole batch.
 
     ``count`` (a traced int, optional): only the first ``count`` rows are fits, the rest
     padding. A block that starts at or past ``count`` holds padding only; ``solve`` is
     then called with ``live=`` that block's flag (a traced bool) and must skip its work
-    where it is False (:func:`adaptprec.batch.api.solve_nlsq_batch` pads a batch to its
+    where it is False (:func:`adaptprec.batch._run.run_solver` pads a batch to its
     bucket: 1e5 fits run as 131,072 rows, 12 of 53 blocks padding).
 
     Example:

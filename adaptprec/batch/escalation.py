@@ -53,7 +53,8 @@ from . import _status as st
 from .cholesky import UNROLL_MAX, _unrolled, cholesky_solve
 from .compaction import (empty_state, gather, plan_capacities, run_compacted, run_streaming,
                          scatter, select)
-from .lm_batched import LMOptions, LMState, gradient_cosine, lm_init, make_fj
+from ._model import gradient_cosine, make_fj
+from .lm_batched import LMOptions, LMState, lm_init
 from .verify import finish_on_top
 
 __all__ = ["RungPlan", "escalation_flags", "escalation_reasons", "scaled_condition",
@@ -100,7 +101,7 @@ def scaled_condition(jtj: jax.Array) -> jax.Array:
 def _scaled_condition_fits_last(jtj):
     """:func:`scaled_condition` of ``jtj`` ``(n, n, B)`` (fits last, ``n <= UNROLL_MAX``):
     the same arithmetic on contiguous vectors over the fits (fits first, the guards cost
-    about 4% of the adaptive 1e5-fit solve, issue 31)."""
+    about 4% of the adaptive 1e5-fit solve)."""
     n = jtj.shape[0]
     d = jnp.sqrt(jnp.stack([jtj[i, i] for i in range(n)]))
     d = jnp.where(d > 0, d, 1)
@@ -133,8 +134,7 @@ def escalation_reasons(s: LMState, u: float, gtol: float, cond_tol: float,
     cos = gradient_cosine(s.cost, s.jtj, s.jtf)   # (both read J^T J fits last)
     above = ~(cos <= max(gtol, floor * float(np.sqrt(u))))
     # the first condition that holds gives the reason: nested selects (jnp.select's
-    # argmax over the stacked conditions was one 64-bit index reduction per fit, fused
-    # with the guards; that kernel was 2% of the adaptive 1e5-fit solve, issue 31)
+    # argmax over the stacked conditions is a 64-bit index reduction per fit)
     cases = ((nonfinite, Reason.NONFINITE), (s.status == st.MAX_STEPS, Reason.BUDGET),
              (s.status == st.STALLED, Reason.REJECTED_STEPS),
              (illcond, Reason.ILL_CONDITIONED), (above & (s.status != st.GTOL), Reason.SCHEDULE))

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from ..nlsq.common import robust_cost
-from .lm_batched import held_by_bounds
+from ._model import held_by_bounds
 
 __all__ = ["implicit_solution"]
 

@@ -60,8 +60,7 @@ equations and the Cholesky run.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -69,19 +68,21 @@ import numpy as np
 
 from .._policy import cast_floating
 from . import _status as st
-from ..nlsq.common import robust_cost, scale_for_robust_loss
-from ._fits_last import vmap_last
-from .cholesky import cholesky_solve_fits_last
+from ..nlsq._rules import handoff_code
+from ._model import (ResidualJacobian, curvature_ratio, damped_solve_fits_last, finite_fits,
+                     gauss_newton_fits_last, gradient_cosine_last, make_fj, materialised,
+                     move_batch_axis, normal_equations, project_gradient)
 
-__all__ = ["LMOptions", "LMState", "ResidualJacobian", "make_fj", "rung_ftol", "lm_init", "lm_step",
-           "lm_run", "gradient_cosine", "held_by_bounds", "move_batch_axis", "to_fits_last",
-           "to_fits_first", "init_fits_last", "damped_solve_fits_last", "curvature_ratio",
-           "gauss_newton_shift"]
+# (make_fj and move_batch_axis are re-exported: the iteration's public helpers)
+__all__ = ["LMOptions", "LMState", "make_fj", "move_batch_axis", "rung_ftol", "lm_init",
+           "lm_step", "lm_run", "to_fits_last", "to_fits_first", "init_fits_last",
+           "gauss_newton_code"]
 
 _ACCEPT = 1e-4
-# rounding level of a cost evaluation, relative to the cost, in eps * sqrt(m)
-_QUIET = 16.0
 _LAMBDA_MAX = 1e16
+#: The rounding level of a cost evaluation, relative to the cost, in ``eps sqrt(m)``
+#: (a sum of ``m`` squares each rounded at ``eps``; a margin of 16).
+QUIET_STEP = 16.0
 
 
 class LMOptions(NamedTuple):
@@ -103,40 +104,34 @@ class LMOptions(NamedTuple):
     gram: str = "packed"      # "packed" (_gram) or "einsum" (batched dots; XLA defaults)
     # Adaptive ladders judge steps against the standard errors (batch/verify.py): a
     # lower rung stops only once its Gauss-Newton step is below se_below standard errors
-    # (its ftol at most se_below^2 / (m - n)); the top rung also accepts a step below
-    # se_accept standard errors (its Gauss-Newton test's ftol at least se_accept^2/(m-n)).
+    # (its ftol at most se_below^2 / (m - n)); the top rung also accepts a Gauss-Newton
+    # step below se_accept standard errors.
     se_below: float = 0.0
     se_accept: float = 0.0
 
 
-def rung_ftol(opts: LMOptions, m: int, n: int, gauss_newton: bool = True) -> float:
-    r"""The ``ftol`` of a rung's Gauss–Newton test (``gauss_newton=False``: of MINPACK's
-    test on the actual and predicted reductions) for ``m`` residuals, ``n`` parameters.
+def rung_ftol(opts: LMOptions, m: int, n: int) -> float:
+    r"""The ``ftol`` of a rung's tests for ``m`` residuals, ``n`` parameters.
 
     A Gauss–Newton step :math:`\delta` of ``c`` standard errors in the covariance's metric
     (:math:`\delta^\top J^\top J\delta = c^2 s^2`, :math:`s^2 = 2\,\mathrm{cost}/(m-n)`)
     has the available reduction :math:`c^2\,\mathrm{cost}/(m-n)`: ``se_below`` caps
-    ``ftol`` at that (both tests), ``se_accept`` raises the Gauss–Newton test's to it (the
-    MINPACK test, whose damped prediction can be far below the Gauss–Newton step's, keeps
-    ``opts.ftol``). Without degrees of freedom (``m <= n``) both are off.
+    ``ftol`` at that, so a lower rung stops only once its steps are that small. Without
+    degrees of freedom (``m <= n``) the cap is off. (``se_accept``, the top rung's
+    standard-error acceptance, is a clause of the Gauss–Newton test itself:
+    :func:`gauss_newton_code`.)
 
     Example:
         >>> from adaptprec.batch.lm_batched import LMOptions, rung_ftol
         >>> o = LMOptions(1e-6, 1e-6, 1e-6, 9)
         >>> rung_ftol(o, 25, 5), rung_ftol(o._replace(se_below=1e-3), 25, 5)
         (1e-06, 5e-08)
-        >>> top = LMOptions(1e-15, 1e-10, 1e-10, 9, se_accept=1e-3)
-        >>> rung_ftol(top, 25, 5), rung_ftol(top, 25, 5, gauss_newton=False), rung_ftol(top, 5, 5)
-        (5e-08, 1e-15, 1e-15)
+        >>> rung_ftol(o._replace(se_below=1e-3), 5, 5)
+        1e-06
     """
-    ftol = opts.ftol
-    if m <= n:
-        return ftol
-    if opts.se_below > 0:
-        ftol = min(ftol, opts.se_below ** 2 / (m - n))
-    if gauss_newton and opts.se_accept > 0:
-        ftol = max(ftol, opts.se_accept ** 2 / (m - n))
-    return ftol
+    if m <= n or opts.se_below <= 0:
+        return opts.ftol
+    return min(opts.ftol, opts.se_below ** 2 / (m - n))
 
 
 class LMState(NamedTuple):
@@ -163,88 +158,9 @@ class LMState(NamedTuple):
     njev: jax.Array     # (B,) int32
 
 
-@dataclasses.dataclass(frozen=True)
-class ResidualJacobian:
-    """Batch residual-and-Jacobian evaluator ``fj(x, bargs, sargs) -> (f, Jt)``.
-
-    ``residual(x, bargs, sargs)`` is the user residual for ONE fit (``bargs`` are that
-    fit's slices of the batched arguments, ``sargs`` the shared ones). Inputs are cast to
-    ``rung_dtype`` (floating leaves only); ``f`` ``(B, m)`` and the *transposed* Jacobian
-    ``Jt`` ``(B, n, m)`` come back in ``acc_dtype``. ``Jt`` is forward mode (``vmap`` of
-    ``jvp`` over the ``n`` unit tangents, as ``jacfwd`` does) and ``f`` is the shared
-    primal, so the residual is traced once per rung. :meth:`fits_last` is the same
-    evaluation with the batch axis last (the layout of :func:`lm_run`'s loop).
-    """
-
-    residual: Callable
-    rung_dtype: Any
-    acc_dtype: Any
-
-    def _one(self, x, bargs, sargs):
-        bargs_r = cast_floating(bargs, self.rung_dtype)
-        sargs_r = cast_floating(sargs, self.rung_dtype)
-
-        def r(p):
-            out = self.residual(p.astype(self.rung_dtype), bargs_r, sargs_r)
-            return jnp.asarray(out).astype(self.acc_dtype)
-
-        x = x.astype(self.acc_dtype)
-        basis = jnp.eye(x.shape[0], dtype=self.acc_dtype)
-        # forward mode, one tangent per parameter; the primal is computed once
-        return jax.vmap(lambda t: jax.jvp(r, (x,), (t,)), out_axes=(None, 0))(basis)
-
-    def bounds(self, bargs):
-        """``(lower, upper)`` in ``acc_dtype`` (the residual's trailing batched args, same
-        layout as ``bargs``), or ``None`` for an unbounded problem."""
-        lim = getattr(self.residual, "bounds", lambda b: None)(bargs)
-        if lim is None:
-            return None
-        return tuple(jnp.asarray(a).astype(self.acc_dtype) for a in lim)
-
-    def __call__(self, x, bargs, sargs):
-        """``x`` ``(B, n)``, batched args with leading ``B`` -> ``f`` ``(B, m)``, ``Jt`` ``(B, n, m)``."""
-        return jax.vmap(self._one, in_axes=(0, 0, None))(x, bargs, sargs)
-
-    def fits_last(self, x, bargs, sargs):
-        """``x`` ``(n, B)``, batched args with trailing ``B`` -> ``f`` ``(m, B)``, ``Jt`` ``(n, m, B)``.
-
-        Evaluated by :func:`~adaptprec.batch._fits_last.vmap_last`, so the model is computed
-        with the fits on the minor axis instead of being transposed there.
-        """
-        return vmap_last(lambda xb, s: self._one(xb[0], xb[1], s))((x, bargs), sargs)
 
 
-def make_fj(residual: Callable, rung_dtype, acc_dtype) -> ResidualJacobian:
-    """The :class:`ResidualJacobian` of ``residual`` on one rung.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.batch.lm_batched import make_fj
-        >>> fj = make_fj(lambda x, b, s: x[:2] * s - b[0], jnp.float32, jnp.float32)
-        >>> f, Jt = fj(jnp.ones((4, 3)), (jnp.zeros((4, 2)),), 2.0)
-        >>> f.shape, Jt.shape, float(Jt[0, 1, 1]), float(Jt[0, 2, 1])
-        ((4, 2), (4, 3, 2), 2.0, 0.0)
-        >>> [a.shape for a in fj.fits_last(jnp.ones((3, 4)), (jnp.zeros((2, 4)),), 2.0)]
-        [(2, 4), (3, 2, 4)]
-    """
-    return ResidualJacobian(residual, rung_dtype, acc_dtype)
-
-
-# ---------------------------------------------------------------------------------------
-# Everything below down to lm_run works on the fits-last layout: per-fit scalars (B,),
-# vectors (n, B), matrices (n, n, B), residuals (m, B), transposed Jacobians (n, m, B).
-
-def move_batch_axis(tree, src: int, dst: int):
-    """Every leaf of ``tree`` with its axis ``src`` moved to ``dst`` (``0, -1``: fits
-    first to fits last; ``-1, 0``: back).
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.batch.lm_batched import move_batch_axis
-        >>> [a.shape for a in move_batch_axis((jnp.zeros((5, 2)), jnp.zeros((5, 2, 3))), 0, -1)]
-        [(2, 5), (2, 3, 5)]
-    """
-    return jax.tree.map(lambda a: jnp.moveaxis(a, src, dst), tree)
+# Fits last from here to lm_run (layout: :mod:`adaptprec.batch._model`).
 
 
 def to_fits_last(s: LMState) -> LMState:
@@ -257,220 +173,18 @@ def to_fits_first(s: LMState) -> LMState:
     return move_batch_axis(s, -1, 0)
 
 
-def _gram_index(n: int):
-    """Static index maps of the packed Gram matrix of the rows ``(J_1..J_n, f)``."""
-    pairs = [(i, j) for i in range(n + 1) for j in range(i + 1)]
-    pos = {p: k for k, p in enumerate(pairs)}
-    rows = np.array([i for i, _ in pairs])
-    cols = np.array([j for _, j in pairs])
-    full = np.array([[pos[max(i, j), min(i, j)] for j in range(n)] for i in range(n)])
-    jtf = np.array([pos[n, i] for i in range(n)])
-    return rows, cols, full, jtf, pos[n, n]
 
-
-def _gram(jt, f):
-    """``J^T J`` (n, n, B), ``J^T f`` (n, B) and ``f^T f`` (B,) from one fused reduction.
-
-    Only the ``(n+1)(n+2)/2`` distinct entries of the Gram matrix of the rows
-    ``(J_1, ..., J_n, f)`` are formed, as products summed over the residual axis: with
-    the fits last, each entry is a sum of ``m`` contiguous vectors over the fits (one
-    multiply-reduce XLA fuses and vectorises across fits, and sums every fit in the same
-    order whatever the batch size).
-    """
-    n = jt.shape[0]
-    rows, cols, full, jtf_idx, ff_idx = _gram_index(n)
-    a = jnp.concatenate([jt, f[None]], axis=0)           # (n+1, m, B)
-    g = jnp.sum(a[rows] * a[cols], axis=1)                # (P, B)
-    # unpacked with static slices: an index-array gather here is a separate, slow kernel
-    jtj = jnp.stack([jnp.stack([g[full[i, j]] for j in range(n)]) for i in range(n)])
-    return jtj, jnp.stack([g[k] for k in jtf_idx]), g[ff_idx]
-
-
-def _gram_dots(jt, f):
-    """:func:`_gram` as batched ``dot``s over fits-first copies: under XLA's default
-    options (inside a user's ``jit``) its library dot fusions run this form fastest."""
-    jt_b = jnp.moveaxis(jt, -1, 0)                        # (B, n, m)
-    f_b = f.T
-    jtj = jnp.einsum("bim,bjm->bij", jt_b, jt_b, preferred_element_type=f.dtype)
-    jtf = jnp.einsum("bim,bm->bi", jt_b, f_b, preferred_element_type=f.dtype)
-    return jnp.moveaxis(jtj, 0, -1), jtf.T, jnp.sum(f * f, axis=0)
-
-
-def _diagonal(a):
-    """``diag`` of every fit's matrix: (n, n, B) -> (n, B)."""
-    return jnp.stack([a[i, i] for i in range(a.shape[0])])
-
-
-def _normal_equations(f, jt, opts: LMOptions):
-    """cost, J^T J, J^T f and the damping scale from f (m, B) and Jt (n, m, B).
-
-    Sums run in f's dtype (float32 or wider). With a robust loss the cost is
-    ``0.5 f_scale^2 sum(rho((f/f_scale)^2))`` and ``f``, ``J`` are rescaled as scipy does
-    (:func:`adaptprec.nlsq.common.scale_for_robust_loss`), so ``J^T J``/``J^T f`` are those
-    of the cost's Gauss–Newton model; the damping scale stays ``diag`` of the *unscaled*
-    ``J^T J``, because where every residual is an outlier the rescaled ``J`` is ~0 and a
-    damping relative to it would not bound the step.
-    """
-    robust = not (isinstance(opts.loss, str) and opts.loss == "linear")
-    scale = jnp.sum(jt * jt, axis=1) if robust else None
-    if robust:
-        cost = jax.vmap(lambda r: robust_cost(opts.loss, r, opts.f_scale), in_axes=-1)(f)
-        f, jac = jax.vmap(
-            lambda r, j: scale_for_robust_loss(opts.loss, r, j.T, opts.f_scale),
-            in_axes=(-1, -1), out_axes=(-1, -1))(f, jt)
-        jt = jnp.swapaxes(jac, 0, 1)
-    jtj, jtf, sq = (_gram_dots if opts.gram == "einsum" else _gram)(jt, f)
-    if not robust:
-        cost = 0.5 * sq
-    if scale is None:
-        scale = _diagonal(jtj)
-    return cost, jtj, jtf, scale
-
-
-def _finite(*arrays):
-    """Per fit: every entry of every array finite."""
-    ok = None
-    for a in arrays:
-        r = jnp.isfinite(a).reshape(-1, a.shape[-1]).all(axis=0)
-        ok = r if ok is None else ok & r
-    return ok
-
-
-def _gradient_cosine(cost, jtj, jtf):
-    fnorm = jnp.sqrt(2.0 * cost)
-    cnorm = jnp.sqrt(_diagonal(jtj))
-    denom = cnorm * fnorm[None]
-    cos = jnp.where(denom > 0, jnp.abs(jtf) / jnp.where(denom > 0, denom, 1), 0)
-    return jnp.max(cos, axis=0)
-
-
-def gradient_cosine(cost, jtj, jtf):
-    """Largest cosine between the residual and a Jacobian column (scipy/MINPACK ``gtol``).
-
-    Fits first: ``cost`` (B,), ``jtj`` (B, n, n), ``jtf`` (B, n). Zero for a zero
-    residual; columns with zero norm are skipped.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.batch.lm_batched import gradient_cosine
-        >>> float(gradient_cosine(jnp.array([0.5]), jnp.eye(2)[None], jnp.array([[1.0, 0.0]]))[0])
-        1.0
-    """
-    return _gradient_cosine(cost, jnp.moveaxis(jtj, 0, -1), jtf.T)
-
-
-def held_by_bounds(x, g, lo, hi):
-    """Variables *held* by a bound: on it, with the descent direction ``-g`` pointing out
-    of the box (``x_i <= lo_i`` and ``g_i > 0``, or ``x_i >= hi_i`` and ``g_i < 0``).
-    Elementwise, so any batch layout (also used by :mod:`~adaptprec.batch.implicit`).
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.batch.lm_batched import held_by_bounds
-        >>> held_by_bounds(jnp.array([0.0, 0.0, 0.5]), jnp.array([1.0, -1.0, 1.0]), 0.0, 1.0).tolist()
-        [True, False, False]
-    """
-    return ((x <= lo) & (g > 0)) | ((x >= hi) & (g < 0))
-
-
-def _project_gradient(x, g, bounds):
-    """``g`` with the components of variables held by a bound set to zero: the projected
-    gradient is what vanishes at a box-constrained minimum, so the ``gtol`` test, the
-    escalation guards and the reported optimality use it."""
-    if bounds is None:
-        return g
-    return jnp.where(held_by_bounds(x, g, *bounds), 0, g)
-
-
-def _held(x, g_projected, bounds):
-    """Variables held by a bound, recovered from the projected gradient (see above)."""
-    lo, hi = bounds
-    return ((x <= lo) | (x >= hi)) & (g_projected == 0)
-
-
-def damped_solve_fits_last(jtj, g, shift, x, bounds):
-    """Fits last (``jtj`` ``(n, n, B)``, the others ``(n, B)``; ``bounds`` a
-    ``(lower, upper)`` pair or ``None``): solve ``(J^T J + diag(shift)) dx = -g`` on the
-    variables not held by a bound (held ones get ``dx = 0``: their rows and columns are
-    replaced by the identity). The step of one iteration (``shift = lam d^2``) and the
-    Gauss–Newton test's (``shift = 16 u d^2 / 2``, also :mod:`~adaptprec.batch.verify`'s).
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.batch.lm_batched import damped_solve_fits_last
-        >>> jtj = jnp.array([[2.0, 0.0], [0.0, 4.0]])[:, :, None]
-        >>> dx = damped_solve_fits_last(jtj, jnp.array([[2.0], [4.0]]), jnp.zeros((2, 1)),
-        ...                             jnp.zeros((2, 1)), None)
-        >>> [round(float(v), 12) for v in dx[:, 0]]
-        [-1.0, -1.0]
-    """
-    if bounds is None:
-        return cholesky_solve_fits_last(jtj, -g, shift)
-    held = _held(x, g, bounds)
-    free = ~held
-    a = jnp.where(free[:, None] & free[None, :], jtj, 0)
-    return cholesky_solve_fits_last(a, jnp.where(free, -g, 0), jnp.where(held, 1, shift))
-
-
-def curvature_ratio(diag, d2):
-    r"""Per fit, the smallest ratio of a parameter's current curvature ``diag`` (``(n, B)``,
-    ``diag(J^T J)``) to its damping scale ``d2`` (the running maximum of that diagonal),
-    clipped to ``[eps, 1]``: ``(B,)``.
-
-    The damping :math:`\lambda d^2` must be able to fall below every parameter's current
-    curvature, else the step can never become the Gauss–Newton step. Where the curvature
-    has dropped far below its running maximum (Arrhenius ``A exp(-Ea/(R T))`` from ones:
-    ``diag_A`` falls 1e17-fold while ``A`` grows to 3e11) a fixed floor ``lambda >= eps``
-    damped ``A`` by 1e7 times its curvature and the fit crawled (300 steps to reach
-    ``A = 2e7``); solve_nlsq's trust region takes the Gauss–Newton step (Moré's
-    ``alpha = 0``) whenever it fits the radius. The floors of the damping and of the
-    Gauss–Newton test's regularising shift are scaled by this ratio; where the curvature
-    keeps its maximum (the common case) the ratio is 1 and nothing changes. The clip at
-    ``eps`` keeps a zero curvature (a parameter the model lost) from removing the floor.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> from adaptprec.batch.lm_batched import curvature_ratio
-        >>> diag = jnp.array([[4.0, 1e-30], [2.0, 2.0]])     # (n=2, B=2)
-        >>> d2 = jnp.array([[4.0, 1.0], [4.0, 2.0]])
-        >>> [float(v) for v in curvature_ratio(diag, d2)]    # min(1, .5); clipped at eps
-        [0.5, 2.220446049250313e-16]
-    """
-    eps = float(np.finfo(diag.dtype).eps)
-    ratio = jnp.min(jnp.where(d2 > 0, diag / jnp.where(d2 > 0, d2, 1), 1), axis=0)
-    return jnp.clip(jnp.where(jnp.isfinite(ratio), ratio, 1), eps, 1)
-
-
-def gauss_newton_shift(jtj, d2):
-    """Fits last: the diagonal shift ``8 eps r d2`` (``r``: :func:`curvature_ratio`) that
-    regularises the Gauss–Newton step of the convergence tests (step 6 and
-    :mod:`~adaptprec.batch.verify`) against a singular ``J^T J``, ``(n, B)``."""
-    eps = 16.0 * float(np.finfo(jtj.dtype).eps) / 2
-    return eps * curvature_ratio(_diagonal(jtj), d2)[None] * d2
-
-
-def _gauss_newton_test(cost, jtj, jtf, d2, x, opts: LMOptions, bounds=None, ftol=None):
-    """(ftol, xtol) verdicts of the Gauss–Newton step at the current point (see step 6)."""
-    dx = damped_solve_fits_last(jtj, jtf, gauss_newton_shift(jtj, d2), x, bounds)
-    avail = 0.5 * jnp.abs(jnp.sum(jtf * dx, axis=0))
-    f_ok = avail <= (opts.ftol if ftol is None else ftol) * cost
-    dxn = jnp.sqrt(jnp.sum(d2 * dx * dx, axis=0))
-    xnorm = jnp.sqrt(jnp.sum(d2 * x * x, axis=0))
-    x_ok = dxn <= opts.xtol * (opts.xtol + xnorm)
-    return f_ok, x_ok
-
-
-def _materialised(x):
-    """``x`` unchanged (a NaN stays NaN), through an op XLA does not copy into consumers.
-
-    XLA:CPU fuses cheap producers (slices, transposes, converts) into every consumer, also
-    into one that reads each element many times: the starts, a strided transpose of the
-    fits-first block, were re-read for every residual and Jacobian entry (that kernel 6x
-    slower, the whole solve about 1.4x). A select is not "cheap" to XLA's fusion, so the
-    fits-last copy is made once. (``lax.optimization_barrier`` does not do this: XLA:CPU
-    removes it before fusion.)
-    """
-    return jnp.where(jnp.isnan(x), jnp.nan, x)
+def gauss_newton_code(x, cost, jtj, jtf, d2, bounds, opts: LMOptions, m: int):
+    """Fits last: the Gauss–Newton step at ``x`` and the verdict on it, the single fit's
+    hand-off test (:func:`~adaptprec.nlsq._rules.handoff_code`, with :func:`rung_ftol` and
+    the standard-error fraction ``opts.se_accept``): ``(dx, code)``, ``code`` 0 where the
+    step is not yet small enough to stop on."""
+    dx, q2, dxn, xnorm = gauss_newton_fits_last(jtj, jtf, d2, x, bounds)
+    finite = jnp.isfinite(dx).all(axis=0) & jnp.isfinite(q2)
+    n = x.shape[0]
+    code = handoff_code(q2, dxn, xnorm, cost, rung_ftol(opts, m, n), opts.xtol, m, n,
+                        jnp.inf, opts.se_accept, finite)
+    return dx, code
 
 
 def init_fits_last(fj: ResidualJacobian, x, bargs, sargs, opts: LMOptions, active) -> LMState:
@@ -483,22 +197,22 @@ def init_fits_last(fj: ResidualJacobian, x, bargs, sargs, opts: LMOptions, activ
     if bounds is not None:    # infeasible starts are rejected at the boundary when concrete
         x = jnp.clip(x.astype(bounds[0].dtype), *bounds)
     else:
-        x = _materialised(x)
+        x = materialised(x)
     # the data too: each entry is read once, so XLA may still fuse the copy; measured
     # about 5% faster with it (three round-robin A/B rounds, 1e4 fits, three seeds)
-    bargs = jax.tree.map(lambda a: _materialised(a) if jnp.issubdtype(a.dtype, jnp.floating)
+    bargs = jax.tree.map(lambda a: materialised(a) if jnp.issubdtype(a.dtype, jnp.floating)
                          else a, bargs)
     f, jac = fj.fits_last(x, bargs, sargs)
     acc = f.dtype
     x = x.astype(acc)
-    cost, jtj, jtf, d2 = _normal_equations(f, jac, opts)
-    jtf = _project_gradient(x, jtf, bounds)
-    finite_f = _finite(x, cost)
-    finite = finite_f & _finite(jtj, jtf)
+    cost, jtj, jtf, d2 = normal_equations(f, jac, opts)
+    jtf = project_gradient(x, jtf, bounds)
+    finite_f = finite_fits(x, cost)
+    finite = finite_f & finite_fits(jtj, jtf)
     d2 = jnp.where(d2 > 0, d2, 1).astype(acc)
     if active is None:
         active = jnp.ones((b,), bool)
-    gconv = _gradient_cosine(cost, jtj, jtf) <= opts.gtol
+    gconv = gradient_cosine_last(cost, jtj, jtf) <= opts.gtol
     status = jnp.where(~finite_f, st.NONFINITE_RESIDUAL,
                        jnp.where(~finite, st.NONFINITE_JACOBIAN,
                                  jnp.where(gconv, st.GTOL, st.RUNNING)))
@@ -512,6 +226,24 @@ def init_fits_last(fj: ResidualJacobian, x, bargs, sargs, opts: LMOptions, activ
                    njev=ones * active)
 
 
+def _rounding_level(s: LMState, pred, actred, m: int):
+    """Fits last: the steps at the rounding level of the rung's cost, taken as model steps
+    (gain ratio 1) on a rung whose answer the top rung verifies (``se_below``).
+
+    Below its rounding-level ``ftol`` the cost's change is rounding noise and the gain
+    ratio a coin flip; rejected, such steps would grow the damping until the fit crawls.
+    A step predicted and measured to change the cost by at most ``QUIET_STEP eps sqrt(m)``
+    of the cost is taken; the Gauss–Newton test and, at the end, the top rung's
+    one-evaluation check judge it. (The single fit's rule,
+    :func:`adaptprec.nlsq._rules.rounding_level`, judges by the evaluation error
+    ``u (|cost| + ||f|| ||J x||)``; ``||J x||`` costs every batched iteration a quadratic
+    form per fit, for no fewer iterations: docs/architecture.md, "The batched engine".)"""
+    pos = s.cost > 0
+    safe_cost = jnp.where(pos, s.cost, 1)
+    level = QUIET_STEP * float(np.finfo(s.x.dtype).eps) * float(np.sqrt(m))
+    return pos & (pred / safe_cost <= level) & (jnp.abs(actred) / safe_cost <= level)
+
+
 def _step(fj: ResidualJacobian, s: LMState, bargs, sargs, opts: LMOptions) -> LMState:
     acc = s.x.dtype
     active = s.active
@@ -523,9 +255,9 @@ def _step(fj: ResidualJacobian, s: LMState, bargs, sargs, opts: LMOptions) -> LM
         xn = jnp.clip(xn, *bounds)
         dx = xn - s.x
     f, jac = fj.fits_last(xn, bargs, sargs)
-    cost_n, jtj_n, jtf_n, d2_n = _normal_equations(f, jac, opts)
-    finite = _finite(xn, cost_n, jtj_n, jtf_n)
-    jtf_n = _project_gradient(xn, jtf_n, bounds)
+    cost_n, jtj_n, jtf_n, d2_n = normal_equations(f, jac, opts)
+    finite = finite_fits(xn, cost_n, jtj_n, jtf_n)
+    jtf_n = project_gradient(xn, jtf_n, bounds)
 
     if bounds is None:   # the damped system's solution: pred in closed form
         pred = 0.5 * jnp.sum(dx * (damp * dx - s.jtf), axis=0)
@@ -541,14 +273,8 @@ def _step(fj: ResidualJacobian, s: LMState, bargs, sargs, opts: LMOptions) -> LM
     rho = jnp.where(jnp.isfinite(rho), rho, -1)
     tiny = float(np.finfo(acc).eps)
     if opts.se_below > 0:
-        # A rung whose answer the top rung verifies goes below its rounding-level ftol,
-        # where the cost's change is rounding noise and the gain ratio a coin flip:
-        # there a step predicted and measured to change the cost by less than the
-        # evaluation's rounding is taken as a model step (judged by the Gauss-Newton
-        # test and, at the end, by the top rung), not rejected into growing damping.
-        level = _QUIET * tiny * float(np.sqrt(f.shape[0]))
-        quiet = finite & pos & (rel_pred <= level) & (jnp.abs(rel_act) <= level)
-        rho = jnp.where(quiet & ~(rho > _ACCEPT), 1.0, rho)
+        rho = jnp.where(finite & _rounding_level(s, pred, actred, f.shape[0]) &
+                        ~(rho > _ACCEPT), 1.0, rho)
     accept = active & finite & (rho > _ACCEPT)
 
     # Nielsen damping update
@@ -560,7 +286,7 @@ def _step(fj: ResidualJacobian, s: LMState, bargs, sargs, opts: LMOptions) -> LM
 
     # termination tests (MINPACK lmder / scipy)
     m, n = f.shape[0], s.x.shape[0]
-    ftol = rung_ftol(opts, m, n, gauss_newton=False)
+    ftol = rung_ftol(opts, m, n)
     ftol_ok = (jnp.abs(rel_act) <= ftol) & (rel_pred <= ftol) & (rho <= 2.0)
     dxn = jnp.sqrt(jnp.sum(s.d2 * dx * dx, axis=0))
     xnew = jnp.where(accept, xn, s.x)
@@ -574,11 +300,10 @@ def _step(fj: ResidualJacobian, s: LMState, bargs, sargs, opts: LMOptions) -> LM
     jtj = pick(jtj_n, s.jtj)
     jtf = pick(jtf_n, s.jtf)
     d2 = pick(jnp.maximum(s.d2, d2_n), s.d2)
-    gtol_ok = accept & (_gradient_cosine(cost, jtj, jtf) <= opts.gtol)
-    gn_f, gn_x = _gauss_newton_test(cost, jtj, jtf, d2, xnew, opts, bounds,
-                                    rung_ftol(opts, m, n))
-    gn_f = accept & gn_f
-    gn_x = accept & gn_x
+    gtol_ok = accept & (gradient_cosine_last(cost, jtj, jtf) <= opts.gtol)
+    _, gn = gauss_newton_code(xnew, cost, jtj, jtf, d2, bounds, opts, m)
+    gn_f = accept & ((gn == st.FTOL) | (gn == st.FTOL_XTOL))
+    gn_x = accept & ((gn == st.XTOL) | (gn == st.FTOL_XTOL))
     nit = s.nit + active.astype(jnp.int32)
 
     code = jnp.where((ftol_ok & xtol_ok) | (gn_f & gn_x), st.FTOL_XTOL,
@@ -657,10 +382,10 @@ def _rung_data(fj: ResidualJacobian, bargs_last):
     """The batched data (fits last) cast once to a lower rung's dtype and materialised
     there: the cast the residual makes at every evaluation is then a no-op. (Left to XLA,
     the float64 -> float32 cast hoisted out of the loop wrote the fits-first layout and
-    copied it again: two passes over the data per block, issue 31.) Same values."""
+    copied it again: two passes over the data per block.) Same values."""
     def cast(a):
         if not jnp.issubdtype(a.dtype, jnp.floating):
             return a
         low = jnp.asarray(cast_floating(a, fj.rung_dtype))
-        return a if low.dtype == a.dtype else _materialised(low)
+        return a if low.dtype == a.dtype else materialised(low)
     return jax.tree.map(cast, bargs_last)

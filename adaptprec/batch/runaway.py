@@ -1,4 +1,4 @@
-r"""The batched runaway test: far from the start AND a flat direction (issue 32).
+r"""The batched runaway test: far from the start AND a flat direction.
 
 ``solve_nlsq`` reports a convergence far from ``x0`` (``||x|| > RUNAWAY_FACTOR ||x0||``)
 as ``Status.RUNAWAY`` only when the model also has a flat direction there
@@ -92,8 +92,8 @@ def flat_direction_batch(x, jtj, fnorm, x0_norm):
 def runaway_status(s, x0):
     """``s.status`` (fits first: ``s.x``, ``s.jtj``, ``s.cost``, ``s.status``), with a
     convergence code made ``Status.RUNAWAY`` where ``solve_nlsq`` would: the fit is far
-    (``||x|| > RUNAWAY_FACTOR ||x0||``, :func:`adaptprec.nlsq._loop._runaway`), its model
-    has a flat direction there (:func:`flat_direction_batch`; issue 32: distance alone is
+    (``||x|| > RUNAWAY_FACTOR ||x0||``, :func:`adaptprec.nlsq._rules.runaway`), its model
+    has a flat direction there (:func:`flat_direction_batch`: distance alone is
     not evidence) and its residual is not zero (``||f|| <= 1e5 eps ||J x||``, a line of
     minima far out, is exempt). The flatness is computed only when some fit is far.
 

@@ -27,7 +27,6 @@ across processes).
 
 from __future__ import annotations
 
-import functools
 from typing import Callable, Optional
 
 import jax
@@ -35,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from ..nlsq import _caches
 from ._compile import tuned_jit
 from .chunking import pad_rows
 
@@ -193,14 +193,17 @@ def _place(a, mesh: Mesh, spec):
     return jax.device_put(a, sharding)
 
 
-@functools.lru_cache(maxsize=32)
 def _sharded(solve: Callable, mesh: Mesh, axis: str):
-    # a tuned_jit solver: its tuned function runs under our compiler options, the plain
-    # one inside a user's jit (see adaptprec.batch._compile)
-    fns = (getattr(solve, "__wrapped__", solve), getattr(solve, "plain_fn", solve))
-    tuned, plain = (jax.shard_map(f, mesh=mesh, in_specs=(P(axis), P(axis), P()),
-                                  out_specs=P(axis), check_vma=False) for f in fns)
-    return tuned_jit(tuned, plain)
+    """``solve`` under ``shard_map`` over ``mesh[axis]`` (memoised: ``SHARD_PROGRAMS``)."""
+    def build():
+        # a tuned_jit solver: its tuned function runs under our compiler options, the
+        # plain one inside a user's jit (see adaptprec.batch._compile)
+        fns = (getattr(solve, "__wrapped__", solve), getattr(solve, "plain_fn", solve))
+        tuned, plain = (jax.shard_map(f, mesh=mesh, in_specs=(P(axis), P(axis), P()),
+                                      out_specs=P(axis), check_vma=False) for f in fns)
+        return tuned_jit(tuned, plain)
+
+    return _caches.SHARD_PROGRAMS.get_or_build(("solve", solve, mesh, axis), build)
 
 
 def _uneven(size: int, ndev: int, axis: str):
@@ -243,23 +246,25 @@ def shard_solve(solve: Callable, mesh: Mesh, axis: str, x0, bargs, sargs):
     return jax.tree.map(lambda a: a[:size], out)
 
 
-@functools.lru_cache(maxsize=32)
 def _slicer(mesh: Mesh, axis: str, rows: int):
     """Jitted: rows ``[start, start + rows)`` of every device's own block (no transfer)."""
     def take(start, tree):
         return jax.tree.map(
             lambda a: jax.lax.dynamic_slice_in_dim(a, start, rows, axis=0), tree)
-    return jax.jit(jax.shard_map(take, mesh=mesh, in_specs=(P(), P(axis)),
-                                 out_specs=P(axis), check_vma=False))
+
+    return _caches.SHARD_PROGRAMS.get_or_build(("slice", rows, mesh, axis), lambda: jax.jit(
+        jax.shard_map(take, mesh=mesh, in_specs=(P(), P(axis)), out_specs=P(axis),
+                      check_vma=False)))
 
 
-@functools.lru_cache(maxsize=32)
 def _joiner(mesh: Mesh, axis: str, keep: tuple):
     """Jitted: every device's chunk outputs joined, chunk ``i`` from row ``keep[i]`` on."""
     def join(*parts):
         return jnp.concatenate([p[k:] for p, k in zip(parts, keep)], axis=0)
-    return jax.jit(jax.shard_map(join, mesh=mesh, in_specs=P(axis), out_specs=P(axis),
-                                 check_vma=False))
+
+    return _caches.SHARD_PROGRAMS.get_or_build(("join", keep, mesh, axis), lambda: jax.jit(
+        jax.shard_map(join, mesh=mesh, in_specs=P(axis), out_specs=P(axis),
+                      check_vma=False)))
 
 
 def run_chunked_local(solve: Callable, mesh: Mesh, axis: str, x0, bargs, sargs,

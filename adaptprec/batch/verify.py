@@ -5,14 +5,16 @@ residual and Jacobian once, at the lower rung's answer :math:`x_\ell`. That eval
 
 * the gradient test (scipy's ``gtol`` on the largest cosine, in float64), and
 * the Gauss–Newton step :math:`\delta = -(J^\top J + \epsilon D^2)^{-1} J^\top f`
-  (:math:`\epsilon = 8u\,r`, :func:`~adaptprec.batch.lm_batched.gauss_newton_shift`;
+  (:math:`\epsilon = 8u\,r`, :func:`~adaptprec.batch._model.gauss_newton_shift`;
   projected with bounds), the remaining distance to the
   minimum to first order, with its available reduction
   :math:`a = \tfrac12 |J^\top f\cdot\delta| \approx \tfrac12\,\delta^\top J^\top J\,\delta`.
 
-The fit is accepted, and the step taken (:math:`x = x_\ell + \delta`, clipped into the box),
-when the step passes the top rung's own tests (``ftol``: :math:`a \le` ``ftol`` ``cost``;
-``xtol`` on :math:`\|D\delta\|`), or the **standard-error test**: with
+The verdict is the single fit's (:func:`adaptprec.nlsq._rules.handoff_code`, one test for
+both engines). The fit is accepted, and the step taken (:math:`x = x_\ell + \delta`,
+clipped into the box), when the step passes the top rung's own tests (``ftol``:
+:math:`a \le` ``ftol`` ``cost``; ``xtol`` on :math:`\|D\delta\|`), or the
+**standard-error test**: with
 :math:`s^2 = 2\,\mathrm{cost}/(m-n)` (``curve_fit``'s covariance
 :math:`s^2 (J^\top J)^{-1}`),
 
@@ -21,8 +23,10 @@ when the step passes the top rung's own tests (``ftol``: :math:`a \le` ``ftol`` 
 which by Cauchy–Schwarz gives :math:`|\delta_i| \le c\,\mathrm{se}_i` for every parameter
 (:math:`|e_i^\top\delta|^2 \le (e_i^\top C e_i)(\delta^\top C^{-1}\delta)`), in the same
 quantity as the ``ftol`` test: :math:`a \le c^2\,\mathrm{cost}/(m-n)` (the top rung's
-``LMOptions.se_accept``, :func:`~adaptprec.batch.lm_batched.rung_ftol`; its own iterations
-stop by the same test). The answer after the step is closer still (Gauss–Newton contracts
+``LMOptions.se_accept``; its own iterations stop by the same test). The single fit's
+second clause, a step of up to ``SE_TAKEN`` standard errors when the lower rung measured
+Gauss–Newton contracting fast, is off here: the batched lower rung does not measure that
+rate. The answer after the step is closer still (Gauss–Newton contracts
 the error by the residual-curvature factor). Such a fit ends with status ``FTOL`` (2;
 ``FTOL_XTOL``/``XTOL`` when the plain tolerances pass); ``nfev``/``njev``/``nit`` count the
 evaluation and the step once, so ``njev == nit + 1`` over both rungs.
@@ -34,7 +38,7 @@ where only the top rung's tolerances can accept) iterates on the top rung from
 Gauss–Newton steps instead of restarting at ``lam0``).
 
 The lower rung stops below 3/4 of that (``LMOptions.se_below``, set in
-``batch/api.py``). Why: iterating float64 to its own ``ftol=1e-15`` cost as many float64
+``batch/_options.py``). Why: iterating float64 to its own ``ftol=1e-15`` cost as many float64
 iterations as float64 alone (9.2 vs 9.3 on Gpufit's 2-D Gaussian before this module),
 while one evaluation and one Gauss–Newton step settle the digits a fit's statistics see.
 """
@@ -47,30 +51,12 @@ import numpy as np
 
 from ..nlsq.common import SE_FRACTION
 from . import _status as st
+from ._model import ResidualJacobian, move_batch_axis
 from .compaction import gather, run_compacted, scatter, select
-from .lm_batched import (LMOptions, LMState, ResidualJacobian, damped_solve_fits_last,
-                         gauss_newton_shift, init_fits_last, lm_run, move_batch_axis,
-                         rung_ftol, to_fits_first)
+from .lm_batched import (LMOptions, LMState, gauss_newton_code, init_fits_last, lm_run,
+                         to_fits_first)
 
 __all__ = ["SE_FRACTION", "verify_handoff", "finish_on_top"]
-
-#: (``SE_FRACTION``, from :mod:`adaptprec.nlsq.common`: one criterion for single and
-#: batched fits) the top rung's ``LMOptions.se_accept`` on an adaptive ladder.
-
-
-def _step_tests(s: LMState, fj: ResidualJacobian, bargs, opts: LMOptions, m: int):
-    """Fits-last: the Gauss–Newton step at ``s`` and its (ftol, xtol) verdicts, with the
-    top rung's Gauss–Newton ``ftol`` (:func:`~adaptprec.batch.lm_batched.rung_ftol`:
-    with ``opts.se_accept``, at least the standard-error test's)."""
-    bounds = fj.bounds(bargs)
-    dx = damped_solve_fits_last(s.jtj, s.jtf, gauss_newton_shift(s.jtj, s.d2), s.x, bounds)
-    avail = 0.5 * jnp.abs(jnp.sum(s.jtf * dx, axis=0))
-    f_ok = avail <= rung_ftol(opts, m, s.x.shape[0]) * s.cost
-    dxn = jnp.sqrt(jnp.sum(s.d2 * dx * dx, axis=0))
-    xnorm = jnp.sqrt(jnp.sum(s.d2 * s.x * s.x, axis=0))
-    x_ok = dxn <= opts.xtol * (opts.xtol + xnorm)
-    finite = jnp.isfinite(dx).all(axis=0) & jnp.isfinite(avail)
-    return dx, f_ok & finite, x_ok & finite, bounds
 
 
 def verify_handoff(fj: ResidualJacobian, low: LMState, bargs, sargs,
@@ -104,23 +90,34 @@ def verify_handoff(fj: ResidualJacobian, low: LMState, bargs, sargs,
     x = low.x.T
     m = jax.eval_shape(fj.fits_last, x, b_last, sargs)[0].shape[0]
     s = init_fits_last(fj, x, b_last, sargs, opts, None)
-    dx, f_ok, x_ok, bounds = _step_tests(s, fj, b_last, opts, m)
-    accept = s.active & (f_ok | x_ok)
+    bounds = fj.bounds(b_last)
+    dx, code = gauss_newton_code(s.x, s.cost, s.jtj, s.jtf, s.d2, bounds, opts, m)
+    accept = s.active & (code > 0)
     xn = s.x + dx
     if bounds is not None:
         xn = jnp.clip(xn, *bounds)
-    code = jnp.where(f_ok & x_ok, st.FTOL_XTOL,
-                     jnp.where(f_ok, st.FTOL, st.XTOL)).astype(jnp.int32)
+    cost_n, jtf_n = _model_after(s, xn - s.x)
     tiny = float(np.finfo(s.x.dtype).eps)
     lam = jnp.clip(low.lam.astype(s.lam.dtype), tiny, opts.lam0)
     lam = jnp.where(jnp.isfinite(lam), lam, opts.lam0)
     one = jnp.ones_like(s.nit)
     s = s._replace(
         x=jnp.where(accept, xn, s.x), status=jnp.where(accept, code, s.status),
+        cost=jnp.where(accept, cost_n, s.cost), jtf=jnp.where(accept, jtf_n, s.jtf),
         active=s.active & ~accept, lam=lam,
         nit=low.nit + accept.astype(jnp.int32), nfev=low.nfev + one, njev=low.njev + one)
     return to_fits_first(s)
 
+
+def _model_after(s: LMState, dx):
+    """Fits last: the Gauss–Newton model's cost and gradient after the step ``dx``,
+    ``max(cost + g.dx + dx^T J^T J dx / 2, 0)`` and ``g + J^T J dx`` (components held
+    by a bound, zero in the projected ``g``, stay zero). An accepted hand-off returns
+    ``x + dx`` with these, as the single fit's does: they describe the returned point to
+    second order in a step of at most a thousandth of a standard error."""
+    jdx = jnp.sum(s.jtj * dx[None, :, :], axis=1)
+    cost = jnp.maximum(s.cost + jnp.sum(dx * (s.jtf + 0.5 * jdx), axis=0), 0.0)
+    return cost, jnp.where(s.jtf == 0, 0, s.jtf + jdx)
 
 
 def _astype_floating(s: LMState, dtype) -> LMState:
@@ -138,10 +135,8 @@ def finish_on_top(fj: ResidualJacobian, low: LMState, bargs, sargs, opts: LMOpti
     :func:`~adaptprec.batch.compaction.run_compacted` with ``capacities``; none costs
     nothing.
     """
-    # A block whose every fit started at NaN has nothing to verify: float32 found a
-    # non-finite residual at that very x, and so would float64. (Blocks of bucket
-    # padding only, a quarter of the lanes at 1e5 fits, are now not solved at all,
-    # batch/api.py; this skip measured 2.36 -> 2.31 us/fit when they were, issue 31.)
+    # A block whose every fit started at NaN (bucket padding) has nothing to verify:
+    # the lower rung found a non-finite residual at that very x, and so would the top.
     padding = jnp.all(jnp.isnan(low.x).any(axis=-1) & (low.status == st.NONFINITE_RESIDUAL))
     acc = fj.acc_dtype
     # x in the top rung's dtype before the check: a float32 x converted inside it was

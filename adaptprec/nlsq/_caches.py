@@ -24,6 +24,12 @@ memo                      key -> value                                          
                           curve_fit's residual of a model, the starts' flat residual  256
 ``POINTS``                residual object (weakly) -> its point axes per argument
                           structure, so a new data length needs no trace               8 each
+``BATCH_PROGRAMS``        (batched residual, batch configuration) -> the
+                          jitted batched solver (:mod:`adaptprec.batch`)               64
+``BATCH_SHAPES``          (batched residual, one fit's argument signatures) ->
+                          the shape of one fit's residual                             256
+``SHARD_PROGRAMS``        (kind, solver or row count, mesh, axis) -> a batched
+                          solver, slicer or joiner under ``shard_map``                 96
 ========================  ==========================================================  ====
 
 Example:
@@ -40,8 +46,9 @@ from __future__ import annotations
 import collections
 import threading
 
-__all__ = ["Memo", "hashable_key", "PROBLEMS", "SIZES", "POINT_AXES", "TRACES", "PROGRAMS", "FINAL_PROGRAMS",
-           "STREAM_PROGRAMS", "RESIDUALS", "POINTS", "clear", "info"]
+__all__ = ["Memo", "hashable_key", "PROBLEMS", "SIZES", "POINT_AXES", "TRACES", "PROGRAMS",
+           "FINAL_PROGRAMS", "STREAM_PROGRAMS", "RESIDUALS", "POINTS", "BATCH_PROGRAMS",
+           "BATCH_SHAPES", "SHARD_PROGRAMS", "clear", "info"]
 
 
 class Memo:
@@ -111,8 +118,11 @@ PROGRAMS = Memo("PROGRAMS", 64)
 FINAL_PROGRAMS = Memo("FINAL_PROGRAMS", 32)
 STREAM_PROGRAMS = Memo("STREAM_PROGRAMS", 64)
 RESIDUALS = Memo("RESIDUALS", 256)
+BATCH_PROGRAMS = Memo("BATCH_PROGRAMS", 64)
+BATCH_SHAPES = Memo("BATCH_SHAPES", 256)
+SHARD_PROGRAMS = Memo("SHARD_PROGRAMS", 96)
 _ALL = (PROBLEMS, SIZES, POINT_AXES, TRACES, PROGRAMS, FINAL_PROGRAMS, STREAM_PROGRAMS,
-        RESIDUALS)
+        RESIDUALS, BATCH_PROGRAMS, BATCH_SHAPES, SHARD_PROGRAMS)
 
 
 def _points():

@@ -25,9 +25,9 @@ from .._status import Status
 
 __all__ = ["NOISE_STEPS", "NOISE_CONTRACTION", "NOISE_STEPS_MAX", "LOWER_RESOLVE_FACTOR",
            "POST_ESCALATION_NOISE", "SE_TAKEN", "rounding_level", "noise_stop",
-           "rounding_floor", "conditioning_error", "out_of_steps",
-           "confirming_step", "se_steps", "gauss_newton_step", "one_eval_check",
-           "runaway"]
+           "rounding_floor", "rounding_floor_of", "conditioning_error", "out_of_steps",
+           "confirming_step", "se_steps", "se_steps_of", "gauss_newton_step",
+           "one_eval_check", "handoff_code", "runaway"]
 
 #: Rounding-level steps in a row on the top rung before the solve may end (``ftol``) ...
 NOISE_STEPS = 3
@@ -87,8 +87,13 @@ def rounding_floor(qtf, cost, fsn, R, x, u):
     when that is below :data:`LOWER_RESOLVE_FACTOR` times the rung's evaluation error
     ``u (|cost| + ||f|| ||R x||)`` every further step would be judged by rounding noise,
     so the rung hands its point to the next one."""
-    return 0.5 * jnp.sum(qtf * qtf) <= LOWER_RESOLVE_FACTOR * u * (
-        jnp.abs(cost) + fsn * jnp.linalg.norm(R @ x))
+    return rounding_floor_of(0.5 * jnp.sum(qtf * qtf), cost, fsn, jnp.linalg.norm(R @ x), u)
+
+
+def rounding_floor_of(gain, cost, fsn, rx_norm, u):
+    """:func:`rounding_floor` from the Gauss-Newton gain ``0.5 ||qtf||^2`` and ``||R x||
+    = ||J x||`` (any batch shape: the batched engine forms them from ``J^T J``)."""
+    return gain <= LOWER_RESOLVE_FACTOR * u * (jnp.abs(cost) + fsn * rx_norm)
 
 
 def conditioning_error(s, fsn, qn, linear_solver: str):
@@ -142,9 +147,14 @@ def se_steps(qtf, cost, m, n: int):
 
     ``q <= c`` says no parameter moves by more than ``c`` of its standard error. ``cost
     = 0`` gives ``q = inf`` for a nonzero step."""
+    return se_steps_of(jnp.sum(qtf * qtf, axis=-1), cost, m, n)
+
+
+def se_steps_of(q2, cost, m, n: int):
+    """:func:`se_steps` from ``q2 = ||qtf||^2`` (any batch shape; the batched engine's
+    ``|J^T f . dx|`` of its Gauss-Newton step ``dx``)."""
     s2 = 2.0 * cost / (m - n)
-    return jnp.sqrt(jnp.sum(qtf * qtf, axis=-1) /
-                    jnp.maximum(s2, jnp.finfo(s2.dtype).tiny))
+    return jnp.sqrt(q2 / jnp.maximum(s2, jnp.finfo(s2.dtype).tiny))
 
 
 def gauss_newton_step(R, qtf, scale_inv):
@@ -172,15 +182,25 @@ def one_eval_check(x, R, qtf, cost, scale_inv, ftol, xtol, m, n: int, rate,
     residual passes only the tolerances."""
     dx, pn = gauss_newton_step(R, qtf, scale_inv)
     q2 = jnp.sum(qtf * qtf)
-    q = se_steps(qtf, cost, m, n)
+    finite = jnp.isfinite(q2) & jnp.all(jnp.isfinite(dx))
+    return dx, handoff_code(q2, pn, jnp.linalg.norm(x * scale_inv), cost, ftol, xtol, m, n,
+                            rate, se_fraction, finite)
+
+
+def handoff_code(q2, pn, xnorm, cost, ftol, xtol, m, n: int, rate, se_fraction, finite):
+    """:func:`one_eval_check`'s verdict from its Gauss-Newton step's measures (any batch
+    shape, so the batched engine's hand-off is this same test): ``q2 = ||qtf||^2``,
+    ``pn = ||D dx||``, ``xnorm = ||D x||``; ``finite`` whether the step is finite. A
+    ``rate`` of ``inf`` (no contraction measured) leaves the :data:`SE_TAKEN` clause off."""
+    # (without degrees of freedom, m <= n, there are no standard errors: tolerances only)
+    q = se_steps_of(q2, cost, m, n) if m > n else jnp.full_like(q2, jnp.inf)
     se_ok = (cost > 0) & ((q <= se_fraction) | (
         (q <= SE_TAKEN) & (rate * q <= 0.1 * se_fraction)))
     f_ok = se_ok | (0.5 * q2 <= ftol * cost)
-    x_ok = pn <= xtol * (xtol + jnp.linalg.norm(x * scale_inv))
-    finite = jnp.isfinite(q2) & jnp.all(jnp.isfinite(dx))
+    x_ok = pn <= xtol * (xtol + xnorm)
     code = jnp.where(f_ok & x_ok, Status.FTOL_XTOL, jnp.where(
         f_ok, Status.FTOL, jnp.where(x_ok, Status.XTOL, 0)))
-    return dx, jnp.where(finite, code, 0).astype(jnp.int32)
+    return jnp.where(finite, code, 0).astype(jnp.int32)
 
 
 def runaway(status, x, x0_norm, R=None, fnorm=None, triangular=True):
