@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import _backend
-from ..nlsq._inputs import resolve_ladder
+from ..nlsq._arguments import resolve_ladder
 from ..nlsq.common import (SE_FRACTION, check_loss, check_loss_output, default_max_steps,
                            lower_rung_budget)
 from ..precision import Ladder, dtype_name, unit_roundoff
