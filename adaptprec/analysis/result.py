@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._pytree import Module, field
+from .._user_fn import positional_model
 from ..precision import x64_enabled
 from .bands import Band, fit_band
 from .identifiability import describe_null_space, subspace_covariance
@@ -347,6 +348,7 @@ def fit(model: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bool
                          "loss must be 'linear'; use curve_fit for a robust loss")
     curve_fit_kwargs.pop("full_output", None)
     curve_fit_kwargs.pop("nan_policy", None)
+    model = positional_model(model)
     with warnings.catch_warnings():
         # curve_fit warns about an inf pcov; the report names the cause instead
         warnings.simplefilter("ignore", OptimizeWarning)

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._tracing import is_concrete
+from .._user_fn import positional_model
 from .._x64_rule import float64_entry
 from ._auto_starts import for_curve_fit
 from ._inputs import as_bounds, as_x0, broadcast_bounds, check_jac_option
@@ -127,6 +128,7 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
         raise ValueError("'args' is not a supported keyword argument (curve_fit passes "
                          "the parameters to f as f(xdata, *params)).")
     kwargs = leastsq_kwargs(kwargs)
+    f = positional_model(f)   # a functools.partial's keyword-only parameters by name
     jac = check_jac_option(jac, allow_none=True)
     if wants_curve_fit_stream(xdata, ydata, kwargs):  # larger than memory
         out = curve_fit_stream(f, xdata, ydata, p0, sigma, absolute_sigma, check_finite,
