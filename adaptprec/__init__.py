@@ -82,7 +82,7 @@ _LAZY = {
     **dict.fromkeys(("MixedGrads", "SkipNonFiniteState", "StepInfo", "loss_scale_of",
                      "mixed_value_and_grad", "skip_nonfinite", "train_step"), "._training"),
     # fit reports, intervals, bands, batch summaries
-    **dict.fromkeys(("fit", "FitResult"), ".analysis.result"),
+    "fit": ".analysis.fit", "FitResult": ".analysis.result",
     **dict.fromkeys(("Band", "fit_band"), ".analysis.bands"),
     **dict.fromkeys(("ProfileIntervals", "profile_intervals"), ".analysis.intervals"),
     **dict.fromkeys(("BatchSummary", "summarize_batch"), ".analysis.batch_summary"),
@@ -139,7 +139,8 @@ if TYPE_CHECKING:  # pragma: no cover  (the lazy names, for type checkers and gr
     from .analysis.bands import Band, fit_band
     from .analysis.batch_summary import BatchSummary, summarize_batch
     from .analysis.intervals import ProfileIntervals, profile_intervals
-    from .analysis.result import FitResult, fit
+    from .analysis.fit import fit
+    from .analysis.result import FitResult
     from .batch import BatchResult, solve_nlsq_batch
     from .guards import GuardResult
     from .report import Report

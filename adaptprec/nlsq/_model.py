@@ -51,6 +51,10 @@ def _model_minus_data(f, xdata, p, ydata):
     ``(2, m)`` would otherwise broadcast into a different number of residuals and a
     wrong fit. Checked when tracing: no run-time cost."""
     out = _call(f, xdata, p)
+    if jnp.iscomplexobj(out) and not jnp.iscomplexobj(ydata):
+        raise ValueError("curve_fit: the model returns complex values but ydata is real; "
+                         "pass complex ydata (real and imaginary parts are fitted "
+                         "together)")
     a, b = np.shape(out), np.shape(ydata)
     if a != b and int(np.prod(b)) != 1:
         raise ValueError(shape_message(a, b, np.shape(xdata) if hasattr(xdata, "shape")
