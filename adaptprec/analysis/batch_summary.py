@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Callable
 
@@ -30,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._pytree import Module
+from .._tracing import is_concrete
 from .identifiability import subspace_covariance
 from .residual_tests import lag1_autocorrelation, runs_test
 from ._quantiles import two_sided_quantile
@@ -74,7 +76,13 @@ class BatchSummary(Module):
 
     def wald_intervals(self, level: float = 0.95):
         """``(B, n, 2)`` Wald intervals, Student's t with each fit's ``dof`` (normal with
-        ``absolute_sigma=True``); jit-safe."""
+        ``absolute_sigma=True``); jit-safe (NumPy float64 for an eager summary)."""
+        if is_concrete(self.x) and isinstance(self.x, np.ndarray):
+            with _float64(self.x):
+                return np.asarray(self._wald(level), np.float64)
+        return self._wald(level)
+
+    def _wald(self, level):
         if self.absolute_sigma:
             q = two_sided_quantile(level, None) * jnp.ones_like(self.chi2)
         else:
@@ -143,8 +151,31 @@ def summarize_batch(res, fun: Callable, args=(), *, in_axes=0, ydata=None, sigma
     Pass the same ``fun``, ``args``, ``in_axes``, ``ydata``, ``sigma`` and ``bounds`` as
     to :func:`~adaptprec.solve_nlsq_batch` (``res.x`` must be a ``(B, n)`` array). With
     ``absolute_sigma=False`` the covariance is scaled by each fit's reduced χ², as
-    ``curve_fit`` does.
+    ``curve_fit`` does. An eager summary of an eager (NumPy) result is NumPy in the
+    result's precision (float64 after an adaptive solve, also with ``jax_enable_x64``
+    off); a traced one stays traced.
     """
+    x = res.x
+    if is_concrete((x, args, ydata, sigma, bounds)) and isinstance(x, np.ndarray):
+        with _float64(x):
+            out = _summarize(res, fun, args, in_axes, ydata, sigma, absolute_sigma, bounds)
+        return jax.tree.map(np.asarray, out)
+    return _summarize(res, fun, args, in_axes, ydata, sigma, absolute_sigma, bounds)
+
+
+@contextlib.contextmanager
+def _float64(x):
+    """JAX's float64 scope around eager work on float64 NumPy data with x64 off."""
+    if x.dtype != np.float64 or jax.config.read("jax_enable_x64"):
+        yield
+        return
+    from .._x64_scope import float64_scope
+
+    with float64_scope():
+        yield
+
+
+def _summarize(res, fun, args, in_axes, ydata, sigma, absolute_sigma, bounds):
     x = res.x
     if not hasattr(x, "ndim") or x.ndim != 2:
         raise ValueError("summarize_batch needs res.x of shape (B, n) (a pytree x0 is "

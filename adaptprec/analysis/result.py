@@ -255,12 +255,15 @@ class FitResult(Module):
             noise_sigma = None if self.likelihood == "poisson" else 1.0
         if noise_sigma is not None and not self.absolute_sigma:
             noise_sigma = jnp.asarray(noise_sigma) * jnp.sqrt(self.redchi)
-        if not is_concrete(x, noise_sigma) or x64_enabled():
+        if not is_concrete(x, noise_sigma):
             return self._band(x, level, kind, noise_sigma)
-        from .._x64_scope import float64_scope
-
-        with float64_scope():
+        if x64_enabled():
             out = self._band(x, level, kind, noise_sigma)
+        else:
+            from .._x64_scope import float64_scope
+
+            with float64_scope():
+                out = self._band(x, level, kind, noise_sigma)
         return jax.tree.map(lambda a: np.asarray(a, np.float64 if not np.iscomplexobj(a)
                                                  else np.complex128), out)
 

@@ -422,22 +422,26 @@ def reduced_model(model: Callable, spec: ParameterSpec, fixed_values) -> Callabl
 
 def propagate(spec: ParameterSpec, q, fixed_values, cov_q) -> tuple[Any, Any, Any]:
     """``(p, C_p, T)``: the full parameters, their covariance ``T C_q T^T`` and
-    ``T = dp/dq`` (float64 NumPy). A parameter that reads a free coordinate of infinite
-    variance gets ``inf`` rows and columns; a fixed one zeros."""
-    q = np.asarray(q, np.float64)
+    ``T = dp/dq``. A parameter that reads a free coordinate of infinite variance gets
+    ``inf`` rows and columns; a fixed one zeros. Float64 NumPy for concrete inputs;
+    traceable (``jit``/``vmap``/``grad`` through ``q`` and ``cov_q``)."""
+    from .._tracing import is_concrete
+
+    concrete = is_concrete((q, cov_q))
+    xnp = np if concrete else jnp
     fv = np.asarray(fixed_values, np.float64)
-    p = np.asarray(spec.expand(q, fv), np.float64)
-    T = np.asarray(jax.jacfwd(lambda v: spec.expand(v, fv))(q), np.float64).reshape(
-        len(spec.names), q.size)
-    C = np.asarray(cov_q, np.float64)
-    bad_q = ~np.isfinite(np.diag(C)) if C.ndim == 2 else np.zeros(q.size, bool)
-    Cf = np.where(np.isfinite(C), C, 0.0)
-    P = T @ Cf @ T.T
-    bad_p = (np.abs(T) @ bad_q.astype(float)) > 0
-    moves = np.any(T != 0, axis=1)
-    P[np.ix_(bad_p, moves)] = np.inf
-    P[np.ix_(moves, bad_p)] = np.inf
-    return p, P, T
+    qj = jnp.asarray(q, jnp.float64 if concrete else jnp.result_type(q))
+    p = spec.expand(qj, fv)
+    T = jax.jacfwd(lambda v: spec.expand(v, fv))(qj).reshape(len(spec.names), -1)
+    C = xnp.asarray(cov_q)
+    if concrete:
+        p, T, C = (np.asarray(a, np.float64) for a in (p, T, C))
+    bad_q = ~xnp.isfinite(xnp.diag(C))
+    P = T @ xnp.where(xnp.isfinite(C), C, 0.0) @ T.T
+    bad_p = (xnp.abs(T) @ bad_q.astype(T.dtype)) > 0
+    moves = xnp.any(T != 0, axis=1)
+    inf = (bad_p[:, None] & moves[None, :]) | (moves[:, None] & bad_p[None, :])
+    return p, xnp.where(inf, xnp.inf, P), T
 
 
 def model_names(model, n: int | None) -> tuple:
