@@ -38,8 +38,9 @@ def _counts(res) -> list[str]:
     held = [d for d in res.described if d != "free"]
     if held:
         fixed = sum(d == "fixed" for d in held)
-        variables += (f" of {res.nparams} parameters ({fixed} fixed, {len(held) - fixed} "
-                      "tied or constrained)")
+        parts = [f"{fixed} fixed"] * bool(fixed) + \
+            [f"{len(held) - fixed} tied or constrained"] * bool(len(held) - fixed)
+        variables += f" of {res.nparams} parameters ({', '.join(parts)})"
     return [points, variables]
 
 

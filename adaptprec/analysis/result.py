@@ -229,9 +229,9 @@ class FitResult(Module):
     def band(self, x=None, level: float = 0.95, kind: str = "confidence",
              noise_sigma=None) -> Band:
         """Confidence or prediction band at ``x`` (default: the data's ``x``) by the delta
-        method (:func:`adaptprec.fit_band`); jit/vmap/grad-safe. Eager calls return
-        NumPy float64 (with ``jax_enable_x64`` off too); traced ones compute in ``x``'s
-        precision.
+        method (:func:`adaptprec.fit_band`) in ``x``'s precision (float64 for float64
+        or integer ``x``, with ``jax_enable_x64`` off too); jit/vmap/grad-safe. Eager
+        calls return NumPy arrays.
 
         ``noise_sigma`` (prediction bands): a new observation's standard deviation on
         the scale of the fit's ``sigma`` (default 1, i.e. ``sigma=None`` fits); with
@@ -264,8 +264,10 @@ class FitResult(Module):
 
             with float64_scope():
                 out = self._band(x, level, kind, noise_sigma)
-        return jax.tree.map(lambda a: np.asarray(a, np.float64 if not np.iscomplexobj(a)
-                                                 else np.complex128), out)
+        low = np.asarray(x).dtype.kind == "f" and np.asarray(x).dtype.itemsize < 8
+        real = np.asarray(x).dtype if low else np.float64
+        return jax.tree.map(lambda a: np.asarray(a, real if not np.iscomplexobj(a)
+                                                 else np.result_type(real, 1j)), out)
 
     def _band(self, x, level, kind, noise_sigma):
         from .._tracing import is_concrete
