@@ -146,14 +146,8 @@ def _keyword_model(model, names: tuple, n_positional: int):
     def positional_model(x, *p):
         return model(x, *p[:n_positional], **dict(zip(keyword, p[n_positional:])))
 
-    first = next(iter(inspect.signature(model).parameters))
-    positional_model.__signature__ = inspect.Signature(
-        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-         for n in (first, *names)])
-    positional_model.__name__ = getattr(model, "__name__", type(model).__name__)
     positional_model.__qualname__ = describe(model).split(" (")[0]
-    positional_model.__wrapped_model__ = model
-    return positional_model
+    return named_like(positional_model, model, names)
 
 
 def positional_model(model):
@@ -180,3 +174,29 @@ def positional_model(model):
         return _keyword_model(model, names, len(names) - n_keyword)
     except TypeError:   # an unhashable model
         return _keyword_model.__wrapped__(model, names, len(names) - n_keyword)
+
+
+def named_like(wrapper, model, parameters=None):
+    """``wrapper`` with ``model``'s name and signature (or the positional ``parameters``
+    given, after ``model``'s first), so that a model made from a user's model keeps its
+    parameter names for ``curve_fit``'s default ``p0`` and the reports. Returns it.
+
+    Example:
+        >>> from adaptprec._user_fn import named_like
+        >>> def model(t, a, k):
+        ...     return a * t
+        >>> import inspect
+        >>> str(inspect.signature(named_like(lambda t, *q: model(t, *q), model, ["amp"])))
+        '(t, amp)'
+    """
+    wrapper.__name__ = getattr(model, "__name__", type(model).__name__)
+    try:
+        sig = inspect.signature(model)
+    except (TypeError, ValueError):
+        return wrapper
+    if parameters is not None:
+        first = next(iter(sig.parameters), "x")
+        sig = inspect.Signature([inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                                 for n in (first, *parameters)])
+    wrapper.__signature__ = sig
+    return wrapper

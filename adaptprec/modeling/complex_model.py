@@ -20,10 +20,11 @@ Example:
 from __future__ import annotations
 
 import functools
-import inspect
 
 import jax.numpy as jnp
 import numpy as np
+
+from .._user_fn import named_like
 
 __all__ = ["real_model", "real_data", "real_sigma", "curve_fit_complex"]
 
@@ -36,12 +37,7 @@ def real_model(model):
         f = jnp.ravel(jnp.asarray(model(x, *p)))
         return jnp.stack([jnp.real(f), jnp.imag(f)], axis=-1).ravel()
 
-    parts.__name__ = getattr(model, "__name__", "model")
-    try:
-        parts.__signature__ = inspect.signature(model)
-    except (TypeError, ValueError):
-        pass
-    return parts
+    return named_like(parts, model)
 
 
 def real_data(y):

@@ -38,6 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._user_fn import named_like
+
 __all__ = ["LIKELIHOODS", "deviance_residual", "poisson_model", "fisher_jacobian",
            "poisson_nll", "check_likelihood", "check_counts", "SERIES_U"]
 
@@ -79,14 +81,7 @@ def poisson_model(model):
     def deviance(X, *p):
         return deviance_residual(jnp.ravel(model(X["x"], *p)), X["y"])
 
-    deviance.__name__ = getattr(model, "__name__", "model")
-    import inspect
-
-    try:
-        deviance.__signature__ = inspect.signature(model)
-    except (TypeError, ValueError):
-        pass
-    return deviance
+    return named_like(deviance, model)
 
 
 def fisher_jacobian(model, x, p):

@@ -398,15 +398,9 @@ def _reduced(model: Callable, spec: ParameterSpec, fixed_bytes: bytes, nfixed: i
                         fixed_values)
         return model(x, *[p[i] for i in range(len(spec.names))])
 
-    import inspect
+    from .._user_fn import named_like
 
-    first = next(iter(inspect.signature(model).parameters), "x")
-    safe = [re.sub(r"\W", "_", n) for n in spec.free]
-    reduced.__signature__ = inspect.Signature(
-        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-         for n in (first, *safe)])
-    reduced.__name__ = getattr(model, "__name__", "model")
-    return reduced
+    return named_like(reduced, model, [re.sub(r"\W", "_", n) for n in spec.free])
 
 
 def reduced_model(model: Callable, spec: ParameterSpec, fixed_values) -> Callable:
