@@ -82,7 +82,9 @@ _LAZY = {
     **dict.fromkeys(("MixedGrads", "SkipNonFiniteState", "StepInfo", "loss_scale_of",
                      "mixed_value_and_grad", "skip_nonfinite", "train_step"), "._training"),
     # fit reports, intervals, bands, batch summaries
-    **dict.fromkeys(("fit", "FitResult"), ".analysis.result"),
+    "fit": ".analysis.fit", "FitResult": ".analysis.result",
+    **dict.fromkeys(("fit_global", "GlobalFitResult"), ".analysis.global_fit"),
+    **dict.fromkeys(("fit_odr", "ODRResult"), ".analysis.odr"),
     **dict.fromkeys(("Band", "fit_band"), ".analysis.bands"),
     **dict.fromkeys(("ProfileIntervals", "profile_intervals"), ".analysis.intervals"),
     **dict.fromkeys(("BatchSummary", "summarize_batch"), ".analysis.batch_summary"),
@@ -139,7 +141,10 @@ if TYPE_CHECKING:  # pragma: no cover  (the lazy names, for type checkers and gr
     from .analysis.bands import Band, fit_band
     from .analysis.batch_summary import BatchSummary, summarize_batch
     from .analysis.intervals import ProfileIntervals, profile_intervals
-    from .analysis.result import FitResult, fit
+    from .analysis.fit import fit
+    from .analysis.global_fit import GlobalFitResult, fit_global
+    from .analysis.odr import ODRResult, fit_odr
+    from .analysis.result import FitResult
     from .batch import BatchResult, solve_nlsq_batch
     from .guards import GuardResult
     from .report import Report
@@ -174,6 +179,7 @@ __all__ = [
     "MixedGrads", "StepInfo", "SkipNonFiniteState", "mixed_value_and_grad",
     "skip_nonfinite", "train_step", "loss_scale_of",
     # fit reports
-    "fit", "FitResult", "profile_intervals", "ProfileIntervals", "fit_band", "Band",
+    "fit", "FitResult", "fit_global", "GlobalFitResult", "fit_odr", "ODRResult",
+    "profile_intervals", "ProfileIntervals", "fit_band", "Band",
     "summarize_batch", "BatchSummary",
 ]

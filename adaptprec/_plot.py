@@ -191,9 +191,9 @@ def plot_fit(fit: Any, model: Callable | None = None, xdata=None, ydata=None, *,
             ax.plot(xs, y, "o", ms=3, color="0.35", label="data")
         else:
             ax.errorbar(xs, y, yerr=s, fmt="o", ms=3, color="0.35", label="data")
-        order = np.argsort(xs, kind="stable")
         label = "fit" + (f" ({result.rung_name})" if result is not None else "")
-        ax.plot(xs[order], fitted[order], "-", color=_rung_color(2), label=label)
+        gx, gy = _fine_curve(model, p, x, xs, fitted)
+        ax.plot(gx, gy, "-", color=_rung_color(2), label=label)
         ax.set_title("data and fit")
         ax.set_xlabel("x")
         ax.legend(loc="best", fontsize="small")
@@ -228,6 +228,34 @@ def plot_fit(fit: Any, model: Callable | None = None, xdata=None, ydata=None, *,
         if cost.size:
             ax.legend(loc="best", fontsize="small", title="rung")
     return fig
+
+
+#: points of the grid the fitted curve is drawn on
+CURVE_POINTS = 200
+
+
+def fine_grid(x, points: int = CURVE_POINTS):
+    """``points`` values spanning ``x`` (1-D): geometric when ``x`` is positive over more
+    than two decades (then drawn on a log axis), else linear; ``(grid, log)``."""
+    lo, hi = float(np.min(x)), float(np.max(x))
+    log = lo > 0 and hi / lo > 100.0
+    return (np.geomspace(lo, hi, points) if log else np.linspace(lo, hi, points)), log
+
+
+def _fine_curve(model, p, x, xs, fitted):
+    """The model on a fine grid over the data's range when ``x`` is 1-D (a curve through
+    the data's own ``x`` only is kinked between sparse points), else at the data."""
+    order = np.argsort(xs, kind="stable")
+    if x.ndim != 1 or x.shape != xs.shape or x.size < 2:
+        return xs[order], fitted[order]
+    grid, _ = fine_grid(x)
+    try:
+        curve = np.asarray(model(grid, *p), dtype=np.float64)
+    except Exception:  # noqa: BLE001 - a model tied to the data's own length
+        return xs[order], fitted[order]
+    if curve.shape != grid.shape:
+        return xs[order], fitted[order]
+    return grid, curve
 
 
 # --------------------------------------------------------------------- plot_batch
@@ -369,9 +397,7 @@ def plot_fit_result(res, *, level: float = 0.95, prediction: bool = True, trace=
     x = np.asarray(res.xdata, np.float64)
     if x.ndim != 1 or x.size != res.nobs:
         return fig   # bands need a 1-D x
-    lo, hi = float(x.min()), float(x.max())
-    log = lo > 0 and hi / lo > 100.0
-    grid = np.geomspace(lo, hi, points) if log else np.linspace(lo, hi, points)
+    grid, log = fine_grid(x, points)
     ax = fig.axes[0]
     conf = res.band(grid, level=level)
     if prediction and res.sigma is None:

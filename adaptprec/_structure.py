@@ -25,6 +25,7 @@ from ._autocast.interpret import _is_dynamic
 from ._convsample import ConvKernel, conv_kernel_jaxpr
 from ._first_order import entrywise_jaxpr
 from ._rowwise import row_inputs_jaxpr
+from ._user_fn import returns_arrays
 
 __all__ = ["Structure", "kernel_structure", "structure_of_inputs"]
 
@@ -80,7 +81,8 @@ def kernel_structure(fn: Callable, treedef, leaves: list, dyn_pos: tuple,
         for i, x in zip(dyn_pos, d):
             full[i] = x
         a, kw = jax.tree_util.tree_unflatten(treedef, full)
-        return jax.tree_util.tree_leaves(fn(*a, **kw))
+        return jax.tree_util.tree_leaves(returns_arrays(fn, fn(*a, **kw),
+                                                        "adaptive kernel"))
 
     pos = set(dyn_pos)
     key = (treedef, tuple(dyn_pos),

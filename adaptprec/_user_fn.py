@@ -198,3 +198,96 @@ def hashable(obj):
         return obj
     except TypeError:
         return _Same(obj)
+
+
+def fit_parameters(model) -> tuple | None:
+    """The names of ``model(x, p1, p2, ...)``'s fit parameters, in the order ``curve_fit``
+    passes them: the positional parameters after the first (``x``), then the required
+    keyword-only ones. ``functools.partial(model, bottom=0.0)`` turns ``bottom`` and
+    every parameter after it into keyword-only ones, so a partial's free parameters are
+    still all named. ``None`` when the signature cannot be read or takes ``*params``.
+
+    Example:
+        >>> import functools
+        >>> from adaptprec._user_fn import fit_parameters
+        >>> def model(x, bottom, a, k):
+        ...     return a * x + bottom
+        >>> fit_parameters(model), fit_parameters(functools.partial(model, bottom=0.0))
+        (('bottom', 'a', 'k'), ('a', 'k'))
+    """
+    try:
+        params = list(inspect.signature(model).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_POSITIONAL for p in params) or not params or \
+            params[0].kind not in (params[0].POSITIONAL_ONLY,
+                                   params[0].POSITIONAL_OR_KEYWORD):
+        return None
+    positional = [p.name for p in params[1:]
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    keyword = [p.name for p in params
+               if p.kind == p.KEYWORD_ONLY and p.default is p.empty]
+    return tuple(positional + keyword)
+
+
+@functools.lru_cache(maxsize=256)
+def _keyword_model(model, names: tuple, n_positional: int):
+    keyword = names[n_positional:]
+
+    def positional_model(x, *p):
+        return model(x, *p[:n_positional], **dict(zip(keyword, p[n_positional:])))
+
+    positional_model.__qualname__ = describe(model).split(" (")[0]
+    return named_like(positional_model, model, names)
+
+
+def positional_model(model):
+    """``model`` callable as ``model(x, *params)``: itself when its fit parameters are all
+    positional, else one stable wrapper per model that passes the keyword-only ones
+    (:func:`fit_parameters`) by name.
+
+    Example:
+        >>> import functools
+        >>> from adaptprec._user_fn import positional_model
+        >>> def model(x, bottom, a, k):
+        ...     return a * x + k + bottom
+        >>> positional_model(functools.partial(model, bottom=1.0))(2.0, 3.0, 4.0)
+        11.0
+    """
+    names = fit_parameters(model)
+    if names is None:
+        return model
+    sig = inspect.signature(model).parameters
+    n_keyword = sum(sig[n].kind == inspect.Parameter.KEYWORD_ONLY for n in names)
+    if not n_keyword:
+        return model
+    try:
+        return _keyword_model(model, names, len(names) - n_keyword)
+    except TypeError:   # an unhashable model
+        return _keyword_model.__wrapped__(model, names, len(names) - n_keyword)
+
+
+def named_like(wrapper, model, parameters=None):
+    """``wrapper`` with ``model``'s name and signature (or the positional ``parameters``
+    given, after ``model``'s first), so that a model made from a user's model keeps its
+    parameter names for ``curve_fit``'s default ``p0`` and the reports. Returns it.
+
+    Example:
+        >>> from adaptprec._user_fn import named_like
+        >>> def model(t, a, k):
+        ...     return a * t
+        >>> import inspect
+        >>> str(inspect.signature(named_like(lambda t, *q: model(t, *q), model, ["amp"])))
+        '(t, amp)'
+    """
+    wrapper.__name__ = getattr(model, "__name__", type(model).__name__)
+    try:
+        sig = inspect.signature(model)
+    except (TypeError, ValueError):
+        return wrapper
+    if parameters is not None:
+        first = next(iter(sig.parameters), "x")
+        sig = inspect.Signature([inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                                 for n in (first, *parameters)])
+    wrapper.__signature__ = sig
+    return wrapper

@@ -434,7 +434,7 @@ def test_fit_rejects_what_it_cannot_report():
     with pytest.raises(ValueError, match="loss must be 'linear'"):
         ap.fit(lambda x, a: a * x, x, x, loss="soft_l1")
     with pytest.raises(ValueError, match="nan_policy"):
-        ap.fit(lambda x, a: a * x, x, x, nan_policy="omit")
+        ap.fit(lambda x, a: a * x, x, x, nan_policy="propagate")
 
 
 # ------------------------------------------------------------------ batch summaries

@@ -29,6 +29,10 @@ SECTIONS = {
     "Linear algebra": ["linalg"],
     "Nonlinear least squares": ["solve_nlsq", "curve_fit", "NLSQResult", "nlsq"],
     "Batched fits": ["solve_nlsq_batch", "BatchResult"],
+    "Fit reports, global fits, errors in x": [
+        "fit", "FitResult", "profile_intervals", "ProfileIntervals", "fit_band", "Band",
+        "summarize_batch", "BatchSummary", "fit_global", "GlobalFitResult", "fit_odr",
+        "ODRResult"],
     "Autocast": [
         "autocast", "explain", "Explanation", "PrecisionPolicy", "Rule", "OpKind",
         "classify", "PRIMITIVE_KINDS", "PRESETS", "ALWAYS_F32", "ALWAYS_F16", "ALWAYS_BF16",

@@ -2,7 +2,7 @@
 ``solve_nlsq_batch`` results.
 
 A layer below ``nlsq`` and ``batch``: it uses their public APIs and nothing there imports
-it. One concept per module: :mod:`.result` (``fit``, ``FitResult``), :mod:`.intervals`
+it. One concept per module: :mod:`.fit` (``fit``), :mod:`.result` (``FitResult``), :mod:`.intervals`
 (Wald and profile-likelihood intervals), :mod:`.bands` (confidence and prediction
 bands), :mod:`.identifiability` (the identifiable subspace and its names),
 :mod:`.residual_tests` (runs test, autocorrelation), :mod:`.batch_summary` (the same
@@ -12,7 +12,8 @@ summaries for a batch of fits, vectorised).
 from .bands import Band, fit_band
 from .batch_summary import BatchSummary, summarize_batch
 from .intervals import ProfileIntervals, profile_intervals
-from .result import FitResult, fit
+from .fit import fit
+from .result import FitResult
 
 __all__ = ["Band", "BatchSummary", "FitResult", "ProfileIntervals", "fit", "fit_band",
            "profile_intervals", "summarize_batch"]

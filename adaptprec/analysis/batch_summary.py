@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Callable
 
@@ -30,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._pytree import Module
+from .._tracing import is_concrete
 from .identifiability import subspace_covariance
 from .residual_tests import lag1_autocorrelation, runs_test
 from ._quantiles import two_sided_quantile
@@ -74,7 +76,13 @@ class BatchSummary(Module):
 
     def wald_intervals(self, level: float = 0.95):
         """``(B, n, 2)`` Wald intervals, Student's t with each fit's ``dof`` (normal with
-        ``absolute_sigma=True``); jit-safe."""
+        ``absolute_sigma=True``); jit-safe (NumPy float64 for an eager summary)."""
+        if is_concrete(self.x) and isinstance(self.x, np.ndarray):
+            with _float64(self.x):
+                return np.asarray(self._wald(level), np.float64)
+        return self._wald(level)
+
+    def _wald(self, level):
         if self.absolute_sigma:
             q = two_sided_quantile(level, None) * jnp.ones_like(self.chi2)
         else:
@@ -88,15 +96,19 @@ class BatchSummary(Module):
         return {k: int(np.sum((f & b) != 0)) for k, b in FLAGS.items()}
 
 
-def _one(x, args, y, w, status, lb, ub, *, fun, model_form, absolute_sigma):
-    """The summary of one fit (vmapped over the batch by :func:`summarize_batch`)."""
+def _one(x, args, y, w, mask, status, lb, ub, *, fun, model_form, absolute_sigma):
+    """The summary of one fit (vmapped over the batch by :func:`summarize_batch`); the
+    points outside ``mask`` (padding) enter nothing: not the residuals, the Jacobian,
+    the degrees of freedom or the residual tests."""
     def residual(p):
         out = jnp.ravel(fun(p, *args))
-        return (out - y) * w if model_form else out
+        out = (out - y) * w if model_form else out
+        return jnp.where(mask, out, 0.0)
 
     r = residual(x)
     J = jax.jacfwd(residual)(x)
-    m, n = J.shape
+    n = J.shape[1]
+    m = jnp.sum(mask)
     sub = subspace_covariance(J, x)
     chi2 = jnp.sum(r * r)
     dof = m - sub.rank
@@ -109,12 +121,14 @@ def _one(x, args, y, w, status, lb, ub, *, fun, model_form, absolute_sigma):
     correl = jnp.where(both, cov / (stderr[:, None] * stderr[None, :]), jnp.nan)
     if model_form:
         f = jnp.ravel(fun(x, *args))
-        ss_tot = jnp.sum((y - jnp.mean(y)) ** 2)
-        r2 = 1.0 - jnp.sum((y - f) ** 2) / jnp.where(ss_tot > 0, ss_tot, jnp.nan)
+        ym = jnp.sum(jnp.where(mask, y, 0.0)) / jnp.maximum(m, 1)
+        ss_tot = jnp.sum(jnp.where(mask, (y - ym) ** 2, 0.0))
+        ss_res = jnp.sum(jnp.where(mask, (y - f) ** 2, 0.0))
+        r2 = 1.0 - ss_res / jnp.where(ss_tot > 0, ss_tot, jnp.nan)
     else:
         r2 = jnp.nan * chi2
-    runs = runs_test(r)
-    ac = lag1_autocorrelation(r)
+    runs = runs_test(r, mask)
+    ac = lag1_autocorrelation(r, mask)
     s = sub.singular_values
     sloppy = jnp.any(~sub.null & (jnp.sqrt(factor) / jnp.where(s > 0, s, 1.0) > 1.0))
     off = ~jnp.eye(n, dtype=bool)
@@ -130,21 +144,64 @@ def _one(x, args, y, w, status, lb, ub, *, fun, model_form, absolute_sigma):
 
 
 @functools.lru_cache(maxsize=64)
-def _program(fun, arg_axes, y_axis, w_axis, bound_axes, model_form, absolute_sigma):
+def _program(fun, arg_axes, y_axis, w_axis, mask_axis, bound_axes, model_form,
+             absolute_sigma):
     one = functools.partial(_one, fun=fun, model_form=model_form,
                             absolute_sigma=absolute_sigma)
-    return jax.jit(jax.vmap(one, in_axes=(0, arg_axes, y_axis, w_axis, 0) + bound_axes))
+    return jax.jit(jax.vmap(one, in_axes=(0, arg_axes, y_axis, w_axis, mask_axis, 0)
+                            + bound_axes))
 
 
 def summarize_batch(res, fun: Callable, args=(), *, in_axes=0, ydata=None, sigma=None,
-                    absolute_sigma: bool = False, bounds=None) -> BatchSummary:
+                    absolute_sigma: bool = False, bounds=None, mask=None) -> BatchSummary:
     """Per-fit summaries of a :class:`~adaptprec.BatchResult` (vectorised, jit-safe).
 
     Pass the same ``fun``, ``args``, ``in_axes``, ``ydata``, ``sigma`` and ``bounds`` as
     to :func:`~adaptprec.solve_nlsq_batch` (``res.x`` must be a ``(B, n)`` array). With
     ``absolute_sigma=False`` the covariance is scaled by each fit's reduced χ², as
-    ``curve_fit`` does.
+    ``curve_fit`` does. Padded fits: ``mask`` (``(m,)`` or ``(B, m)`` bool, the real
+    points) or padding by ``sigma=inf`` (or NaN ``ydata``): padded points count
+    nowhere, so each fit's ``dof`` is its own ``m_real - rank`` and ``pcov`` is scaled by
+    its own reduced chi-square. An eager summary of an eager (NumPy) result is NumPy in the
+    result's precision (float64 after an adaptive solve, also with ``jax_enable_x64``
+    off); a traced one stays traced.
     """
+    x = res.x
+    if is_concrete((x, args, ydata, sigma, bounds, mask)) and isinstance(x, np.ndarray):
+        with _float64(x):
+            out = _summarize(res, fun, args, in_axes, ydata, sigma, absolute_sigma, bounds,
+                             mask)
+        return jax.tree.map(np.asarray, out)
+    return _summarize(res, fun, args, in_axes, ydata, sigma, absolute_sigma, bounds, mask)
+
+
+def _real_points(mask, model_form, y, y_axis, w, w_axis):
+    """``(mask, its vmap axis)``: the given mask, and for model-form fits the points with
+    a finite ``ydata`` and a positive finite weight (``sigma=inf`` pads)."""
+    real = None if mask is None else jnp.asarray(mask, bool)
+    if model_form:
+        finite = jnp.isfinite(y) & jnp.isfinite(w) & (w > 0)
+        if y_axis is None and w_axis is not None:
+            finite = jnp.broadcast_to(finite, w.shape)
+        real = finite if real is None else real & finite
+    if real is None:
+        return jnp.ones((1,), bool)[0], None
+    return real, (0 if real.ndim == 2 else None)
+
+
+@contextlib.contextmanager
+def _float64(x):
+    """JAX's float64 scope around eager work on float64 NumPy data with x64 off."""
+    if x.dtype != np.float64 or jax.config.read("jax_enable_x64"):
+        yield
+        return
+    from .._x64_scope import float64_scope
+
+    with float64_scope():
+        yield
+
+
+def _summarize(res, fun, args, in_axes, ydata, sigma, absolute_sigma, bounds, mask):
     x = res.x
     if not hasattr(x, "ndim") or x.ndim != 2:
         raise ValueError("summarize_batch needs res.x of shape (B, n) (a pytree x0 is "
@@ -176,7 +233,11 @@ def summarize_batch(res, fun: Callable, args=(), *, in_axes=0, ydata=None, sigma
         lb, ub = (jnp.broadcast_to(jnp.asarray(b, dtype), (B, n) if jnp.ndim(b) == 2
                                    else (n,)) for b in bounds)
     bound_axes = tuple(0 if b.ndim == 2 else None for b in (lb, ub))
-    program = _program(fun, arg_axes, y_axis, w_axis, bound_axes, model_form,
+    real, mask_axis = _real_points(mask, model_form, y, y_axis, w, w_axis)
+    if model_form:   # padded entries: finite placeholders (their weight is 0)
+        y = jnp.where(jnp.isfinite(y), y, 0.0)
+        w = jnp.where(jnp.isfinite(w), w, 0.0)
+    program = _program(fun, arg_axes, y_axis, w_axis, mask_axis, bound_axes, model_form,
                        bool(absolute_sigma))
-    out = program(x, args, y, w, res.status, lb, ub)
+    out = program(x, args, y, w, real, res.status, lb, ub)
     return BatchSummary(*out, x=x, absolute_sigma=bool(absolute_sigma))

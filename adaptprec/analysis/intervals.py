@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -108,46 +108,121 @@ def profile_threshold(level: float, chi2_min: float, dof: int, absolute_sigma: b
 @functools.lru_cache(maxsize=64)
 def _residual_fn(model, kind):
     """One residual function per model (the batched solve's compiled program is reused
-    across calls)."""
+    across calls): least squares whitened by ``W``, or Poisson's deviance residuals."""
     def residual(q, E, e, v, x, y, W):
         p = E @ q + e * v
-        f = jnp.ravel(model(x, *[p[i] for i in range(p.shape[0])])) - y
+        f = jnp.ravel(model(x, *[p[i] for i in range(p.shape[0])]))
+        if kind == "poisson":
+            from ..modeling.likelihood import deviance_residual
+
+            return deviance_residual(f, y)
+        f = f - y
         if kind == "2d":
             return solve_triangular(W, f, lower=True)
         return f * W
     return residual
 
 
-def _whitening(res):
-    """``("1d", weights)`` or ``("2d", L)`` as curve_fit builds its residual."""
-    m = res.nobs
-    if res.sigma is None:
-        return "1d", np.ones(m)
-    s = np.asarray(res.sigma, np.float64)
+@functools.lru_cache(maxsize=16)
+def _nll_profile(model, nll):
+    """``2 nll`` minimised over the other parameters, vmapped over the profile points
+    (a user's likelihood: the Newton solver, :mod:`._newton`)."""
+    from ._newton import minimize_nll
+
+    def objective(q, E, e, v, x, y):
+        p = E @ q + e * v
+        return jnp.sum(nll(y, jnp.ravel(model(x, *[p[i] for i in range(p.shape[0])]))))
+
+    def one(q0, E, e, v, x, y, lb, ub):
+        st = minimize_nll(objective, q0, lb, ub, args=(E, e, v, x, y))
+        return 2.0 * st.f, st.status
+
+    return jax.jit(jax.vmap(one, in_axes=(0, 0, 0, 0, None, None, 0, 0)))
+
+
+class FreeView(NamedTuple):
+    """A fit on its free coordinates (:mod:`adaptprec.modeling.parameters`): what the
+    profile re-fits. ``model`` is ``g(x, *q)``; ``index[i]`` is parameter ``i``'s free
+    coordinate (``-1`` for a fixed or tied one)."""
+
+    model: Any
+    popt: Any
+    cov: Any
+    lower: Any
+    upper: Any
+    names: tuple
+    identifiable: Any
+    index: tuple
+
+
+def free_view(res) -> FreeView:
+    """The free coordinates of a :class:`~adaptprec.FitResult`."""
+    spec = res.parameters
+    if spec is None or spec.trivial:
+        return FreeView(res.model, np.asarray(res.popt, np.float64),
+                        np.asarray(res.cov_identifiable, np.float64),
+                        np.asarray(res.lower_bounds), np.asarray(res.upper_bounds),
+                        tuple(res.names), np.asarray(res.identifiable),
+                        tuple(range(res.nparams)))
+    from ..modeling.parameters import reduced_model
+
+    if res.model is None:
+        raise ValueError("profile intervals need the model: pass model= to "
+                         "FitResult.from_json")
+    return FreeView(reduced_model(res.model, spec, res.fixed_values),
+                    spec.free_values(res.popt, res.fixed_values),
+                    np.asarray(res.free_cov, np.float64), np.asarray(res.free_lower),
+                    np.asarray(res.free_upper), spec.free,
+                    np.asarray(res.free_identifiable),
+                    tuple(spec.free.index(n) if n in spec.free else -1
+                          for n in spec.names))
+
+
+def _data(res, model):
+    """``(model, kind, x, y, W)`` of the profile's residual: least squares whitened as
+    curve_fit does, Poisson's deviance, a complex model as its real parts."""
+    y = np.asarray(res.ydata)
+    if res.likelihood == "poisson":
+        return model, "poisson", res.xdata, y.astype(np.float64), np.ones(1)
+    m = y.size
+    sigma = res.sigma
+    if res.complex_points:
+        from ..modeling.complex_model import real_data, real_model, real_sigma
+
+        model, y, sigma = real_model(model), np.asarray(real_data(y)), real_sigma(sigma, m)
+        m = y.size
+    y = y.astype(np.float64)
+    if sigma is None:
+        return model, "1d", res.xdata, y, np.ones(m)
+    s = np.asarray(sigma, np.float64)
     if s.size == 1 or s.shape == (m,):
-        return "1d", np.broadcast_to(1.0 / s.reshape(-1), (m,)).copy()
-    return "2d", np.linalg.cholesky(s)
+        return model, "1d", res.xdata, y, np.broadcast_to(1.0 / s.reshape(-1), (m,)).copy()
+    return model, "2d", res.xdata, y, np.linalg.cholesky(s)
 
 
 class _Profiler:
-    """Evaluates ``Δχ²`` at ``(parameter index, value)`` pairs with one batched solve."""
+    """Evaluates ``Δχ²`` (or the deviance's, or ``2 Δnll``'s) at ``(coordinate index,
+    value)`` pairs of the free coordinates, with one batched solve."""
 
-    def __init__(self, res):
+    def __init__(self, res, view: FreeView):
         from ..batch import solve_nlsq_batch
 
         self.solve = solve_nlsq_batch
-        self.res = res
-        self.n = res.nparams
-        self.p = np.asarray(res.popt, np.float64)
-        self.cov = np.asarray(res.cov_identifiable, np.float64)
-        self.lb = np.asarray(res.lower_bounds, np.float64)
-        self.ub = np.asarray(res.upper_bounds, np.float64)
-        kind, self.W = _whitening(res)
-        self.fun = _residual_fn(res.model, kind)
-        self.x = res.xdata
-        self.y = np.asarray(res.ydata, np.float64)
+        self.n = len(view.names)
+        self.p = np.asarray(view.popt, np.float64)
+        self.cov = np.asarray(view.cov, np.float64)
+        self.lb = np.asarray(view.lower, np.float64)
+        self.ub = np.asarray(view.upper, np.float64)
         self.chi2 = float(res.chi2)
         self.size = None   # the batch size of the first call (the grid)
+        self.nll = res.likelihood if callable(res.likelihood) else None
+        if self.nll is not None:
+            self.x, self.y = res.xdata, np.asarray(res.ydata, np.float64)
+            self.model = view.model
+            self.fun = _nll_profile(view.model, self.nll)
+            return
+        model, kind, self.x, self.y, self.W = _data(res, view.model)
+        self.fun = _residual_fn(model, kind)
 
     def _embed(self, j):
         others = [i for i in range(self.n) if i != j]
@@ -161,6 +236,17 @@ class _Profiler:
         width = np.where(np.isfinite(hi - lo), hi - lo, 1.0)
         return np.clip(q, lo + 1e-10 * width, hi - 1e-10 * width)
 
+    def _at(self, vs):
+        """Δ at each value of the single coordinate (nothing to re-fit)."""
+        if self.nll is not None:
+            model, x, y = self.model, self.x, self.y
+            total = jax.vmap(lambda v: 2.0 * jnp.sum(self.nll(y, jnp.ravel(model(x, v)))))
+            return np.asarray(total(jnp.asarray(vs)), np.float64) - self.chi2
+        E, e = jnp.ones((1, 0)), jnp.ones(1)
+        r = jax.vmap(lambda v: self.fun(jnp.zeros(0), E, e, v, self.x, self.y, self.W))(
+            jnp.asarray(vs))
+        return np.asarray(jnp.sum(r * r, axis=1)) - self.chi2
+
     def __call__(self, js, vs):
         js = np.asarray(js, int)
         vs = np.asarray(vs, np.float64)
@@ -173,11 +259,8 @@ class _Profiler:
             pad = self.size - B
             return self(np.r_[js, np.repeat(js[-1:], pad)], np.r_[vs, np.repeat(vs[-1:], pad)]
                         )[:B]
-        if self.n == 1:  # nothing to re-fit: chi-square at the value
-            p = vs[:, None]
-            r = jax.vmap(lambda q: self.fun(jnp.zeros(0), jnp.ones((1, 0)), jnp.ones(1), q[0],
-                                            self.x, self.y, self.W))(p)
-            return np.asarray(jnp.sum(r * r, axis=1)) - self.chi2
+        if self.n == 1:  # nothing to re-fit
+            return self._at(vs)
         Es, es, Q_cond, Q_best, LB, UB = [], [], [], [], [], []
         for j, v in zip(js, vs):
             others, E, e = self._embed(j)
@@ -189,21 +272,25 @@ class _Profiler:
             Q_best.append(self._inside(self.p[others], lo, hi))
             LB.append(lo)
             UB.append(hi)
-        args = (np.stack(Es), np.stack(es), vs, self.x, self.y, self.W)
-        bounded = np.isfinite(self.lb).any() or np.isfinite(self.ub).any()
-        bounds = (np.stack(LB), np.stack(UB)) if bounded else None
-        out = self._solve(np.stack(Q_cond), args, bounds)
+        Es, es, LB, UB = np.stack(Es), np.stack(es), np.stack(LB), np.stack(UB)
+        out = self._solve(np.stack(Q_cond), Es, es, vs, LB, UB)
         retry = ~np.isfinite(out)
         if retry.any():  # a start that failed: again from the optimum's values (the
             # whole batch, to keep its size; only the failed fits are taken)
             again = self._solve(np.where(retry[:, None], np.stack(Q_best),
-                                         np.stack(Q_cond)), args, bounds)
+                                         np.stack(Q_cond)), Es, es, vs, LB, UB)
             out[retry] = again[retry]
         return out
 
-    def _solve(self, Q0, args, bounds):
-        r = self.solve(self.fun, Q0, args, in_axes=(0, 0, 0, None, None, None),
-                       bounds=bounds, precision="f64")
+    def _solve(self, Q0, Es, es, vs, LB, UB):
+        if self.nll is not None:
+            val, status = self.fun(jnp.asarray(Q0), Es, es, vs, self.x, self.y, LB, UB)
+            val, ok = np.asarray(val, np.float64), np.asarray(status) > 0
+            return np.where(ok & np.isfinite(val), val - self.chi2, np.nan)
+        bounded = np.isfinite(self.lb).any() or np.isfinite(self.ub).any()
+        r = self.solve(self.fun, Q0, (Es, es, vs, self.x, self.y, self.W),
+                       in_axes=(0, 0, 0, None, None, None),
+                       bounds=(LB, UB) if bounded else None, precision="f64")
         cost = np.asarray(r.cost, np.float64)
         ok = np.asarray(r.status) > 0
         return np.where(ok & np.isfinite(cost), 2.0 * cost - self.chi2, np.nan)
@@ -240,25 +327,26 @@ def _profile(res, level, points, span, refine, params) -> ProfileIntervals:
         raise ValueError(f"level must be in (0, 1), got {level!r}")
     if int(points) < 2:
         raise ValueError(f"points must be at least 2, got {points!r}")
-    n, L = res.nparams, len(levels)
     if res.dof <= 0:
         raise ValueError("no degrees of freedom: profile intervals need more data points "
                          "than identifiable parameters")
-    names = res.names
-    want = list(names) if params is None else list(params)
-    unknown = [w for w in want if w not in names]
+    want = list(res.names) if params is None else list(params)
+    unknown = [w for w in want if w not in res.names]
     if unknown:
-        raise ValueError(f"unknown parameter(s) {unknown}; the fit's are {list(names)}")
-    ident = np.asarray(res.identifiable)
-    which = [names.index(w) for w in want if ident[names.index(w)]]
-    p = np.asarray(res.popt, np.float64)
-    se = np.asarray(res.stderr, np.float64)
-    lb, ub = np.asarray(res.lower_bounds), np.asarray(res.upper_bounds)
+        raise ValueError(f"unknown parameter(s) {unknown}; the fit's are {list(res.names)}")
+    view = free_view(res)
+    n, L = len(view.names), len(levels)
+    ident = np.asarray(view.identifiable)
+    which = [view.index[res.names.index(w)] for w in want]
+    which = [j for j in which if j >= 0 and ident[j]]
+    p = np.asarray(view.popt, np.float64)
+    se = np.sqrt(np.where(ident, np.maximum(np.diag(view.cov), 0.0), np.inf))
+    lb, ub = np.asarray(view.lower), np.asarray(view.upper)
     thr = np.array([profile_threshold(lv, float(res.chi2), res.dof, res.absolute_sigma)
                     for lv in levels])
     half = max(float(two_sided_quantile(lv, None if res.absolute_sigma else res.dof))
                for lv in levels) * se
-    prof = _Profiler(res)
+    prof = _Profiler(res, view)
 
     # the grid: `points` values per side, out to `span` half-widths, clipped to the bounds
     steps = np.arange(1, points + 1) / points * span
@@ -327,7 +415,30 @@ def _profile(res, level, points, span, refine, params) -> ProfileIntervals:
         else:
             upper[j, k], upper_open[j, k] = v, False
     min_d = float(np.nanmin(d)) if d.size and np.isfinite(d).any() else 0.0
-    return ProfileIntervals(popt=p, lower=lower, upper=upper, thresholds=thr,
-                            lower_open=lower_open, upper_open=upper_open, grid=grids,
-                            dchi2=dchi, min_dchi2=min_d, names=names, levels=levels,
-                            rule="chi2" if res.absolute_sigma else "F")
+    return _on_parameters(res, view, thr, lower, upper, lower_open, upper_open, grids,
+                          dchi, min_d, levels)
+
+
+def _on_parameters(res, view, thr, lower, upper, lower_open, upper_open, grids, dchi,
+                   min_d, levels) -> ProfileIntervals:
+    """The free coordinates' intervals as the parameters': a fixed parameter's interval
+    is its value (closed); a tied one is not profiled (NaN, open: see its Wald
+    interval)."""
+    n, L = res.nparams, len(levels)
+    idx = np.asarray(view.index)
+    pick = np.maximum(idx, 0)
+    free = (idx >= 0)[:, None]
+    fixed = np.array([d == "fixed" for d in res.described])[:, None]
+    popt = np.asarray(res.popt, np.float64)
+    value = np.broadcast_to(popt[:, None], (n, L))
+    lo = np.where(free, lower[pick], np.where(fixed, value, np.nan))
+    hi = np.where(free, upper[pick], np.where(fixed, value, np.nan))
+    lo_open = np.where(free, lower_open[pick], ~fixed)
+    hi_open = np.where(free, upper_open[pick], ~fixed)
+    G = grids.shape[1]
+    grid = np.where(free, grids[pick], np.full((n, G), np.nan))
+    dch = np.where(free, dchi[pick], np.full((n, G), np.nan))
+    return ProfileIntervals(popt=popt, lower=lo, upper=hi, thresholds=thr,
+                            lower_open=lo_open, upper_open=hi_open, grid=grid,
+                            dchi2=dch, min_dchi2=min_d, names=tuple(res.names),
+                            levels=levels, rule="chi2" if res.absolute_sigma else "F")

@@ -35,16 +35,26 @@ class RunsTest(Module):
     pvalue: jax.Array
 
 
-def runs_test(residuals) -> RunsTest:
+def _real_first(r, mask):
+    """``r`` and ``mask`` with the real points first, in their order (padding last)."""
+    order = jnp.argsort(~mask, axis=-1, stable=True)
+    return jnp.take_along_axis(r, order, -1), jnp.take_along_axis(mask, order, -1)
+
+
+def runs_test(residuals, mask=None) -> RunsTest:
     """The Wald–Wolfowitz runs test on the signs of ``residuals`` (1-D, in ``x`` order;
     zeros count as positive). ``pvalue`` is one-sided (too few runs); with all residuals
-    of one sign it is 0 (``z = -inf``)."""
+    of one sign it is 0 (``z = -inf``). ``mask``: the real points (padding is left out)."""
     r = jnp.asarray(residuals)
+    if mask is None:
+        mask = jnp.ones(r.shape, bool)
+    else:
+        r, mask = _real_first(r, jnp.asarray(mask, bool))
     pos = r >= 0
-    n = r.shape[-1]
-    n_pos = jnp.sum(pos, axis=-1).astype(r.dtype)
+    n = jnp.sum(mask, axis=-1).astype(r.dtype)
+    n_pos = jnp.sum(pos & mask, axis=-1).astype(r.dtype)
     n_neg = n - n_pos
-    runs = 1 + jnp.sum(pos[..., 1:] != pos[..., :-1], axis=-1)
+    runs = 1 + jnp.sum((pos[..., 1:] != pos[..., :-1]) & mask[..., 1:], axis=-1)
     expected = 2.0 * n_pos * n_neg / n + 1.0
     var = 2.0 * n_pos * n_neg * (2.0 * n_pos * n_neg - n) / (n * n * (n - 1.0))
     z = jnp.where(var > 0, (runs - expected) / jnp.sqrt(jnp.where(var > 0, var, 1.0)),
@@ -52,11 +62,17 @@ def runs_test(residuals) -> RunsTest:
     return RunsTest(runs, expected, z, ndtr(z))
 
 
-def lag1_autocorrelation(residuals):
+def lag1_autocorrelation(residuals, mask=None):
     """``sum r_i r_{i+1} / sum r_i^2`` of the mean-removed residuals (0 for white noise,
-    towards 1 for a misfit that leaves smooth structure)."""
+    towards 1 for a misfit that leaves smooth structure); ``mask``: the real points."""
     r = jnp.asarray(residuals)
-    r = r - jnp.mean(r, axis=-1, keepdims=True)
+    if mask is None:
+        mask = jnp.ones(r.shape, bool)
+    else:
+        r, mask = _real_first(r, jnp.asarray(mask, bool))
+    n = jnp.maximum(jnp.sum(mask, axis=-1, keepdims=True), 1)
+    r = jnp.where(mask, r - jnp.sum(jnp.where(mask, r, 0.0), axis=-1, keepdims=True) / n,
+                  0.0)
     num = jnp.sum(r[..., 1:] * r[..., :-1], axis=-1)
     den = jnp.sum(r * r, axis=-1)
     return num / jnp.where(den > 0, den, 1.0)

@@ -1,14 +1,8 @@
-"""`fit` and `FitResult`: a fitted model with its uncertainties and diagnostics, and a
-report a scientist can read (lmfit's ``fit_report`` in spirit).
-
-:func:`fit` runs :func:`adaptprec.curve_fit` (``full_output=True``; ``curve_fit``'s own
-return stays scipy's) and computes, in float64 on the host side of the solve: the
-parameter table (values, standard errors, relative errors, correlations) on the
-identifiable subspace (:mod:`.identifiability`), χ², reduced χ², degrees of freedom,
-R², AIC and BIC, the residuals and their runs test, and flags (undetermined
-combinations, sloppy directions, |ρ| > 0.99, parameters at a bound). Intervals
-(:meth:`FitResult.wald_intervals`, :meth:`FitResult.profile_intervals`) and bands
-(:meth:`FitResult.band`) are computed from it on demand.
+"""`FitResult`: a fitted model with its uncertainties and diagnostics, and a report a
+scientist can read (lmfit's ``fit_report`` in spirit). :func:`adaptprec.fit` makes one
+(:mod:`.fit`); intervals (:meth:`FitResult.wald_intervals`,
+:meth:`FitResult.profile_intervals`) and bands (:meth:`FitResult.band`) are computed
+from it on demand; :meth:`FitResult.to_json` / :meth:`FitResult.from_json` keep it.
 
 Example:
     >>> import numpy as np, jax.numpy as jnp
@@ -26,48 +20,33 @@ Example:
 from __future__ import annotations
 
 import functools
-import inspect
 import math
-import warnings
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .._pytree import Module, field
-from ..precision import x64_enabled
-from .bands import Band, fit_band
-from .identifiability import describe_null_space, subspace_covariance
-from .residual_tests import lag1_autocorrelation, runs_test
 from ._quantiles import two_sided_quantile
+from .bands import Band, fit_band
 
-__all__ = ["FitResult", "fit", "parameter_names"]
-
-#: |correlation| above which a pair is flagged
-STRONG_CORRELATION = 0.99
-#: a direction whose log-parameter combination has a standard error above this (100 %)
-#: is flagged as sloppy
-SLOPPY_RELATIVE_ERROR = 1.0
-#: one-sided runs-test p-value below which the residuals flag a misfit
-RUNS_PVALUE = 0.01
+__all__ = ["FitResult", "parameter_names"]
 
 
 def parameter_names(model: Callable, n: int) -> tuple:
-    """Names of ``model(x, p1, p2, ...)``'s parameters from its signature; ``p0, p1, ...``
-    when the signature does not name ``n`` of them (``*params``, builtins).
+    """Names of ``model(x, p1, p2, ...)``'s parameters from its signature (a
+    ``functools.partial``'s keyword-only ones included); ``p0, p1, ...`` when the
+    signature does not name ``n`` of them (``*params``, builtins).
 
     Example:
         >>> from adaptprec.analysis.result import parameter_names
         >>> parameter_names(lambda x, amp, k: amp * x, 2), parameter_names(lambda x, *p: x, 2)
         (('amp', 'k'), ('p0', 'p1'))
     """
-    try:
-        params = list(inspect.signature(model).parameters.values())
-    except (TypeError, ValueError):
-        params = []
-    named = [p.name for p in params[1:]
-             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    from .._user_fn import fit_parameters
+
+    named = fit_parameters(model) or ()
     if len(named) >= n:
         return tuple(named[:n])
     return tuple(f"p{i}" for i in range(n))
@@ -95,10 +74,26 @@ class FitResult(Module):
     relative standard error along each direction), ``at_bound`` ``(n,)``, and
     :attr:`diagnostics` (sentences, empty for a healthy fit).
 
+    Parameters held fixed, tied or constrained (:mod:`adaptprec.modeling.parameters`):
+    ``parameters`` says which (``parameters.described``); the fit ran on the free
+    coordinates ``parameters.free`` (``free_cov``, ``free_lower``/``free_upper``,
+    ``free_identifiable``; ``singular_values``, ``directions`` and ``sloppy_errors``
+    are theirs), and ``popt``/``pcov``/``stderr`` cover every parameter: 0 for a fixed
+    one, propagated for a tied one. ``nfree`` counts the free coordinates (dof, AIC
+    and BIC use it).
+
+    Likelihood: ``likelihood`` (``"gaussian"``, ``"poisson"`` or the user's ``nll``);
+    ``nll`` the negative log-likelihood at the optimum (NaN for least squares). For
+    Poisson ``chi2`` is the deviance and ``pcov`` the inverse Fisher information; for a
+    user's likelihood ``chi2 = 2 nll`` and ``pcov`` the inverse Hessian; both are
+    unscaled (``absolute_sigma`` True). A complex model (``complex_points`` values)
+    counts ``2 complex_points`` observations; its ``residuals`` are complex.
+
     Solver: ``status``, ``message``, ``success``, ``nfev``, ``nit``, ``rung``
     (``"f64"``), ``escalations``, ``method``; ``solver`` is the :class:`~adaptprec.NLSQResult`.
 
-    ``str(result)`` is the report; :meth:`to_dict`, :meth:`to_dataframe` export it.
+    ``str(result)`` is the report; :meth:`to_dict`, :meth:`to_dataframe` export it,
+    :meth:`to_json` / :meth:`from_json` keep it.
     """
 
     popt: Any
@@ -128,19 +123,43 @@ class FitResult(Module):
     sigma: Any
     p0: Any
     solver: Any
-    names: tuple = field(static=True)
-    model: Callable = field(static=True)
-    dof: int = field(static=True)
-    nobs: int = field(static=True)
-    rank: int = field(static=True)
-    absolute_sigma: bool = field(static=True)
-    method: str = field(static=True)
-    diagnostics: tuple = field(static=True)
+    fixed_values: Any = None
+    free_cov: Any = None
+    free_lower: Any = None
+    free_upper: Any = None
+    free_identifiable: Any = None
+    nll: Any = math.nan
+    names: tuple = field(static=True, default=())
+    model: Callable = field(static=True, default=None)
+    dof: int = field(static=True, default=0)
+    nobs: int = field(static=True, default=0)
+    rank: int = field(static=True, default=0)
+    absolute_sigma: bool = field(static=True, default=False)
+    method: str = field(static=True, default="")
+    diagnostics: tuple = field(static=True, default=())
+    parameters: Any = field(static=True, default=None)
+    likelihood: Any = field(static=True, default="gaussian")
+    complex_points: int = field(static=True, default=0)
 
     # ------------------------------------------------------------------ basics
     @property
     def nparams(self) -> int:
         return len(self.names)
+
+    @property
+    def nfree(self) -> int:
+        """The free coordinates the fit adjusted (parameters not fixed or tied, plus
+        one slack per constraint)."""
+        return len(self.parameters.free) if self.parameters is not None else \
+            self.nparams
+
+    @property
+    def described(self) -> tuple:
+        """Per parameter: ``"free"``, ``"fixed"``, ``"= expression"`` or
+        ``"constrained: a <= b"``."""
+        if self.parameters is None:
+            return ("free",) * self.nparams
+        return self.parameters.described
 
     @property
     def relerr(self):
@@ -180,9 +199,15 @@ class FitResult(Module):
 
     def predict(self, x=None):
         """The fitted model at ``x`` (default: the data's ``x``)."""
+        self._needs_model("predict")
         x = self.xdata if x is None else x
         p = jnp.asarray(self.popt)
         return self.model(x, *[p[i] for i in range(p.shape[0])])
+
+    def _needs_model(self, what: str):
+        if self.model is None:
+            raise ValueError(f"{what} needs the model: this result was read from JSON "
+                             "without one; pass model= to FitResult.from_json")
 
     # ------------------------------------------------------------------ intervals
     def wald_intervals(self, level: float = 0.95) -> np.ndarray:
@@ -204,25 +229,67 @@ class FitResult(Module):
     def band(self, x=None, level: float = 0.95, kind: str = "confidence",
              noise_sigma=None) -> Band:
         """Confidence or prediction band at ``x`` (default: the data's ``x``) by the delta
-        method (:func:`adaptprec.fit_band`), in ``x``'s precision; jit/vmap/grad-safe.
+        method (:func:`adaptprec.fit_band`) in ``x``'s precision (float64 for float64
+        or integer ``x``, with ``jax_enable_x64`` off too); jit/vmap/grad-safe. Eager
+        calls return NumPy arrays.
 
         ``noise_sigma`` (prediction bands): a new observation's standard deviation on
         the scale of the fit's ``sigma`` (default 1, i.e. ``sigma=None`` fits); with
         ``absolute_sigma=False`` it is scaled by ``sqrt(redchi)`` as ``pcov`` is. A fit
-        with ``sigma`` needs it given."""
+        with ``sigma`` needs it given; a Poisson fit's is ``sqrt(f)``. A complex model's
+        band holds the real part's band in ``.real`` and the imaginary part's in
+        ``.imag`` of each field."""
+        from .._tracing import is_concrete
+        from ..precision import x64_enabled
+
+        self._needs_model("band")
         if x is None:
             x = self.xdata
         if kind == "prediction" and noise_sigma is None:
             if self.sigma is not None:
                 raise ValueError("this fit has sigma: give the prediction band the "
                                  "noise_sigma of a new observation at x")
-            noise_sigma = 1.0
+            if self.likelihood not in ("gaussian", "poisson"):
+                raise ValueError("a prediction band of a user's likelihood needs the "
+                                 "noise_sigma of a new observation at x")
+            noise_sigma = None if self.likelihood == "poisson" else 1.0
         if noise_sigma is not None and not self.absolute_sigma:
             noise_sigma = jnp.asarray(noise_sigma) * jnp.sqrt(self.redchi)
+        if not is_concrete(x, noise_sigma):
+            return self._band(x, level, kind, noise_sigma)
+        if x64_enabled():
+            out = self._band(x, level, kind, noise_sigma)
+        else:
+            from .._x64_scope import float64_scope
+
+            with float64_scope():
+                out = self._band(x, level, kind, noise_sigma)
+        low = np.asarray(x).dtype.kind == "f" and np.asarray(x).dtype.itemsize < 8
+        real = np.asarray(x).dtype if low else np.float64
+        return jax.tree.map(lambda a: np.asarray(a, real if not np.iscomplexobj(a)
+                                                 else np.result_type(real, 1j)), out)
+
+    def _band(self, x, level, kind, noise_sigma):
+        from .._tracing import is_concrete
+
+        concrete = is_concrete(x, noise_sigma)
+        if concrete:
+            x = np.asarray(x, np.float64) if np.asarray(x).dtype.kind in "iub" else x
         null = self.null_space if np.shape(self.null_space)[1] else None
-        program = _band_program(self.model, kind, self.absolute_sigma)
-        return program(x, self.popt, self.cov_identifiable, level, self.dof, noise_sigma,
-                       null)
+        model = self.model
+        if self.complex_points:
+            from ..modeling.complex_model import real_model
+
+            model = real_model(model)
+        poisson = self.likelihood == "poisson" and kind == "prediction" and \
+            noise_sigma is None
+        program = _band_program(model, kind, self.absolute_sigma, poisson)
+        out = program(x, self.popt, self.cov_identifiable, level, self.dof, noise_sigma,
+                      null)
+        if not self.complex_points:
+            return out
+        return jax.tree.map(lambda a: a if jnp.ndim(a) == 0 else
+                            a.reshape(-1, 2)[:, 0] + 1j * a.reshape(-1, 2)[:, 1], out)
 
     # ------------------------------------------------------------------ export
     def to_dict(self) -> dict:
@@ -230,21 +297,38 @@ class FitResult(Module):
         wald = self.wald_intervals(0.95)
         params = {n: {"value": float(v), "stderr": float(s), "relerr": float(r),
                       "wald95": (float(lo), float(hi)), "at_bound": bool(b),
-                      "identifiable": bool(i)}
-                  for n, v, s, r, (lo, hi), b, i in zip(
+                      "identifiable": bool(i), "vary": d == "free",
+                      "expr": None if d in ("free", "fixed") else d}
+                  for n, v, s, r, (lo, hi), b, i, d in zip(
                       self.names, np.asarray(self.popt), np.asarray(self.stderr),
                       self.relerr, wald, np.asarray(self.at_bound),
-                      np.asarray(self.identifiable))}
+                      np.asarray(self.identifiable), self.described)}
         return {"params": params,
                 "correl": np.asarray(self.correl).tolist(),
                 "chi2": float(self.chi2), "redchi": float(self.redchi), "dof": self.dof,
-                "nobs": self.nobs, "nparams": self.nparams, "rank": self.rank,
+                "nobs": self.nobs, "nparams": self.nparams, "nfree": self.nfree,
+                "rank": self.rank, "likelihood": self.likelihood if isinstance(
+                    self.likelihood, str) else "callable", "nll": float(self.nll),
                 "r2": float(self.r2), "aic": float(self.aic), "bic": float(self.bic),
                 "runs_pvalue": float(self.runs.pvalue),
                 "autocorrelation": float(self.autocorrelation),
                 "status": self.status, "success": self.success, "message": self.message,
                 "rung": self.rung, "nfev": self.nfev, "method": self.method,
                 "diagnostics": list(self.diagnostics)}
+
+    def to_json(self, **dumps_kwargs) -> str:
+        """Every field as a JSON document (:mod:`._json`); the model is not kept."""
+        from ._json import to_json
+
+        return to_json(self, **dumps_kwargs)
+
+    @classmethod
+    def from_json(cls, text: str, model=None, expr=None) -> "FitResult":
+        """The result of :meth:`to_json`; ``model`` (and ``expr`` for ties that were
+        callables) to predict, draw bands and profile again."""
+        from ._json import from_json
+
+        return from_json(cls, text, model=model, expr=expr)
 
     def to_dataframe(self):
         """The parameter table as a ``pandas.DataFrame`` (index: names; columns value,
@@ -273,178 +357,15 @@ class FitResult(Module):
 
 
 @functools.lru_cache(maxsize=64)
-def _band_program(model, kind, absolute_sigma):
+def _band_program(model, kind, absolute_sigma, poisson=False):
     """:func:`fit_band` compiled once per model and kind (an eager band would dispatch
-    and compile its small operations one by one); level and dof are traced."""
+    and compile its small operations one by one); level and dof are traced. A Poisson
+    prediction band's noise is ``sqrt(f)``."""
     def band(x, popt, pcov, level, dof, noise_sigma, null):
+        if poisson:
+            f = model(x, *[popt[i] for i in range(popt.shape[0])])
+            noise_sigma = jnp.sqrt(jnp.maximum(jnp.ravel(f), 0.0))
         return fit_band(model, x, popt, pcov, level=level,
                         dof=None if absolute_sigma else dof, kind=kind,
                         noise_sigma=noise_sigma, null_space=null)
     return jax.jit(band)
-
-
-# ---------------------------------------------------------------------- fit
-
-def _bounds_arrays(bounds, n):
-    lb, ub = bounds
-    return (np.broadcast_to(np.asarray(lb, np.float64), (n,)).copy(),
-            np.broadcast_to(np.asarray(ub, np.float64), (n,)).copy())
-
-
-def _to_numpy(tree):
-    return jax.tree.map(lambda a: np.asarray(a) if isinstance(a, jax.Array) else a, tree)
-
-
-@jax.jit
-def _summary_arrays(J, r, popt, y, f, lb, ub, order):
-    """Everything array-valued of the report, in one compiled program per shape."""
-    sub = subspace_covariance(J, popt)
-    rw = r[order]
-    runs = runs_test(rw)
-    ac = lag1_autocorrelation(rw)
-    ss_res = jnp.sum((y - f) ** 2)
-    ss_tot = jnp.sum((y - jnp.mean(y)) ** 2)
-    r2 = 1.0 - ss_res / jnp.where(ss_tot > 0, ss_tot, jnp.nan)
-    tol = 1e-8 * (1.0 + jnp.abs(popt))
-    at_bound = (jnp.isfinite(lb) & (popt - lb <= tol)) | (jnp.isfinite(ub) & (ub - popt <= tol))
-    return sub, runs, ac, r2, at_bound
-
-
-def fit(model: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bool = False,
-        bounds=(-np.inf, np.inf), method: Optional[str] = None, *, names=None,
-        **curve_fit_kwargs) -> FitResult:
-    """Fit ``model(xdata, *params)`` to ``ydata`` and return a :class:`FitResult`.
-
-    The arguments are :func:`adaptprec.curve_fit`'s (which runs the solve, with
-    ``full_output=True``; ``curve_fit``'s own return is untouched). ``names`` overrides
-    the parameter names read from ``model``'s signature. A fit that fails raises
-    ``RuntimeError`` as ``curve_fit`` does. The statistics are least-squares ones, so
-    ``loss`` must be ``"linear"``; points with NaN must be dropped first
-    (``nan_policy`` is not taken).
-
-    Why a separate entry instead of a sixth item of ``curve_fit(full_output=True)``:
-    that tuple is scipy's contract (``popt, pcov, infodict, mesg, ier``) and code unpacks
-    it by position; ``fit`` keeps ``curve_fit`` a drop-in and gives the report one
-    obvious name.
-
-    Example:
-        >>> import numpy as np, jax.numpy as jnp
-        >>> import adaptprec as ap
-        >>> x = np.linspace(0.0, 1.0, 12)
-        >>> y = 3.0 * x + 1.0 + np.array([1, -1] * 6) * 0.01
-        >>> res = ap.fit(lambda x, slope, icpt: slope * x + icpt, x, y)
-        >>> res.names, res.dof, [round(float(v), 4) for v in res.stderr]
-        (('slope', 'icpt'), 10, [0.01, 0.0059])
-    """
-    from ..nlsq.curve_fit import OptimizeWarning, curve_fit
-
-    for bad in ("full_output", "nan_policy"):
-        if curve_fit_kwargs.get(bad) is not None:
-            raise ValueError(f"fit does not take {bad}=; call curve_fit for it (fit always "
-                             "asks curve_fit for its full output; drop NaN points first)")
-    if curve_fit_kwargs.get("loss", "linear") != "linear":
-        raise ValueError("fit reports least-squares statistics (chi-square, pcov): "
-                         "loss must be 'linear'; use curve_fit for a robust loss")
-    curve_fit_kwargs.pop("full_output", None)
-    curve_fit_kwargs.pop("nan_policy", None)
-    with warnings.catch_warnings():
-        # curve_fit warns about an inf pcov; the report names the cause instead
-        warnings.simplefilter("ignore", OptimizeWarning)
-        warnings.filterwarnings("ignore", "Covariance of the parameters could not")
-        popt, _, info, _, _ = curve_fit(model, xdata, ydata, p0, sigma, absolute_sigma,
-                                        bounds=bounds, method=method, full_output=True,
-                                        **curve_fit_kwargs)
-    solver = info["result"]
-    if x64_enabled():
-        return _build(model, xdata, ydata, p0, sigma, absolute_sigma, bounds, method,
-                      names, popt, solver)
-    from .._x64_scope import float64_scope
-
-    with float64_scope():
-        out = _build(model, xdata, ydata, p0, sigma, absolute_sigma, bounds, method,
-                     names, popt, solver)
-    return out
-
-
-def _build(model, xdata, ydata, p0, sigma, absolute_sigma, bounds, method, names, popt,
-           solver) -> FitResult:
-    popt = np.asarray(popt, np.float64)
-    n = popt.size
-    names = tuple(names) if names is not None else parameter_names(model, n)
-    if len(names) != n:
-        raise ValueError(f"names has {len(names)} entries for {n} parameters")
-    x = np.asarray(xdata) if not isinstance(xdata, jax.Array) else xdata
-    y = np.asarray(ydata, np.float64).ravel()
-    J = np.asarray(solver.jac, np.float64).reshape(-1, n)
-    r = np.asarray(solver.fun, np.float64).ravel()
-    m = r.size
-    f = np.asarray(model(x, *[jnp.asarray(v) for v in popt]), np.float64).ravel()
-    f = np.broadcast_to(f, y.shape)
-    lb, ub = _bounds_arrays(bounds if not hasattr(bounds, "lb") else (bounds.lb, bounds.ub), n)
-    xs = np.asarray(x)
-    order = np.argsort(xs, kind="stable") if xs.ndim == 1 and xs.size == m else np.arange(m)
-    sub, runs, ac, r2, at_bound = _to_numpy(_summary_arrays(
-        J, r, popt, y, f, lb, ub, order))
-    at_bound = at_bound | (np.asarray(solver.active_mask) != 0)
-    rank = int(sub.rank)
-    dof = m - rank
-    chi2 = float(np.sum(r * r))
-    redchi = chi2 / dof if dof > 0 else math.inf
-    factor = 1.0 if absolute_sigma else redchi
-    cov_id = np.asarray(sub.cov) * factor
-    ident = np.asarray(sub.identifiable)
-    both = np.outer(ident, ident)
-    pcov = np.where(both, cov_id, np.inf)
-    stderr = np.sqrt(np.where(ident, np.diag(cov_id), np.inf))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        correl = np.where(both, cov_id / np.outer(stderr, stderr), np.nan)
-    s = np.asarray(sub.singular_values)
-    V = np.asarray(sub.directions)
-    null = np.asarray(sub.null)
-    null_space = (np.asarray(sub.scale)[:, None] * V)[:, null]
-    with np.errstate(divide="ignore"):
-        sloppy = np.where(null, np.inf, math.sqrt(factor) / s)
-    logl = m * math.log(chi2 / m) if chi2 > 0 else -math.inf
-    aic = logl + 2 * n
-    bic = logl + math.log(m) * n
-
-    def predict(p):
-        return np.asarray(model(x, *[jnp.asarray(v) for v in p]), np.float64)
-
-    notes = describe_null_space(names, sub, popt, predict, cov_id)
-    for k in np.flatnonzero(~null & (sloppy > SLOPPY_RELATIVE_ERROR)):
-        u = V[:, k]
-        big = np.argsort(-np.abs(u))[:3]
-        terms = " ".join(f"{u[i] / u[big[0]]:+.2g}·log {names[i]}" for i in big
-                         if abs(u[i]) > 0.05 * abs(u[big[0]]))
-        notes.append(f"sloppy direction: {terms} is determined only to ±{sloppy[k]:.0%} "
-                     "(relative)")
-    for i in range(n):
-        for j in range(i + 1, n):
-            if abs(correl[i, j]) > STRONG_CORRELATION:
-                notes.append(f"{names[i]} and {names[j]} are strongly correlated "
-                             f"(rho = {correl[i, j]:+.4f})")
-    for i in np.flatnonzero(at_bound):
-        notes.append(f"{names[i]} is at a bound ({popt[i]:.6g}); its standard error and "
-                     "Wald interval assume it is not")
-    if float(runs.pvalue) < RUNS_PVALUE:
-        notes.append(f"residuals: {int(runs.runs)} runs of one sign where "
-                     f"{float(runs.expected):.1f} are expected (p = {float(runs.pvalue):.2g}, "
-                     f"lag-1 autocorrelation {float(ac):+.2f}): the model may miss a "
-                     "feature of the data")
-    if dof <= 0:
-        notes.append("no degrees of freedom left: the reduced chi-square and the scaled "
-                     "covariance are undefined")
-    return FitResult(
-        popt=popt, stderr=stderr, pcov=pcov, cov_identifiable=cov_id, correl=correl,
-        chi2=chi2, redchi=redchi, r2=float(r2), aic=aic, bic=bic, residuals=y - f,
-        weighted_residuals=r, runs=runs, autocorrelation=float(ac),
-        singular_values=s, directions=V, identifiable=ident, null_space=null_space,
-        sloppy_errors=sloppy, at_bound=np.asarray(at_bound), lower_bounds=lb,
-        upper_bounds=ub, xdata=x, ydata=y,
-        sigma=None if sigma is None else np.asarray(sigma, np.float64),
-        p0=None if p0 is None else np.asarray(p0, np.float64), solver=solver,
-        names=names, model=model, dof=dof, nobs=m, rank=rank,
-        absolute_sigma=bool(absolute_sigma),
-        method=method or ("lm" if np.all(np.isinf(lb)) and np.all(np.isinf(ub)) else "trf"),
-        diagnostics=tuple(notes))

@@ -47,21 +47,42 @@ def _call(f, xdata, p, role="model"):
 
 
 def _model_minus_data(f, xdata, p, ydata):
-    """``f(xdata, *p) - ydata``, refusing shapes that broadcast into something else (a
-    model of shape ``(m, 1)`` against ``ydata`` of shape ``(m,)``), when tracing."""
+    """``f(xdata, *p) - ydata``. The model must return ``ydata``'s shape (one ``ydata``
+    value may broadcast against it): a column ``(m, 1)``, a scalar or a stacked
+    ``(2, m)`` would otherwise broadcast into a different number of residuals and a
+    wrong fit. Checked when tracing: no run-time cost."""
     out = _call(f, xdata, p)
+    if jnp.iscomplexobj(out) and not jnp.iscomplexobj(ydata):
+        raise ValueError("curve_fit: the model returns complex values but ydata is real; "
+                         "pass complex ydata (real and imaginary parts are fitted "
+                         "together)")
     a, b = np.shape(out), np.shape(ydata)
-    try:
-        both = np.broadcast_shapes(a, b)
-    except ValueError:
-        both = None
-    if both is None or both not in (a, b):
-        hint = (" (not a column: ravel it, or index with [:, 0])"
-                if np.size(out) == np.prod(b) else "")
-        raise ValueError(
-            f"curve_fit: the model returned shape {a} but ydata has shape {b}; "
-            f"f(xdata, *p) must return one value per data point, shape {b}{hint}")
+    if a != b and int(np.prod(b)) != 1:
+        raise ValueError(shape_message(a, b, np.shape(xdata) if hasattr(xdata, "shape")
+                                       else None))
     return out - ydata
+
+
+def shape_message(a: tuple, b: tuple, x_shape) -> str:
+    """The error for a model output of shape ``a`` against ``ydata`` of shape ``b``,
+    naming the likely cause (the data's lengths, a column, a scalar, stacked outputs)."""
+    n_y = int(np.prod(b))
+    if x_shape and len(a) == len(x_shape) >= 1 and a[-1] == x_shape[-1] != n_y:
+        return (f"curve_fit: xdata has {x_shape[-1]} points (its last axis) but ydata has "
+                f"{n_y}: give one ydata value per point of xdata (the model returned "
+                f"shape {a}, following xdata)")
+    head = f"curve_fit: the model returned shape {a} but ydata has shape {b}; "
+    if not a or int(np.prod(a)) == 1:
+        hint = (": it returned one value for all points. Compute it from x (a constant "
+                "model is c + 0 * x)")
+    elif int(np.prod(a)) == n_y:
+        hint = " (not a column: ravel it, or index with [:, 0])"
+    elif len(a) > 1 and a[-1] == n_y:
+        hint = (f": {int(np.prod(a[:-1]))} values per point. Fit each output separately, "
+                "or stack ydata the same way and return jnp.ravel(...) of both")
+    else:
+        hint = ""
+    return head + f"f(xdata, *p) must return one value per data point, shape {b}" + hint
 
 
 def _residual_for(f: Callable, kind: str) -> Callable:

@@ -15,6 +15,7 @@ import numpy as np
 from jax.scipy.linalg import qr
 
 from .._tracing import is_concrete
+from .._user_fn import positional_model
 from .._x64_rule import float64_entry
 from ._auto_starts import for_curve_fit
 from ._inputs import broadcast_bounds
@@ -87,6 +88,16 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
         scipy's finite differences.
       full_output: also return ``infodict`` (``nfev``, ``fvec``, MINPACK's ``fjac``,
         ``ipvt`` (0-based), ``qtf``, ``result``), ``mesg`` and ``ier``.
+      fixed, expr, constraints: parameters held at a value (``{"c": 0.0}``), tied
+        (``{"b": "2*a"}`` or a callable of the parameters by name) or held by an
+        inequality (``["a < b"]``); ``p0`` and ``bounds`` may then be dicts by name.
+        ``popt``/``pcov`` cover every parameter, ``pcov`` propagated from the free
+        ones (:mod:`adaptprec.modeling.parameters`).
+      Complex ``ydata`` (and a complex model): the real and imaginary parts are fitted
+        together (:mod:`adaptprec.modeling.complex_model`).
+      likelihood: ``"gaussian"`` (least squares, the default) or ``"poisson"``
+        (counts: the deviance minimised, ``pcov`` the inverse Fisher information;
+        :mod:`adaptprec.modeling.likelihood`).
       **kwargs: :func:`~adaptprec.solve_nlsq`'s options (``precision``, ``loss``,
         ``ftol``, ``max_nfev``, ``starts``...); ``leastsq``'s ``maxfev``, ``epsfcn`` and
         ``diag`` are translated.
@@ -110,7 +121,32 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
         raise ValueError("'args' is not a supported keyword argument (curve_fit passes "
                          "the parameters to f as f(xdata, *params)).")
     kwargs = leastsq_kwargs(kwargs)
-    jac = None if jac is None else check_jac_option(jac)
+    code = getattr(f, "__code__", None)
+    if code is None or code.co_kwonlyargcount:   # a partial's keyword-only parameters
+        f = positional_model(f)                   # are passed by name
+    named = {k: kwargs.pop(k) for k in ("fixed", "expr", "constraints") if k in kwargs}
+    if isinstance(p0, dict) or isinstance(bounds, dict) or any(
+            v is not None for v in named.values()):
+        from ..modeling.parameters import curve_fit_free   # fixed, tied, constrained
+
+        return curve_fit_free(curve_fit, f, xdata, ydata, p0, sigma, absolute_sigma,
+                              check_finite, bounds, method, jac, full_output, nan_policy,
+                              kwargs, **named)
+    if kwargs.get("likelihood", "gaussian") != "gaussian":   # counts: the deviance
+        from ..modeling.likelihood import curve_fit_poisson
+
+        kwargs.pop("likelihood")
+        return curve_fit_poisson(curve_fit, covariance_at, f, xdata, ydata, p0, sigma,
+                                 check_finite, bounds, method, jac, full_output,
+                                 nan_policy, kwargs)
+    kwargs.pop("likelihood", None)
+    if np.iscomplexobj(ydata):   # real and imaginary parts as residuals
+        from ..modeling.complex_model import curve_fit_complex
+
+        return curve_fit_complex(curve_fit, f, xdata, ydata, p0, sigma, absolute_sigma,
+                                 check_finite, bounds, method, jac, full_output,
+                                 nan_policy, kwargs)
+    jac = check_jac_option(jac, allow_none=True)
     if wants_curve_fit_stream(xdata, ydata, kwargs):  # larger than memory
         out = curve_fit_stream(f, xdata, ydata, p0, sigma, absolute_sigma, check_finite,
                                bounds, method, jac, full_output, nan_policy, kwargs)
