@@ -146,7 +146,7 @@ def curve_fit(f: Callable, xdata, ydata, p0=None, sigma=None, absolute_sigma: bo
         return curve_fit_complex(curve_fit, f, xdata, ydata, p0, sigma, absolute_sigma,
                                  check_finite, bounds, method, jac, full_output,
                                  nan_policy, kwargs)
-    jac = check_jac_option(jac, allow_none=True)
+    jac = None if jac is None else check_jac_option(jac)
     if wants_curve_fit_stream(xdata, ydata, kwargs):  # larger than memory
         out = curve_fit_stream(f, xdata, ydata, p0, sigma, absolute_sigma, check_finite,
                                bounds, method, jac, full_output, nan_policy, kwargs)
