@@ -53,6 +53,8 @@ _SLOW_DOCTESTS = {
     "adaptprec._plot.plot_fit",
     "adaptprec.analysis.batch_summary",
     "adaptprec.linalg.solve.solve",
+    "adaptprec.batch.api.solve_nlsq_batch",
+    "adaptprec.linalg",
 }
 
 

@@ -62,6 +62,7 @@ def _scipy(fun, x0):
 
 
 # ----------------------------------------------------------------- agreement with scipy
+@pytest.mark.slow
 def test_adaptive_gaussian_agrees_with_scipy(gauss):
     assert isinstance(gauss, BatchResult)
     assert gauss.ladder == ("f32", "f64")

@@ -43,6 +43,7 @@ def test_blocks_follow_the_switch(monkeypatch, tricks):
     assert ("scan[" in text) == (tricks == "1")
 
 
+@pytest.mark.slow
 def test_plain_path_gives_the_same_fits(monkeypatch):
     y, x0 = _problem()
     kw = dict(args=(T,), in_axes=None, ydata=y, precision="f64", block_size=4,

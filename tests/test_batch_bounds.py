@@ -66,6 +66,7 @@ def test_matches_scipy_trf_including_active_sets(f64_solution):
     assert float(jnp.max(res.optimality)) < 1e-5    # a held component would be O(0.1)
 
 
+@pytest.mark.slow
 def test_inactive_bounds_change_nothing_beyond_rounding():
     kw = dict(args=(T,), in_axes=None, ydata=Y, precision="f64", compaction=None, **TIGHT)
     free = ap.solve_nlsq_batch(decay, X0, **kw)
@@ -73,6 +74,7 @@ def test_inactive_bounds_change_nothing_beyond_rounding():
     np.testing.assert_allclose(np.asarray(wide.x), np.asarray(free.x), rtol=1e-7, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_shared_per_fit_and_pytree_bounds_agree(f64_solution):
     kw = dict(in_axes=None, ydata=Y, precision="f64", compaction=None, **TIGHT)
     per_fit = ap.solve_nlsq_batch(decay, X0, (T,), bounds=(np.tile(LB, (B, 1)),

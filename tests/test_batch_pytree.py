@@ -44,6 +44,7 @@ def flat_result():
                                precision="f64", return_pcov=True)
 
 
+@pytest.mark.slow
 def test_dict_start_matches_flat(flat_result):
     x0 = {"amp": X0[:, 0], "rate_offset": X0[:, 1:]}
     res = ap.solve_nlsq_batch(dict_model, x0, (T,), in_axes=None, ydata=Y,

@@ -40,6 +40,7 @@ def test_curve_fit_complex_against_the_split_model(reference):
     np.testing.assert_allclose(pcov, reference[1], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_fit_complex_report(reference):
     res = ap.fit(debye, W, Y, p0=P0, sigma=SIGMA)
     np.testing.assert_allclose(res.popt, reference[0], rtol=1e-7)

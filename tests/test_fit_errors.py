@@ -89,6 +89,7 @@ def test_adaptive_string_names_the_kernel(options):
 # ------------------------------------------------------------------ 5. plot_fit
 
 
+@pytest.mark.slow
 def test_plot_fit_curve_on_a_fine_grid():
     matplotlib = pytest.importorskip("matplotlib")
     matplotlib.use("Agg")

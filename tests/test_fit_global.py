@@ -76,6 +76,7 @@ def test_uneven_datasets_count_their_own_points():
     assert res.dof == sum(lengths) - 1 - 2 * D
 
 
+@pytest.mark.slow
 def test_fixed_per_dataset_values():
     res = ap.fit_global(decay, T, Y, shared=["k"], fixed={"b": B}, p0=P0)
     np.testing.assert_array_equal(res.popt[:, 2], B)

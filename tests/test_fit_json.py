@@ -40,6 +40,7 @@ def test_fit_result_json_round_trip(options):
         ap.FitResult.from_json(text).band()
 
 
+@pytest.mark.slow
 def test_json_of_a_callable_tie_asks_for_it_back():
     res = ap.fit(decay, X, Y, expr={"c": lambda p: 0.25 * p["a"]})
     back = ap.FitResult.from_json(res.to_json(), model=decay,
@@ -60,6 +61,7 @@ def test_fit_omits_nan_points():
         ap.fit(decay, X, y)
 
 
+@pytest.mark.slow
 def test_bands_and_batch_summaries_are_float64_numpy_with_x64_off():
     out = run_python("""
         import warnings

@@ -112,6 +112,7 @@ def test_fit_poisson_report(poisson_fit, reference):
         fisher_inv)), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_poisson_profile_against_a_direct_profile(poisson_fit):
     prof = poisson_fit.profile_intervals(0.95, params=["k"])
     lo, hi = prof.interval("k")

@@ -64,6 +64,7 @@ def lorentz(x, b0, b1, b2):
     return b0 * b1 * b2 / jnp.sqrt((x * x - b2 * b2) ** 2 + (b1 * x) ** 2)
 
 
+@pytest.mark.slow
 def test_lorentz_peak():
     """scipy's test_lorentz (a Lorentz peak, tiny x errors)."""
     sy = np.array([.29] * 18)

@@ -80,6 +80,7 @@ def test_fit_report_of_fixed_and_tied(tied_fit, reference):
     assert wald[6].tolist() == [0.3, 0.3]
 
 
+@pytest.mark.slow
 def test_profile_intervals_on_the_free_coordinates(tied_fit):
     prof = tied_fit.profile_intervals(0.95, params=["a1", "m2", "w2", "c"])
     lo, hi = prof.interval("a1")
@@ -123,6 +124,7 @@ def test_constraint_matches_the_slack_model():
     np.testing.assert_allclose(popt, expect, rtol=1e-5, atol=1e-8)
 
 
+@pytest.mark.slow
 def test_bounds_and_p0_by_name():
     x = np.linspace(0, 4, 30)
     y = 2.0 * np.exp(-1.2 * x) + 0.5 + 0.01 * np.cos(7 * x)

@@ -217,6 +217,7 @@ def _direct_profile(model, x, y, popt, j, level, sigma=None, absolute_sigma=Fals
     return ends
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["4pl", "mm"])
 def test_profile_intervals_match_a_direct_float64_profile(fits, profiles, name):
     res, model, x, y, kw = fits[name]
@@ -251,6 +252,7 @@ def test_profile_intervals_match_lmfit_conf_interval(fits, profiles, name):
             assert prof.upper[j, k] == pytest.approx(hi, abs=2e-4 * width)
 
 
+@pytest.mark.slow
 def test_profile_with_known_sigma_uses_the_chi2_threshold():
     model, x, y, kw = _data("mm")
     sigma = np.full(x.size, 0.06)
@@ -267,6 +269,7 @@ def test_profile_with_known_sigma_uses_the_chi2_threshold():
                                rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_profile_end_at_a_bound_is_reported_open():
     model, x, y, kw = _data("mm")
     res = ap.fit(model, x, y, p0=kw["p0"], bounds=([0.0, 0.0], [10.0, 1.9]))
@@ -323,6 +326,7 @@ def test_bands_under_jit_vmap_and_grad(fits):
     np.testing.assert_allclose(again, eager.stderr, rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_band_runs_in_the_working_precision_of_x(fits):
     res = fits["mm"][0]
     xs = np.linspace(0.1, 10.0, 5)
@@ -335,6 +339,7 @@ def test_band_runs_in_the_working_precision_of_x(fits):
 # ------------------------------------------------------------------ identifiability
 
 
+@pytest.mark.slow
 def test_non_identifiable_product_keeps_finite_errors_for_the_rest(fits):
     res, model, x, y, kw = fits["ab"]
     assert res.rank == 2 and res.dof == x.size - 2

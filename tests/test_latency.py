@@ -61,6 +61,7 @@ def _agree(name):
 
 @pytest.mark.parametrize("name", [n if n == "Kirby2" else pytest.param(n, marks=pytest.mark.slow)
                                   for n in HANDFUL])
+@pytest.mark.slow
 def test_eager_and_traced_agree_on_nist(name):
     _agree(name)
 
@@ -128,6 +129,7 @@ def test_memo_of_fresh_models_stays_bounded(monkeypatch):
                                       _caches.RESIDUALS))
 
 
+@pytest.mark.slow
 def test_padded_rows_contribute_nothing():
     t, y = _data(100, seed=3)  # bucket 128
     sig = 0.01 + 0.02 * np.random.default_rng(4).random(100)

@@ -79,6 +79,7 @@ def check_sweep_point(solver, kappa, seed):
 KAPPAS = [1e0, 1e2, 1e4, 1e6, 1e8, 1e10, 1e12, 1e14]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kappa", KAPPAS)
 def test_kappa_sweep_lu(kappa):
     info = check_sweep_point(_solve_lu, kappa, seed=1)

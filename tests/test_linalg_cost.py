@@ -53,6 +53,7 @@ def test_default_call_runs_no_condition_solves(default_hlo):
     assert _count(eager, trsm) == 2 + 8
 
 
+@pytest.mark.slow
 def test_factor_is_one_lapack_call_without_copies(default_hlo):
     # the only f32 n x n value computed is the cast of A; the factor is made in place and
     # returned (for the deferred estimate) as a bitcast of that buffer
@@ -175,6 +176,7 @@ def test_panel_solves_only_for_factors_up_to_32_mb():
     assert not uses(1, 2048, refine="gmres") and not uses(1, 2048, perm=False)  # Cholesky
 
 
+@pytest.mark.slow
 def test_factor_is_cut_into_panels_once():
     """Each panel of the factor is one buffer, shared by the solve of x0 and the
     refinement loop (issue 31: XLA:CPU had copied every slice into both, a second cut of

@@ -157,6 +157,7 @@ def test_nested_vmap_and_vmap_over_b_only():
         assert eta(A[3], x1[i], b[i]) <= math.sqrt(N) * U64
 
 
+@pytest.mark.slow
 def test_jacfwd_matches_inverse():
     A = prescribed(1e2, seed=11)
     J = jax.jit(jax.jacfwd(lambda b: ap.linalg.solve(A, b)[0]))(np.ones(N))
@@ -193,6 +194,7 @@ def spd(kappa, seed=0, n=N):
 _solve_pos = jax.jit(lambda A, b: ap.linalg.solve(A, b, assume_a="pos"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kappa", [1e1, 1e5, 1e12])
 def test_spd_refines_or_falls_back(kappa):
     A = spd(kappa, seed=2)

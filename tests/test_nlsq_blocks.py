@@ -154,6 +154,7 @@ def test_blocked_2d_data_curve_fit_and_pcov():
     np.testing.assert_allclose(pcov, cs, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_blocked_trace_count_is_bounded():
     calls = {"n": 0}
 

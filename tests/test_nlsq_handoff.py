@@ -71,6 +71,7 @@ def test_default_agrees_with_f64_large(model, m, noise):
     assert bool(r.success)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["adaptive", "f64"])
 def test_lean_final_reuses_the_loop_model(precision):
     # without full_output a large blocked fit takes the final cost, gradient and
@@ -101,6 +102,7 @@ def _kw(precision="adaptive"):
                 bounds=(-np.inf, np.inf), jac=None)
 
 
+@pytest.mark.slow
 def test_lean_final_falls_back_where_the_gram_route_cannot_decide():
     # a parameter that is not identifiable (a * b): the loop's Gram matrix is singular,
     # so the final evaluation runs and the SVD route marks it inf, as with full_output
@@ -118,6 +120,7 @@ def test_lean_final_falls_back_where_the_gram_route_cannot_decide():
     assert np.isinf(np.asarray(pcov)).any()
 
 
+@pytest.mark.slow
 def test_lean_final_fallback_under_an_active_trace():
     # the lean solve's fall-back evaluation is a program of its own, run when the
     # loop's model cannot be used; inside a user's jit (every argument concrete, the
@@ -141,6 +144,7 @@ def test_lean_final_fallback_under_an_active_trace():
         np.testing.assert_allclose(e[np.isfinite(e)], j[np.isfinite(j)], rtol=1e-9)
 
 
+@pytest.mark.slow
 def test_lean_final_not_under_a_trace():
     # a traced p0 (concrete data): the solve is traced, so curve_fit takes pcov from the
     # final evaluation's Jacobian as before (the lean box would hold tracers NumPy cannot
@@ -153,6 +157,7 @@ def test_lean_final_not_under_a_trace():
     np.testing.assert_allclose(np.asarray(cj), np.asarray(ce), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_solve_that_cannot_be_lean_compiled_once_for_both_curve_fit_outputs():
     # a fused solve that lean_final cannot shorten (max_nfev here; also bounds, a robust
     # loss, padding) is built the same inside it: curve_fit with and without full_output

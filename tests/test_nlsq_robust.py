@@ -61,6 +61,7 @@ def test_lower_rung_share_escalates_with_budget_reason():
     assert bool(res.success)
 
 
+@pytest.mark.slow
 def test_unreliable_lower_rung_step_is_discarded():
     # Bennett5 from start 1: kappa ~6e4 and a small residual angle make float32's
     # Gauss-Newton step ~3% off (Wedin's bound); taken, it led into a valley that float64
@@ -86,6 +87,7 @@ def test_lower_rung_at_its_resolution_escalates_at_once():
     assert score(p, res.x, res.cost) >= score(p, f64.x, f64.cost) - 0.5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,start,seed", [("Misra1b", "s2", 0), ("Misra1d", "p2", 3)])
 def test_top_rung_after_escalation_stops_by_float64_standard(name, start, seed):
     # Misra1b start 2: from float32's converged point, float64's Gauss-Newton step

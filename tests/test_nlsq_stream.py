@@ -51,6 +51,7 @@ def streamed(data):
     return ap.solve_nlsq(residual, X0, args=(t, y), chunk_size=CHUNK)
 
 
+@pytest.mark.slow
 def test_streamed_equals_in_memory_blocked(in_memory, streamed):
     assert int(in_memory.status) > 0 and int(streamed.status) > 0
     np.testing.assert_allclose(streamed.x, in_memory.x, rtol=1e-10)

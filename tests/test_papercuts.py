@@ -265,6 +265,7 @@ RANK_DEFICIENT = np.array([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6], [0.5, 0.7, 0.9]])
 INCONSISTENT_B = np.array([1.0, 2.0, 4.0])
 
 
+@pytest.mark.slow
 def test_rank_deficient_solve_info_is_not_a_certificate():
     A, b = jnp.asarray(RANK_DEFICIENT), jnp.asarray(INCONSISTENT_B)
     x, info = ap.linalg.solve(A, b)

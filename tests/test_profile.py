@@ -263,6 +263,7 @@ def test_cli_profile_prints_the_table_and_writes_plot_and_json(tmp_path):
     assert d["f32,f64"]["rung"] == "f32" and d["f32"]["digits"] > 6
 
 
+@pytest.mark.slow
 def test_cli_profile_file_path(tmp_path):
     path = tmp_path / "k.py"
     path.write_text(_KERNEL)

@@ -83,6 +83,7 @@ def test_flat_direction_separates_a_flat_model_from_a_far_one():
 
 
 # ------------------------------------------------------------------ non-finite starts
+@pytest.mark.slow
 def test_planck_from_ones_raises_scipys_early_error_with_the_cause():
     # T = 1 K: h c / (lambda k T) ~ 5e3 overflows expm1
     p = PROBLEMS["planck"]
@@ -180,6 +181,7 @@ def test_whole_realistic_set(name, start):
     assert is_solved(p, _curve_fit(p, p.p0 if start == "textbook" else None))
 
 
+@pytest.mark.slow
 def test_batched_runaway_status_needs_a_flat_direction_too():
     # the batched engine's runaway test (batch/runaway.py::runaway_status) used distance
     # alone: a batched Arrhenius fit converged from ones (1e11 times ||x0|| away, well

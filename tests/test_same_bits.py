@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from _subprocess import run_python
 
 _FIT = """
@@ -34,6 +36,7 @@ def _fit():
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_starts_auto_same_bits_quiet_and_busy():
     quiet = _fit()
     assert quiet["starts_run"] > 0, quiet       # a hard fit: the search ran

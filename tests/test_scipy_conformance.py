@@ -262,6 +262,7 @@ def test_max_nfev_is_the_cap():
     assert info["nfev"] > 600 and np.all(np.diag(cov) > 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["lm", "trf"])
 def test_model_and_jac_traced_once(method):
     # scipy's gh-13670: curve_fit must not call the model or jac twice in a row with the
@@ -589,6 +590,7 @@ def test_fd_jit_vmap():
     assert np.allclose(out, [2.0, 3.0])
 
 
+@pytest.mark.slow
 def test_fd_quotient_exact():
     # XLA turned D / broadcast(dx) into D * broadcast(1 / dx): the 3-point slope of
     # x -> x at 1 was 1 - 2**-53 and the solve ended at 2.4e-63, not scipy's exact 0

@@ -59,6 +59,7 @@ def test_a_fit_that_succeeds_locally_is_returned_as_is():
     assert int(auto.nfev) == int(one.nfev) and auto.message == one.message
 
 
+@pytest.mark.slow
 def test_nonfinite_start_looks_for_a_finite_one():
     # Bateman with lambdaA = lambdaB = 1 is 0/0: starts=1 raises scipy's early error,
     # auto looks for a start where the model is finite

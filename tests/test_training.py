@@ -372,6 +372,7 @@ def example():
     return layered_training
 
 
+@pytest.mark.slow
 def test_layered_example_rules_decide_every_scope_as_written(example):
     import warnings
     params = example.init(jax.random.PRNGKey(1))
