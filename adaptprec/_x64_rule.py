@@ -206,7 +206,7 @@ def float64_entry(entry: str, traced_args: tuple[str, ...], host: Callable = to_
             bound = sig.bind(*args, **kwargs)
             precision = precision_of(bound)
             # (or a user's trace around concrete arguments: the residual may close over
-            # its values, newcomer audit 2)
+            # its values)
             traced = not is_eager(*(bound.arguments.get(a) for a in traced_args))
             if not wants_float64(precision):
                 if always_host and not traced:
