@@ -26,7 +26,8 @@ import numpy as np
 from jax import lax
 
 from ._autocast.interpret import _is_dynamic
-from ._first_order import error_of_samples, materialized
+from ._reductions import materialized
+from ._sampled import error_of_samples
 
 __all__ = ["ConvKernel", "conv_kernel", "conv_kernel_jaxpr", "sampled_conv_error", "POSITIONS"]
 

@@ -48,9 +48,10 @@ from jax import lax
 from . import _jaxpr as jx
 from ._autocast.interpret import _is_dynamic, _trace
 from ._opkind import OpKind, classify
+from ._reductions import count_where as _count, materialized, nan_max_abs, nan_to_inf
 
 __all__ = ["Unsupported", "first_order", "FirstOrderResult", "relative_bound",
-           "cancellation_screen", "is_entrywise", "entrywise_jaxpr", "sampled_error"]
+           "materialized", "nan_to_inf", "nan_max_abs"]
 
 
 class Unsupported(Exception):
@@ -83,54 +84,6 @@ _INT_SAFE = frozenset(  # integer-valued ops that cannot be affected by float ro
 _EXACT_OPS = (_MOVE | _MULTI_MOVE | _EXACT_UNARY | _INT_SAFE | _COMPARE | frozenset(
     "argmax argmin sign max min clamp is_finite floor ceil round reduce_max reduce_min "
     "reduce_and reduce_or".split()))
-
-
-def materialized(reduce: Callable, *xs):
-    """``reduce(*xs)`` on materialized operands.
-
-    XLA:CPU fuses the elementwise producer of a reduction into the reduction and then
-    runs it ~10x slower than the same producer as a loop plus a separate reduction (a
-    max over an 80-op error chain on 2^20 entries: 15 ms against 1.6 + 0.4 ms). The
-    operands of a ``cond`` must be materialized, so the reduction runs in one whose
-    predicate XLA cannot fold (a barrier on ``True``; unbatched, so under ``vmap`` it
-    stays a ``cond``) and whose branches are the same function.
-    """
-    pred = lax.optimization_barrier(jnp.asarray(True))
-    return lax.cond(pred, reduce, reduce, *xs)
-
-
-def nan_to_inf(x):
-    """NaN entries as ``inf``, applied before a max that must see them: XLA:CPU's
-    vectorized max drops NaN on arrays of 4096 entries or more, so a max of an
-    error array would pass a NaN error there while failing it on a small array."""
-    return jnp.where(jnp.isnan(x), jnp.inf, x)
-
-
-def nan_max_abs(x, axis=None):
-    """``max |x|`` (over ``axis``) in which a NaN entry counts as ``inf``: the inf-norm
-    for a finite, headroom or backward-error test that a NaN must fail.
-
-    A plain ``jnp.max`` under jit on XLA:CPU (JAX 0.10.2) drops NaN once the reduced
-    operand has 4096 entries or more (whatever the axis; an all-NaN operand gives
-    ``-inf``), and returns NaN below that. Known upstream as XLA:CPU max/min NaN
-    semantics: openxla/xla#21461 (reduce max of a NaN parameter returns the finite
-    value) and tensorflow/tensorflow#116992 (CPU XLA drops NaN in reduce_max).
-    """
-    return jnp.max(jnp.where(jnp.isnan(x), jnp.inf, jnp.abs(x)), axis=axis)
-
-
-def _count(flags: Callable, *xs) -> jax.Array:
-    """How many entries ``flags(*xs)`` sets (float32), as a materialized float sum
-    (boolean reductions are slow on XLA:CPU). ``None`` operands pass through."""
-    idx = [i for i, x in enumerate(xs) if x is not None]
-
-    def run(*vals):
-        full = list(xs)
-        for i, v in zip(idx, vals):
-            full[i] = v
-        return jnp.sum(jnp.where(flags(*full), 1.0, 0.0).astype(jnp.float32))
-
-    return materialized(run, *[xs[i] for i in idx])
 
 
 class _Rel:
@@ -586,151 +539,3 @@ def relative_bound(outs, errs, componentwise: bool = False) -> jax.Array:
             r = jnp.where(emax == 0, 0.0, emax / amax)
         est = jnp.maximum(est, jnp.asarray(r, jnp.float32))
     return jnp.where(jnp.isnan(est), jnp.inf, est)
-
-
-_ADDSUB = frozenset({"add", "sub", "add_any"})
-
-
-def cancellation_screen(fn: Callable, args: tuple, kwargs: dict, rung_dtype,
-                        componentwise: bool = False):
-    """``(u * max(|a|+|b|) / max|a+-b|`` over the top-level add/subs (float32),
-    whether one gave exactly 0 from nonzero operands)``: the deterministic screen of the
-    Monte Carlo check without its samples (an evaluation XLA shares with the kernel's
-    own, plus two reductions per add/sub). Calls are inlined; loops and branches are
-    run as they are (their insides are not screened). The subtraction of a max/min (a
-    softmax shift) is not a cancellation, as in the Monte Carlo check."""
-    closed, _, dyn = _trace(fn, args, kwargs)
-    ratios: list = []
-    zeros: list = []
-    shifts: set = set()
-
-    def step(eqn, vals):
-        name = eqn.primitive.name
-        body = jx.call_body(eqn, remat=True, custom=True)
-        if body is not None:
-            jaxpr, consts = body
-            return jx.eval_jaxpr(jaxpr, consts, vals, step)
-        outs = jx.bind(eqn, vals)
-        if name in ("reduce_max", "reduce_min") or (
-                any(id(v) in shifts for v in vals) and (
-                    classify(name) is OpKind.DATA_MOVEMENT
-                    or name in ("stop_gradient", "neg", "max", "min"))):
-            shifts.update(id(o) for o in outs)
-        elif name in _ADDSUB and not any(id(v) in shifts for v in vals) and \
-                _is_float(jnp.result_type(outs[0])):
-            (y,) = outs
-            w = np.dtype(jnp.promote_types(y.dtype, jnp.float32))
-            a, b = (jnp.abs(jnp.asarray(v)).astype(w) for v in vals)
-            def reduce(a, b, y):
-                num = jnp.broadcast_to(a + b, y.shape)
-                den = jnp.abs(y).astype(w)
-                # a float max, not jnp.any: boolean reductions are slow on XLA:CPU
-                zero = jnp.max(jnp.where((den == 0) & (num > 0), 1.0, 0.0), initial=0.0)
-                if componentwise:
-                    r = jnp.max(jnp.where(num == 0, 0.0, jnp.where(
-                        den == 0, 0.0, num / den)), initial=0.0)
-                else:
-                    nmax, dmax = jnp.max(num, initial=0.0), jnp.max(den, initial=0.0)
-                    r = jnp.where(nmax == 0, 0.0, jnp.where(dmax == 0, 0.0, nmax / dmax))
-                return r, zero > 0
-
-            r, zero = materialized(reduce, a, b, y)
-            zeros.append(zero)
-            ratios.append((r * _u(eqn.outvars[0].aval.dtype)).astype(jnp.float32))
-        return outs
-
-    consts = [lax.stop_gradient(jnp.asarray(c)) for c in closed.consts]
-    jx.eval_jaxpr(closed.jaxpr, consts, [lax.stop_gradient(x) for x in dyn], step)
-    ratio = jnp.max(jnp.stack(ratios)) if ratios else jnp.float32(0)
-    zero = jnp.any(jnp.stack(zeros)) if zeros else jnp.asarray(False)
-    return jnp.where(jnp.isnan(ratio), jnp.inf, ratio), zero
-
-
-_ENTRYWISE_EXTRA = frozenset({"convert_element_type", "broadcast_in_dim", "copy", "copy_p",
-                              "stop_gradient", "select_n", "clamp"})
-
-
-def is_entrywise(flat_fn: Callable, avals) -> bool:
-    """Whether every output entry of ``flat_fn(*arrays)`` (a list of arrays out) depends
-    only on the same entry of each array input (all non-scalar inputs and outputs share
-    one shape; rank-0 inputs and constants broadcast): then it may be re-evaluated on a
-    sample of entries. ``avals``: ShapeDtypeStructs of the arrays."""
-    return entrywise_jaxpr(jax.make_jaxpr(flat_fn)(*avals), avals)
-
-
-def entrywise_jaxpr(closed, avals) -> bool:
-    """:func:`is_entrywise` on the kernel's traced ``closed`` jaxpr (the one structure
-    trace of :mod:`adaptprec._structure`)."""
-    from ._opkind import ENTRYWISE
-    shapes = {tuple(x.shape) for x in avals if len(x.shape)}
-    outs = {tuple(a.shape) for a in closed.out_avals}
-    if len(shapes) != 1 or outs != shapes:
-        return False
-
-    def ok(jaxpr) -> bool:
-        for eqn in jaxpr.eqns:
-            name = eqn.primitive.name
-            body = jx.call_body(eqn, remat=True, custom=True)
-            if body is not None:
-                if not ok(body[0]):
-                    return False
-            elif name == "broadcast_in_dim":
-                if np.ndim(eqn.invars[0].aval) != 0 and tuple(
-                        eqn.invars[0].aval.shape) != tuple(eqn.outvars[0].aval.shape):
-                    return False
-            elif name not in ENTRYWISE and name not in _ENTRYWISE_EXTRA:
-                return False
-            if any(np.ndim(v.aval) not in (0, len(next(iter(shapes))))
-                   for v in eqn.outvars):
-                return False
-        return True
-
-    return ok(closed.jaxpr)
-
-
-def sampled_error(fn: Callable, args: tuple, kwargs: dict, inputs: tuple, outs, dtypes,
-                  ref_dtype, k: int = 256, seed: int = 0) -> jax.Array:
-    """Normwise relative difference, on ``k`` evenly spaced entries (offset by
-    ``seed``), between the rung's outputs ``outs`` (each sample cast to the dtype in
-    ``dtypes`` it is returned in) and ``fn`` re-evaluated in
-    ``ref_dtype`` from the user's inputs (an entrywise ``fn``: :func:`is_entrywise`).
-    ``max |y_s - ref_s| / max |ref_s|`` (inf when a discrete output differs)."""
-    leaves, treedef = jax.tree_util.tree_flatten(inputs)
-    shape = next(tuple(x.shape) for x in leaves if _is_dynamic(x) and np.ndim(x))
-    n = int(np.prod(shape))
-    k = min(k, n)
-    off = (seed * 0x9E3779B1) % max(n // k, 1)
-    idx = jnp.asarray((np.arange(k, dtype=np.int64) * n) // k + off, jnp.int32)
-
-    def take(x):
-        if not _is_dynamic(x) or np.ndim(x) == 0:
-            return x.astype(ref_dtype) if _is_dynamic(x) and _is_float(x.dtype) else x
-        x = jnp.ravel(lax.stop_gradient(x))[idx]
-        return x.astype(ref_dtype) if _is_float(x.dtype) else x
-
-    a, kw = jax.tree_util.tree_unflatten(treedef, [take(x) for x in leaves])
-    ref = jax.tree_util.tree_leaves(fn(*a, **kw))
-    # the samples are read from the materialized outputs (a cond's operands): fused into
-    # their producers, the gather made XLA split the rung's own fusion and write its
-    # intermediates (exp and log1p of 2^20 entries: the check cost ~0.5 of the rung; an
-    # optimization_barrier is dropped by XLA:CPU before fusion)
-    return error_of_samples([materialized(lambda y: jnp.ravel(y)[idx], y).astype(dt)
-                             for y, dt in zip(outs, dtypes)], ref)
-
-
-def error_of_samples(samples, ref):
-    """The largest normwise relative error of the cheap rung's sampled outputs against
-    their wider reference (``inf`` for a NaN, or a differing integer/bool entry); shared by
-    the sampled-entries and sampled-rows checks."""
-    err = jnp.float32(0)
-    for ys, r in zip(samples, ref):
-        if _is_float(ys.dtype):
-            w = np.dtype(jnp.promote_types(r.dtype, jnp.float32))
-            d = jnp.max(nan_to_inf(jnp.abs(ys.astype(w) - r.astype(w))))
-            # normwise over the sample: max|y_s| <= max|y|, so this is the larger
-            # (safer) ratio, and it costs no pass over the whole output
-            e = jnp.where(d == 0, 0.0, d / jnp.max(jnp.abs(r.astype(w))))
-        else:
-            e = jnp.where(jnp.any(ys != r), jnp.inf, 0.0)
-        err = jnp.maximum(err, jnp.asarray(e, jnp.float32))
-    return jnp.where(jnp.isnan(err), jnp.inf, err)

@@ -31,7 +31,8 @@ from jax import lax
 
 from . import _jaxpr as jx
 from ._autocast.interpret import _is_dynamic
-from ._first_order import error_of_samples, materialized
+from ._reductions import materialized
+from ._sampled import error_of_samples
 
 __all__ = ["row_inputs", "row_inputs_jaxpr", "sampled_rows_error", "ROWS", "MIN_BATCH"]
 
@@ -54,8 +55,8 @@ class _NotRowwise(Exception):
 
 def _entrywise_names():
     from ._opkind import ENTRYWISE
-    from ._first_order import _ENTRYWISE_EXTRA
-    return ENTRYWISE | _ENTRYWISE_EXTRA - {"broadcast_in_dim"}
+    from ._sampled import ENTRYWISE_EXTRA
+    return ENTRYWISE | ENTRYWISE_EXTRA - {"broadcast_in_dim"}
 
 
 def _rows_of(aval) -> int | None:

@@ -23,7 +23,7 @@ import jax
 
 from ._autocast.interpret import _is_dynamic
 from ._convsample import ConvKernel, conv_kernel_jaxpr
-from ._first_order import entrywise_jaxpr
+from ._sampled import entrywise_jaxpr
 from ._rowwise import row_inputs_jaxpr
 
 __all__ = ["Structure", "kernel_structure", "structure_of_inputs"]

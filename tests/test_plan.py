@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import adaptprec as ap
-from adaptprec._first_order import (Unsupported, cancellation_screen, first_order,
-                                    is_entrywise, relative_bound, sampled_error)
+from adaptprec._first_order import Unsupported, first_order, relative_bound
+from adaptprec._sampled import is_entrywise, sampled_error
+from adaptprec._screen import cancellation_screen
 from adaptprec.guards import finite_values
 
 from accuracy_kernels import BENIGN, FAILING, reference, rel_error
