@@ -33,18 +33,19 @@ def _check_rtol(rtol, who):
                          f"rtol=1e-3, got {rtol!r}")
 
 
-def _leaf_error(y0, ys, componentwise: bool):
-    """Max over samples of the normwise (or componentwise) relative distance to ``y0``."""
+def _leaf_error(y0, ys, componentwise: bool, floor: float = 0.0):
+    """Max over samples of the normwise (or componentwise) relative distance to ``y0``;
+    ``floor`` (``atol / rtol``) is added to the magnitude it is relative to."""
     from ._reductions import nan_to_inf    # a max drops NaN on XLA:CPU
     w = _wide(jnp.promote_types(y0.dtype, ys[0].dtype))
     a = y0.astype(w)
     d = jnp.max(jnp.stack([nan_to_inf(jnp.abs(y.astype(w) - a)) for y in ys]), axis=0)
     if componentwise:
-        rel = nan_to_inf(jnp.where(d == 0, 0.0, d / jnp.abs(a)))
+        rel = nan_to_inf(jnp.where(d == 0, 0.0, d / (jnp.abs(a) + floor)))
         e = jnp.max(rel, initial=0.0)
     else:
         dmax = jnp.max(d, initial=0.0)
-        e = jnp.where(dmax == 0, 0.0, dmax / jnp.max(jnp.abs(a), initial=0.0))
+        e = jnp.where(dmax == 0, 0.0, dmax / (jnp.max(jnp.abs(a), initial=0.0) + floor))
     return jnp.where(jnp.isnan(e), jnp.inf, e).astype(jnp.float32)
 
 
@@ -62,13 +63,40 @@ class _Accuracy(Guard):
     componentwise: bool
     safety: float
     seed: int
+    atol: float = 0.0
     code = INACCURATE
     role = "accuracy"
-    label = "accuracy({self.rtol:g})"
+
+    @property
+    def name(self) -> str:
+        return f"accuracy({self.rtol:g}{self.norm_suffix})"
+
+    @property
+    def norm_suffix(self) -> str:
+        """``""`` (normwise, no floor), else what the guard compares, e.g.
+        ``", componentwise, atol 1e-08"``."""
+        return (", componentwise" if self.componentwise else "") + (
+            f", atol {self.atol:g}" if self.atol else "")
+
+    @property
+    def norm(self) -> str:
+        """What "relative error" means here, for reports: ``"normwise"`` (``max|e| <=
+        atol + rtol max|y|``) or ``"componentwise"`` (``|e_i| <= atol + rtol |y_i|``)."""
+        return ("componentwise" if self.componentwise else "normwise") + (
+            f", atol {self.atol:g}" if self.atol else "")
+
+    @property
+    def floor(self) -> float:
+        """``atol`` in units of ``rtol``: added to the magnitude an error is relative to."""
+        return self.atol / self.rtol
 
     def check(self, ctx):
         if ctx.check == "first_order":
             return self.first_order(ctx)
+        if ctx.check == "probe":
+            return self.probe(ctx)
+        if ctx.check == "norm_bound":
+            return self.norm_bound(ctx)
         if ctx.check == "screen":
             return self.screen(ctx)
         if ctx.check == "sample":
@@ -95,13 +123,13 @@ class _Accuracy(Guard):
         from ._sampled import sampled_error
         ref = np.float64 if jax.config.jax_enable_x64 else np.float32
         err = sampled_error(ctx.fn, ctx.args, ctx.kwargs, ctx.inputs, *_returned(ctx), ref,
-                            self.SAMPLE, self.seed)
+                            self.SAMPLE, self.seed, floor=self.floor)
         err = jnp.maximum(self.SAMPLE_SAFETY * err, jnp.float32(self._floor(ctx)))
         return GuardResult.make(err <= self.rtol, INACCURATE, digits_from_error(err, ctx.u))
 
     def sampled_rows(self, ctx) -> GuardResult:
         """Row-separable kernels (:mod:`adaptprec._rowwise`: an MLP in its batch,
-        attention in its queries): ``_rowwise.ROWS`` evenly spaced rows re-evaluated in
+        attention in its queries): ``_rowwise.rows_for(B)`` (8-16) evenly spaced rows re-evaluated in
         the widest dtype from the user's inputs; the largest normwise difference, times
         ``SAMPLE_SAFETY``. Statistical: a bad row between the samples is missed (the
         report says "sampled rows")."""
@@ -112,7 +140,7 @@ class _Accuracy(Guard):
             raise TypeError("check 'sample_rows' on a kernel that is not row-separable")
         ref = np.float64 if jax.config.jax_enable_x64 else np.float32
         err = sampled_rows_error(ctx.fn, ctx.inputs, mask, *_returned(ctx), ref,
-                                 seed=self.seed)
+                                 seed=self.seed, floor=self.floor)
         err = jnp.maximum(self.SAMPLE_SAFETY * err, jnp.float32(self._floor(ctx)))
         return GuardResult.make(err <= self.rtol, INACCURATE, digits_from_error(err, ctx.u))
 
@@ -129,8 +157,21 @@ class _Accuracy(Guard):
             raise TypeError("check 'sample_conv' on a kernel that is not one convolution")
         ref = np.float64 if jax.config.jax_enable_x64 else np.float32
         err = sampled_conv_error(conv, _dynamic_leaves(ctx), *_returned(ctx), ref,
-                                 seed=self.seed)
+                                 seed=self.seed, floor=self.floor)
         err = jnp.maximum(self.SAMPLE_SAFETY * err, jnp.float32(self._floor(ctx)))
+        return GuardResult.make(err <= self.rtol, INACCURATE, digits_from_error(err, ctx.u))
+
+    def probe(self, ctx) -> GuardResult:
+        """Product expressions of matrices (:mod:`adaptprec._probe`, ``A^8``): the
+        rung's answer against the expression re-associated onto ``PROBES`` random sign
+        vectors in the widest dtype, ``O(n^2)``; the largest row error in the 2-norm,
+        times its safety factor. Statistical (the report says "probes")."""
+        from ._probe import probe_error
+        ref = np.float64 if jax.config.jax_enable_x64 else np.float32
+        (out,), (dt,) = _returned(ctx)
+        err = probe_error(ctx.fn, ctx.inputs, out, dt, ref, seed=self.seed,
+                          floor=self.floor)
+        err = jnp.maximum(err, jnp.float32(self._floor(ctx)))
         return GuardResult.make(err <= self.rtol, INACCURATE, digits_from_error(err, ctx.u))
 
     def _floor(self, ctx) -> float:
@@ -139,11 +180,28 @@ class _Accuracy(Guard):
     def first_order(self, ctx) -> GuardResult:
         """The check by a first-order error bound at the rung's own precision
         (:mod:`adaptprec._first_order`): no wider dtype, about one cheap pass over the
-        kernel's values; an unstable decision (comparison, argmax) fails it."""
-        from ._first_order import first_order, relative_bound
-        res = first_order(ctx.fn, ctx.args, ctx.kwargs, ctx.inputs, ctx.dtype)
-        est = relative_bound(res.outs, res.errs, self.componentwise)
+        kernel's values (loops carry their bounds step by step); an unstable decision
+        (comparison, argmax, a loop's exit test) fails it. ``ctx.prepared``: the walk
+        that computed the rung's outputs (the runtime's; else it runs here)."""
+        from ._first_order import FirstOrderResult, first_order, relative_bound
+        res = ctx.prepared
+        if not isinstance(res, FirstOrderResult):
+            res = first_order(ctx.fn, ctx.args, ctx.kwargs, ctx.inputs, ctx.dtype)
+        est = relative_bound(res.outs, res.errs, self.componentwise, self.floor)
         err = jnp.maximum(est, jnp.float32(self._floor(ctx)))
+        err = jnp.where(res.unstable > 0, jnp.inf, err)
+        return GuardResult.make(err <= self.rtol, INACCURATE, digits_from_error(err, ctx.u))
+
+    def norm_bound(self, ctx) -> GuardResult:
+        """The normwise first-order bound carried as two numbers per value
+        (:mod:`adaptprec._norm_bound`): a loop costs its body plus a few scalars per
+        iteration; looser than :meth:`first_order`, normwise only. ``ctx.prepared``: the
+        walk that computed the rung's outputs (the runtime's; else it runs here)."""
+        from ._norm_bound import NormBoundResult, norm_bound
+        res = ctx.prepared
+        if not isinstance(res, NormBoundResult):
+            res = norm_bound(ctx.fn, ctx.args, ctx.kwargs, ctx.inputs, ctx.dtype)
+        err = jnp.maximum(res.relative(self.floor), jnp.float32(self._floor(ctx)))
         err = jnp.where(res.unstable > 0, jnp.inf, err)
         return GuardResult.make(err <= self.rtol, INACCURATE, digits_from_error(err, ctx.u))
 
@@ -176,7 +234,8 @@ class _Accuracy(Guard):
         for i, y0 in enumerate(y0s):
             ys = [s[i] for s in res.samples]
             if _is_floating_array(y0):
-                est = jnp.maximum(est, _leaf_error(y0, ys, self.componentwise))
+                est = jnp.maximum(est, _leaf_error(y0, ys, self.componentwise,
+                                                   self.floor))
                 zero_out = zero_out | jnp.all(jnp.asarray(y0) == 0)
             else:
                 bad = bad + sum(jnp.sum(jnp.asarray(y) != y0, dtype=jnp.float32)
@@ -226,8 +285,16 @@ def _output_roundoff(ctx) -> float:
 
 
 def accuracy(rtol: float, samples: int = 2, *, componentwise: bool = False,
-             safety: float = 2.0, seed: int = 0) -> Guard:
+             atol: float = 0.0, safety: float = 2.0, seed: int = 0) -> Guard:
     """Fires when the rung's rounding error is estimated above ``rtol`` (inside ``jit``).
+
+    **What "relative error" means.** Normwise (the default): the largest error over the
+    entries of an output, relative to its largest entry, ``max|e| <= atol + rtol *
+    max|y|``; one entry far smaller than the others may lose every digit and pass.
+    ``componentwise=True``: every entry, relative to itself, ``|e_i| <= atol + rtol *
+    |y_i|`` for all ``i``, as ``numpy.allclose`` reads a tolerance; ``atol`` is the floor
+    that keeps an entry near zero (whose relative error is undefined) from failing the
+    check. Reports say which was checked.
 
     Monte Carlo arithmetic (Parker 1997; the idea behind CADNA and Verificarlo): the
     kernel's jaxpr is re-evaluated ``samples`` times with the result of every
@@ -264,7 +331,16 @@ def accuracy(rtol: float, samples: int = 2, *, componentwise: bool = False,
         raise ValueError(f"accuracy: samples must be a positive int, got {samples!r}")
     if not isinstance(safety, (int, float)) or not safety > 0:
         raise ValueError(f"accuracy: safety must be a positive number, got {safety!r}")
-    return _Accuracy(float(rtol), samples, bool(componentwise), float(safety), int(seed))
+    _check_atol(atol, "accuracy")
+    return _Accuracy(float(rtol), samples, bool(componentwise), float(safety), int(seed),
+                     float(atol))
+
+
+def _check_atol(atol, who):
+    if isinstance(atol, bool) or not isinstance(atol, (int, float)) or not atol >= 0 \
+            or not math.isfinite(atol):
+        raise ValueError(f"{who}: atol must be a finite number >= 0 (an absolute floor, "
+                         f"as in numpy.allclose), got {atol!r}")
 
 
 def output_error(mine, ref) -> jax.Array:

@@ -13,21 +13,26 @@ derivative-based propagation of ADAPT (Menon et al., SC'18) and CHEF-FP:
   ``sin``/``cos``: ``e(x) + 4u`` absolute (their values and derivatives are at most 1);
 * ``add``/``sub`` carry ``e(a) + e(b)`` into a result that may be much smaller than the
   operands: cancellation shows up as a large relative bound with no special case;
-* sums over ``n`` entries: ``sum e + sqrt(n) u sum|x|`` (Higham & Mary's probabilistic
-  ``lambda sqrt(n) u`` with ``lambda = 1``; the worst case ``n u`` is far too pessimistic
-  for blocked/pairwise reductions);
+* sums over ``n`` entries: ``sum e`` plus the sum's own rounding error, *measured* below
+  the top rung: ``|y - sum_wide(x)|``, the rung's result against the same summands summed
+  one dtype wider (one more pass over them, which the bound needed anyway). On the top
+  rung, where there is no wider dtype, the bound ``sqrt(n) u sum|x|`` (Higham & Mary's
+  probabilistic ``lambda sqrt(n) u`` with ``lambda = 1``; not a proof); the same for
+  cumulative sums;
 * contractions (``dot_general``): Cauchy-Schwarz per output entry, ``(|A| |B|)_ij <=
   ||A_i|| ||B_j||``, so ``e(C) = ||e(A)_i|| ||B_j|| + ||A_i|| ||e(B)_j|| + sqrt(k) u
   ||A_i|| ||B_j||`` costs O(n^2) for O(n^3) work (row and column norms, an outer
   product);
 * data movement applies the same primitive to the error arrays;
+* loops and branches (``scan``, ``while``, ``cond``): the walk runs inside a loop of the
+  same kind whose carry holds the values and their bounds (:mod:`adaptprec._first_order_loops`);
 * comparisons and ``argmax``/``argmin``: a decision is *unstable* when the operands are
   closer than their error bounds (the result could flip); counted, and an unstable
   decision fails the check.
 
 Unsupported (the walk raises :class:`Unsupported`, the caller falls back to Monte Carlo
-arithmetic): loops and branches (``while``/``scan``/``cond``), sorting, scatters,
-float-to-integer casts, and primitives not in the tables below.
+arithmetic): sorting, scatters, float-to-integer casts, and primitives not in the tables
+below.
 
 The bound is first order: it is reliable when the relative errors are small (well below
 1), which is the only regime in which a result can be accepted anyway. It is not a proof:
@@ -47,6 +52,7 @@ from jax import lax
 
 from . import _jaxpr as jx
 from ._autocast.interpret import _is_dynamic, _trace
+from ._first_order_loops import LoopRules
 from ._opkind import OpKind, classify
 from ._reductions import count_where as _count, materialized, nan_max_abs, nan_to_inf
 
@@ -66,12 +72,23 @@ def _u(dtype) -> float:
     return float(2.0 ** -(int(jnp.finfo(dtype).nmant) + 1))
 
 
+def _wider(dtype) -> np.dtype | None:
+    """The next wider floating dtype available now (where a sum's rounding is measured),
+    or ``None`` on the top rung."""
+    bits = jnp.finfo(dtype).bits
+    if bits < 32:
+        return np.dtype(np.float32)
+    if bits == 32 and jax.config.jax_enable_x64:
+        return np.dtype(np.float64)
+    return None
+
+
 # ops whose result is exact given exact operands (error = propagated only)
 _EXACT_UNARY = frozenset("neg abs stop_gradient real copy copy_p".split())
 _MOVE = frozenset(
     "reshape transpose broadcast_in_dim slice squeeze expand_dims rev copy copy_p "
     "dynamic_slice gather sharding_constraint optimization_barrier".split())
-_MULTI_MOVE = frozenset({"concatenate", "dynamic_update_slice", "pad", "select_n"})
+_MULTI_MOVE = frozenset({"concatenate", "stack", "dynamic_update_slice", "pad", "select_n"})
 _COMPARE = frozenset("eq ne lt le gt ge".split())
 _TRANS = frozenset(
     "exp exp2 log log1p expm1 pow logistic erf erfc sqrt rsqrt cbrt tanh tan sinh cosh "
@@ -81,6 +98,10 @@ _INT_SAFE = frozenset(  # integer-valued ops that cannot be affected by float ro
     "iota and or not xor shift_left shift_right_arithmetic shift_right_logical "
     "population_count clz".split())
 # ops that round nothing: with exact operands their results are exact
+#: Entrywise operations (same-shaped operands): an entry's errors stay its own
+_OWN_OPS = frozenset("add sub mul div max min select_n clamp square integer_pow sign "
+                     "sqrt rsqrt cbrt exp exp2 expm1 log log1p tanh logistic erf erfc sin "
+                     "cos tan sinh cosh atan atan2 asin acos asinh acosh atanh pow".split())
 _EXACT_OPS = (_MOVE | _MULTI_MOVE | _EXACT_UNARY | _INT_SAFE | _COMPARE | frozenset(
     "argmax argmin sign max min clamp is_finite floor ceil round reduce_max reduce_min "
     "reduce_and reduce_or".split()))
@@ -89,27 +110,60 @@ _EXACT_OPS = (_MOVE | _MULTI_MOVE | _EXACT_UNARY | _INT_SAFE | _COMPARE | frozen
 class _Rel:
     """An error bound that is ``scale * |value|`` (an input's rounding, ``u |x|``), kept
     symbolic: data movement keeps it, a contraction takes its norms from the value's
-    (``||e_i|| = scale ||x_i||``: no pass over the error), anything else materializes it."""
+    (``||e_i|| = scale ||x_i||``: no pass over the error), anything else materializes it.
+    ``tag``: as :class:`_Own`'s (an input's rounding is its entries' own)."""
 
-    __slots__ = ("scale",)
+    __slots__ = ("scale", "tag")
 
-    def __init__(self, scale: float):
-        self.scale = scale
+    def __init__(self, scale: float, tag=None):
+        self.scale, self.tag = scale, tag
+
+
+class _Own:
+    """An error bound ``e`` (array) made only of roundings private to each entry: entry
+    ``i``'s error comes from the inputs' entry ``i`` and the operations on it alone, so
+    under the model of independent roundings (Higham & Mary 2019) the errors of
+    different entries are independent. ``tag`` names the index map (arrays combined
+    entrywise must share it: ``x[1:] + x[:-1]`` mixes neighbours and is not own).
+    A sum of own errors combines them in quadrature (Hoeffding), see ``p_reduce_sum``."""
+
+    __slots__ = ("e", "tag")
+
+    def __init__(self, e, tag):
+        self.e, self.tag = e, tag
+
+
+#: The inputs' index map, the tag of their roundings.
+_INPUT_TAG = "input"
+
+#: Moves that keep each entry's own errors its own (a bijection or a subset of the
+#: entries): a new index map; and entrywise identities, which keep it.
+_OWN_MOVES = frozenset("reshape transpose slice squeeze expand_dims rev dynamic_slice".split())
+_OWN_SAME = frozenset("neg abs stop_gradient copy copy_p real convert_element_type".split())
+
+#: The failure probability of each probabilistic sum (per output entry of a sum of own
+#: errors, union-bounded over the sum's outputs).
+SUM_FAILURE = 1e-6
 
 
 class FirstOrderResult:
-    """Outputs (as the function returns them, flat), their error bounds (``None``: exact)
-    and the number of unstable decisions (float32 scalar)."""
+    """Outputs (as the function returns them, flat; ``tree`` their structure), their
+    error bounds (``None``: exact) and the number of unstable decisions (float32
+    scalar)."""
 
-    def __init__(self, outs, errs, unstable):
-        self.outs, self.errs, self.unstable = outs, errs, unstable
+    def __init__(self, outs, errs, unstable, tree=None):
+        self.outs, self.errs, self.unstable, self.tree = outs, errs, unstable, tree
 
 
-class _Walk:
+class _Walk(LoopRules):
     def __init__(self, rung):
         self.rung = np.dtype(rung)
         self.u = _u(self.rung)
         self.unstable: list = []
+
+    def fresh(self) -> "_Walk":
+        """A walk of the same rung with its own decision count (a loop body's)."""
+        return _Walk(self.rung)
 
     def edt(self, dtype):
         return np.dtype(jnp.promote_types(dtype, jnp.float32))
@@ -147,13 +201,43 @@ class _Walk:
         if body is not None:
             jaxpr, consts = body
             return self.run(jaxpr, consts, vals, errs)
-        if jx.has_sub_jaxpr(eqn) or name in ("while", "scan", "cond"):
+        if name in ("scan", "while", "cond"):
+            return getattr(self, "p_" + name)(eqn, vals, errs)
+        if jx.has_sub_jaxpr(eqn):
             raise Unsupported(name)
         outs = jx.bind(eqn, vals)
         if errs and isinstance(errs[0], _Rel) and (name in _MOVE or name in _EXACT_UNARY):
-            return [(outs[0], errs[0])]        # scale * |moved value|: still relative
+            tag = errs[0].tag if name in _OWN_SAME else (
+                object() if name in _OWN_MOVES and errs[0].tag is not None else None)
+            return [(outs[0], _Rel(errs[0].scale, tag))]   # still relative to the value
+        tags = [getattr(e, "tag", None) if e is not None else False for e in errs]
+        self.own_in = tags
         if name not in ("dot_general", "conv_general_dilated"):
             errs = [self.dense(e, v) for e, v in zip(errs, vals)]
+        else:                   # contractions read a _Rel bound from the values' norms
+            errs = [e.e if isinstance(e, _Own) else e for e in errs]
+        res = self._rule(name, eqn, vals, errs, outs)
+        return self._own(name, tags, vals, res)
+
+    def _own(self, name, tags, vals, res):
+        """The results' errors marked own (:class:`_Own`) when the operation keeps every
+        entry's errors to itself."""
+        if len(res) != 1 or res[0][1] is None or isinstance(res[0][1], (_Own, _Rel)):
+            return res
+        y, e = res[0]
+        inexact = [t for t, v in zip(tags, vals) if t is not False
+                   and _is_float(jnp.result_type(v))]
+        if not inexact or any(t is None for t in inexact) or len(set(map(id, inexact))) > 1:
+            return res
+        if name in _OWN_SAME or (name in _OWN_OPS and all(
+                jnp.shape(v) == jnp.shape(y) for t, v in zip(tags, vals)
+                if t is not False)):
+            return [(y, _Own(e, inexact[0]))]
+        if name in _OWN_MOVES:
+            return [(y, _Own(e, object()))]
+        return res
+
+    def _rule(self, name, eqn, vals, errs, outs):
         fl_in = [i for i, v in enumerate(vals) if _is_float(jnp.result_type(v))]
         if name in _EXACT_OPS and all(errs[i] is None for i in fl_in):
             return [(o, None) for o in outs]
@@ -182,7 +266,10 @@ class _Walk:
         return self.zeros_like(v) if e is None else self.dense(e, v)
 
     def dense(self, e, v):
-        """``e`` as an array (a :class:`_Rel` bound materialized; ``None`` stays)."""
+        """``e`` as an array (a :class:`_Rel` bound materialized, an :class:`_Own` one
+        unwrapped; ``None`` stays)."""
+        if isinstance(e, _Own):
+            return e.e
         if isinstance(e, _Rel):
             a = jnp.abs(jnp.asarray(v))
             a = a.astype(self.edt(a.dtype))
@@ -328,10 +415,30 @@ class _Walk:
         es = [self.err(e, v).astype(self.edt(y.dtype)) for v, e in zip(vals, errs)]
         return [(y, jx.bind(eqn, es)[0])]
 
+    p_stack = p_concatenate
+
     def p_pad(self, eqn, vals, errs, outs):
         (y,) = outs
         e = self.err(errs[0], vals[0])
         return [(y, jx.bind(eqn, [e, jnp.zeros((), e.dtype)])[0])]
+
+    def p_scatter(self, eqn, vals, errs, outs):
+        """``x.at[idx].set(u)``: the same scatter of the errors (indices are exact)."""
+        (y,) = outs
+        w = self.edt(y.dtype)
+        es = [self.err(errs[0], vals[0]).astype(w), vals[1],
+              self.err(errs[2], vals[2]).astype(w)]
+        return [(y, jx.bind(eqn, es)[0])]
+
+    def p_scatter_add(self, eqn, vals, errs, outs):
+        """``x.at[idx].add(u)``: the errors scatter-added, plus one rounding per entry
+        (an entry updated ``m`` times rounds ``m`` times: ``m u |y|`` would be exact; the
+        bound charges ``u |y|`` per update through the summed updates' own bound)."""
+        (y,) = self.p_scatter(eqn, vals, errs, outs)
+        upd = jnp.abs(jnp.asarray(vals[2])).astype(y[1].dtype) * y[1].dtype.type(
+            _u(jnp.result_type(y[0])))
+        ones = jx.bind(eqn, [jnp.zeros_like(y[1]), vals[1], upd])[0]
+        return [(y[0], y[1] + ones + self.local(y[0]))]
 
     def p_dynamic_update_slice(self, eqn, vals, errs, outs):
         (y,) = outs
@@ -379,10 +486,24 @@ class _Walk:
         axes = eqn.params["axes"]
         n = int(np.prod([x.shape[a] for a in axes])) if axes else 1
         w = self.edt(y.dtype)
-        scale = w.type(math.sqrt(max(n, 1)) * _u(y.dtype))
-        acc = materialized(lambda x: jnp.sum(jnp.abs(x).astype(w), axis=axes), x) * scale
-        out = acc + self.local(y)
-        if e is not None:
+        ref = _wider(y.dtype)
+        if ref is not None:
+            # the sum's own rounding, measured: the same summands summed one dtype wider
+            acc = materialized(lambda x, y: jnp.abs(
+                y.astype(ref) - jnp.sum(x.astype(ref), axis=axes)).astype(w), x, y)
+            out = acc
+        else:
+            scale = w.type(math.sqrt(max(n, 1)) * _u(y.dtype))
+            acc = materialized(lambda x: jnp.sum(jnp.abs(x).astype(w), axis=axes), x)
+            out = acc * scale + self.local(y)
+        if e is not None and self.own_in[0]:
+            # the summands' own errors are independent (module docstring): Hoeffding,
+            # |sum err| <= lam sqrt(sum e^2) but with probability 2 exp(-lam^2 / 2) per
+            # sum, union-bounded over the sums to SUM_FAILURE
+            lam = math.sqrt(2.0 * math.log(2.0 * max(y.size, 1) / SUM_FAILURE))
+            out = out + w.type(lam) * materialized(
+                lambda e: jnp.sqrt(jnp.sum(e * e, axis=axes)), e)
+        elif e is not None:
             out = out + materialized(lambda e: jnp.sum(e, axis=axes), e)
         return [(y, out)]
 
@@ -401,9 +522,14 @@ class _Walk:
         n = x.shape[axis]
         w = self.edt(y.dtype)
         rev = eqn.params.get("reverse", False)
-        acc = lax.cumsum(jnp.abs(x).astype(w), axis=axis, reverse=rev) * w.type(
-            math.sqrt(max(n, 1)) * _u(y.dtype))
-        out = acc + self.local(y)
+        ref = _wider(y.dtype)
+        if ref is not None:     # measured, as for sums
+            out = jnp.abs(y.astype(ref) - lax.cumsum(x.astype(ref), axis=axis,
+                                                     reverse=rev)).astype(w)
+        else:
+            acc = lax.cumsum(jnp.abs(x).astype(w), axis=axis, reverse=rev) * w.type(
+                math.sqrt(max(n, 1)) * _u(y.dtype))
+            out = acc + self.local(y)
         if e is not None:
             out = out + lax.cumsum(e, axis=axis, reverse=rev)
         return [(y, out)]
@@ -502,7 +628,7 @@ def first_order(fn: Callable, args: tuple, kwargs: dict, inputs: tuple | None,
     rung starts with the error of its rounding, ``u |x|``. Raises :class:`Unsupported`.
     """
     walk = _Walk(rung_dtype)
-    closed, _, dyn = _trace(fn, args, kwargs)
+    closed, tree, dyn = _trace(fn, args, kwargs)
     leaves = jax.tree_util.tree_leaves((args, kwargs))
     orig = jax.tree_util.tree_leaves(inputs) if inputs is not None else leaves
     dyn_idx = [i for i, x in enumerate(leaves) if _is_dynamic(x)]
@@ -511,7 +637,7 @@ def first_order(fn: Callable, args: tuple, kwargs: dict, inputs: tuple | None,
     for x, o in zip(dyn, originals):
         if _is_float(x.dtype) and _is_float(getattr(o, "dtype", None)) and \
                 jnp.finfo(o.dtype).nmant > jnp.finfo(x.dtype).nmant:
-            errs.append(_Rel(_u(x.dtype)))          # the input cast's rounding
+            errs.append(_Rel(_u(x.dtype), _INPUT_TAG))   # the input cast's rounding
         else:
             errs.append(None)
     dyn = [lax.stop_gradient(x) for x in dyn]
@@ -519,12 +645,13 @@ def first_order(fn: Callable, args: tuple, kwargs: dict, inputs: tuple | None,
     res = walk.run(closed.jaxpr, consts, dyn, errs)
     unstable = sum(walk.unstable, jnp.float32(0))
     return FirstOrderResult([v for v, _ in res], [walk.dense(e, v) for v, e in res],
-                            unstable)
+                            unstable, tree)
 
 
-def relative_bound(outs, errs, componentwise: bool = False) -> jax.Array:
+def relative_bound(outs, errs, componentwise: bool = False, floor: float = 0.0) -> jax.Array:
     """The largest normwise (or componentwise) relative error bound over the floating
-    outputs (float32; inf for NaN/0-with-error)."""
+    outputs (float32; inf for NaN/0-with-error); ``floor`` (``atol / rtol``) is added to
+    the magnitude the bound is relative to."""
     est = jnp.float32(0)
     for y, e in zip(outs, errs):
         if e is None or not _is_float(jnp.result_type(y)):
@@ -532,10 +659,10 @@ def relative_bound(outs, errs, componentwise: bool = False) -> jax.Array:
         a = jnp.abs(y).astype(e.dtype)
         if componentwise:
             r = materialized(lambda e, a: jnp.max(nan_to_inf(
-                jnp.where(e == 0, 0.0, e / a)), initial=0.0), e, a)
+                jnp.where(e == 0, 0.0, e / (a + floor))), initial=0.0), e, a)
         else:
             emax, amax = materialized(lambda e, a: (jnp.max(nan_to_inf(e), initial=0.0),
                                                     jnp.max(a, initial=0.0)), e, a)
-            r = jnp.where(emax == 0, 0.0, emax / amax)
+            r = jnp.where(emax == 0, 0.0, emax / (amax + floor))
         est = jnp.maximum(est, jnp.asarray(r, jnp.float32))
     return jnp.where(jnp.isnan(est), jnp.inf, est)

@@ -108,10 +108,15 @@ class GuardContext(NamedTuple):
             output leaves recomputed on the next rung (cast like ``cast_out``).
         batched: whether the runtime evaluates this guard per element of a vmapped batch.
         cast_out: the output leaves cast to the runtime's output dtype (or ``None``).
-        check: how an accuracy guard checks this rung, chosen by the runtime's cost
-            model (:mod:`adaptprec._cost`): ``"mca"`` (Monte Carlo arithmetic, the
-            default), ``"first_order"`` (first-order error bound at the working
-            precision) or ``"screen"`` (cancellation screen only, top rung).
+        check: how an accuracy guard checks this rung, chosen by the runtime's plan
+            (:mod:`adaptprec._plan`): ``"mca"`` (Monte Carlo arithmetic, the default),
+            ``"first_order"`` (first-order error bound at the working precision),
+            ``"sample"``/``"sample_rows"``/``"sample_conv"``/``"probe"`` (sampled
+            re-evaluations in the widest dtype) or ``"screen"`` (cancellation screen
+            only, top rung).
+        prepared: work the runtime did for the check while computing ``out`` (the
+            first-order walk that computed the rung's outputs, so a loop runs once), or
+            ``None``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -135,6 +140,7 @@ class GuardContext(NamedTuple):
     batched: bool = False
     cast_out: tuple | None = None
     check: str | None = None
+    prepared: Any = None
 
 
 def _check_scalar(x, what: str, name: str) -> jax.Array:

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 __all__ = ["_Program"]
 
+#: checks whose walk computes the rung's outputs (a loop runs once for rung and check)
+_WALKS = ("first_order", "norm_bound")
+
 
 _DYNAMIC_TYPES: set = set()     # types seen to be arrays (isinstance on jax.Array is slow)
 
@@ -131,6 +134,7 @@ class _Program:
         self.out_treedef = None
         self.name = mgr.name or getattr(fn, "__name__", type(fn).__name__)
         self._plans: dict = {}
+        self.plans_by_shapes: dict = {}     # the a-priori plan of each eager shape
         self.plan = _plan.all_rungs(self.n_rungs)
         self.forced = None      # a speculative program's plan (MixedPrecisionManager)
         acc = [g for g in mgr.guards if g.role == "accuracy"]
@@ -139,27 +143,57 @@ class _Program:
     # ------------------------------------------------------------------------ plan
 
     def plan_for(self, dyn, flags=None, size: int = 1) -> _plan.Plan:
-        """The plan for these argument shapes (per element under vmap, costs x size)."""
+        """The plan for these argument shapes (per element under vmap, costs x size),
+        with the failure chances this kernel's eager calls showed for them, if any."""
         flags = flags or [False] * len(dyn)
         avals = tuple(jax.ShapeDtypeStruct(x.shape[1:] if f else x.shape, x.dtype)
                       for x, f in zip(dyn, flags))
-        key = (tuple((a.shape, str(a.dtype)) for a in avals), size, jax.default_backend())
-        plan = self._plans.get(key) if self.forced is None else self.forced
+        shapes = tuple((tuple(a.shape), np.dtype(a.dtype)) for a in avals)
+        if self.forced is not None:
+            plan = self.forced
+        else:
+            try:
+                learned = self.mgr._learn.get(self.spec_of(shapes))
+            except TypeError:       # an unhashable static argument: nothing learned
+                learned = None
+            p_fail = learned[0].p_fail(_plan.P_FAIL) if learned and learned[
+                0].tried() else None
+            plan = self.plan_with(shapes, p_fail, size)
+            if size == 1 and p_fail is None:
+                self.plans_by_shapes[shapes] = plan
+        self.plan = plan
+        return plan
+
+    def spec_of(self, shapes):
+        """The manager's key of this kernel on these shapes."""
+        return ((self.fn, self.treedef, self.dyn_pos, self.static), shapes)
+
+    def plan_of(self, shapes) -> _plan.Plan:
+        """The plan an eager call on these shapes ran."""
+        return self.forced if self.forced is not None else self.plans_by_shapes[shapes]
+
+    def plan_with(self, shapes, p_fail=None, size: int = 1) -> _plan.Plan:
+        """The plan for these ``(shape, dtype)`` pairs with the per-rung failure chances
+        ``p_fail`` (``None``: a priori), cached per both."""
+        avals = tuple(jax.ShapeDtypeStruct(s, d) for s, d in shapes)
+        rounded = None if p_fail is None else tuple(round(p, 2) for p in p_fail)
+        key = (tuple((a.shape, str(a.dtype)) for a in avals), size, jax.default_backend(),
+               rounded)
+        plan = self._plans.get(key)
         if plan is None:
             g = self.accuracy_guard
             if self.mgr.plan == "all" or g is None:
                 plan = _plan.all_rungs(self.n_rungs)
             else:
-                # plain-dtype rungs and an entrywise / row-separable / convolution
-                # kernel: checkable on a sample of entries / rows / output positions
+                # plain-dtype rungs and an entrywise / row-separable / convolution /
+                # matrix-product kernel: checkable on a sample of entries / rows / output
+                # positions / probes
                 st = self._structure(avals)
+                methods = _plan.check_order(st, g.componentwise)
                 plan = _plan.choose_plan(self.n_rungs, tuple(self.mgr.ladder), g.rtol,
                                          self._rung_fn, self._check_fn, avals, size,
-                                         entrywise=st is not None and st.entrywise,
-                                         rowwise=st is not None and st.rows is not None,
-                                         conv=st is not None and st.conv is not None)
+                                         methods=methods, p_fail=rounded)
             self._plans[key] = plan
-        self.plan = plan
         return plan
 
     def _structure(self, avals):
@@ -182,10 +216,12 @@ class _Program:
 
     def _check_fn(self, k, method):
         def checked(*d):
-            call, inputs, (cargs, ckw), out, cast = self.call_at(k, d)
+            call, inputs, (cargs, ckw), out, cast, *walked = self.call_at(
+                k, d, walk=method if method in _WALKS else None)
             dtype = self.mgr.ladder[k]
             ctx = GuardContext(call, cargs, ckw, inputs, out, dtype, unit_roundoff(dtype),
-                               k, cast_out=tuple(cast), check=method)
+                               k, cast_out=tuple(cast), check=method,
+                               prepared=walked[0] if walked else None)
             r = self.accuracy_guard(ctx)
             return tuple(cast), r.ok, r.value
         return checked
@@ -206,12 +242,25 @@ class _Program:
         floats = [x.dtype for x in dyn if _is_floating_array(x)]
         return np.dtype(jnp.result_type(*floats)) if floats else self.mgr.ladder.top
 
-    def call_at(self, k, dyn):
+    def call_at(self, k, dyn, walk=None):
+        """``(callable, inputs, cast inputs, outputs, outputs cast to the output dtype)``
+        of rung ``k``; with ``walk`` (``"first_order"`` or ``"norm_bound"``), the outputs
+        computed by that error walk (:mod:`adaptprec._first_order`,
+        :mod:`adaptprec._norm_bound`), which is returned sixth: the check reads the bound
+        of the very values returned, and a loop runs once for both."""
         rung, dtype = self.mgr.rungs[k], self.mgr.ladder[k]
         call = rung.wrap(self.fn) if is_rung_object(rung) else self.fn
         args, kwargs = self.rebuild(dyn)
         cargs, ckw = cast_floating((args, kwargs), dtype)
-        out = call(*cargs, **ckw)
+        walked = None
+        if walk:
+            from ._first_order import first_order
+            from ._norm_bound import norm_bound
+            walked = (first_order if walk == "first_order" else norm_bound)(
+                call, cargs, ckw, (args, kwargs), dtype)
+            out = jax.tree_util.tree_unflatten(walked.tree, walked.outs)
+        else:
+            out = call(*cargs, **ckw)
         leaves, treedef = jax.tree_util.tree_flatten(out)
         bad = [type(x).__name__ for x in leaves if not _is_dynamic(x)]
         if bad or not leaves:
@@ -239,13 +288,17 @@ class _Program:
                             f"{self.out_treedef}")
         odt = self.out_dtype(dyn)
         cast = [x.astype(odt) if _is_floating_array(x) else x for x in leaves]
+        if walk:
+            return call, (args, kwargs), (cargs, ckw), out, cast, walked
         return call, (args, kwargs), (cargs, ckw), out, cast
 
     def attempt(self, k, *dyn, batched=False, raw=False):
         """``(outputs, codes, values, ok)`` of rung ``k``; ``raw``: the outputs as the
         rung returned them (:meth:`single` casts them inside the branch that accepts
         them), else cast to the output dtype."""
-        call, inputs, (cargs, ckw), out, cast = self.call_at(k, dyn)
+        check = self.plan.check[k]
+        call, inputs, (cargs, ckw), out, cast, *walked = self.call_at(
+            k, dyn, walk=check if check in _WALKS else None)
         dtype = self.mgr.ladder[k]
         nxt = None
         if k + 1 < self.n_rungs and not batched:
@@ -253,7 +306,7 @@ class _Program:
                 return self.call_at(k + 1, dyn)[4]
         ctx = GuardContext(call, cargs, ckw, inputs, out, dtype, unit_roundoff(dtype), k,
                            next_rung=nxt, batched=batched, cast_out=tuple(cast),
-                           check=self.plan.check[k])
+                           check=check, prepared=walked[0] if walked else None)
         results = [g(ctx) for g in self.mgr.guards]
         codes = jnp.stack([r.code for r in results])
         values = jnp.stack([r.value for r in results])
@@ -482,7 +535,9 @@ class _Program:
                       codes=codes, values=values, rung_names=self.mgr.rung_names,
                       guard_names=self.mgr.guard_names, guard_roles=self.mgr.guard_roles,
                       guard_rtols=self.mgr.guard_rtols, plan=tuple(self.plan.note),
-                      checks=checks, check_shares=tuple(self.plan.share))
+                      checks=checks, check_shares=tuple(self.plan.share),
+                      norm="" if self.accuracy_guard is None else getattr(
+                          self.accuracy_guard, "norm", "normwise"))
 
     def emit(self, rec):
         """Send the report to active monitors (nothing is traced when none is active)."""

@@ -12,8 +12,11 @@ where the first-order bound walks the ``B x B`` score matrix.
 The property is decided on the kernel's jaxpr (structurally, not on sample data): a
 forward pass tags each value "row" (axis 0 is the row axis) or "independent" (no row
 input reaches it), and any operation that could mix rows (a reduction or contraction
-over axis 0, a transpose or reshape that moves it, a gather, a loop) makes the kernel
-not row-separable.
+over axis 0, a transpose or reshape that moves it, a gather) makes the kernel not
+row-separable. Loops are walked to a fixed point of their carries' tags: an ODE
+integrator stepping a batch of trajectories is separable in them, as long as no step
+mixes trajectories, the loop does not scan over rows or stack rows per step, and a
+``while`` loop's exit test does not read a row (each sample would stop on its own).
 
 The check is statistical, like the sampled check of entrywise kernels: a bad row between
 the samples is missed, and the report says "sampled".
@@ -36,9 +39,11 @@ from ._sampled import error_of_samples
 
 __all__ = ["row_inputs", "row_inputs_jaxpr", "sampled_rows_error", "ROWS", "MIN_BATCH"]
 
-#: rows re-evaluated by the check, and the least leading extent it is used at (below
-#: it the sample would be a large share of the work, or too few rows to say much)
-ROWS, MIN_BATCH = 16, 64
+#: rows re-evaluated by the check (``batch // 32`` of them, at least ``MIN_ROWS``: a
+#: share of the work that stays small when the batch is), and the least leading extent
+#: it is used at (below it the sample would be a large share of the work, or too few
+#: rows to say much)
+ROWS, MIN_ROWS, MIN_BATCH = 16, 8, 64
 
 #: "row": axis 0 is the row axis; "ind": no row input reaches it; "pos": an iota along
 #: axis 0 (depends on the row's position, which a sample renumbers)
@@ -92,6 +97,13 @@ def _walk(jaxpr, states: list, batch: int, entrywise) -> list:
 
 
 def _rule(eqn, name, ins, batch, entrywise) -> list:
+    if name in ("scan", "while"):
+        return _loop(eqn, ins, batch, entrywise)
+    if name == "cond":
+        if ins[0] != _IND:
+            raise _NotRowwise("cond on a row")
+        outs = [_walk(b.jaxpr, ins[1:], batch, entrywise) for b in eqn.params["branches"]]
+        return [_ROW if _ROW in col else _IND for col in zip(*outs)]
     row_out = [_ROW] * len(eqn.outvars)
     for v in eqn.outvars:
         if _rows_of(v.aval) != batch:
@@ -152,6 +164,11 @@ def _rule(eqn, name, ins, batch, entrywise) -> list:
         if any(s == _IND and np.ndim(v.aval) for v, s in zip(eqn.invars, ins)):
             raise _NotRowwise(name)
         return row_out
+    if name == "stack":
+        if p["axis"] == 0 or any(s == _IND and np.ndim(v.aval)
+                                 for v, s in zip(eqn.invars, ins)):
+            raise _NotRowwise(name)
+        return row_out
     if name == "slice":
         if (p["start_indices"][0] != 0 or p["limit_indices"][0] != batch
                 or (p["strides"] and p["strides"][0] != 1)):
@@ -163,6 +180,40 @@ def _rule(eqn, name, ins, batch, entrywise) -> list:
             raise _NotRowwise(name)
         return row_out
     raise _NotRowwise(name)
+
+
+def _loop(eqn, ins, batch, entrywise) -> list:
+    """A ``scan``/``while``: the carries' tags at their fixed point (a carry becomes a
+    row once a row reaches it), checking the carried rows keep their row axis."""
+    p = eqn.params
+    if eqn.primitive.name == "scan":
+        nc, ncar = p["num_consts"], p["num_carry"]
+        consts, carry, xs = ins[:nc], list(ins[nc:nc + ncar]), ins[nc + ncar:]
+        if any(s != _IND for s in xs):
+            raise _NotRowwise("scan over rows")
+        body, head, avals = p["jaxpr"].jaxpr, list(consts), eqn.invars[nc:nc + ncar]
+    else:
+        cn, bn = p["cond_nconsts"], p["body_nconsts"]
+        consts, carry, xs = ins[cn:cn + bn], list(ins[cn + bn:]), []
+        body, head, avals = p["body_jaxpr"].jaxpr, list(consts), eqn.invars[cn + bn:]
+    for _ in range(len(carry) + 1):
+        for s, v in zip(carry, avals):
+            if s == _ROW and _rows_of(v.aval) != batch:
+                raise _NotRowwise("a carried row without its row axis")
+        out = _walk(body, head + carry + [_IND] * len(xs), batch, entrywise)
+        new = [_ROW if _ROW in (a, b) else _IND for a, b in zip(carry, out[:len(carry)])]
+        if new == carry:
+            break
+        carry = new
+    if eqn.primitive.name == "scan":
+        if any(s != _IND for s in out[len(carry):]):
+            raise _NotRowwise("scan stacking rows per step")
+        return carry + out[len(carry):]
+    cn = p["cond_nconsts"]
+    (test,) = _walk(p["cond_jaxpr"].jaxpr, list(ins[:cn]) + carry, batch, entrywise)
+    if test != _IND:
+        raise _NotRowwise("while exit test on a row")
+    return carry
 
 
 def row_inputs(flat_fn: Callable, avals) -> tuple | None:
@@ -179,7 +230,7 @@ def row_inputs(flat_fn: Callable, avals) -> tuple | None:
 
 def row_inputs_jaxpr(closed, flat_fn: Callable, avals) -> tuple | None:
     """:func:`row_inputs` on the kernel's traced ``closed`` jaxpr (the one structure
-    trace of :mod:`adaptprec._structure`); ``flat_fn`` is traced again only on ``ROWS``
+    trace of :mod:`adaptprec._structure`); ``flat_fn`` is traced again only on the sampled
     rows, to confirm a candidate."""
     batches = {_rows_of(a) for a in closed.out_avals}
     if len(batches) != 1 or None in batches:
@@ -206,9 +257,9 @@ def row_inputs_jaxpr(closed, flat_fn: Callable, avals) -> tuple | None:
 
 
 def _retraces(flat_fn, avals, full, mask, batch) -> bool:
-    """The kernel traced on ``ROWS`` rows returns ``ROWS`` rows of the same shapes as
+    """The kernel traced on the sampled rows returns that many rows of the same shapes as
     its outputs ``full`` on all rows (the structure trace's output avals)."""
-    k = min(ROWS, batch)
+    k = rows_for(batch)
     small = [jax.ShapeDtypeStruct((k,) + tuple(a.shape[1:]), a.dtype) if m else a
              for a, m in zip(avals, mask)]
     try:
@@ -219,9 +270,16 @@ def _retraces(flat_fn, avals, full, mask, batch) -> bool:
                for p, f in zip(jax.tree_util.tree_leaves(part), full))
 
 
+def rows_for(batch: int) -> int:
+    """How many of ``batch`` rows the check re-evaluates."""
+    return min(ROWS, max(MIN_ROWS, batch // 32), batch)
+
+
 def sampled_rows_error(fn: Callable, inputs: tuple, mask: tuple, outs, dtypes, ref_dtype,
-                       k: int = ROWS, seed: int = 0) -> jax.Array:
-    """Normwise relative difference, on ``k`` evenly spaced rows (offset by ``seed``),
+                       k: int | None = None, seed: int = 0,
+                       floor: float = 0.0) -> jax.Array:
+    """Normwise relative difference, on ``k`` evenly spaced rows (default
+    :func:`rows_for`; offset by ``seed``),
     between the rung's outputs ``outs`` (cast to ``dtypes``) and ``fn`` re-evaluated in
     ``ref_dtype``
     from the user's ``inputs`` (``(args, kwargs)``), sliced to those rows where ``mask``
@@ -231,7 +289,7 @@ def sampled_rows_error(fn: Callable, inputs: tuple, mask: tuple, outs, dtypes, r
     dyn = [i for i, x in enumerate(leaves) if _is_dynamic(x)]
     rows = {i for i, m in zip(dyn, mask) if m}
     batch = leaves[next(iter(rows))].shape[0]
-    k = min(k, batch)
+    k = rows_for(batch) if k is None else min(k, batch)
     off = (seed * 0x9E3779B1) % max(batch // k, 1)
     idx = jnp.asarray((np.arange(k, dtype=np.int64) * batch) // k + off, jnp.int32)
 
@@ -248,4 +306,4 @@ def sampled_rows_error(fn: Callable, inputs: tuple, mask: tuple, outs, dtypes, r
     # rows read from the materialized outputs (a cond's operands), as the sampled check
     # of entries does: a gather fused into the rung's producers splits its fusions
     return error_of_samples([materialized(lambda y: y[idx], y).astype(dt)
-                             for y, dt in zip(outs, dtypes)], ref)
+                             for y, dt in zip(outs, dtypes)], ref, floor)

@@ -43,12 +43,30 @@ def is_entrywise(flat_fn: Callable, avals) -> bool:
 
 def entrywise_jaxpr(closed, avals) -> bool:
     """:func:`is_entrywise` on the kernel's traced ``closed`` jaxpr (the one structure
-    trace of :mod:`adaptprec._structure`)."""
+    trace of :mod:`adaptprec._structure`). Loops and branches qualify when their bodies
+    do (a fixed-point iteration per entry)."""
     from ._opkind import ENTRYWISE
     shapes = {tuple(x.shape) for x in avals if len(x.shape)}
     outs = {tuple(a.shape) for a in closed.out_avals}
     if len(shapes) != 1 or outs != shapes:
         return False
+
+    shape = next(iter(shapes))
+
+    def loop_ok(eqn) -> bool:
+        """A loop whose body (and exit test) is entrywise, carrying scalars or arrays of
+        the kernel's shape, scanning nothing but scalars per step, stacking nothing."""
+        p = eqn.params
+        if eqn.primitive.name == "scan":
+            xs = eqn.invars[p["num_consts"] + p["num_carry"]:]
+            if any(np.ndim(v.aval) > 1 for v in xs):
+                return False
+            if any(type(v).__name__ != "DropVar" for v in eqn.outvars[p["num_carry"]:]):
+                return False
+            return ok(p["jaxpr"].jaxpr)
+        if eqn.primitive.name == "while":
+            return ok(p["cond_jaxpr"].jaxpr) and ok(p["body_jaxpr"].jaxpr)
+        return all(ok(b.jaxpr) for b in p["branches"])      # cond
 
     def ok(jaxpr) -> bool:
         for eqn in jaxpr.eqns:
@@ -57,14 +75,17 @@ def entrywise_jaxpr(closed, avals) -> bool:
             if body is not None:
                 if not ok(body[0]):
                     return False
+            elif name in ("scan", "while", "cond"):
+                if not loop_ok(eqn):
+                    return False
             elif name == "broadcast_in_dim":
                 if np.ndim(eqn.invars[0].aval) != 0 and tuple(
                         eqn.invars[0].aval.shape) != tuple(eqn.outvars[0].aval.shape):
                     return False
             elif name not in ENTRYWISE and name not in ENTRYWISE_EXTRA:
                 return False
-            if any(np.ndim(v.aval) not in (0, len(next(iter(shapes))))
-                   for v in eqn.outvars):
+            if any(tuple(v.aval.shape) not in ((), shape) for v in eqn.outvars
+                   if type(v).__name__ != "DropVar"):
                 return False
         return True
 
@@ -72,7 +93,7 @@ def entrywise_jaxpr(closed, avals) -> bool:
 
 
 def sampled_error(fn: Callable, args: tuple, kwargs: dict, inputs: tuple, outs, dtypes,
-                  ref_dtype, k: int = 256, seed: int = 0) -> jax.Array:
+                  ref_dtype, k: int = 256, seed: int = 0, floor: float = 0.0) -> jax.Array:
     """Normwise relative difference, on ``k`` evenly spaced entries (offset by
     ``seed``), between the rung's outputs ``outs`` (each sample cast to the dtype in
     ``dtypes`` it is returned in) and ``fn`` re-evaluated in
@@ -98,13 +119,14 @@ def sampled_error(fn: Callable, args: tuple, kwargs: dict, inputs: tuple, outs, 
     # intermediates (exp and log1p of 2^20 entries: the check cost ~0.5 of the rung; an
     # optimization_barrier is dropped by XLA:CPU before fusion)
     return error_of_samples([materialized(lambda y: jnp.ravel(y)[idx], y).astype(dt)
-                             for y, dt in zip(outs, dtypes)], ref)
+                             for y, dt in zip(outs, dtypes)], ref, floor)
 
 
-def error_of_samples(samples, ref):
+def error_of_samples(samples, ref, floor: float = 0.0):
     """The largest normwise relative error of the cheap rung's sampled outputs against
     their wider reference (``inf`` for a NaN, or a differing integer/bool entry); shared by
-    the sampled-entries and sampled-rows checks."""
+    the sampled-entries and sampled-rows checks. ``floor``: ``atol / rtol``, added to the
+    magnitude the error is relative to."""
     err = jnp.float32(0)
     for ys, r in zip(samples, ref):
         if _is_float(ys.dtype):
@@ -112,7 +134,7 @@ def error_of_samples(samples, ref):
             d = jnp.max(nan_to_inf(jnp.abs(ys.astype(w) - r.astype(w))))
             # normwise over the sample: max|y_s| <= max|y|, so this is the larger
             # (safer) ratio, and it costs no pass over the whole output
-            e = jnp.where(d == 0, 0.0, d / jnp.max(jnp.abs(r.astype(w))))
+            e = jnp.where(d == 0, 0.0, d / (jnp.max(jnp.abs(r.astype(w))) + floor))
         else:
             e = jnp.where(jnp.any(ys != r), jnp.inf, 0.0)
         err = jnp.maximum(err, jnp.asarray(e, jnp.float32))

@@ -40,7 +40,7 @@ import jax
 import numpy as np
 
 from . import _compaction
-from . import _plan
+from . import _outcomes, _plan
 from ._program import _concrete_type, _is_dynamic, _Program
 from ._rungs import Rung, is_rung_object, normalize_ladder
 from .guards import Guard, accuracy, as_guard, finite
@@ -55,10 +55,6 @@ _BATCH_MODES = ("call", "element")
 _ON_FAILURE = ("return", "raise", "nan")
 _PLANS = ("auto", "all")
 
-#: Eager calls for the same kernel and shapes that must all escalate past a rung before
-#: later eager calls skip it, and how often the full plan is tried again
-#: (``MixedPrecisionManager._skip_failing``).
-ESCALATED_CALLS, RETRY_EVERY = 2, 16
 
 
 #: Settled eager programs a manager keeps for :meth:`MixedPrecisionManager.fast_call`
@@ -81,6 +77,14 @@ class MixedPrecisionManager:
             ``on_failure`` applies). Without an accuracy guard a report says "finite
             only: accuracy not checked", and a kernel with integer or bool outputs raises
             ``TypeError`` when traced.
+        componentwise: with ``rtol``: ``False`` (default) checks the error *normwise*,
+            ``max|e| <= atol + rtol * max|y|`` per output (an entry much smaller than
+            the largest may lose its digits); ``True`` checks every entry,
+            ``|e_i| <= atol + rtol * |y_i|``, as ``numpy.allclose`` reads a tolerance
+            (only checks that see every entry are used: the first-order bound or Monte
+            Carlo arithmetic, never a sample). The report says which was checked.
+        atol: with ``rtol``: an absolute floor (default 0), as in ``numpy.allclose``;
+            with ``componentwise``, what keeps an entry near zero from failing.
         policy: a :class:`~adaptprec.Policy` or policy string; its *output* dtype is the
             dtype floating outputs are returned in (default: the inputs' floating dtype).
         batch: ``"call"`` (default) or ``"element"`` — the decision under ``vmap``.
@@ -121,9 +125,10 @@ class MixedPrecisionManager:
                  policy: Policy | str | None = None, *, rtol: float | None = None,
                  batch: str = "call", capacity: int | float = 0.05,
                  on_failure: str = "return", name: str | None = None,
-                 plan: str = "auto", speculate: int = 0):
+                 plan: str = "auto", speculate: int = 0, componentwise: bool = False,
+                 atol: float = 0.0):
         # the options first: with x64 off the default ladder's float64 error would
-        # otherwise hide the actual mistake (newcomer audit 3)
+        # otherwise hide the actual mistake
         if batch not in _BATCH_MODES:
             raise ValueError(f"batch must be 'call' or 'element', got {batch!r}")
         _compaction.capacity_for(capacity, 1)   # validates (ValueError naming capacity)
@@ -135,6 +140,9 @@ class MixedPrecisionManager:
         if speculate and rtol is None:
             raise ValueError("speculate= needs rtol= (it re-uses a rung the accuracy "
                              "check verified on an earlier call)")
+        if (componentwise or atol) and rtol is None:
+            raise ValueError("componentwise= and atol= qualify rtol=: pass rtol= too, "
+                             "e.g. rtol=1e-3, componentwise=True")
         if on_failure not in _ON_FAILURE:
             raise ValueError(f"on_failure must be 'return', 'raise' or 'nan', got "
                              f"{on_failure!r}")
@@ -153,7 +161,8 @@ class MixedPrecisionManager:
                                  "both")
             if not any(g.role == "finite" for g in self.guards):
                 self.guards = (finite(),) + self.guards
-            self.guards = self.guards + (accuracy(rtol),)
+            self.guards = self.guards + (accuracy(rtol, componentwise=componentwise,
+                                                  atol=atol),)
         if not self.guards:
             raise ValueError("an adaptive kernel needs at least one guard, e.g. "
                              "guards=[adaptprec.guards.finite()]")
@@ -173,7 +182,7 @@ class MixedPrecisionManager:
                                  for g in self.guards)
         self._cache: dict = {}
         self._spec: dict = {}   # speculation per (kernel, shapes): [rung, calls, program]
-        self._esc: dict = {}    # eager escalations per (kernel, shapes): _skip_failing
+        self._learn: dict = {}  # per (kernel, shapes): what eager calls showed (_learned)
         # eager plain calls whose program is settled (no escalation memory to keep):
         # (kernel, x64, (shape, dtype) per positional array) -> compiled (out, rung)
         # (at most _FAST_MAX: a manager fed many shapes keeps its newest settled ones)
@@ -279,7 +288,7 @@ class MixedPrecisionManager:
             x, "dtype", type(x))) for x in dyn))
         learned = None
         if not self.speculate and spec_key is not None and self.plan == "auto":
-            learned = self._skip_failing(spec_key, compiled[2])
+            learned = self._learned(spec_key, compiled[2])
         target = compiled if learned is None else learned
         if not with_report and not self.speculate and self.on_failure != "raise":
             # the output alone (and the rung, a scalar the escalations decided anyway):
@@ -288,10 +297,10 @@ class MixedPrecisionManager:
                 prog = target[2]
                 target[3] = jax.jit(lambda *d: (lambda o: (o[0], o[1].rung))(prog.run(*d)))
             out, rung = target[3](*dyn)
-            if spec_key is not None and learned is None and self.plan == "auto":
-                self._note_rung(spec_key, rung)
+            if spec_key is not None and self.plan == "auto":
+                self._note_rung(spec_key, target[2], rung)
             if (spec_key is not None and not kwargs and len(dyn) == len(args)
-                    and (self.plan != "auto" or self._esc.get(spec_key, {}).get("off"))):
+                    and (self.plan != "auto" or self._learn.get(spec_key) is False)):
                 # nothing learned from later calls (a plan with one rung tried, or
                 # plan="all"): they go straight to this program (fast_call)
                 if len(self._fast) >= _FAST_MAX:   # oldest first (insertion order)
@@ -303,8 +312,8 @@ class MixedPrecisionManager:
             if res is not None:
                 return res if with_report else res[0]
         out, report = target[1](*dyn)
-        if spec_key is not None and learned is None and self.plan == "auto":
-            self._note_rung(spec_key, report.rung)
+        if spec_key is not None and self.plan == "auto":
+            self._note_rung(spec_key, target[2], report.rung)
         if self.speculate and spec_key is not None:
             self._record(spec_key, report, compiled[2])
         if self.on_failure == "raise" and not bool(np.all(np.asarray(report.ok))):
@@ -316,64 +325,55 @@ class MixedPrecisionManager:
 
     # ------------------------------------------------- rungs that failed on the data
 
-    def _note_rung(self, spec_key, rung):
-        """Keep an eager call's returned rung (an array: read at the next call for these
-        shapes, so the call itself stays asynchronous)."""
-        st = self._esc.get(spec_key)
-        if st is None:
-            st = self._esc[spec_key] = {"streak": 0, "low": None, "calls": 0,
-                                        "program": None, "pending": None, "off": False}
-        if not st["off"]:
-            st["pending"] = rung
+    def _note_rung(self, spec_key, program, rung):
+        """Keep an eager call's returned rung with the plan that ran (an array: read at
+        the next call for these shapes, so the call itself stays asynchronous)."""
+        st = self._learning(spec_key, program)
+        if st:
+            st[0].note(rung, program.plan_of(spec_key[1]).attempt)
 
-    def _skip_failing(self, spec_key, program):
-        """The compiled entry of a plan without the rungs that failed on the last
-        ``ESCALATED_CALLS`` eager calls for these shapes (they escalated every time:
-        the data, not the rounding model, decides), or ``None``: the full plan. Every
-        ``RETRY_EVERY``-th call runs the full plan again. Skipping a rung never lowers
-        the accuracy returned (the call ends on the rung it escalated to, checked as
-        planned); the report says which rungs were skipped and why."""
-        st = self._esc.get(spec_key)
-        if st is None or st["off"]:
-            return None
-        plan = st.get("plan")
-        if plan is None:        # the plan chosen for these shapes (plan_for's key)
-            plan = st["plan"] = program._plans.get((tuple(
-                (tuple(s), str(d)) for s, d in spec_key[1]), 1, jax.default_backend()))
-            if plan is None or sum(plan.attempt) < 2 or all(c is None for c in plan.check):
-                # nothing to skip (one rung tried, or a small / unplanned kernel): no
-                # bookkeeping on later calls
-                st["off"], st["pending"] = True, None
+    def _learning(self, spec_key, program):
+        """``[Outcomes, {plan: compiled entry}]`` for these shapes, ``False`` when the
+        plan has nothing to learn, ``None`` before the first call planned them."""
+        st = self._learn.get(spec_key)
+        if st is None:
+            plan = program.plans_by_shapes.get(spec_key[1])
+            if plan is None:                # not traced yet: the a-priori plan
                 return None
-        if st["pending"] is not None:
-            r, st["pending"] = int(np.asarray(st["pending"])), None
-            first = plan.attempt.index(True) if plan is not None else r
-            if r > first:
-                st["streak"] += 1
-                if st["low"] != r:
-                    st["low"], st["program"] = r, None
+            if sum(plan.attempt) < 2 or all(c is None for c in plan.check):
+                # nothing to learn (one rung tried, or a small / unplanned kernel): no
+                # bookkeeping on later calls
+                st = False
             else:
-                st["streak"], st["low"], st["program"] = 0, None, None
-        if st["streak"] < ESCALATED_CALLS:
+                st = [_outcomes.Outcomes(len(self.rungs)), {}]
+            self._learn[spec_key] = st
+        return st
+
+    def _learned(self, spec_key, program):
+        """The compiled entry of the plan chosen with the failure chances this kernel's
+        eager calls showed for these shapes (:mod:`adaptprec._outcomes`), or ``None``:
+        the a-priori plan (every ``RETRY_EVERY``-th call, before any call, and when it
+        agrees). Skipping a rung never lowers the accuracy returned (the call ends on a
+        rung checked as planned); the report says which rungs were skipped and why."""
+        st = self._learning(spec_key, program)
+        if not st:
             return None
-        st["calls"] += 1
-        if st["calls"] % RETRY_EVERY == 0:
+        outcomes, made = st
+        outcomes.absorb()
+        outcomes.calls += 1
+        if not outcomes.tried() or outcomes.calls % _outcomes.RETRY_EVERY == 0:
             return None
-        if st["program"] is None:
-            low = st["low"]
-            why = (f"skipped: it escalated on the last {ESCALATED_CALLS} eager calls for "
-                   f"these shapes (tried again every {RETRY_EVERY}th call)")
+        p_fail = outcomes.p_fail(_plan.P_FAIL)
+        plan = program.plan_with(spec_key[1], p_fail)
+        if plan == program.plans_by_shapes.get(spec_key[1]):
+            return None
+        if plan not in made:
             sp = _Program(self, program.fn, program.treedef, program.dyn_pos,
                           program.static, program.n_leaves)
-            sp.forced = _plan.Plan(
-                tuple(a and k >= low for k, a in enumerate(plan.attempt)),
-                tuple(c if k >= low else None for k, c in enumerate(plan.check)),
-                tuple(n if k >= low or not a else why
-                      for k, (a, n) in enumerate(zip(plan.attempt, plan.note))),
-                tuple(x if k >= low else None for k, x in enumerate(plan.share)))
-            st["program"] = [sp.run, jax.jit(functools.partial(
+            sp.forced = plan
+            made[plan] = [sp.run, jax.jit(functools.partial(
                 sp.run, host_raise=self.on_failure == "raise")), sp, None]
-        return st["program"]
+        return made[plan]
 
     # ------------------------------------------------------------ speculation
 
@@ -449,7 +449,8 @@ def adaptive(fn: Callable | None = None, *, ladder: Any = "bf16,f32,f64",
              guards: Any = None, policy: Policy | str | None = None,
              rtol: float | None = None, batch: str = "call",
              capacity: int | float = 0.05, on_failure: str = "return",
-             name: str | None = None, plan: str = "auto", speculate: int = 0):
+             name: str | None = None, plan: str = "auto", speculate: int = 0,
+             componentwise: bool = False, atol: float = 0.0):
     """Make ``fn`` adaptive: cheapest rung first, escalate when a guard fires.
 
     Usable as ``@adaptive`` or ``@adaptive(ladder=..., guards=[...], ...)`` or
@@ -464,7 +465,9 @@ def adaptive(fn: Callable | None = None, *, ladder: Any = "bf16,f32,f64",
     significant digits, cast to the inputs' dtype), and its report says "finite only:
     accuracy not checked". With ``rtol=1e-3`` a rung is accepted only when its estimated
     relative rounding error is at most ``1e-3``, and the cost model chooses how that is
-    checked (docs/runtime.md, "When adaptivity pays").
+    checked (docs/runtime.md, "When adaptivity pays"). The error is *normwise* (relative
+    to each output's largest entry) unless ``componentwise=True`` (every entry relative
+    to itself, with the floor ``atol``, as ``numpy.allclose``); the report says which.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -482,7 +485,8 @@ def adaptive(fn: Callable | None = None, *, ladder: Any = "bf16,f32,f64",
         raise TypeError(f"adaptive wraps a callable, got {fn!r}")
     mgr = MixedPrecisionManager(ladder, guards, policy, rtol=rtol, batch=batch,
                                 capacity=capacity, on_failure=on_failure, name=name,
-                                plan=plan, speculate=speculate)
+                                plan=plan, speculate=speculate,
+                                componentwise=componentwise, atol=atol)
 
     def wrap(f):
         if not callable(f):
