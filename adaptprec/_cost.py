@@ -19,7 +19,8 @@ a per-backend table of rates (:data:`THROUGHPUT`):
   ``while`` by :data:`UNKNOWN_TRIPS`; a ``cond`` by its costliest branch; calls by their
   bodies;
 * elementwise work is priced per operation, as if each ran from cache: XLA fuses chains of
-  them into one pass over memory, whose traffic is the inputs and outputs term;
+  them into one pass over memory, whose traffic is the inputs and outputs term, and the
+  operands of a ``cond`` (materialized: written, then read) for the checks' reductions;
 * an equation that repeats an earlier one (same primitive, parameters and operands) is
   free, as XLA's common-subexpression elimination makes it: a check that re-traces the
   kernel (the screen, a sampled check reading the rung's values) adds only its own work.
@@ -83,25 +84,26 @@ def _rates(f32: float, f64: float, bf16: float | None = None) -> dict:
 
 
 THROUGHPUT = {
-    # measured here (bench_value.py --throughput, 2-core AVX512_BF16, load ~1): per
-    # element in fused chains; matmul 1024^3 f32/f64 ~90/35 GFLOP/s, bf16 ~120
+    # measured here (bench_value.py --throughput, 2-core AVX512_BF16): per element in
+    # fused chains of 8 in cache, as ratios to a float32 matmul timed in the same rounds
+    # (anchored at its quiet 90 GFLOP/s, so load does not move the table)
     "cpu": Throughput(
-        dot={"bfloat16": 1.2e11, "float16": 2e10, "float32": 9e10, "float64": 3.5e10},
+        dot={"bfloat16": 1.0e11, "float16": 2e10, "float32": 9e10, "float64": 4.5e10},
         per_element={
-            "cheap": _rates(0.15e-9, 0.3e-9),
-            "div": _rates(0.3e-9, 0.45e-9),
-            "sqrt": _rates(0.5e-9, 2.4e-9),
-            "exp": _rates(3.7e-9, 13e-9),
-            "log": _rates(3.5e-9, 20e-9),
-            "trig": _rates(8e-9, 20e-9),
-            "tanh": _rates(2.4e-9, 7.4e-9),
-            "erf": _rates(6.9e-9, 25e-9),
-            "pow": _rates(25e-9, 53e-9),
-            "atan": _rates(65e-9, 52e-9),
-            "reduce": _rates(0.2e-9, 0.4e-9),
-            "move": _rates(0.3e-9, 0.6e-9),
+            "cheap": _rates(0.07e-9, 0.07e-9),
+            "div": _rates(0.05e-9, 0.07e-9),
+            "sqrt": _rates(0.05e-9, 0.2e-9),
+            "exp": _rates(0.65e-9, 2.5e-9),
+            "log": _rates(1.6e-9, 6.5e-9),
+            "trig": _rates(7e-9, 14e-9),
+            "tanh": _rates(0.8e-9, 2.4e-9),
+            "erf": _rates(0.5e-9, 7e-9),
+            "pow": _rates(6e-9, 14e-9),
+            "atan": _rates(14e-9, 13e-9),
+            "reduce": _rates(0.1e-9, 0.15e-9),
+            "move": _rates(0.2e-9, 0.3e-9),
         },
-        bandwidth=6e9,
+        bandwidth=4e9,
         loop_iteration=2e-8),
     # H100 SXM vendor peaks (dense tensor-core bf16 989 TFLOP/s, fp64 tensor 67, fp32
     # CUDA cores 67, HBM3 3.35 TB/s), SFU transcendentals ~1/4 of the fp32 rate, fp64
@@ -322,8 +324,14 @@ def _eqn_cost(eqn, table: Throughput) -> Cost:
                + jaxpr_cost(eqn.params["cond_jaxpr"], table))
         return (one + Cost(0.0, 0.0, 1.0, table.loop_iteration)) * trips
     if name == "cond":
-        return max((jaxpr_cost(b, table) for b in eqn.params["branches"]),
-                   key=lambda c: c.seconds, default=_ZERO)
+        # its operands are materialized (written once, which a fusion would have
+        # spared): the passes over memory of the checks' reductions
+        # (``_reductions.materialized``)
+        moved = sum(_size(v.aval) * np.dtype(v.aval.dtype).itemsize
+                    for v in eqn.invars[1:])
+        branch = max((jaxpr_cost(b, table) for b in eqn.params["branches"]),
+                     key=lambda c: c.seconds, default=_ZERO)
+        return branch + Cost(0.0, 0.0, 0.0, moved / table.bandwidth)
     if name in ("dot_general", "conv_general_dilated"):
         flops = _contraction(eqn)
         dt = _dtype_name(eqn.invars[0].aval.dtype)

@@ -40,7 +40,7 @@ from jax import lax
 
 from . import _jaxpr as jx
 from ._autocast.interpret import _is_dynamic, _trace
-from ._first_order import Unsupported, _wider
+from ._first_order import _INPUT_TAG, SUM_FAILURE, Unsupported, _wider
 from ._reductions import count_where, materialized, nan_to_inf
 
 __all__ = ["norm_bound", "NormBoundResult"]
@@ -106,31 +106,60 @@ class _Walk:
         return materialized(lambda v: jnp.max(nan_to_inf(jnp.abs(v.astype(self.w))),
                                               initial=0.0), v)
 
-    def run(self, jaxpr, consts, vals):
+    def run(self, jaxpr, consts, vals, tags=None):
         """``vals``: ``(value, E, M)`` per input (``E`` ``None``: exact); returns the
-        outputs' triples."""
+        outputs' triples (their own-error tags in ``self.out_tags``). ``tags``: per
+        input, the index map of errors private to each entry (as
+        :class:`adaptprec._first_order._Own`), ``None`` when shared."""
         env: dict = {}
+        tag_of: dict = {}
 
         def read(atom):
             if isinstance(atom, jx.Literal):
                 return (jx.literal_value(atom), None, None)
             return env[atom]
 
+        def tag(atom):
+            return False if isinstance(atom, jx.Literal) else tag_of.get(atom)
+
         for var, c in zip(jaxpr.constvars, consts):
-            env[var] = (c, None, None)
-        for var, t in zip(jaxpr.invars, vals):
-            env[var] = t
+            env[var], tag_of[var] = (c, None, None), False
+        for var, t, g in zip(jaxpr.invars, vals, tags or [None] * len(vals)):
+            env[var], tag_of[var] = t, (False if t[1] is None else g)
         for eqn in jaxpr.eqns:
-            outs = self.step(eqn, [read(a) for a in eqn.invars])
-            for var, t in zip(eqn.outvars, outs):
-                env[var] = t
+            ins = [read(a) for a in eqn.invars]
+            self.in_tags = [tag(a) for a in eqn.invars]
+            in_tags = self.in_tags
+            outs = self.step(eqn, ins)
+            out_tags = self._tags(eqn, ins, in_tags, outs)
+            for var, t, g in zip(eqn.outvars, outs, out_tags):
+                env[var], tag_of[var] = t, (False if t[1] is None else g)
+        self.out_tags = [tag(a) for a in jaxpr.outvars]
         return [read(a) for a in jaxpr.outvars]
+
+    def _tags(self, eqn, ins, in_tags, outs):
+        """The outputs' own-error tags (:mod:`adaptprec._first_order`'s rules)."""
+        from ._first_order import _OWN_MOVES, _OWN_OPS, _OWN_SAME
+        name = eqn.primitive.name
+        if jx.call_body(eqn, remat=True, custom=True) is not None:
+            return self.out_tags
+        inexact = [g for g, t in zip(in_tags, ins) if t[1] is not None]
+        if len(outs) != 1 or not inexact or any(g is None or g is False for g in inexact) \
+                or len(set(map(id, inexact))) > 1:
+            return [None] * len(outs)
+        shape = jnp.shape(outs[0][0])
+        if name in _OWN_SAME or (name in _OWN_OPS and all(
+                jnp.shape(t[0]) == shape for t in ins if t[1] is not None)):
+            return [inexact[0]]
+        if name in _OWN_MOVES:
+            return [object()]
+        return [None]
 
     def step(self, eqn, ins):
         name = eqn.primitive.name
         body = jx.call_body(eqn, remat=True, custom=True)
         if body is not None:
-            return self.run(body[0], body[1], ins)
+            return self.run(body[0], body[1], ins, self.in_tags)
         if name in ("scan", "while", "cond"):
             return getattr(self, "p_" + name)(eqn, ins)
         if jx.has_sub_jaxpr(eqn):
@@ -249,6 +278,11 @@ class _Walk:
                 .astype(self.w), x, y)
         else:
             acc = self.s(math.sqrt(n) * _u(y.dtype) * n) * m
+        if e is not None and self.in_tags[0]:
+            # errors private to each summand: independent, summed in quadrature
+            # (Hoeffding, failure probability SUM_FAILURE per sum, as the per-entry walk)
+            lam = math.sqrt(2.0 * math.log(2.0 * max(y.size, 1) / SUM_FAILURE))
+            return [(y, acc + self.s(lam * math.sqrt(n)) * e, n * m)]
         return [(y, acc if e is None else acc + n * e, n * m)]
 
     def p_cumsum(self, eqn, ins, outs):
@@ -377,6 +411,6 @@ def norm_bound(fn: Callable, args: tuple, kwargs: dict, inputs: tuple | None,
             jnp.finfo(o.dtype).nmant > jnp.finfo(x.dtype).nmant
         ins.append((x, walk.s(_u(x.dtype)) * m if rounded else None, m))
     consts = [lax.stop_gradient(jnp.asarray(c)) for c in closed.consts]
-    res = walk.run(closed.jaxpr, consts, ins)
+    res = walk.run(closed.jaxpr, consts, ins, [_INPUT_TAG] * len(ins))
     return NormBoundResult([t[0] for t in res], [t[1] for t in res],
                            sum(walk.unstable, jnp.float32(0)), tree)

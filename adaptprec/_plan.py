@@ -6,18 +6,20 @@ static program that composes with ``jit``, ``vmap`` and ``grad``, and the same p
 gets the same plan, and the same answer bits, whatever the load of the machine. Rules,
 for a kernel with an accuracy guard:
 
-* **Small kernels** (all rungs together model below ``_cost.FLOOR``): every rung is tried,
-  checked by Monte Carlo arithmetic (the most thorough check; its cost is below the call's
-  dispatch overhead).
+* **A-priori errors**: a lower rung ``r`` is skipped when its probabilistic error
+  ``u_r * sqrt(n)`` (``n`` the longest accumulation: a contraction, a sum, a loop's trip
+  count; Higham & Mary 2019) exceeds ``rtol``: it would almost surely fail.
+* **Small kernels** (all rungs together model below ``_cost.FLOOR``): every other rung is
+  tried, checked by Monte Carlo arithmetic (the most thorough check; its cost is below
+  the call's dispatch overhead).
 * **Top rung** (always run): Monte Carlo when it costs at most ``TOP_BUDGET`` of the rung
   (or is below the floor), else the first-order bound under the same budget, else the
   cancellation screen alone ("screened only": the report says so), else finite only.
-* **Lower rungs**, top down: rung ``r`` is skipped when its a-priori probabilistic error
-  ``u_r * sqrt(n)`` (``n`` the longest accumulation: a contraction, a sum, a loop's
-  trip count; Higham & Mary 2019) exceeds ``rtol`` (it would almost surely fail). Else
-  its check is the first of :func:`check_order` the kernel supports, and the rung is
-  tried when its *expected* cost, counting the chance ``p_fail`` that it fails on the
-  data and the plan above runs too, is at most ``MARGIN`` of the plan above:
+* **Lower rungs**, top down: the check of rung ``r`` is the first of
+  :func:`check_order` the kernel supports within ``CHECK_SHARE`` of the rung (else the
+  cheapest), and the rung is tried when its *expected* cost, counting the chance
+  ``p_fail`` that it fails on the data and the plan above runs too, is at most
+  ``MARGIN`` of the plan above:
 
       cost(r) + check(r) + ATTEMPT_OVERHEAD + p_fail * E(s) <= MARGIN * E(s)
 
@@ -144,19 +146,30 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
     kernel). ``avals``: ShapeDtypeStructs of the arrays; ``scale``: multiplies every cost
     (the batch size when planned per element under ``vmap``); ``methods``: the checks a
     lower rung may use, preferred first (:func:`check_order`); ``p_fail``: per rung, the
-    chance it fails on the data (default ``P_FAIL`` for every rung).
+    chance it fails on the data, learned from the kernel's eager calls (default
+    ``P_FAIL`` for every rung, a priori).
     """
     table = _cost.throughput_for(backend)
     top = n_rungs - 1
+    source = "a priori" if p_fail is None else "learned from this kernel's eager calls"
     p_fail = (P_FAIL,) * n_rungs if p_fail is None else tuple(p_fail)
 
     def price(fn, k):
         return _cost.program_cost(fn, avals, table).seconds * scale
 
     cost = [price(rung_fn(k), k) for k in range(n_rungs)]
+    n_acc = _cost.longest_accumulation(jax.make_jaxpr(rung_fn(0))(*avals).jaxpr)
+    hopeless = [None] * n_rungs     # a rung whose a-priori error exceeds rtol: why
+    for k in range(top):
+        u = 2.0 ** -(int(jax.numpy.finfo(dtypes[k]).nmant) + 1)
+        if u * math.sqrt(n_acc) > rtol:
+            hopeless[k] = (f"skipped: a-priori error u*sqrt({n_acc}) = "
+                           f"{u * math.sqrt(n_acc):.2g} > rtol {rtol:g}")
     if sum(cost) < _cost.FLOOR:
-        return all_rungs(n_rungs, f"small kernel (~{_fmt(sum(cost))} for all rungs, "
-                                  "modelled): every rung tried, Monte Carlo checks")
+        why = (f"small kernel (~{_fmt(sum(cost))} for all rungs, modelled): every rung "
+               "tried, Monte Carlo checks")
+        return Plan(tuple(h is None for h in hopeless), (None,) * n_rungs,
+                    tuple(h or why for h in hopeless), (None,) * n_rungs)
     memo = {}
 
     def check_cost(k, method):
@@ -190,13 +203,9 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
         note[top] = (f"{WHAT[check[top]]} (check ~{share[top]:.0%} of the rung's time, "
                      "modelled)")
     expected = cost[top] + c      # of the plan from the next rung tried on
-    n_acc = _cost.longest_accumulation(jax.make_jaxpr(rung_fn(0))(*avals).jaxpr)
     for k in range(top - 1, -1, -1):
-        u = 2.0 ** -(int(jax.numpy.finfo(dtypes[k]).nmant) + 1)
-        prior = u * math.sqrt(n_acc)
-        if prior > rtol:
-            note[k] = (f"skipped: a-priori error u*sqrt({n_acc}) = {prior:.2g} > rtol "
-                       f"{rtol:g}")
+        if hopeless[k] is not None:
+            note[k] = hopeless[k]
             continue
         method, c = _pick_check(k, cost[k], methods, check_cost)
         if c is None:
@@ -206,9 +215,9 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
         if mine > MARGIN * expected:
             note[k] = (f"skipped: it and its {WHAT[method].split(' (')[0]} "
                        f"({_fmt(cost[k] + c)}, + {_fmt(ATTEMPT_OVERHEAD)} per call), with a "
-                       f"{p_fail[k]:.0%} chance of failing on the data, would cost more "
-                       f"than {MARGIN:.0%} of the plan above it ({_fmt(expected)}, "
-                       "modelled)")
+                       f"{p_fail[k]:.0%} chance of failing on the data ({source}), would "
+                       f"cost more than {MARGIN:.0%} of the plan above it "
+                       f"({_fmt(expected)}, modelled)")
             continue
         attempt[k], check[k] = True, method
         share[k] = c / (cost[k] + c) if cost[k] + c > 0 else 0.0

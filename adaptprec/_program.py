@@ -176,7 +176,9 @@ class _Program:
         """The plan for these ``(shape, dtype)`` pairs with the per-rung failure chances
         ``p_fail`` (``None``: a priori), cached per both."""
         avals = tuple(jax.ShapeDtypeStruct(s, d) for s, d in shapes)
-        rounded = None if p_fail is None else tuple(round(p, 2) for p in p_fail)
+        # (to a tenth: the chance moves the plan only across its break-even, and a new
+        # value costs a planning pass)
+        rounded = None if p_fail is None else tuple(round(p, 1) for p in p_fail)
         key = (tuple((a.shape, str(a.dtype)) for a in avals), size, jax.default_backend(),
                rounded)
         plan = self._plans.get(key)

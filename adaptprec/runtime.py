@@ -365,8 +365,10 @@ class MixedPrecisionManager:
             return None
         p_fail = outcomes.p_fail(_plan.P_FAIL)
         plan = program.plan_with(spec_key[1], p_fail)
-        if plan == program.plans_by_shapes.get(spec_key[1]):
-            return None
+        default = program.plans_by_shapes.get(spec_key[1])
+        if default is None or (plan.attempt, plan.check) == (default.attempt,
+                                                             default.check):
+            return None     # the same program (only the notes differ)
         if plan not in made:
             sp = _Program(self, program.fn, program.treedef, program.dyn_pos,
                           program.static, program.n_leaves)

@@ -362,31 +362,30 @@ def run_solvers(rounds, fits=100_000, points=1_000_000, curve=True):
 
 def gpu_paper(ks):
     """The plan the cost model would choose with the GPU table (vendor peaks, unmeasured):
-    rung costs and check costs from XLA's cost analysis of the same programs."""
+    the same programs priced by the GPU rates."""
     from adaptprec import _cost, _plan
-    floor, measure = _cost.FLOOR, _cost.MEASURE
-    _cost.FLOOR, _cost.MEASURE = 5e-6, False      # a GPU launch is ~5 us
+    floor = _cost.FLOOR
+    _cost.FLOOR = 5e-6      # a GPU launch is ~5 us
     try:
         print(f"{'kernel':22s} {'bf16/f64':>8s} {'f32/f64':>8s}  plan (GPU table, unmeasured)")
+        table = _cost.throughput_for("gpu")
         for name, (fn, inputs, rtol, _) in ks.items():
             x64 = tuple(jnp.asarray(x) for x in inputs)
-            ad = ap.adaptive(fn, rtol=rtol)
+            ad = ap.adaptive(fn, rtol=rtol, **OPTIONS.get(name, {}))
             ad.with_report(*x64)
             prog = next(iter(ad.manager._cache.values()))[2]
             avals = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in x64)
-            table = _cost.throughput_for("gpu")
-            cost = [_cost.program_cost(prog._rung_fn(k), avals, table,
-                                       prog.mgr.ladder[k]).seconds for k in range(3)]
-            st = prog._structure(avals)
+            cost = [_cost.program_cost(prog._rung_fn(k), avals, table).seconds
+                    for k in range(3)]
+            methods = _plan.check_order(prog._structure(avals),
+                                        bool(OPTIONS.get(name, {}).get("componentwise")))
             plan = _plan.choose_plan(3, tuple(prog.mgr.ladder), rtol, prog._rung_fn,
-                                     prog._check_fn, avals, backend="gpu",
-                                     entrywise=st.entrywise, rowwise=st.rows is not None,
-                                     conv=st.conv is not None)
+                                     prog._check_fn, avals, backend="gpu", methods=methods)
             steps = ",".join((c or "mca") if a else "skipped"
                              for a, c in zip(plan.attempt, plan.check))
             print(f"{name:22s} {cost[0] / cost[2]:8.3f} {cost[1] / cost[2]:8.3f}  {steps}")
     finally:
-        _cost.FLOOR, _cost.MEASURE = floor, measure
+        _cost.FLOOR = floor
 
 
 #: per cost kind of adaptprec/_cost.py, an operation representative of it (on x in
@@ -394,18 +393,27 @@ def gpu_paper(ks):
 _KIND_OPS = {
     "cheap": lambda x: x * 1.0001 + 0.0001, "div": lambda x: 1.0 / (x + 0.5),
     "sqrt": lambda x: jnp.sqrt(x + 0.5), "exp": lambda x: jnp.exp(-x),
-    "log": lambda x: jnp.log1p(x), "trig": lambda x: jnp.cos(x * 3.0),
+    "log": lambda x: jnp.log1p(x), "trig": lambda x: jnp.cos(x * 8.0),
     "tanh": jnp.tanh, "erf": jax.lax.erf, "pow": lambda x: x ** 0.7,
     "atan": lambda x: jnp.arctan2(x, 0.5),
 }
 _CHAIN = 8
 
 
-def throughput(rounds=15):
+#: The anchor of the measured table: float32 matmul flops per second on this machine,
+#: measured quiet (docs/runtime.md, 1024^3: 91 GFLOP/s). Everything else is measured as
+#: a ratio to a float32 matmul timed in the same rounds, so the table does not move with
+#: the machine's load.
+ANCHOR_DOT_F32 = 9e10
+
+
+def throughput(rounds=31):
     """The cost model's CPU table (adaptprec/_cost.py), measured: seconds per element of
     each kind's operation in a fused chain (2^18 entries, in cache), matmul flop rates,
-    the bandwidth of a streaming pass and a loop iteration's overhead; medians of
-    interleaved rounds."""
+    the bandwidth of a streaming pass and a loop iteration's overhead. Each program is
+    timed in interleaved rounds against a float32 matmul (1024^3); the median of the
+    per-round ratios, times the matmul's quiet time (``ANCHOR_DOT_F32``), is the table's
+    value: load scales both sides of a ratio alike."""
     rng = np.random.default_rng(0)
     n = 2 ** 18
     progs = {}
@@ -423,23 +431,26 @@ def throughput(rounds=15):
     big = jnp.asarray(rng.uniform(size=2 ** 24))
     progs[("stream", "float64")] = (jax.jit(lambda v: v * 2.0), (big,))
     progs[("loop", "")] = (jax.jit(lambda v: jax.lax.fori_loop(
-        0, 20_000, lambda i, c: c * 0.999 + 0.001, v)), (jnp.float64(1.0),))
-    times = {k: [] for k in progs}
+        0, 20_000, lambda i, c: c * 0.999 + 0.001, v)), (jnp.ones(256),))
+    ratios = {k: [] for k in progs}
     for f, a in progs.values():
         jax.block_until_ready(f(*a))
+    anchor_f, anchor_a = progs[("dot", "float32")]
     for _ in range(rounds):
+        ref = _time(anchor_f, anchor_a)
         for k, (f, a) in progs.items():
-            times[k].append(_time(f, a))
-    med = {k: float(np.median(v)) for k, v in times.items()}
+            ratios[k].append(_time(f, a) / ref)
+    unit = 2 * 1024 ** 3 / ANCHOR_DOT_F32
+    med = {k: float(np.median(v)) * unit for k, v in ratios.items()}
     per = {}
     for (kind, dt), t in med.items():
         if kind in _KIND_OPS:
-            # the chain's own mul-add (a cheap op) is in every row: subtract it
             per[(kind, dt)] = t / (n * _CHAIN)
     for (kind, dt), t in list(per.items()):
-        if kind != "cheap":
+        if kind != "cheap":     # the chain's own mul-add (a cheap op) is in every row
             per[(kind, dt)] = max(t - per[("cheap", dt)], 0.0)
-    print("per_element seconds (f32, f64):")
+    print(f"per_element seconds (f32, f64), anchored at {ANCHOR_DOT_F32:.3g} flop/s f32 "
+          f"matmul (load {os.getloadavg()[0]:.1f}):")
     for kind in _KIND_OPS:
         print(f'    "{kind}": _rates({per[(kind, "float32")]:.2g}, '
               f'{per[(kind, "float64")]:.2g}),')
