@@ -150,6 +150,11 @@ _FREE = frozenset("reshape squeeze expand_dims broadcast_in_dim iota stop_gradie
                   "optimization_barrier sharding_constraint".split())
 
 
+#: data movement that builds a new buffer (not fused into what reads it)
+_MATERIALIZED = frozenset("concatenate stack dynamic_update_slice scatter scatter-add "
+                          "sort".split())
+
+
 def kind_of(primitive_name: str) -> str | None:
     """The cost kind of a primitive (``None``: priced as free)."""
     if primitive_name in _FREE:
@@ -347,7 +352,13 @@ def _eqn_cost(eqn, table: Throughput) -> Cost:
         n = max((_size(v.aval) for v in eqn.outvars), default=0)
     dt = _dtype_name(eqn.outvars[0].aval.dtype) if eqn.outvars else "float32"
     rates = table.per_element[kind]
-    return Cost(0.0, float(n), 0.0, n * rates.get(dt, rates["float32"]))
+    seconds = n * rates.get(dt, rates["float32"])
+    if name in _MATERIALIZED:
+        # a new buffer XLA does not fuse into its consumers: written and read back (in
+        # the rung's dtype: where a narrower rung saves on a multi-stage kernel)
+        seconds += 2 * sum(_size(v.aval) * np.dtype(v.aval.dtype).itemsize
+                           for v in eqn.outvars) / table.bandwidth
+    return Cost(0.0, float(n), 0.0, seconds)
 
 
 def program_cost(fn: Callable, avals, table: Throughput) -> Cost:

@@ -39,11 +39,12 @@ from ._sampled import error_of_samples
 
 __all__ = ["row_inputs", "row_inputs_jaxpr", "sampled_rows_error", "ROWS", "MIN_BATCH"]
 
-#: rows re-evaluated by the check (``batch // 32`` of them, at least ``MIN_ROWS``: a
-#: share of the work that stays small when the batch is), and the least leading extent
-#: it is used at (below it the sample would be a large share of the work, or too few
-#: rows to say much)
-ROWS, MIN_ROWS, MIN_BATCH = 16, 8, 64
+#: rows re-evaluated by the check (``batch // 256`` of them, between ``MIN_ROWS`` and
+#: ``ROWS``: a share of the work that stays small when the batch is, and more rows of a
+#: long batch, whose rows' errors may spread widely: trajectories of a chaotic system),
+#: and the least leading extent it is used at (below it the sample would be a large
+#: share of the work, or too few rows to say much)
+ROWS, MIN_ROWS, MIN_BATCH = 64, 8, 64
 
 #: "row": axis 0 is the row axis; "ind": no row input reaches it; "pos": an iota along
 #: axis 0 (depends on the row's position, which a sample renumbers)
@@ -272,7 +273,7 @@ def _retraces(flat_fn, avals, full, mask, batch) -> bool:
 
 def rows_for(batch: int) -> int:
     """How many of ``batch`` rows the check re-evaluates."""
-    return min(ROWS, max(MIN_ROWS, batch // 32), batch)
+    return min(ROWS, max(MIN_ROWS, batch // 256), batch)
 
 
 def sampled_rows_error(fn: Callable, inputs: tuple, mask: tuple, outs, dtypes, ref_dtype,

@@ -271,9 +271,10 @@ def test_a_row_sampled_plan_escalates_when_its_rung_is_wrong():
     assert rep.checks[1] == "sample_rows", rep.plan
     assert rep.rung_name == "f64" and rel_error(y, np.asarray(cancel(x, w))) <= 1e-3
     # a benign one is accepted on float32, and the report says "sampled rows"
-    x = jnp.asarray(rng.normal(size=(2048, 64)))
+    x = jnp.asarray(rng.normal(size=(2048, 256)))      # big enough for float32 to pay
+    w = jnp.asarray(rng.uniform(1.0, 2.0, (256, 256)))
     y, rep = jax.jit(ap.adaptive(lambda x, w: jnp.tanh(x @ w), rtol=1e-3).with_report)(
-        x, w / 8)
+        x, w / 64)
     assert rep.checks[1] == "sample_rows" and rep.rung_name == "f32", rep.summary()
     assert "sampled rows" in rep.verified
 
@@ -329,15 +330,15 @@ def test_sampled_conv_check_passes_right_outputs_and_fails_wrong_ones():
 
 def test_a_conv_sampled_plan_escalates_when_its_rung_is_wrong():
     rng = np.random.default_rng(7)
-    m = rng.normal(size=(64, 64)) / 8      # (enough channels for the f32 rung to pay)
+    m = rng.normal(size=(128, 128)) / 11   # (enough channels for the f32 rung to pay)
     w = jnp.asarray(np.stack([m, -m]))               # sum_c m (x[t] - x[t+1]): cancels
-    x = jnp.asarray(1e4 + 1e-3 * rng.random((2, 4096, 64)))
+    x = jnp.asarray(1e4 + 1e-3 * rng.random((2, 4096, 128)))
     f = ap.adaptive(_diff_conv, rtol=1e-3)
     y, rep = jax.jit(f.with_report)(x, w)
     assert rep.checks[1] == "sample_conv", rep.plan
     assert rep.rung_name == "f64" and rel_error(y, np.asarray(_diff_conv(x, w))) <= 1e-3
     # a benign one is accepted on float32, and the report says "sampled"
-    x = jnp.asarray(rng.normal(size=(2, 4096, 64)))
+    x = jnp.asarray(rng.normal(size=(2, 4096, 128)))
     y, rep = jax.jit(f.with_report)(x, w)
     assert rep.checks[1] == "sample_conv" and rep.rung_name == "f32", rep.summary()
     assert "sampled output positions" in rep.verified
