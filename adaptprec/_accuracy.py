@@ -90,21 +90,14 @@ class _Accuracy(Guard):
         """``atol`` in units of ``rtol``: added to the magnitude an error is relative to."""
         return self.atol / self.rtol
 
+    #: the plan's name of each check: the method that runs it
+    _METHODS = {"first_order": "first_order", "probe": "probe", "norm_bound": "norm_bound",
+                "screen": "screen", "sample": "sampled", "sample_rows": "sampled_rows",
+                "sample_conv": "sampled_conv"}
+
     def check(self, ctx):
-        if ctx.check == "first_order":
-            return self.first_order(ctx)
-        if ctx.check == "probe":
-            return self.probe(ctx)
-        if ctx.check == "norm_bound":
-            return self.norm_bound(ctx)
-        if ctx.check == "screen":
-            return self.screen(ctx)
-        if ctx.check == "sample":
-            return self.sampled(ctx)
-        if ctx.check == "sample_rows":
-            return self.sampled_rows(ctx)
-        if ctx.check == "sample_conv":
-            return self.sampled_conv(ctx)
+        if ctx.check in self._METHODS:
+            return getattr(self, self._METHODS[ctx.check])(ctx)
         if ctx.check in ("none", "speculative"):
             # the plan skipped the top rung's screens (they cost more than the budget):
             # the report says "not checked"; the finite guard still runs

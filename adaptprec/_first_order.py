@@ -54,6 +54,7 @@ from . import _jaxpr as jx
 from ._autocast.interpret import _is_dynamic, _trace
 from ._first_order_loops import LoopRules
 from ._first_order_products import ProductRules
+from ._mca import wider as _wider
 from ._opkind import OpKind, classify
 from ._reductions import count_where as _count, materialized, nan_max_abs, nan_to_inf
 
@@ -71,17 +72,6 @@ def _is_float(dtype) -> bool:
 
 def _u(dtype) -> float:
     return float(2.0 ** -(int(jnp.finfo(dtype).nmant) + 1))
-
-
-def _wider(dtype) -> np.dtype | None:
-    """The next wider floating dtype available now (where a sum's rounding is measured),
-    or ``None`` on the top rung."""
-    bits = jnp.finfo(dtype).bits
-    if bits < 32:
-        return np.dtype(np.float32)
-    if bits == 32 and jax.config.jax_enable_x64:
-        return np.dtype(np.float64)
-    return None
 
 
 # ops whose result is exact given exact operands (error = propagated only)
@@ -538,6 +528,18 @@ class _Walk(LoopRules, ProductRules):
         return [(y, out)]
 
 
+def trace_with_originals(fn: Callable, args: tuple, kwargs: dict, inputs: tuple | None):
+    """``(closed jaxpr, output tree, dynamic leaves at the rung, the same leaves as the
+    user passed them)`` of ``fn(*args, **kwargs)``: an error walk starts each input with
+    the rounding of its cast to the rung."""
+    closed, tree, dyn = _trace(fn, args, kwargs)
+    leaves = jax.tree_util.tree_leaves((args, kwargs))
+    orig = jax.tree_util.tree_leaves(inputs) if inputs is not None else leaves
+    dyn_idx = [i for i, x in enumerate(leaves) if _is_dynamic(x)]
+    originals = [orig[i] if len(orig) == len(leaves) else leaves[i] for i in dyn_idx]
+    return closed, tree, dyn, originals
+
+
 def first_order(fn: Callable, args: tuple, kwargs: dict, inputs: tuple | None,
                 rung_dtype) -> FirstOrderResult:
     """Walk ``fn(*args, **kwargs)`` (inputs at the rung) propagating error bounds.
@@ -546,11 +548,7 @@ def first_order(fn: Callable, args: tuple, kwargs: dict, inputs: tuple | None,
     rung starts with the error of its rounding, ``u |x|``. Raises :class:`Unsupported`.
     """
     walk = _Walk(rung_dtype)
-    closed, tree, dyn = _trace(fn, args, kwargs)
-    leaves = jax.tree_util.tree_leaves((args, kwargs))
-    orig = jax.tree_util.tree_leaves(inputs) if inputs is not None else leaves
-    dyn_idx = [i for i, x in enumerate(leaves) if _is_dynamic(x)]
-    originals = [orig[i] if len(orig) == len(leaves) else leaves[i] for i in dyn_idx]
+    closed, tree, dyn, originals = trace_with_originals(fn, args, kwargs, inputs)
     errs = []
     for x, o in zip(dyn, originals):
         if _is_float(x.dtype) and _is_float(getattr(o, "dtype", None)) and \

@@ -39,8 +39,8 @@ import numpy as np
 from jax import lax
 
 from . import _jaxpr as jx
-from ._autocast.interpret import _is_dynamic, _trace
-from ._first_order import _INPUT_TAG, SUM_FAILURE, Unsupported, _wider
+from ._first_order import (_INPUT_TAG, SUM_FAILURE, Unsupported, _wider,
+                           trace_with_originals)
 from ._reductions import count_where, materialized, nan_to_inf
 
 __all__ = ["norm_bound", "NormBoundResult"]
@@ -398,11 +398,7 @@ def norm_bound(fn: Callable, args: tuple, kwargs: dict, inputs: tuple | None,
     :class:`~adaptprec._first_order.Unsupported`.
     """
     walk = _Walk(rung_dtype)
-    closed, tree, dyn = _trace(fn, args, kwargs)
-    leaves = jax.tree_util.tree_leaves((args, kwargs))
-    orig = jax.tree_util.tree_leaves(inputs) if inputs is not None else leaves
-    dyn_idx = [i for i, x in enumerate(leaves) if _is_dynamic(x)]
-    originals = [orig[i] if len(orig) == len(leaves) else leaves[i] for i in dyn_idx]
+    closed, tree, dyn, originals = trace_with_originals(fn, args, kwargs, inputs)
     ins = []
     for x, o in zip(dyn, originals):
         x = lax.stop_gradient(x)

@@ -34,7 +34,7 @@ from jax import lax
 
 from . import _jaxpr as jx
 from ._autocast.interpret import _is_dynamic
-from ._reductions import materialized
+from ._reductions import materialized, nan_to_inf
 from ._sampled import error_of_samples
 
 __all__ = ["row_inputs", "row_inputs_jaxpr", "sampled_rows_error", "ROWS", "MIN_BATCH"]
@@ -276,23 +276,55 @@ def rows_for(batch: int) -> int:
     return min(ROWS, max(MIN_ROWS, batch // 256), batch)
 
 
+def _row_scores(outs) -> jax.Array:
+    """Per row, its largest entry relative to its leaf's largest entry: where a normwise
+    error, ``max|e| / max|y|``, usually sits, since an entry's rounding error scales
+    with its magnitude (the rows of a quadrature near its largest value; a sum's
+    accumulator)."""
+    s = None
+    for y in outs:
+        if not jnp.issubdtype(y.dtype, jnp.floating):
+            continue
+        a = nan_to_inf(jnp.abs(lax.stop_gradient(y).astype(jnp.float32)))
+        a = a.reshape(a.shape[0], -1).max(axis=1) if a.ndim > 1 else a
+        a = a / jnp.maximum(jnp.max(a), jnp.finfo(jnp.float32).tiny)
+        s = a if s is None else jnp.maximum(s, a)
+    return s
+
+
 def sampled_rows_error(fn: Callable, inputs: tuple, mask: tuple, outs, dtypes, ref_dtype,
                        k: int | None = None, seed: int = 0,
                        floor: float = 0.0) -> jax.Array:
-    """Normwise relative difference, on ``k`` evenly spaced rows (default
-    :func:`rows_for`; offset by ``seed``),
-    between the rung's outputs ``outs`` (cast to ``dtypes``) and ``fn`` re-evaluated in
-    ``ref_dtype``
-    from the user's ``inputs`` (``(args, kwargs)``), sliced to those rows where ``mask``
-    (over the dynamic leaves) says they are row inputs. ``inf`` when a discrete output
-    differs."""
+    """Normwise relative difference, on ``k`` rows (default :func:`rows_for`), between
+    the rung's outputs ``outs`` (cast to ``dtypes``) and ``fn`` re-evaluated in
+    ``ref_dtype`` from the user's ``inputs`` (``(args, kwargs)``), sliced to those rows
+    where ``mask`` (over the dynamic leaves) says they are row inputs. ``inf`` when a
+    discrete output differs.
+
+    The rows: half of them evenly spaced (offset by ``seed``), half the rows of largest
+    relative magnitude in the rung's outputs (:func:`_row_scores`): a 20,000-step
+    quadrature's largest error sits at its largest values, which evenly spaced rows
+    missed (the estimate was 0.07x the true error on benchmarks/calibrate_accuracy.py)."""
     leaves, treedef = jax.tree_util.tree_flatten(inputs)
     dyn = [i for i, x in enumerate(leaves) if _is_dynamic(x)]
     rows = {i for i, m in zip(dyn, mask) if m}
     batch = leaves[next(iter(rows))].shape[0]
     k = rows_for(batch) if k is None else min(k, batch)
-    off = (seed * 0x9E3779B1) % max(batch // k, 1)
-    idx = jnp.asarray((np.arange(k, dtype=np.int64) * batch) // k + off, jnp.int32)
+    spaced = k - k // 2
+    off = (seed * 0x9E3779B1) % max(batch // spaced, 1)
+    spaced_idx = jnp.asarray((np.arange(spaced, dtype=np.int64) * batch) // spaced + off,
+                             jnp.int32)
+
+    def pick(*ys):
+        scores = _row_scores(ys)
+        idx = spaced_idx if scores is None or not k // 2 else jnp.concatenate(
+            [spaced_idx, lax.top_k(scores, k // 2)[1].astype(jnp.int32)])
+        return idx, [y[idx] for y in ys]
+
+    # the rows chosen and read from the materialized outputs (a cond's operands, as
+    # the sampled check of entries reads them): a reduction or gather fused into the
+    # rung's producers splits their fusions
+    idx, sampled = materialized(pick, *outs)
 
     def take(i, x):
         if not _is_dynamic(x):
@@ -304,7 +336,4 @@ def sampled_rows_error(fn: Callable, inputs: tuple, mask: tuple, outs, dtypes, r
 
     a, kw = jax.tree_util.tree_unflatten(treedef, [take(i, x) for i, x in enumerate(leaves)])
     ref = jax.tree_util.tree_leaves(fn(*a, **kw))
-    # rows read from the materialized outputs (a cond's operands), as the sampled check
-    # of entries does: a gather fused into the rung's producers splits its fusions
-    return error_of_samples([materialized(lambda y: y[idx], y).astype(dt)
-                             for y, dt in zip(outs, dtypes)], ref, floor)
+    return error_of_samples([y.astype(dt) for y, dt in zip(sampled, dtypes)], ref, floor)
