@@ -326,6 +326,10 @@ def accuracy(rtol: float, samples: int = 2, *, componentwise: bool = False,
     if not isinstance(safety, (int, float)) or not safety > 0:
         raise ValueError(f"accuracy: safety must be a positive number, got {safety!r}")
     _check_atol(atol, "accuracy")
+    if not isinstance(componentwise, (bool, np.bool_)):
+        raise ValueError(f"accuracy: componentwise must be True (every entry relative to "
+                         f"itself, as numpy.allclose) or False (normwise, the default), "
+                         f"got {componentwise!r}")
     return _Accuracy(float(rtol), samples, bool(componentwise), float(safety), int(seed),
                      float(atol))
 

@@ -166,6 +166,8 @@ def test_componentwise_and_atol_are_validated_and_reported():
         ap.adaptive(jnp.sin, componentwise=True)
     with pytest.raises(ValueError, match="atol"):
         ap.adaptive(jnp.sin, rtol=1e-3, atol=-1.0)
+    with pytest.raises(ValueError, match="componentwise must be True"):
+        ap.adaptive(jnp.sin, rtol=1e-3, componentwise="yes")
     f = ap.adaptive(lambda x: x - 1.0, ladder="f32,f64", rtol=1e-3, componentwise=True,
                     atol=1e-6)
     y, rep = f.with_report(jnp.asarray([1.0, 2.0]))        # an exact 0: atol keeps it
