@@ -242,8 +242,8 @@ class _Accuracy(Guard):
                           jnp.float32(max(ctx.u, _output_roundoff(ctx))))
         err = jnp.where(unstable, jnp.inf, err)
         # an output leaf that is exactly 0 where an add/sub cancelled nonzero operands to
-        # 0: no relative digit of it can be verified (newcomer audit 7: a naive variance
-        # gave 0.0 for 1.04, reported "~7.2 digits verified"); an exact tie (x - mean(x)
+        # 0: no relative digit of it can be verified (a naive variance that cancels to
+        # 0.0 where the truth is 1.04 is not "verified"); an exact tie (x - mean(x)
         # of a constant row) is then "not verified" too, which is what can be said of it
         lost = zero_out & res.zero_from_cancellation
         err = jnp.where(lost, jnp.inf, err)
@@ -273,7 +273,7 @@ def _returned(ctx) -> tuple[list, list]:
 def _output_roundoff(ctx) -> float:
     """Unit roundoff of the coarsest floating dtype the caller gets back (the output
     cast): a float32 result returned as bfloat16 carries bfloat16's 2.4 digits, whatever
-    the rung verified (newcomer audit 3: "verified to 1e-6", returned with error 3e-3)."""
+    the rung verified."""
     leaves = [x for x in (ctx.cast_out or ()) if _is_floating_array(x)]
     return max((unit_roundoff(x.dtype) for x in leaves), default=0.0)
 

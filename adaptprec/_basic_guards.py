@@ -40,7 +40,7 @@ class _Finite(Guard):
 
     def check(self, ctx):
         # the value returned is the output cast to the output dtype: e^100 is finite on
-        # float64 and inf in the float32 the caller gets (newcomer audit 3)
+        # float64 and inf in the float32 the caller gets
         if ctx.cast_out is None:
             return finite_values(ctx.out)
         raw_leaves = _float_leaves(ctx.out)
@@ -177,7 +177,7 @@ class _Headroom(Guard):
             m = nan_max_abs(x.astype(_wide(x.dtype))) if x.size else 0.0
             # 1/max is subnormal for bf16/f32/f64 and XLA:CPU flushes it to zero; it also
             # rewrites any division by a constant into a product with the reciprocal, so
-            # m * (1/max) was always 0 and the guard never fired (newcomer audit 3). In
+            # m * (1/max) was always 0 and the guard never fired. In
             # log2 no constant is subnormal: max|out| / max = 2^(log2 max|out| - log2 max)
             ratio = jnp.maximum(ratio, jnp.exp2((jnp.log2(m) - math.log2(big))
                                                 .astype(jnp.float32)))

@@ -110,7 +110,7 @@ def as_guard(g: Any) -> Guard:
     except TypeError:       # an unhashable callable object: not a factory
         factory = False
     if factory:
-        # guards=[guards.finite]: the factory itself, not a guard (newcomer audit 3)
+        # guards=[guards.finite]: the factory itself, not a guard
         raise TypeError(f"guards.{g.__name__} is a guard factory: call it, e.g. "
                         f"guards.{g.__name__}(), not guards.{g.__name__}")
     if callable(g):

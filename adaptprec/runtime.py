@@ -317,8 +317,8 @@ class MixedPrecisionManager:
         if self.speculate and spec_key is not None:
             self._record(spec_key, report, compiled[2])
         if self.on_failure == "raise" and not bool(np.all(np.asarray(report.ok))):
-            # eagerly a plain Python error (equinox's error_if surfaced as an INTERNAL
-            # callback error with a banner: newcomer audit 3)
+            # eagerly a plain Python error (equinox's error_if surfaces as an INTERNAL
+            # callback error with a banner)
             raise RuntimeError(compiled[2].failure_message())
         return (out, report) if with_report else out
 
