@@ -47,8 +47,8 @@ _SLOW_DOCTESTS = {
     "adaptprec._plot.plot_fit_result",
     # public examples that compile a whole solver or several plans (CI runs them in the
     # slow set; each entry point keeps a cheaper example or test in the default run)
-    "adaptprec.guards.spot_check",
-    "adaptprec.guards.matrix_condition",
+    "adaptprec._accuracy.spot_check",
+    "adaptprec._basic_guards.matrix_condition",
     "adaptprec._plot.plot_batch",
     "adaptprec._plot.plot_fit",
     "adaptprec.analysis.batch_summary",
@@ -84,5 +84,14 @@ def _is_public(name: str) -> bool:
         is_module = False
     if is_module:
         return not any(p.startswith("_") for p in parts[1:])
-    return parts[-1] in adaptprec.__all__ or (
-        len(parts) > 2 and parts[-2] in adaptprec.__all__)  # a public class's method
+    if parts[-1] in adaptprec.__all__ or (
+            len(parts) > 2 and parts[-2] in adaptprec.__all__):  # a public class's method
+        return True
+    # a name of the public ``adaptprec.guards`` defined in one of its private modules
+    from adaptprec import guards
+    return len(parts) > 2 and parts[1] in _GUARD_MODULES and (
+        parts[2] in guards.__all__)
+
+
+#: the private modules whose public names ``adaptprec.guards`` re-exports
+_GUARD_MODULES = frozenset({"_guard_base", "_basic_guards", "_accuracy"})

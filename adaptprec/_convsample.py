@@ -26,7 +26,8 @@ import numpy as np
 from jax import lax
 
 from ._autocast.interpret import _is_dynamic
-from ._first_order import error_of_samples, materialized
+from ._reductions import materialized
+from ._sampled import error_of_samples
 
 __all__ = ["ConvKernel", "conv_kernel", "conv_kernel_jaxpr", "sampled_conv_error", "POSITIONS"]
 
@@ -93,7 +94,7 @@ def conv_kernel_jaxpr(closed) -> ConvKernel | None:
 
 
 def sampled_conv_error(conv: ConvKernel, dyn: list, outs, dtypes, ref_dtype,
-                       k: int = POSITIONS, seed: int = 0) -> jax.Array:
+                       k: int = POSITIONS, seed: int = 0, floor: float = 0.0) -> jax.Array:
     """Normwise relative difference, on ``k`` evenly spaced output positions (offset by
     ``seed``; every output channel), between the rung's output ``outs`` (one leaf, its
     samples cast to ``dtypes``)
@@ -150,4 +151,4 @@ def sampled_conv_error(conv: ConvKernel, dyn: list, outs, dtypes, ref_dtype,
 
     # read from the materialized output (a cond's operand), as the other sampled checks
     mine = materialized(take, lax.stop_gradient(y)).astype(dt)
-    return error_of_samples([mine], [ref])
+    return error_of_samples([mine], [ref], floor)

@@ -13,21 +13,26 @@ derivative-based propagation of ADAPT (Menon et al., SC'18) and CHEF-FP:
   ``sin``/``cos``: ``e(x) + 4u`` absolute (their values and derivatives are at most 1);
 * ``add``/``sub`` carry ``e(a) + e(b)`` into a result that may be much smaller than the
   operands: cancellation shows up as a large relative bound with no special case;
-* sums over ``n`` entries: ``sum e + sqrt(n) u sum|x|`` (Higham & Mary's probabilistic
-  ``lambda sqrt(n) u`` with ``lambda = 1``; the worst case ``n u`` is far too pessimistic
-  for blocked/pairwise reductions);
+* sums over ``n`` entries: ``sum e`` plus the sum's own rounding error, *measured* below
+  the top rung: ``|y - sum_wide(x)|``, the rung's result against the same summands summed
+  one dtype wider (one more pass over them, which the bound needed anyway). On the top
+  rung, where there is no wider dtype, the bound ``sqrt(n) u sum|x|`` (Higham & Mary's
+  probabilistic ``lambda sqrt(n) u`` with ``lambda = 1``; not a proof); the same for
+  cumulative sums;
 * contractions (``dot_general``): Cauchy-Schwarz per output entry, ``(|A| |B|)_ij <=
   ||A_i|| ||B_j||``, so ``e(C) = ||e(A)_i|| ||B_j|| + ||A_i|| ||e(B)_j|| + sqrt(k) u
   ||A_i|| ||B_j||`` costs O(n^2) for O(n^3) work (row and column norms, an outer
   product);
 * data movement applies the same primitive to the error arrays;
+* loops and branches (``scan``, ``while``, ``cond``): the walk runs inside a loop of the
+  same kind whose carry holds the values and their bounds (:mod:`adaptprec._first_order_loops`);
 * comparisons and ``argmax``/``argmin``: a decision is *unstable* when the operands are
   closer than their error bounds (the result could flip); counted, and an unstable
   decision fails the check.
 
 Unsupported (the walk raises :class:`Unsupported`, the caller falls back to Monte Carlo
-arithmetic): loops and branches (``while``/``scan``/``cond``), sorting, scatters,
-float-to-integer casts, and primitives not in the tables below.
+arithmetic): sorting, scatters, float-to-integer casts, and primitives not in the tables
+below.
 
 The bound is first order: it is reliable when the relative errors are small (well below
 1), which is the only regime in which a result can be accepted anyway. It is not a proof:
@@ -47,10 +52,14 @@ from jax import lax
 
 from . import _jaxpr as jx
 from ._autocast.interpret import _is_dynamic, _trace
+from ._first_order_loops import LoopRules
+from ._first_order_products import ProductRules
+from ._mca import wider as _wider
 from ._opkind import OpKind, classify
+from ._reductions import count_where as _count, materialized, nan_max_abs, nan_to_inf
 
 __all__ = ["Unsupported", "first_order", "FirstOrderResult", "relative_bound",
-           "cancellation_screen", "is_entrywise", "entrywise_jaxpr", "sampled_error"]
+           "materialized", "nan_to_inf", "nan_max_abs"]
 
 
 class Unsupported(Exception):
@@ -70,7 +79,7 @@ _EXACT_UNARY = frozenset("neg abs stop_gradient real copy copy_p".split())
 _MOVE = frozenset(
     "reshape transpose broadcast_in_dim slice squeeze expand_dims rev copy copy_p "
     "dynamic_slice gather sharding_constraint optimization_barrier".split())
-_MULTI_MOVE = frozenset({"concatenate", "dynamic_update_slice", "pad", "select_n"})
+_MULTI_MOVE = frozenset({"concatenate", "stack", "dynamic_update_slice", "pad", "select_n"})
 _COMPARE = frozenset("eq ne lt le gt ge".split())
 _TRANS = frozenset(
     "exp exp2 log log1p expm1 pow logistic erf erfc sqrt rsqrt cbrt tanh tan sinh cosh "
@@ -80,83 +89,74 @@ _INT_SAFE = frozenset(  # integer-valued ops that cannot be affected by float ro
     "iota and or not xor shift_left shift_right_arithmetic shift_right_logical "
     "population_count clz".split())
 # ops that round nothing: with exact operands their results are exact
+#: Entrywise operations (same-shaped operands): an entry's errors stay its own
+_OWN_OPS = frozenset("add sub mul div max min select_n clamp square integer_pow sign "
+                     "sqrt rsqrt cbrt exp exp2 expm1 log log1p tanh logistic erf erfc sin "
+                     "cos tan sinh cosh atan atan2 asin acos asinh acosh atanh pow".split())
 _EXACT_OPS = (_MOVE | _MULTI_MOVE | _EXACT_UNARY | _INT_SAFE | _COMPARE | frozenset(
     "argmax argmin sign max min clamp is_finite floor ceil round reduce_max reduce_min "
     "reduce_and reduce_or".split()))
 
 
-def materialized(reduce: Callable, *xs):
-    """``reduce(*xs)`` on materialized operands.
-
-    XLA:CPU fuses the elementwise producer of a reduction into the reduction and then
-    runs it ~10x slower than the same producer as a loop plus a separate reduction (a
-    max over an 80-op error chain on 2^20 entries: 15 ms against 1.6 + 0.4 ms). The
-    operands of a ``cond`` must be materialized, so the reduction runs in one whose
-    predicate XLA cannot fold (a barrier on ``True``; unbatched, so under ``vmap`` it
-    stays a ``cond``) and whose branches are the same function.
-    """
-    pred = lax.optimization_barrier(jnp.asarray(True))
-    return lax.cond(pred, reduce, reduce, *xs)
-
-
-def nan_to_inf(x):
-    """NaN entries as ``inf``, applied before a max that must see them: XLA:CPU's
-    vectorized max drops NaN on arrays of 4096 entries or more, so a max of an
-    error array would pass a NaN error there while failing it on a small array."""
-    return jnp.where(jnp.isnan(x), jnp.inf, x)
-
-
-def nan_max_abs(x, axis=None):
-    """``max |x|`` (over ``axis``) in which a NaN entry counts as ``inf``: the inf-norm
-    for a finite, headroom or backward-error test that a NaN must fail.
-
-    A plain ``jnp.max`` under jit on XLA:CPU (JAX 0.10.2) drops NaN once the reduced
-    operand has 4096 entries or more (whatever the axis; an all-NaN operand gives
-    ``-inf``), and returns NaN below that. Known upstream as XLA:CPU max/min NaN
-    semantics: openxla/xla#21461 (reduce max of a NaN parameter returns the finite
-    value) and tensorflow/tensorflow#116992 (CPU XLA drops NaN in reduce_max).
-    """
-    return jnp.max(jnp.where(jnp.isnan(x), jnp.inf, jnp.abs(x)), axis=axis)
-
-
-def _count(flags: Callable, *xs) -> jax.Array:
-    """How many entries ``flags(*xs)`` sets (float32), as a materialized float sum
-    (boolean reductions are slow on XLA:CPU). ``None`` operands pass through."""
-    idx = [i for i, x in enumerate(xs) if x is not None]
-
-    def run(*vals):
-        full = list(xs)
-        for i, v in zip(idx, vals):
-            full[i] = v
-        return jnp.sum(jnp.where(flags(*full), 1.0, 0.0).astype(jnp.float32))
-
-    return materialized(run, *[xs[i] for i in idx])
-
-
 class _Rel:
     """An error bound that is ``scale * |value|`` (an input's rounding, ``u |x|``), kept
     symbolic: data movement keeps it, a contraction takes its norms from the value's
-    (``||e_i|| = scale ||x_i||``: no pass over the error), anything else materializes it."""
+    (``||e_i|| = scale ||x_i||``: no pass over the error), anything else materializes it.
+    ``tag``: as :class:`_Own`'s (an input's rounding is its entries' own)."""
 
-    __slots__ = ("scale",)
+    __slots__ = ("scale", "tag")
 
-    def __init__(self, scale: float):
-        self.scale = scale
+    def __init__(self, scale: float, tag=None):
+        self.scale, self.tag = scale, tag
+
+
+class _Own:
+    """An error bound ``e`` (array) made only of roundings private to each entry: entry
+    ``i``'s error comes from the inputs' entry ``i`` and the operations on it alone, so
+    under the model of independent roundings (Higham & Mary 2019) the errors of
+    different entries are independent. ``tag`` names the index map (arrays combined
+    entrywise must share it: ``x[1:] + x[:-1]`` mixes neighbours and is not own).
+    A sum of own errors combines them in quadrature (Hoeffding), see ``p_reduce_sum``."""
+
+    __slots__ = ("e", "tag")
+
+    def __init__(self, e, tag):
+        self.e, self.tag = e, tag
+
+
+#: The inputs' index map, the tag of their roundings.
+_INPUT_TAG = "input"
+
+#: Moves that keep each entry's own errors its own (a bijection or a subset of the
+#: entries): a new index map; and entrywise identities, which keep it.
+_OWN_MOVES = frozenset("reshape transpose slice squeeze expand_dims rev dynamic_slice".split())
+_OWN_SAME = frozenset("neg abs stop_gradient copy copy_p real convert_element_type".split())
+
+#: The failure probability of each probabilistic sum (per output entry of a sum of own
+#: errors, union-bounded over the sum's outputs).
+SUM_FAILURE = 1e-6
 
 
 class FirstOrderResult:
-    """Outputs (as the function returns them, flat), their error bounds (``None``: exact)
-    and the number of unstable decisions (float32 scalar)."""
+    """Outputs (as the function returns them, flat; ``tree`` their structure), their
+    error bounds (``None``: exact) and the number of unstable decisions (float32
+    scalar)."""
 
-    def __init__(self, outs, errs, unstable):
-        self.outs, self.errs, self.unstable = outs, errs, unstable
+    def __init__(self, outs, errs, unstable, tree=None):
+        self.outs, self.errs, self.unstable, self.tree = outs, errs, unstable, tree
 
 
-class _Walk:
+class _Walk(LoopRules, ProductRules):
+    Rel, Unsupported = _Rel, Unsupported     # for the mixins' rules
+
     def __init__(self, rung):
         self.rung = np.dtype(rung)
         self.u = _u(self.rung)
         self.unstable: list = []
+
+    def fresh(self) -> "_Walk":
+        """A walk of the same rung with its own decision count (a loop body's)."""
+        return _Walk(self.rung)
 
     def edt(self, dtype):
         return np.dtype(jnp.promote_types(dtype, jnp.float32))
@@ -194,13 +194,43 @@ class _Walk:
         if body is not None:
             jaxpr, consts = body
             return self.run(jaxpr, consts, vals, errs)
-        if jx.has_sub_jaxpr(eqn) or name in ("while", "scan", "cond"):
+        if name in ("scan", "while", "cond"):
+            return getattr(self, "p_" + name)(eqn, vals, errs)
+        if jx.has_sub_jaxpr(eqn):
             raise Unsupported(name)
         outs = jx.bind(eqn, vals)
         if errs and isinstance(errs[0], _Rel) and (name in _MOVE or name in _EXACT_UNARY):
-            return [(outs[0], errs[0])]        # scale * |moved value|: still relative
+            tag = errs[0].tag if name in _OWN_SAME else (
+                object() if name in _OWN_MOVES and errs[0].tag is not None else None)
+            return [(outs[0], _Rel(errs[0].scale, tag))]   # still relative to the value
+        tags = [getattr(e, "tag", None) if e is not None else False for e in errs]
+        self.own_in = tags
         if name not in ("dot_general", "conv_general_dilated"):
             errs = [self.dense(e, v) for e, v in zip(errs, vals)]
+        else:                   # contractions read a _Rel bound from the values' norms
+            errs = [e.e if isinstance(e, _Own) else e for e in errs]
+        res = self._rule(name, eqn, vals, errs, outs)
+        return self._own(name, tags, vals, res)
+
+    def _own(self, name, tags, vals, res):
+        """The results' errors marked own (:class:`_Own`) when the operation keeps every
+        entry's errors to itself."""
+        if len(res) != 1 or res[0][1] is None or isinstance(res[0][1], (_Own, _Rel)):
+            return res
+        y, e = res[0]
+        inexact = [t for t, v in zip(tags, vals) if t is not False
+                   and _is_float(jnp.result_type(v))]
+        if not inexact or any(t is None for t in inexact) or len(set(map(id, inexact))) > 1:
+            return res
+        if name in _OWN_SAME or (name in _OWN_OPS and all(
+                jnp.shape(v) == jnp.shape(y) for t, v in zip(tags, vals)
+                if t is not False)):
+            return [(y, _Own(e, inexact[0]))]
+        if name in _OWN_MOVES:
+            return [(y, _Own(e, object()))]
+        return res
+
+    def _rule(self, name, eqn, vals, errs, outs):
         fl_in = [i for i, v in enumerate(vals) if _is_float(jnp.result_type(v))]
         if name in _EXACT_OPS and all(errs[i] is None for i in fl_in):
             return [(o, None) for o in outs]
@@ -229,7 +259,10 @@ class _Walk:
         return self.zeros_like(v) if e is None else self.dense(e, v)
 
     def dense(self, e, v):
-        """``e`` as an array (a :class:`_Rel` bound materialized; ``None`` stays)."""
+        """``e`` as an array (a :class:`_Rel` bound materialized, an :class:`_Own` one
+        unwrapped; ``None`` stays)."""
+        if isinstance(e, _Own):
+            return e.e
         if isinstance(e, _Rel):
             a = jnp.abs(jnp.asarray(v))
             a = a.astype(self.edt(a.dtype))
@@ -375,10 +408,30 @@ class _Walk:
         es = [self.err(e, v).astype(self.edt(y.dtype)) for v, e in zip(vals, errs)]
         return [(y, jx.bind(eqn, es)[0])]
 
+    p_stack = p_concatenate
+
     def p_pad(self, eqn, vals, errs, outs):
         (y,) = outs
         e = self.err(errs[0], vals[0])
         return [(y, jx.bind(eqn, [e, jnp.zeros((), e.dtype)])[0])]
+
+    def p_scatter(self, eqn, vals, errs, outs):
+        """``x.at[idx].set(u)``: the same scatter of the errors (indices are exact)."""
+        (y,) = outs
+        w = self.edt(y.dtype)
+        es = [self.err(errs[0], vals[0]).astype(w), vals[1],
+              self.err(errs[2], vals[2]).astype(w)]
+        return [(y, jx.bind(eqn, es)[0])]
+
+    def p_scatter_add(self, eqn, vals, errs, outs):
+        """``x.at[idx].add(u)``: the errors scatter-added, plus one rounding per entry
+        (an entry updated ``m`` times rounds ``m`` times: ``m u |y|`` would be exact; the
+        bound charges ``u |y|`` per update through the summed updates' own bound)."""
+        (y,) = self.p_scatter(eqn, vals, errs, outs)
+        upd = jnp.abs(jnp.asarray(vals[2])).astype(y[1].dtype) * y[1].dtype.type(
+            _u(jnp.result_type(y[0])))
+        ones = jx.bind(eqn, [jnp.zeros_like(y[1]), vals[1], upd])[0]
+        return [(y[0], y[1] + ones + self.local(y[0]))]
 
     def p_dynamic_update_slice(self, eqn, vals, errs, outs):
         (y,) = outs
@@ -426,10 +479,24 @@ class _Walk:
         axes = eqn.params["axes"]
         n = int(np.prod([x.shape[a] for a in axes])) if axes else 1
         w = self.edt(y.dtype)
-        scale = w.type(math.sqrt(max(n, 1)) * _u(y.dtype))
-        acc = materialized(lambda x: jnp.sum(jnp.abs(x).astype(w), axis=axes), x) * scale
-        out = acc + self.local(y)
-        if e is not None:
+        ref = _wider(y.dtype)
+        if ref is not None:
+            # the sum's own rounding, measured: the same summands summed one dtype wider
+            acc = materialized(lambda x, y: jnp.abs(
+                y.astype(ref) - jnp.sum(x.astype(ref), axis=axes)).astype(w), x, y)
+            out = acc
+        else:
+            scale = w.type(math.sqrt(max(n, 1)) * _u(y.dtype))
+            acc = materialized(lambda x: jnp.sum(jnp.abs(x).astype(w), axis=axes), x)
+            out = acc * scale + self.local(y)
+        if e is not None and self.own_in[0]:
+            # the summands' own errors are independent (module docstring): Hoeffding,
+            # |sum err| <= lam sqrt(sum e^2) but with probability 2 exp(-lam^2 / 2) per
+            # sum, union-bounded over the sums to SUM_FAILURE
+            lam = math.sqrt(2.0 * math.log(2.0 * max(y.size, 1) / SUM_FAILURE))
+            out = out + w.type(lam) * materialized(
+                lambda e: jnp.sqrt(jnp.sum(e * e, axis=axes)), e)
+        elif e is not None:
             out = out + materialized(lambda e: jnp.sum(e, axis=axes), e)
         return [(y, out)]
 
@@ -448,97 +515,29 @@ class _Walk:
         n = x.shape[axis]
         w = self.edt(y.dtype)
         rev = eqn.params.get("reverse", False)
-        acc = lax.cumsum(jnp.abs(x).astype(w), axis=axis, reverse=rev) * w.type(
-            math.sqrt(max(n, 1)) * _u(y.dtype))
-        out = acc + self.local(y)
+        ref = _wider(y.dtype)
+        if ref is not None:     # measured, as for sums
+            out = jnp.abs(y.astype(ref) - lax.cumsum(x.astype(ref), axis=axis,
+                                                     reverse=rev)).astype(w)
+        else:
+            acc = lax.cumsum(jnp.abs(x).astype(w), axis=axis, reverse=rev) * w.type(
+                math.sqrt(max(n, 1)) * _u(y.dtype))
+            out = acc + self.local(y)
         if e is not None:
             out = out + lax.cumsum(e, axis=axis, reverse=rev)
         return [(y, out)]
 
-    # ------------------------------------------------------------- contractions
-    def p_dot_general(self, eqn, vals, errs, outs):
-        (a, b), (ea, eb), (y,) = vals, errs, outs
-        if not _is_float(y.dtype):
-            return [(y, None)]
-        (ca, cb), (ba, bb) = eqn.params["dimension_numbers"]
-        w = self.edt(y.dtype)
-        k = int(np.prod([a.shape[d] for d in ca])) if ca else 1
 
-        def norms(m, contract, batch):
-            free = [d for d in range(m.ndim) if d not in contract and d not in batch]
-            kept = [d for d in range(m.ndim) if d not in contract]
-            # reduce in place (no transpose of the big operand), then order the small
-            # result as (batch..., free...)
-            n = materialized(lambda m: jnp.sqrt(jnp.sum(jnp.square(m.astype(w)),
-                                                        axis=tuple(contract))), m)
-            order = [kept.index(d) for d in tuple(batch) + tuple(free)]
-            if order != sorted(order):
-                n = jnp.transpose(n, order)
-            return n, len(batch), len(free)
-
-        def outer(na, nb_):
-            (x, nbat, nfa), (z, _, nfb) = na, nb_
-            x = x.reshape(x.shape + (1,) * nfb)
-            z = z.reshape(z.shape[:nbat] + (1,) * nfa + z.shape[nbat:])
-            return x * z
-
-        na, nbn = norms(a, ca, ba), norms(b, cb, bb)
-
-        def err_norms(e, base, m, contract, batch):
-            if isinstance(e, _Rel):        # ||scale |m|_i|| = scale ||m_i||
-                return (base[0] * base[0].dtype.type(e.scale),) + base[1:]
-            return norms(e, contract, batch)
-
-        e = outer(na, nbn) * w.type(math.sqrt(k) * _u(y.dtype)) + self.local(y)
-        nea = err_norms(ea, na, a, ca, ba) if ea is not None else None
-        neb = err_norms(eb, nbn, b, cb, bb) if eb is not None else None
-        if nea is not None:
-            e = e + outer(nea, nbn)
-        if neb is not None:
-            e = e + outer(na, neb)
-        if nea is not None and neb is not None:
-            e = e + outer(nea, neb)
-        return [(y, e.reshape(y.shape))]
-
-    def p_conv_general_dilated(self, eqn, vals, errs, outs):
-        """Cauchy-Schwarz per output: ||patch|| * ||kernel_o||, with ``||patch|| <=
-        sqrt(window * in_channels) * max|x|`` (one max over the input; patch norms by a
-        convolution of x^2 cost about as much as the convolution on XLA:CPU)."""
-        (x, k), (ex, ek), (y,) = vals, errs, outs
-        p = eqn.params
-        if p["feature_group_count"] != 1 or p["batch_group_count"] != 1:
-            raise Unsupported("grouped convolution")
-        dn = p["dimension_numbers"]
-        w = self.edt(y.dtype)
-        rhs_spec, out_spec = dn.rhs_spec, dn.out_spec     # (O, I, spatial...) positions
-        o_dim = rhs_spec[0]
-
-        kk = int(np.prod(k.shape)) // k.shape[o_dim]
-
-        def patch_norm(m):
-            mx = materialized(lambda m: jnp.max(jnp.abs(m.astype(w)), initial=0.0), m)
-            return mx * w.type(math.sqrt(kk))
-
-        def kern_norm(m):
-            m = m.astype(w)
-            axes = tuple(d for d in range(m.ndim) if d != o_dim)
-            n = jnp.sqrt(jnp.sum(m * m, axis=axes))          # (O,)
-            shape = [1] * y.ndim
-            shape[out_spec[1]] = n.shape[0]
-            return n.reshape(shape)
-
-        px, nk = patch_norm(x), kern_norm(k)
-        e = px * nk * w.type(math.sqrt(kk) * _u(y.dtype)) + self.local(y)
-        pex = nek = None
-        if ex is not None:
-            pex = px * w.type(ex.scale) if isinstance(ex, _Rel) else patch_norm(ex)
-            e = e + pex * nk
-        if ek is not None:
-            nek = nk * w.type(ek.scale) if isinstance(ek, _Rel) else kern_norm(ek)
-            e = e + px * nek
-        if pex is not None and nek is not None:
-            e = e + pex * nek
-        return [(y, jnp.broadcast_to(e, y.shape))]
+def trace_with_originals(fn: Callable, args: tuple, kwargs: dict, inputs: tuple | None):
+    """``(closed jaxpr, output tree, dynamic leaves at the rung, the same leaves as the
+    user passed them)`` of ``fn(*args, **kwargs)``: an error walk starts each input with
+    the rounding of its cast to the rung."""
+    closed, tree, dyn = _trace(fn, args, kwargs)
+    leaves = jax.tree_util.tree_leaves((args, kwargs))
+    orig = jax.tree_util.tree_leaves(inputs) if inputs is not None else leaves
+    dyn_idx = [i for i, x in enumerate(leaves) if _is_dynamic(x)]
+    originals = [orig[i] if len(orig) == len(leaves) else leaves[i] for i in dyn_idx]
+    return closed, tree, dyn, originals
 
 
 def first_order(fn: Callable, args: tuple, kwargs: dict, inputs: tuple | None,
@@ -549,16 +548,12 @@ def first_order(fn: Callable, args: tuple, kwargs: dict, inputs: tuple | None,
     rung starts with the error of its rounding, ``u |x|``. Raises :class:`Unsupported`.
     """
     walk = _Walk(rung_dtype)
-    closed, _, dyn = _trace(fn, args, kwargs)
-    leaves = jax.tree_util.tree_leaves((args, kwargs))
-    orig = jax.tree_util.tree_leaves(inputs) if inputs is not None else leaves
-    dyn_idx = [i for i, x in enumerate(leaves) if _is_dynamic(x)]
-    originals = [orig[i] if len(orig) == len(leaves) else leaves[i] for i in dyn_idx]
+    closed, tree, dyn, originals = trace_with_originals(fn, args, kwargs, inputs)
     errs = []
     for x, o in zip(dyn, originals):
         if _is_float(x.dtype) and _is_float(getattr(o, "dtype", None)) and \
                 jnp.finfo(o.dtype).nmant > jnp.finfo(x.dtype).nmant:
-            errs.append(_Rel(_u(x.dtype)))          # the input cast's rounding
+            errs.append(_Rel(_u(x.dtype), _INPUT_TAG))   # the input cast's rounding
         else:
             errs.append(None)
     dyn = [lax.stop_gradient(x) for x in dyn]
@@ -566,12 +561,13 @@ def first_order(fn: Callable, args: tuple, kwargs: dict, inputs: tuple | None,
     res = walk.run(closed.jaxpr, consts, dyn, errs)
     unstable = sum(walk.unstable, jnp.float32(0))
     return FirstOrderResult([v for v, _ in res], [walk.dense(e, v) for v, e in res],
-                            unstable)
+                            unstable, tree)
 
 
-def relative_bound(outs, errs, componentwise: bool = False) -> jax.Array:
+def relative_bound(outs, errs, componentwise: bool = False, floor: float = 0.0) -> jax.Array:
     """The largest normwise (or componentwise) relative error bound over the floating
-    outputs (float32; inf for NaN/0-with-error)."""
+    outputs (float32; inf for NaN/0-with-error); ``floor`` (``atol / rtol``) is added to
+    the magnitude the bound is relative to."""
     est = jnp.float32(0)
     for y, e in zip(outs, errs):
         if e is None or not _is_float(jnp.result_type(y)):
@@ -579,158 +575,10 @@ def relative_bound(outs, errs, componentwise: bool = False) -> jax.Array:
         a = jnp.abs(y).astype(e.dtype)
         if componentwise:
             r = materialized(lambda e, a: jnp.max(nan_to_inf(
-                jnp.where(e == 0, 0.0, e / a)), initial=0.0), e, a)
+                jnp.where(e == 0, 0.0, e / (a + floor))), initial=0.0), e, a)
         else:
             emax, amax = materialized(lambda e, a: (jnp.max(nan_to_inf(e), initial=0.0),
                                                     jnp.max(a, initial=0.0)), e, a)
-            r = jnp.where(emax == 0, 0.0, emax / amax)
+            r = jnp.where(emax == 0, 0.0, emax / (amax + floor))
         est = jnp.maximum(est, jnp.asarray(r, jnp.float32))
     return jnp.where(jnp.isnan(est), jnp.inf, est)
-
-
-_ADDSUB = frozenset({"add", "sub", "add_any"})
-
-
-def cancellation_screen(fn: Callable, args: tuple, kwargs: dict, rung_dtype,
-                        componentwise: bool = False):
-    """``(u * max(|a|+|b|) / max|a+-b|`` over the top-level add/subs (float32),
-    whether one gave exactly 0 from nonzero operands)``: the deterministic screen of the
-    Monte Carlo check without its samples (an evaluation XLA shares with the kernel's
-    own, plus two reductions per add/sub). Calls are inlined; loops and branches are
-    run as they are (their insides are not screened). The subtraction of a max/min (a
-    softmax shift) is not a cancellation, as in the Monte Carlo check."""
-    closed, _, dyn = _trace(fn, args, kwargs)
-    ratios: list = []
-    zeros: list = []
-    shifts: set = set()
-
-    def step(eqn, vals):
-        name = eqn.primitive.name
-        body = jx.call_body(eqn, remat=True, custom=True)
-        if body is not None:
-            jaxpr, consts = body
-            return jx.eval_jaxpr(jaxpr, consts, vals, step)
-        outs = jx.bind(eqn, vals)
-        if name in ("reduce_max", "reduce_min") or (
-                any(id(v) in shifts for v in vals) and (
-                    classify(name) is OpKind.DATA_MOVEMENT
-                    or name in ("stop_gradient", "neg", "max", "min"))):
-            shifts.update(id(o) for o in outs)
-        elif name in _ADDSUB and not any(id(v) in shifts for v in vals) and \
-                _is_float(jnp.result_type(outs[0])):
-            (y,) = outs
-            w = np.dtype(jnp.promote_types(y.dtype, jnp.float32))
-            a, b = (jnp.abs(jnp.asarray(v)).astype(w) for v in vals)
-            def reduce(a, b, y):
-                num = jnp.broadcast_to(a + b, y.shape)
-                den = jnp.abs(y).astype(w)
-                # a float max, not jnp.any: boolean reductions are slow on XLA:CPU
-                zero = jnp.max(jnp.where((den == 0) & (num > 0), 1.0, 0.0), initial=0.0)
-                if componentwise:
-                    r = jnp.max(jnp.where(num == 0, 0.0, jnp.where(
-                        den == 0, 0.0, num / den)), initial=0.0)
-                else:
-                    nmax, dmax = jnp.max(num, initial=0.0), jnp.max(den, initial=0.0)
-                    r = jnp.where(nmax == 0, 0.0, jnp.where(dmax == 0, 0.0, nmax / dmax))
-                return r, zero > 0
-
-            r, zero = materialized(reduce, a, b, y)
-            zeros.append(zero)
-            ratios.append((r * _u(eqn.outvars[0].aval.dtype)).astype(jnp.float32))
-        return outs
-
-    consts = [lax.stop_gradient(jnp.asarray(c)) for c in closed.consts]
-    jx.eval_jaxpr(closed.jaxpr, consts, [lax.stop_gradient(x) for x in dyn], step)
-    ratio = jnp.max(jnp.stack(ratios)) if ratios else jnp.float32(0)
-    zero = jnp.any(jnp.stack(zeros)) if zeros else jnp.asarray(False)
-    return jnp.where(jnp.isnan(ratio), jnp.inf, ratio), zero
-
-
-_ENTRYWISE_EXTRA = frozenset({"convert_element_type", "broadcast_in_dim", "copy", "copy_p",
-                              "stop_gradient", "select_n", "clamp"})
-
-
-def is_entrywise(flat_fn: Callable, avals) -> bool:
-    """Whether every output entry of ``flat_fn(*arrays)`` (a list of arrays out) depends
-    only on the same entry of each array input (all non-scalar inputs and outputs share
-    one shape; rank-0 inputs and constants broadcast): then it may be re-evaluated on a
-    sample of entries. ``avals``: ShapeDtypeStructs of the arrays."""
-    return entrywise_jaxpr(jax.make_jaxpr(flat_fn)(*avals), avals)
-
-
-def entrywise_jaxpr(closed, avals) -> bool:
-    """:func:`is_entrywise` on the kernel's traced ``closed`` jaxpr (the one structure
-    trace of :mod:`adaptprec._structure`)."""
-    from ._opkind import ENTRYWISE
-    shapes = {tuple(x.shape) for x in avals if len(x.shape)}
-    outs = {tuple(a.shape) for a in closed.out_avals}
-    if len(shapes) != 1 or outs != shapes:
-        return False
-
-    def ok(jaxpr) -> bool:
-        for eqn in jaxpr.eqns:
-            name = eqn.primitive.name
-            body = jx.call_body(eqn, remat=True, custom=True)
-            if body is not None:
-                if not ok(body[0]):
-                    return False
-            elif name == "broadcast_in_dim":
-                if np.ndim(eqn.invars[0].aval) != 0 and tuple(
-                        eqn.invars[0].aval.shape) != tuple(eqn.outvars[0].aval.shape):
-                    return False
-            elif name not in ENTRYWISE and name not in _ENTRYWISE_EXTRA:
-                return False
-            if any(np.ndim(v.aval) not in (0, len(next(iter(shapes))))
-                   for v in eqn.outvars):
-                return False
-        return True
-
-    return ok(closed.jaxpr)
-
-
-def sampled_error(fn: Callable, args: tuple, kwargs: dict, inputs: tuple, outs, dtypes,
-                  ref_dtype, k: int = 256, seed: int = 0) -> jax.Array:
-    """Normwise relative difference, on ``k`` evenly spaced entries (offset by
-    ``seed``), between the rung's outputs ``outs`` (each sample cast to the dtype in
-    ``dtypes`` it is returned in) and ``fn`` re-evaluated in
-    ``ref_dtype`` from the user's inputs (an entrywise ``fn``: :func:`is_entrywise`).
-    ``max |y_s - ref_s| / max |ref_s|`` (inf when a discrete output differs)."""
-    leaves, treedef = jax.tree_util.tree_flatten(inputs)
-    shape = next(tuple(x.shape) for x in leaves if _is_dynamic(x) and np.ndim(x))
-    n = int(np.prod(shape))
-    k = min(k, n)
-    off = (seed * 0x9E3779B1) % max(n // k, 1)
-    idx = jnp.asarray((np.arange(k, dtype=np.int64) * n) // k + off, jnp.int32)
-
-    def take(x):
-        if not _is_dynamic(x) or np.ndim(x) == 0:
-            return x.astype(ref_dtype) if _is_dynamic(x) and _is_float(x.dtype) else x
-        x = jnp.ravel(lax.stop_gradient(x))[idx]
-        return x.astype(ref_dtype) if _is_float(x.dtype) else x
-
-    a, kw = jax.tree_util.tree_unflatten(treedef, [take(x) for x in leaves])
-    ref = jax.tree_util.tree_leaves(fn(*a, **kw))
-    # the samples are read from the materialized outputs (a cond's operands): fused into
-    # their producers, the gather made XLA split the rung's own fusion and write its
-    # intermediates (exp and log1p of 2^20 entries: the check cost ~0.5 of the rung; an
-    # optimization_barrier is dropped by XLA:CPU before fusion)
-    return error_of_samples([materialized(lambda y: jnp.ravel(y)[idx], y).astype(dt)
-                             for y, dt in zip(outs, dtypes)], ref)
-
-
-def error_of_samples(samples, ref):
-    """The largest normwise relative error of the cheap rung's sampled outputs against
-    their wider reference (``inf`` for a NaN, or a differing integer/bool entry); shared by
-    the sampled-entries and sampled-rows checks."""
-    err = jnp.float32(0)
-    for ys, r in zip(samples, ref):
-        if _is_float(ys.dtype):
-            w = np.dtype(jnp.promote_types(r.dtype, jnp.float32))
-            d = jnp.max(nan_to_inf(jnp.abs(ys.astype(w) - r.astype(w))))
-            # normwise over the sample: max|y_s| <= max|y|, so this is the larger
-            # (safer) ratio, and it costs no pass over the whole output
-            e = jnp.where(d == 0, 0.0, d / jnp.max(jnp.abs(r.astype(w))))
-        else:
-            e = jnp.where(jnp.any(ys != r), jnp.inf, 0.0)
-        err = jnp.maximum(err, jnp.asarray(e, jnp.float32))
-    return jnp.where(jnp.isnan(err), jnp.inf, err)

@@ -1,7 +1,7 @@
 """The structure of one kernel on one set of input shapes, traced once.
 
 The plan (:func:`adaptprec._plan.choose_plan`, through the runtime) asks of a kernel
-whether it is entrywise, row-separable or one convolution; the sampled checks of the
+whether it is entrywise, row-separable, one convolution or a product of matrices; the sampled checks of the
 accuracy guard then need the row inputs or the convolution's parameters again, once per
 rung and per compiled program. Each question used to trace the kernel with
 ``jax.make_jaxpr``: three traces at plan time and one more per sampled check, on the
@@ -23,7 +23,8 @@ import jax
 
 from ._autocast.interpret import _is_dynamic
 from ._convsample import ConvKernel, conv_kernel_jaxpr
-from ._first_order import entrywise_jaxpr
+from ._sampled import entrywise_jaxpr
+from ._probe import product_jaxpr
 from ._rowwise import row_inputs_jaxpr
 from ._user_fn import returns_arrays
 
@@ -37,6 +38,7 @@ class Structure(NamedTuple):
     """What one trace of a kernel says. ``rows``: the row-input mask over the dynamic
     leaves (:func:`adaptprec._rowwise.row_inputs`) or ``None``; ``conv``: the
     convolution it is (:func:`adaptprec._convsample.conv_kernel`) or ``None``;
+    ``product``: a product expression of its inputs (:func:`adaptprec._probe.product_jaxpr`);
     ``error``: the exception tracing raised (then nothing is row-separable or a
     convolution, and :attr:`entrywise` re-raises it, as the entrywise test always did;
     such a result is not memoized)."""
@@ -44,6 +46,7 @@ class Structure(NamedTuple):
     entrywise_: bool
     rows: tuple | None
     conv: ConvKernel | None
+    product: bool = False
     error: BaseException | None = None
 
     @property
@@ -57,10 +60,10 @@ def _analyse(flat: Callable, avals) -> Structure:
     try:
         closed = jax.make_jaxpr(flat)(*avals)
     except Exception as e:      # noqa: BLE001 -- not analysable: none of the three
-        return Structure(False, None, None, e)
+        return Structure(False, None, None, False, e)
     return Structure(entrywise_jaxpr(closed, avals),
                      row_inputs_jaxpr(closed, flat, avals),
-                     conv_kernel_jaxpr(closed))
+                     conv_kernel_jaxpr(closed), product_jaxpr(closed))
 
 
 _memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -48,6 +48,10 @@ class Report(Module):
             cancellation screen only, ``"skipped"``: the rung did not run by plan).
         check_shares: static, per rung: the check's modelled share of the rung's time
             (``None``: not run or not modelled). Estimated, not measured.
+        norm: static: what the accuracy guard's relative error is, ``"normwise"``
+            (relative to each output's largest entry) or ``"componentwise"`` (every
+            entry relative to itself), with its ``atol`` floor if any; ``""`` without
+            an accuracy guard.
 
     A report never calls a result "ok" for finiteness alone: :meth:`summary` and
     :attr:`verified` say what was verified, e.g. ``f32; ~5.2 digits verified (rtol
@@ -83,6 +87,7 @@ class Report(Module):
     plan: tuple[str, ...] = field(static=True, default=())
     checks: tuple[str, ...] = field(static=True, default=())
     check_shares: tuple[float | None, ...] = field(static=True, default=())
+    norm: str = field(static=True, default="")
 
     def _roles(self) -> tuple[str, ...]:
         return self.guard_roles or ("other",) * len(self.guard_names)
@@ -128,6 +133,7 @@ class Report(Module):
             low = "" if ok.ndim == 0 else "min "
             used = {self.checks[r] for r in np.unique(np.asarray(self.rung)).tolist()} \
                 if self.checks else {"mca"}
+            tol = f"rtol {rtols[i]:g}" + (f", {self.norm}" if self.norm else "")
             if used == {"speculative"}:
                 return ("speculative: this rung was verified on an earlier call for these "
                         "shapes; this call checked finite only (its rounding error was not "
@@ -136,24 +142,16 @@ class Report(Module):
                 return ("finite only on the top rung: accuracy not checked (the plan "
                         "found no check within budget, see plan)")
             if used == {"screen"}:
-                return (f"screened only (cancellation {low}~{d:.1f} digits, finite; rtol "
-                        f"{rtols[i]:g}): rounding error not estimated, see plan")
-            if used == {"sample"}:
-                return (f"{low}~{d:.1f} digits verified on sampled entries (rtol "
-                        f"{rtols[i]:g}; statistical: entries between the samples are not "
-                        "checked)")
-            if used == {"sample_conv"}:
-                return (f"{low}~{d:.1f} digits verified on sampled output positions (rtol "
-                        f"{rtols[i]:g}; statistical: positions between the samples are "
-                        "not checked)")
-            if used == {"sample_rows"}:
-                return (f"{low}~{d:.1f} digits verified on sampled rows (rtol "
-                        f"{rtols[i]:g}; statistical: rows between the samples are not "
-                        "checked)")
+                return (f"screened only (cancellation {low}~{d:.1f} digits, finite; "
+                        f"{tol}): rounding error not estimated, see plan")
+            sampled = _SAMPLED.get(next(iter(used))) if len(used) == 1 else None
+            if sampled is not None:
+                return (f"{low}~{d:.1f} digits verified on {sampled[0]} ({tol}; "
+                        f"statistical: {sampled[1]})")
             how = "" if used == {"mca"} else (
                 "; first-order bound" if used == {"first_order"} else
                 "; " + "/".join(sorted(used)))
-            return f"{low}~{d:.1f} digits verified (rtol {rtols[i]:g}{how})"
+            return f"{low}~{d:.1f} digits verified ({tol}{how})"
         if "spot_check" in roles:
             j = roles.index("spot_check")
             top = len(self.rung_names) - 1
@@ -235,6 +233,17 @@ class Report(Module):
 
     def __str__(self) -> str:
         return self.summary()
+
+
+#: per sampled check: what was verified, and what a sample cannot see
+_SAMPLED = {
+    "sample": ("sampled entries", "entries between the samples are not checked"),
+    "sample_conv": ("sampled output positions",
+                    "positions between the samples are not checked"),
+    "sample_rows": ("sampled rows", "rows between the samples are not checked"),
+    "probe": ("random probes of the matrix product",
+              "row errors in the 2-norm, seen through 4 random directions"),
+}
 
 
 def _reason(codes, rung, ok):

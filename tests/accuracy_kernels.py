@@ -66,6 +66,79 @@ def softplus(x):
     return jnp.log1p(jnp.exp(-jnp.abs(x))) + jnp.maximum(x, 0.0)
 
 
+# kernels users write with loops, chained products and quadrature (benchmarks/bench_value.py
+# runs them at full size; the calibration and the tests at small sizes)
+
+def lorenz_rk4(s0, steps=60):
+    """RK4 of the Lorenz system (dt 0.01) for a batch of trajectories ``s0`` (B, 3)."""
+    sigma, rho, beta, dt = 10.0, 28.0, 8.0 / 3.0, 0.01
+
+    def f(s):
+        x, y, z = s[:, 0], s[:, 1], s[:, 2]
+        return jnp.stack([sigma * (y - x), x * (rho - z) - y, x * y - beta * z], axis=1)
+
+    def step(_, s):
+        k1 = f(s)
+        k2 = f(s + dt / 2 * k1)
+        k3 = f(s + dt / 2 * k2)
+        k4 = f(s + dt * k3)
+        return s + dt / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+
+    return jax.lax.fori_loop(0, steps, step, s0)
+
+
+def jacobi_sweeps(u0, f, sweeps=40):
+    """Jacobi sweeps for -Laplace(u) = f on a grid (the edge of ``u0`` is held fixed)."""
+    def sweep(_, u):
+        inner = 0.25 * (u[:-2, 1:-1] + u[2:, 1:-1] + u[1:-1, :-2] + u[1:-1, 2:]
+                        + f[1:-1, 1:-1])
+        return u.at[1:-1, 1:-1].set(inner)
+
+    return jax.lax.fori_loop(0, sweeps, sweep, u0)
+
+
+def matpow8(a):
+    """A^8 by repeated squaring."""
+    a2 = a @ a
+    a4 = a2 @ a2
+    return a4 @ a4
+
+
+def trapezoid(p, steps=20_000):
+    """The trapezoid rule for the integral of cos(p x) over [0, 1] (= sin(p) / p), one
+    value per entry of ``p``, accumulated in a ``fori_loop``."""
+    h = 1.0 / steps
+
+    def body(i, acc):
+        x = i * h
+        return acc + 0.5 * h * (jnp.cos(p * x) + jnp.cos(p * (x + h)))
+
+    return jax.lax.fori_loop(0, steps, body, jnp.zeros_like(p))
+
+
+def kepler(m, e, iterations=30):
+    """Kepler's equation E = M + e sin E by fixed-point iteration, per entry."""
+    return jax.lax.fori_loop(0, iterations, lambda _, E: m + e * jnp.sin(E), m)
+
+
+def ln_gelu_mlp(x, w1, w2):
+    """A layer norm, then a GELU MLP."""
+    return jax.nn.gelu(layernorm(x) @ w1) @ w2
+
+
+def mlp4(x, w1, w2, w3, w4):
+    """Four dense layers (tanh between)."""
+    h = jnp.tanh(x @ w1)
+    h = jnp.tanh(h @ w2)
+    h = jnp.tanh(h @ w3)
+    return h @ w4
+
+
+def sin_mean(x):
+    """``sum(sin x) / n``: cancels on data symmetric about 0."""
+    return jnp.sum(jnp.sin(x)) / x.shape[0]
+
+
 def _f32(*xs):
     return tuple(jnp.asarray(x, jnp.float32) for x in xs)
 

@@ -53,7 +53,7 @@ def test_benign_kernels_stay_on_bf16_and_are_accurate(name):
     y, rep = _run(fn, inputs, BENIGN_RTOL)
     assert int(rep.rung) == 0 and bool(rep.ok), rep.summary()
     assert rel_error(y, reference(fn, inputs)) <= BENIGN_RTOL
-    assert "digits verified (rtol 0.03)" in rep.summary()
+    assert "digits verified (rtol 0.03, normwise)" in rep.summary()
 
 
 # one compiled guard for the property tests (shapes fixed, seed traced)
@@ -170,7 +170,7 @@ def test_report_never_says_bare_ok():
                          rtol=1e-3).with_report(x)
     assert rep.summary().startswith("f32 after 1 escalation (bf16: accuracy(0.001) failed:"
                                     " cancellation")
-    assert rep.summary().endswith("digits verified (rtol 0.001)") and 3 < rep.digits < 5
+    assert rep.summary().endswith("digits verified (rtol 0.001, normwise)") and 3 < rep.digits < 5
     _, rep = ap.adaptive(jnp.sin, ladder="bf16,f32",
                          guards=[guards.finite(), guards.backward_error(1.0, 0, 0)])\
         .with_report(jnp.ones((2, 2)))
@@ -194,7 +194,7 @@ def test_smoke_check_without_x64_is_honest():
     y2, summary = second.split(" ", 1)
     assert abs(float(y2) - 1e-3) <= 1e-3 * 1e-3
     assert summary.startswith("f32 after 1 escalation (bf16: accuracy(0.001) failed: "
-                              "cancellation") and "digits verified (rtol 0.001)" in summary
+                              "cancellation") and "digits verified (rtol 0.001, normwise)" in summary
 
 
 def test_discrete_outputs_need_an_accuracy_guard():

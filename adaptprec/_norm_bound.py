@@ -1,0 +1,412 @@
+"""A first-order error bound carried as two numbers per value: the normwise check.
+
+The first-order walk of :mod:`adaptprec._first_order` keeps an error bound per *entry*,
+which doubles or triples the work of a loop whose body is cheap (a stencil sweep, a
+quadrature step). This walk keeps, for every floating value ``y``, two scalars: ``E``, a
+bound on ``max|error(y)|``, and ``M``, a bound on ``max|y|``, both propagated to first
+order through the same rules written in norms:
+
+* ``y = a +- b``: ``E = Ea + Eb + u My``, ``My = Ma + Mb``;
+* ``y = a b``: ``E = Mb Ea + Ma Eb + Ea Eb + u My``, ``My = Ma Mb``;
+* ``y = a / b``, ``sqrt``, ``log``, ``exp`` and other transcendentals: the largest
+  ``|f'|`` over the values (one pass over them), plus ``c u My`` (``c`` = 2 for
+  transcendentals); ``sin``/``cos``/``tanh``/``erf``/``logistic``: ``|f'|`` and ``|y|``
+  bounded by constants (no pass);
+* data movement, ``max``/``min``, selects, scatters: the larger of the operands' bounds;
+* a sum over ``n`` entries: ``n Ex`` plus the sum's own rounding, measured below the top
+  rung (``|y - sum_wide(x)|``, one pass) or ``sqrt(n) u n Mx`` on the top rung;
+  contractions: ``k (Ma Eb + Mb Ea + Ea Eb) + sqrt(k) u k Ma Mb``;
+* loops carry ``(E, M)`` with their values, so a loop costs its own body plus a few
+  scalar operations per iteration; comparisons count as unstable where operands are
+  within their bounds (one pass), a ``while`` loop's exit test included.
+
+The estimate is ``E / max|y|`` per output: a deterministic (worst-case) first-order bound
+of the *normwise* relative error, looser than the per-entry walk (the largest derivative
+and value of an array stand for every entry), and blind to which entry is wrong: it
+cannot check componentwise. Unsupported (:class:`~adaptprec._first_order.Unsupported`):
+convolutions, ``argmax``, sorting, float-to-integer casts of inexact values, and any
+primitive outside the tables below.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from . import _jaxpr as jx
+from ._first_order import (_INPUT_TAG, SUM_FAILURE, Unsupported, _wider,
+                           trace_with_originals)
+from ._reductions import count_where, materialized, nan_to_inf
+
+__all__ = ["norm_bound", "NormBoundResult"]
+
+_MOVE = frozenset(
+    "reshape transpose broadcast_in_dim slice squeeze expand_dims rev copy copy_p "
+    "dynamic_slice gather sharding_constraint optimization_barrier concatenate stack pad "
+    "dynamic_update_slice scatter select_n max min clamp neg abs stop_gradient real "
+    "reduce_max reduce_min".split())
+_COMPARE = frozenset("eq ne lt le gt ge".split())
+#: |f'| <= D and |f| <= F for every argument: no pass over the values
+_BOUNDED = {"sin": (1.0, 1.0), "cos": (1.0, 1.0), "tanh": (1.0, 1.0),
+            "logistic": (0.25, 1.0), "erf": (2 / math.sqrt(math.pi), 1.0)}
+_PASS_UNARY = frozenset("exp exp2 expm1 log log1p sqrt rsqrt cbrt atan asinh".split())
+
+
+def _is_float(dtype) -> bool:
+    return dtype is not None and jnp.issubdtype(dtype, jnp.floating)
+
+
+def _u(dtype) -> float:
+    return float(2.0 ** -(int(jnp.finfo(dtype).nmant) + 1))
+
+
+class NormBoundResult:
+    """Outputs (flat, ``tree`` their structure), each one's error bound ``E`` (a scalar;
+    ``None``: exact) and the number of unstable decisions."""
+
+    def __init__(self, outs, errs, unstable, tree):
+        self.outs, self.errs, self.unstable, self.tree = outs, errs, unstable, tree
+
+    def relative(self, floor: float = 0.0) -> jax.Array:
+        """The largest ``E / (max|y| + floor)`` over the floating outputs (float32;
+        ``inf`` for NaN); ``floor`` is ``atol / rtol``."""
+        est = jnp.float32(0)
+        for v, e in zip(self.outs, self.errs):
+            if e is None or not _is_float(jnp.result_type(v)):
+                continue
+            top = materialized(lambda v: jnp.max(nan_to_inf(jnp.abs(
+                v.astype(e.dtype))), initial=0.0), v) if jnp.ndim(v) else jnp.abs(v)
+            est = jnp.maximum(est, jnp.where(e == 0, 0.0, e / (top + floor))
+                              .astype(jnp.float32))
+        return jnp.where(jnp.isnan(est), jnp.inf, est)
+
+
+class _Walk:
+    def __init__(self, rung):
+        self.rung = np.dtype(rung)
+        self.w = np.dtype(jnp.promote_types(self.rung, jnp.float32))
+        self.unstable: list = []
+
+    def s(self, x):
+        """A bound as a scalar of the bound dtype."""
+        return jnp.asarray(x, self.w)
+
+    def mag(self, v, m):
+        """``M``: the given bound, else ``max|v|`` (a scalar's own magnitude)."""
+        if m is not None:
+            return m
+        v = jnp.asarray(v)
+        if v.ndim == 0:
+            return jnp.abs(v).astype(self.w)
+        return materialized(lambda v: jnp.max(nan_to_inf(jnp.abs(v.astype(self.w))),
+                                              initial=0.0), v)
+
+    def run(self, jaxpr, consts, vals, tags=None):
+        """``vals``: ``(value, E, M)`` per input (``E`` ``None``: exact); returns the
+        outputs' triples (their own-error tags in ``self.out_tags``). ``tags``: per
+        input, the index map of errors private to each entry (as
+        :class:`adaptprec._first_order._Own`), ``None`` when shared."""
+        env: dict = {}
+        tag_of: dict = {}
+
+        def read(atom):
+            if isinstance(atom, jx.Literal):
+                return (jx.literal_value(atom), None, None)
+            return env[atom]
+
+        def tag(atom):
+            return False if isinstance(atom, jx.Literal) else tag_of.get(atom)
+
+        for var, c in zip(jaxpr.constvars, consts):
+            env[var], tag_of[var] = (c, None, None), False
+        for var, t, g in zip(jaxpr.invars, vals, tags or [None] * len(vals)):
+            env[var], tag_of[var] = t, (False if t[1] is None else g)
+        for eqn in jaxpr.eqns:
+            ins = [read(a) for a in eqn.invars]
+            self.in_tags = [tag(a) for a in eqn.invars]
+            in_tags = self.in_tags
+            outs = self.step(eqn, ins)
+            out_tags = self._tags(eqn, ins, in_tags, outs)
+            for var, t, g in zip(eqn.outvars, outs, out_tags):
+                env[var], tag_of[var] = t, (False if t[1] is None else g)
+        self.out_tags = [tag(a) for a in jaxpr.outvars]
+        return [read(a) for a in jaxpr.outvars]
+
+    def _tags(self, eqn, ins, in_tags, outs):
+        """The outputs' own-error tags (:mod:`adaptprec._first_order`'s rules)."""
+        from ._first_order import _OWN_MOVES, _OWN_OPS, _OWN_SAME
+        name = eqn.primitive.name
+        if jx.call_body(eqn, remat=True, custom=True) is not None:
+            return self.out_tags
+        inexact = [g for g, t in zip(in_tags, ins) if t[1] is not None]
+        if len(outs) != 1 or not inexact or any(g is None or g is False for g in inexact) \
+                or len(set(map(id, inexact))) > 1:
+            return [None] * len(outs)
+        shape = jnp.shape(outs[0][0])
+        if name in _OWN_SAME or (name in _OWN_OPS and all(
+                jnp.shape(t[0]) == shape for t in ins if t[1] is not None)):
+            return [inexact[0]]
+        if name in _OWN_MOVES:
+            return [object()]
+        return [None]
+
+    def step(self, eqn, ins):
+        name = eqn.primitive.name
+        body = jx.call_body(eqn, remat=True, custom=True)
+        if body is not None:
+            return self.run(body[0], body[1], ins, self.in_tags)
+        if name in ("scan", "while", "cond"):
+            return getattr(self, "p_" + name)(eqn, ins)
+        if jx.has_sub_jaxpr(eqn):
+            raise Unsupported(name)
+        vals = [t[0] for t in ins]
+        outs = jx.bind(eqn, vals)
+        floats = [i for i, v in enumerate(vals) if _is_float(jnp.result_type(v))]
+        exact = all(ins[i][1] is None for i in floats)
+        if not any(_is_float(jnp.result_type(o)) for o in outs):
+            # integer arithmetic is exact; a decision on inexact floats may flip
+            if name in _COMPARE and not exact:
+                self.compare(*ins)
+            elif not exact:
+                raise Unsupported(f"{name} of an inexact value")
+            return [(o, None, None) for o in outs]
+        rule = getattr(self, "p_" + name.replace("-", "_"), None)
+        if rule is not None:
+            return rule(eqn, ins, outs)
+        if name in _MOVE:
+            return self.move(ins, outs)
+        if name in _BOUNDED or name in _PASS_UNARY:
+            return self.unary(eqn, ins, outs)
+        raise Unsupported(name)
+
+    # ------------------------------------------------------------------ rules
+    def one(self, y, e, m, c=1.0):
+        """``(y, e + c u m, m)``: a result and its own rounding."""
+        loc = self.s(c * _u(jnp.result_type(y))) * m
+        return [(y, loc if e is None else e + loc, m)]
+
+    def move(self, ins, outs):
+        es = [t[1] for t in ins if t[1] is not None and _is_float(jnp.result_type(t[0]))]
+        ms = [self.mag(t[0], t[2]) for t in ins if _is_float(jnp.result_type(t[0]))]
+        e = None if not es else jnp.max(jnp.stack(es))
+        m = jnp.max(jnp.stack(ms)) if ms else None
+        return [(o, e, m) for o in outs]
+
+    def p_add(self, eqn, ins, outs):
+        (a, ea, ma), (b, eb, mb) = ins
+        m = self.mag(a, ma) + self.mag(b, mb)
+        e = sum((x for x in (ea, eb) if x is not None), self.s(0))
+        return self.one(outs[0], e, m)
+
+    p_sub = p_add_any = p_add
+
+    def p_mul(self, eqn, ins, outs):
+        (a, ea, ma), (b, eb, mb) = ins
+        ma, mb = self.mag(a, ma), self.mag(b, mb)
+        e = self.s(0)
+        if ea is not None:
+            e = e + mb * ea
+        if eb is not None:
+            e = e + ma * eb
+        if ea is not None and eb is not None:
+            e = e + ea * eb
+        return self.one(outs[0], e, ma * mb)
+
+    def p_div(self, eqn, ins, outs):
+        (a, ea, ma), (b, eb, mb) = ins
+        low = jnp.asarray(b)
+        low = (jnp.abs(low).astype(self.w) if low.ndim == 0 else materialized(
+            lambda b: jnp.min(jnp.abs(b.astype(self.w)), initial=jnp.inf), low))
+        if eb is not None:       # a divisor within its bound of zero: no digit is known
+            low = jnp.where(eb >= low, 0.0, low - eb)
+        m = self.mag(a, ma) / low
+        e = (self.s(0) if ea is None else ea) + (self.s(0) if eb is None else m * eb)
+        return self.one(outs[0], jnp.where(e == 0, 0.0, e / low), m)
+
+    def p_integer_pow(self, eqn, ins, outs):
+        (x, e, m), n = ins[0], abs(eqn.params["y"])
+        m = self.mag(x, m)
+        if eqn.params["y"] < 0:
+            raise Unsupported("integer_pow with a negative exponent")
+        my = m ** n
+        de = None if e is None else self.s(n) * m ** (n - 1) * e
+        return self.one(outs[0], de, my, float(n))
+
+    def p_square(self, eqn, ins, outs):
+        (x, e, m), = ins
+        m = self.mag(x, m)
+        return self.one(outs[0], None if e is None else 2 * m * e, m * m)
+
+    def p_convert_element_type(self, eqn, ins, outs):
+        (x, e, m), (y,) = ins[0], outs
+        if not _is_float(jnp.result_type(x)):
+            return [(y, None, self.mag(y, None))]
+        m = self.mag(x, m)
+        if jnp.finfo(y.dtype).nmant < jnp.finfo(jnp.result_type(x)).nmant:
+            return self.one(y, e, m)
+        return [(y, e, m)]
+
+    def unary(self, eqn, ins, outs):
+        """``y = f(x)``: ``|f'|`` and ``|y|`` from constants or one pass each."""
+        name = eqn.primitive.name
+        (x, e, m), (y,) = ins[0], outs
+        if name in _BOUNDED:
+            d, my = (self.s(c) for c in _BOUNDED[name])
+        else:
+            def deriv(x):
+                t = jax.jvp(lambda v: jx.bind(eqn, [v] + [t[0] for t in ins[1:]])[0],
+                            (x,), (jnp.ones_like(x),))[1]
+                return jnp.max(nan_to_inf(jnp.abs(t.astype(self.w))), initial=0.0)
+            d = materialized(deriv, jnp.asarray(x)) if jnp.ndim(x) else deriv(x)
+            my = self.mag(y, None)
+        return self.one(y, None if e is None else d * e, my, 2.0)
+
+    def p_reduce_sum(self, eqn, ins, outs):
+        (x, e, m), (y,) = ins[0], outs
+        axes = eqn.params["axes"]
+        n = int(np.prod([jnp.shape(x)[a] for a in axes])) if axes else 1
+        m = self.mag(x, m)
+        ref = _wider(y.dtype)
+        if ref is not None:     # the sum's own rounding, measured
+            acc = materialized(lambda x, y: jnp.max(jnp.abs(
+                y.astype(ref) - jnp.sum(x.astype(ref), axis=axes)), initial=0.0)
+                .astype(self.w), x, y)
+        else:
+            acc = self.s(math.sqrt(n) * _u(y.dtype) * n) * m
+        if e is not None and self.in_tags[0]:
+            # errors private to each summand: independent, summed in quadrature
+            # (Hoeffding, failure probability SUM_FAILURE per sum, as the per-entry walk)
+            lam = math.sqrt(2.0 * math.log(2.0 * max(y.size, 1) / SUM_FAILURE))
+            return [(y, acc + self.s(lam * math.sqrt(n)) * e, n * m)]
+        return [(y, acc if e is None else acc + n * e, n * m)]
+
+    def p_cumsum(self, eqn, ins, outs):
+        (x, e, m), (y,) = ins[0], outs
+        n = jnp.shape(x)[eqn.params["axis"]]
+        m = self.mag(x, m)
+        acc = self.s(math.sqrt(n) * _u(y.dtype) * n) * m
+        return [(y, acc if e is None else acc + n * e, n * m)]
+
+    def p_dot_general(self, eqn, ins, outs):
+        (a, ea, ma), (b, eb, mb) = ins
+        (ca, _), _ = eqn.params["dimension_numbers"]
+        k = int(np.prod([jnp.shape(a)[d] for d in ca])) if ca else 1
+        ma, mb = self.mag(a, ma), self.mag(b, mb)
+        e = self.s(math.sqrt(k) * _u(outs[0].dtype) * k) * ma * mb
+        if ea is not None:
+            e = e + k * mb * ea
+        if eb is not None:
+            e = e + k * ma * eb
+        if ea is not None and eb is not None:
+            e = e + k * ea * eb
+        return [(outs[0], e, k * ma * mb)]
+
+    def compare(self, a, b):
+        """A comparison decided within the operands' bounds is unstable (counted)."""
+        (va, ea, _), (vb, eb, _) = a, b
+        bound = sum((x for x in (ea, eb) if x is not None), self.s(0))
+        self.unstable.append(count_where(
+            lambda a, b: jnp.abs(jnp.asarray(a).astype(self.w)
+                                 - jnp.asarray(b).astype(self.w)) <= bound, va, vb))
+
+    # ------------------------------------------------------------------ loops
+    def carried(self, t):
+        """A loop operand's triple with ``E``/``M`` as scalars (floats; ``E`` 0 when
+        exact, so a carry's structure is the same every iteration) or ``None``."""
+        v, e, m = t
+        if not _is_float(jnp.result_type(v)):
+            return (v, None, None)
+        return (v, self.s(0) if e is None else self.s(e), self.mag(v, m))
+
+    def sub_walk(self, closed, ins):
+        walk = _Walk(self.rung)
+        res = walk.run(closed.jaxpr, closed.consts, ins)
+        return res, sum(walk.unstable, jnp.float32(0))
+
+    def p_scan(self, eqn, ins):
+        p = eqn.params
+        nc, ncar = p["num_consts"], p["num_carry"]
+        # the bounds of loop-invariant values, once outside the loop
+        consts = [self.carried(t) for t in ins[:nc]]
+        xs = [self.carried(t) for t in ins[nc + ncar:]]
+
+        def body(state, x):
+            carry, count = state
+            res, seen = self.sub_walk(p["jaxpr"], consts + list(carry) + [
+                (xv, xe, xm) for xv, (_, xe, xm) in zip(x, xs)])
+            ys = [r[0] for r in res[ncar:]]
+            return ([self.carried(r) for r in res[:ncar]], count + seen), ys
+
+        init = [self.carried(t) for t in ins[nc:nc + ncar]]
+        (carry, count), ys = lax.scan(body, (init, jnp.float32(0)), [t[0] for t in xs],
+                                      length=p["length"], reverse=p["reverse"],
+                                      unroll=p["unroll"])
+        if any(_is_float(jnp.result_type(y)) for y in ys):
+            raise Unsupported("scan stacking floating outputs")
+        self.unstable.append(count)
+        return list(carry) + [(y, None, None) for y in ys]
+
+    def p_while(self, eqn, ins):
+        p = eqn.params
+        cn, bn = p["cond_nconsts"], p["body_nconsts"]
+        cc = [self.carried(t) for t in ins[:cn]]
+        bc = [self.carried(t) for t in ins[cn:cn + bn]]
+
+        def decide(carry):
+            (pred,), seen = self.sub_walk(p["cond_jaxpr"], cc + list(carry))
+            return pred[0], seen
+
+        def body(state):
+            carry, count = state
+            _, entered = decide(carry)
+            res, seen = self.sub_walk(p["body_jaxpr"], bc + list(carry))
+            return [self.carried(r) for r in res], count + entered + seen
+
+        carry, count = lax.while_loop(lambda s: decide(s[0])[0], body,
+                                      ([self.carried(t) for t in ins[cn + bn:]],
+                                       jnp.float32(0)))
+        self.unstable.append(count + decide(carry)[1])
+        return list(carry)
+
+    def p_cond(self, eqn, ins):
+        floats = [_is_float(np.dtype(v.aval.dtype)) for v in eqn.outvars]
+
+        def make(closed):
+            def run(ops):
+                res, seen = self.sub_walk(closed, ops)
+                return [self.carried(r) if f else (r[0], None, None)
+                        for r, f in zip(res, floats)], seen
+            return run
+
+        ops = [self.carried(t) for t in ins[1:]]
+        res, count = lax.switch(ins[0][0], [make(b) for b in eqn.params["branches"]], ops)
+        self.unstable.append(count)
+        return res
+
+
+def norm_bound(fn: Callable, args: tuple, kwargs: dict, inputs: tuple | None,
+               rung_dtype) -> NormBoundResult:
+    """Walk ``fn(*args, **kwargs)`` (inputs at the rung) with normwise bounds.
+
+    ``inputs = (args, kwargs)`` as the user passed them: a floating input wider than the
+    rung starts with its rounding, ``u max|x|``. Raises
+    :class:`~adaptprec._first_order.Unsupported`.
+    """
+    walk = _Walk(rung_dtype)
+    closed, tree, dyn, originals = trace_with_originals(fn, args, kwargs, inputs)
+    ins = []
+    for x, o in zip(dyn, originals):
+        x = lax.stop_gradient(x)
+        m = walk.mag(x, None) if _is_float(x.dtype) else None
+        rounded = _is_float(x.dtype) and _is_float(getattr(o, "dtype", None)) and \
+            jnp.finfo(o.dtype).nmant > jnp.finfo(x.dtype).nmant
+        ins.append((x, walk.s(_u(x.dtype)) * m if rounded else None, m))
+    consts = [lax.stop_gradient(jnp.asarray(c)) for c in closed.consts]
+    res = walk.run(closed.jaxpr, consts, ins, [_INPUT_TAG] * len(ins))
+    return NormBoundResult([t[0] for t in res], [t[1] for t in res],
+                           sum(walk.unstable, jnp.float32(0)), tree)
