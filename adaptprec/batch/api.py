@@ -11,8 +11,10 @@ from .._pytree import replace
 from .._tracing import is_traced
 from .._x64_rule import float64_entry
 from ..nlsq.common import DEFAULT_FTOL, DEFAULT_GTOL, DEFAULT_XTOL
+from ..modeling.likelihood import check_likelihood
 from ._options import batch_ladder, configure
-from ._problem import build_problem, nonfinite_fits
+from ._points import check_poisson_counts, pad_uneven, placeholders, points_mask
+from ._problem import build_problem, nonfinite_fits, numeric_data
 from ._program import batch_solver
 from ._run import run_solver
 from .result import BatchResult
@@ -28,6 +30,21 @@ def _to_host(tree):
                         and a.is_fully_addressable else a, tree)
 
 
+def _real_points(x0, ydata, sigma, mask, nan_policy):
+    """``(ydata, sigma, mask)``: the validated mask (with ``nan_policy="omit"``, the
+    non-finite data left out) and finite stand-ins on the points outside it."""
+    if ydata is not None:
+        ydata = numeric_data(ydata, "ydata")
+        sigma = numeric_data(sigma, "sigma")
+    if mask is None and nan_policy != "omit":
+        return ydata, sigma, None
+    size = np.shape(jax.tree.leaves(x0)[0])[0] if jax.tree.leaves(x0) else 0
+    m = np.shape(ydata)[-1] if ydata is not None else np.shape(mask)[-1]
+    mask = points_mask(mask, ydata, sigma, size, m, nan_policy)
+    ydata, sigma = placeholders(ydata, sigma, mask)
+    return ydata, sigma, mask
+
+
 def _check_finite_inputs(prob) -> None:
     """``nan_policy="raise"``: ``ValueError`` listing fits with non-finite starts or data
     (every process raises when the inputs span processes)."""
@@ -37,11 +54,12 @@ def _check_finite_inputs(prob) -> None:
     bad = nonfinite_fits(prob)     # on inputs spanning processes: this process's fits
     raise_together(ValueError(
         f"{bad.size} fit(s) have non-finite starts or data, e.g. fits "
-        f"{bad[:10].tolist()}; clean them or use nan_policy='propagate' (status -3 "
-        f"for those fits only)") if bad.size else None, prob.x0, prob.bargs)
+        f"{bad[:10].tolist()}; clean them, use nan_policy='omit' (NaN ydata points "
+        f"left out of their fit) or nan_policy='propagate' (status -3 for those fits "
+        f"only)") if bad.size else None, prob.x0, prob.bargs)
 
 
-@float64_entry("solve_nlsq_batch", ("x0", "args", "ydata", "sigma", "bounds"),
+@float64_entry("solve_nlsq_batch", ("x0", "args", "ydata", "sigma", "bounds", "mask"),
                host=_to_host)
 def solve_nlsq_batch(
     fun: Callable,
@@ -53,6 +71,9 @@ def solve_nlsq_batch(
     sigma=None,
     absolute_sigma: bool = False,
     bounds=None,
+    mask=None,
+    fixed=None,
+    likelihood: str = "gaussian",
     precision="adaptive",
     loss="linear",
     f_scale: float = 1.0,
@@ -100,6 +121,26 @@ def solve_nlsq_batch(
             for a pytree ``x0``, a pytree like it; ``-inf``/``inf`` for an open side.
             Projected Levenberg–Marquardt (``docs/batch.md``); ``lb < ub`` and ``x0``
             inside the box are required (``ValueError`` otherwise, as scipy).
+        mask: ``(B, m)`` (or ``(m,)`` shared) bool, ``True`` on the points that count:
+            the residual is zero on the others inside the compiled solve (a select), and
+            ``cost``, ``pcov`` and ``dof`` count each fit's real points only. A mask, not
+            per-fit lengths: lengths are the mask ``np.arange(m) < lengths[:, None]``, and
+            a mask also marks gaps (dead pixels, NaN readings). Uneven data may instead
+            be given as lists: ``ydata`` a list of per-fit 1-D arrays of different
+            lengths (and a per-fit ``sigma`` or batched arg as lists of the same lengths)
+            is padded for you and masked.
+        fixed: ``(n,)`` (shared) or ``(B, n)`` (per fit) bool, or for a pytree ``x0`` a
+            pytree like it: ``True`` holds the parameter at its ``x0`` value (Gpufit's
+            ``parameters_to_fit == 0``). Fixed parameters keep their start exactly, have
+            zero rows and columns in ``pcov`` (exact, as :func:`~adaptprec.fit` reports
+            them; the free block is the reduced model's covariance) and are not counted
+            in ``dof``.
+        likelihood: ``"gaussian"`` (least squares) or ``"poisson"``: ``ydata`` are counts
+            (finite, >= 0; zeros allowed, Gpufit's MLE) and ``fun`` their expected values
+            (> 0); the fit minimises the Poisson deviance through its deviance residuals
+            (:mod:`adaptprec.modeling.likelihood`), ``2 * cost`` is the deviance and
+            ``pcov`` the inverse Fisher information ``(sum_i g_i g_i^T / f_i)^{-1}``,
+            never scaled. No ``sigma`` and no robust ``loss`` with it.
         precision: ``"adaptive"`` (ladder ``f32,f64``; needs ``jax_enable_x64``), a ladder
             string such as ``"bf16,f32,f64"``/:class:`~adaptprec.Ladder`, or one dtype
             (``"f32"``, ``"f64"``) to solve everything at that precision.
@@ -115,7 +156,9 @@ def solve_nlsq_batch(
             (:func:`~adaptprec.nlsq.common.lower_rung_budget`), then escalates.
         return_pcov: also compute the per-fit covariance (``curve_fit`` semantics).
         nan_policy: ``"propagate"`` (fits with non-finite starts or data get status -3,
-            the others are unaffected) or ``"raise"`` (``ValueError`` listing them).
+            the others are unaffected), ``"omit"`` (the points whose ``ydata`` or
+            ``sigma`` is NaN/Inf are masked out of their fit, as scipy's ``curve_fit``
+            drops them) or ``"raise"`` (``ValueError`` listing the fits).
         compaction: how converged fits stop costing work: ``"auto"``/``"staged"``
             (default: when at most a quarter of a block still iterates, those fits move to
             a buffer a quarter the size, down to 128), an int ``k >= 2`` (shrink factor
@@ -141,7 +184,8 @@ def solve_nlsq_batch(
 
     Returns:
         :class:`~adaptprec.batch.BatchResult` with per-fit ``x``, ``cost``, ``status``,
-        ``success``, ``rung``, ``nfev``, ``njev``, ``nit``, ``optimality`` and ``pcov``.
+        ``success``, ``rung``, ``nfev``, ``njev``, ``nit``, ``optimality``, ``dof`` and
+        ``pcov``.
         ``cost`` is the top rung's at ``x`` (its last evaluation there, or the
         Gauss–Newton model's after a verified hand-off step). ``x`` and ``cost``
         are differentiable (forward and reverse mode) w.r.t. the floating ``args``/``ydata``/
@@ -165,9 +209,19 @@ def solve_nlsq_batch(
         ([0.5, 1.0, 2.0], True)
     """
     ladder = batch_ladder(precision)
-    if nan_policy not in ("propagate", "raise"):
-        raise ValueError(f"nan_policy must be 'propagate' or 'raise', got {nan_policy!r}")
-    prob = build_problem(fun, x0, args, in_axes, ydata, sigma, bounds)
+    if nan_policy not in ("propagate", "raise", "omit"):
+        raise ValueError(f"nan_policy must be 'propagate', 'omit' or 'raise', got "
+                         f"{nan_policy!r}")
+    likelihood = check_likelihood(likelihood, sigma, loss)
+    if likelihood is not None and ydata is None:
+        raise ValueError("likelihood='poisson' needs the counts as ydata=(B, m) and fun "
+                         "as the model of their expected values")
+    ydata, sigma, args, mask = pad_uneven(ydata, sigma, args, in_axes, mask)
+    ydata, sigma, mask = _real_points(x0, ydata, sigma, mask, nan_policy)
+    if likelihood is not None:
+        check_poisson_counts(ydata, mask)
+    prob = build_problem(fun, x0, args, in_axes, ydata, sigma, bounds, mask=mask,
+                         fixed=fixed, likelihood=likelihood)
     if nan_policy == "raise":
         _check_finite_inputs(prob)
     cfg = configure(ladder, prob.m, prob.n, loss=loss, f_scale=f_scale, ftol=ftol,
