@@ -39,7 +39,8 @@ def _real_points(x0, ydata, sigma, mask, nan_policy):
     if mask is None and nan_policy != "omit":
         return ydata, sigma, None
     size = np.shape(jax.tree.leaves(x0)[0])[0] if jax.tree.leaves(x0) else 0
-    m = np.shape(ydata)[-1] if ydata is not None else np.shape(mask)[-1]
+    points = ydata if ydata is not None else mask
+    m = np.shape(points)[-1] if points is not None and np.ndim(points) else 0
     mask = points_mask(mask, ydata, sigma, size, m, nan_policy)
     ydata, sigma = placeholders(ydata, sigma, mask)
     return ydata, sigma, mask
