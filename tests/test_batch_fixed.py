@@ -101,3 +101,13 @@ def test_jit_grad_through_a_masked_partly_fixed_batch():
     for i in range(2):
         ref = _reduced_gradient(x[i], Y[i], mask[i], ~fixed[i])
         np.testing.assert_allclose(g[i], ref, rtol=1e-7, atol=1e-8)
+
+
+def test_summary_of_fixed_fits_is_the_reduced_models(fixed_fits):
+    s = ap.summarize_batch(fixed_fits, decay, (T,), in_axes=None, ydata=Y, fixed=FIXED)
+    assert s.dof.tolist() == fixed_fits.dof.tolist() and int(s.flags.max()) == 0
+    for i in range(4):
+        free, _, c, cost = _reduced_scipy(i)
+        np.testing.assert_allclose(s.stderr[i][free], np.sqrt(np.diag(c)), rtol=1e-5)
+        assert np.all(s.stderr[i][~free] == 0.0)
+        assert float(s.chi2[i]) == pytest.approx(2 * cost, rel=1e-9)

@@ -110,3 +110,12 @@ def test_adaptive_and_vmap_agree_with_float64(uneven):
 
     x = jax.vmap(solve)(t.reshape(2, 2, M), y.reshape(2, 2, M), mask.reshape(2, 2, M))
     np.testing.assert_allclose(np.asarray(x).reshape(4, 3), uneven.x, rtol=1e-10)
+
+
+@pytest.mark.slow
+def test_summary_of_uneven_lists_counts_each_fits_points(uneven):
+    s = ap.summarize_batch(uneven, decay, (TS,), ydata=YS)
+    assert s.dof.tolist() == uneven.dof.tolist()
+    np.testing.assert_allclose(
+        s.stderr, np.sqrt(np.diagonal(uneven.pcov, axis1=1, axis2=2)), rtol=1e-6)
+    np.testing.assert_allclose(s.chi2, 2 * uneven.cost, rtol=1e-9)
