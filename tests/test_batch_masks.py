@@ -81,6 +81,10 @@ def test_nan_policy_omit_matches_scipy_omit():
                          [y[i][k] for i, k in enumerate(keep)])
     with pytest.raises(ValueError, match="nan_policy='omit'"):   # the message's option works
         ap.solve_nlsq_batch(decay, X0, (t,), ydata=y, nan_policy="raise")
+    y[3, 2:] = np.nan        # 2 points left for 3 parameters: improper, as scipy's m < n
+    few = ap.solve_nlsq_batch(decay, X0, (t,), ydata=y, nan_policy="omit", **F64)
+    assert few.status.tolist() == res.status.tolist()[:3] + [-1]
+    assert int(few.dof[3]) == -1 and "Improper input" in few.message(3)
 
 
 @pytest.mark.parametrize("kw, match", [

@@ -98,6 +98,8 @@ def solve_fits(residual: Residual, cfg: BatchConfig, x0, bargs, sargs) -> BatchR
     pcov = _covariance(residual, cfg, s, bargs, sargs, points, fixed) \
         if cfg.return_pcov else None
     status = runaway_status(s, x0_)
+    if residual.has_mask:   # fewer real points than free parameters: as scipy's m < n
+        status = jnp.where(dof < 0, st.IMPROPER_INPUT, status).astype(status.dtype)
     return BatchResult(
         x=x, cost=cost, status=status, success=status > 0, rung=rung,
         nfev=s.nfev, njev=s.njev, nit=s.nit,

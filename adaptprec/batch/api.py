@@ -124,7 +124,9 @@ def solve_nlsq_batch(
             inside the box are required (``ValueError`` otherwise, as scipy).
         mask: ``(B, m)`` (or ``(m,)`` shared) bool, ``True`` on the points that count:
             the residual is zero on the others inside the compiled solve (a select), and
-            ``cost``, ``pcov`` and ``dof`` count each fit's real points only. A mask, not
+            ``cost``, ``pcov`` and ``dof`` count each fit's real points only (a fit with
+            fewer real points than free parameters gets status -1, improper input, as
+            scipy refuses ``m < n``). A mask, not
             per-fit lengths: lengths are the mask ``np.arange(m) < lengths[:, None]``, and
             a mask also marks gaps (dead pixels, NaN readings). Uneven data may instead
             be given as lists: ``ydata`` a list of per-fit 1-D arrays of different
@@ -141,7 +143,8 @@ def solve_nlsq_batch(
             (> 0); the fit minimises the Poisson deviance through its deviance residuals
             (:mod:`adaptprec.modeling.likelihood`), ``2 * cost`` is the deviance and
             ``pcov`` the inverse Fisher information ``(sum_i g_i g_i^T / f_i)^{-1}``,
-            never scaled. No ``sigma`` and no robust ``loss`` with it.
+            never scaled. No ``sigma`` and no robust ``loss`` with it. A fit whose
+            expected counts are not positive at its start gets status -3.
         precision: ``"adaptive"`` (ladder ``f32,f64``; needs ``jax_enable_x64``), a ladder
             string such as ``"bf16,f32,f64"``/:class:`~adaptprec.Ladder`, or one dtype
             (``"f32"``, ``"f64"``) to solve everything at that precision.
