@@ -111,3 +111,17 @@ def test_summary_of_fixed_fits_is_the_reduced_models(fixed_fits):
         np.testing.assert_allclose(s.stderr[i][free], np.sqrt(np.diag(c)), rtol=1e-5)
         assert np.all(s.stderr[i][~free] == 0.0)
         assert float(s.chi2[i]) == pytest.approx(2 * cost, rel=1e-9)
+
+
+def test_fixed_takes_a_pytree_like_x0():
+    from adaptprec.batch._problem import build_problem
+
+    tree = {"a": X0[:, 0], "k": X0[:, 1], "c": X0[:, 2]}     # leaves in order a, c, k
+    prob = build_problem(lambda p, t: p["a"] * jnp.exp(-p["k"] * t) + p["c"], tree, (T,),
+                         None, Y, None, fixed={"a": FIXED[:, 0], "k": False, "c": True})
+    lo, hi = prob.residual.bounds(prob.bargs)
+    held = np.asarray(lo == hi)
+    assert held.tolist() == np.column_stack([FIXED[:, 0], np.ones(4, bool),
+                                             np.zeros(4, bool)]).tolist()
+    assert np.array_equal(np.asarray(lo)[held], np.column_stack(
+        [X0[:, 0], X0[:, 2], X0[:, 1]])[held])

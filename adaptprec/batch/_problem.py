@@ -375,7 +375,7 @@ def _box(bounds, fixed, x0, spec):
         raise ValueError("bounds must be a pair (lb, ub); each a scalar, (n,) shared by "
                          "all fits, or (B, n) per fit (-inf/inf for no bound)")
     dt = x0.dtype
-    lb, ub = (-np.inf, np.inf) if bounds is None else bounds
+    lb, ub = (np.array(-np.inf), np.array(np.inf)) if bounds is None else bounds
     lo = _bounds_matrix(lb, size, n, dt, spec, "bounds: the lower bound")
     hi = _bounds_matrix(ub, size, n, dt, spec, "bounds: the upper bound")
     _check_bounds(x0, lo, hi)
