@@ -30,6 +30,25 @@ def _to_host(tree):
                         and a.is_fully_addressable else a, tree)
 
 
+def _problem(fun, x0, args, in_axes, ydata, sigma, bounds, mask, fixed, likelihood, loss,
+             nan_policy):
+    """The validated :class:`~adaptprec.batch._problem.Problem` of one call: uneven data
+    padded, the points that count, Poisson counts checked."""
+    if nan_policy not in ("propagate", "raise", "omit"):
+        raise ValueError(f"nan_policy must be 'propagate', 'omit' or 'raise', got "
+                         f"{nan_policy!r}")
+    likelihood = check_likelihood(likelihood, sigma, loss)
+    if likelihood is not None and ydata is None:
+        raise ValueError("likelihood='poisson' needs the counts as ydata=(B, m) and fun "
+                         "as the model of their expected values")
+    ydata, sigma, args, mask = pad_uneven(ydata, sigma, args, in_axes, mask)
+    ydata, sigma, mask = _real_points(x0, ydata, sigma, mask, nan_policy)
+    if likelihood is not None:
+        check_poisson_counts(ydata, mask)
+    return build_problem(fun, x0, args, in_axes, ydata, sigma, bounds, mask=mask,
+                         fixed=fixed, likelihood=likelihood)
+
+
 def _real_points(x0, ydata, sigma, mask, nan_policy):
     """``(ydata, sigma, mask)``: the validated mask (with ``nan_policy="omit"``, the
     non-finite data left out) and finite stand-ins on the points outside it."""
@@ -96,14 +115,11 @@ def solve_nlsq_batch(
 ) -> BatchResult:
     r"""Solve ``B`` independent nonlinear least-squares fits that share one model.
 
-    Each fit ``k`` minimises :math:`\tfrac12\|r(x_k)\|^2` by Levenberg–Marquardt (module
-    :mod:`adaptprec.batch.lm_batched`), with the batch axis explicit: converged fits are
-    frozen, stragglers are compacted into smaller buffers, and each fit escalates through
-    the precision ladder on its own (float32 first; every fit then finishes in float64 from
-    where float32 left it: one float64 evaluation verifies it, accepting a Gauss–Newton
-    step below 1e-3 of every parameter's standard error, and only fits failing that check
-    iterate in float64, :mod:`adaptprec.batch.verify`). The default's parameters agree
-    with ``precision="f64"``'s to 1e-3 of their standard errors.
+    Each fit ``k`` minimises :math:`\tfrac12\|r(x_k)\|^2` by Levenberg–Marquardt
+    (:mod:`adaptprec.batch.lm_batched`), the batch axis explicit: converged fits are
+    frozen, stragglers compacted, and each fit climbs the precision ladder on its own
+    (float32, then one float64 evaluation verifies it; only fits failing that iterate in
+    float64, :mod:`adaptprec.batch.verify`): within 1e-3 standard errors of ``"f64"``.
 
     Args:
         fun: the residual ``fun(x, *args) -> (m,)`` of one fit, or with ``ydata`` the model
@@ -122,29 +138,19 @@ def solve_nlsq_batch(
             for a pytree ``x0``, a pytree like it; ``-inf``/``inf`` for an open side.
             Projected Levenberg–Marquardt (``docs/batch.md``); ``lb < ub`` and ``x0``
             inside the box are required (``ValueError`` otherwise, as scipy).
-        mask: ``(B, m)`` (or ``(m,)`` shared) bool, ``True`` on the points that count:
-            the residual is zero on the others inside the compiled solve (a select), and
-            ``cost``, ``pcov`` and ``dof`` count each fit's real points only (a fit with
-            fewer real points than free parameters gets status -1, improper input, as
-            scipy refuses ``m < n``). A mask, not
-            per-fit lengths: lengths are the mask ``np.arange(m) < lengths[:, None]``, and
-            a mask also marks gaps (dead pixels, NaN readings). Uneven data may instead
-            be given as lists: ``ydata`` a list of per-fit 1-D arrays of different
-            lengths (and a per-fit ``sigma`` or batched arg as lists of the same lengths)
-            is padded for you and masked.
-        fixed: ``(n,)`` (shared) or ``(B, n)`` (per fit) bool, or for a pytree ``x0`` a
-            pytree like it: ``True`` holds the parameter at its ``x0`` value (Gpufit's
-            ``parameters_to_fit == 0``). Fixed parameters keep their start exactly, have
-            zero rows and columns in ``pcov`` (exact, as :func:`~adaptprec.fit` reports
-            them; the free block is the reduced model's covariance) and are not counted
-            in ``dof``.
-        likelihood: ``"gaussian"`` (least squares) or ``"poisson"``: ``ydata`` are counts
-            (finite, >= 0; zeros allowed, Gpufit's MLE) and ``fun`` their expected values
-            (> 0); the fit minimises the Poisson deviance through its deviance residuals
-            (:mod:`adaptprec.modeling.likelihood`), ``2 * cost`` is the deviance and
-            ``pcov`` the inverse Fisher information ``(sum_i g_i g_i^T / f_i)^{-1}``,
-            never scaled. No ``sigma`` and no robust ``loss`` with it. A fit whose
-            expected counts are not positive at its start gets status -3.
+        mask: ``(B, m)`` or ``(m,)`` bool, ``True`` on the points that count (others are
+            selected away inside the solve; ``cost``, ``pcov``, ``dof`` count real points;
+            fewer than the free parameters: status -1, scipy's ``m < n``). A mask, not
+            lengths: a mask also marks gaps, lengths are ``arange(m) < lengths[:, None]``.
+            ``ydata`` as a list of uneven 1-D arrays (per-fit args, ``sigma`` alike) is
+            padded and masked for you.
+        fixed: ``(n,)``/``(B, n)`` bool (a pytree like a pytree ``x0``): ``True`` holds a
+            parameter at its ``x0`` (Gpufit's ``parameters_to_fit == 0``); zero ``pcov``
+            rows and columns (exact, as in :func:`~adaptprec.fit`), not in ``dof``.
+        likelihood: ``"gaussian"`` or ``"poisson"``: ``ydata`` counts (>= 0, zeros
+            allowed, Gpufit's MLE), ``fun`` their expected values (> 0 at the start, else
+            status -3); deviance residuals (:mod:`adaptprec.modeling.likelihood`), ``2 *
+            cost`` the deviance, ``pcov`` the inverse Fisher information, unscaled.
         precision: ``"adaptive"`` (ladder ``f32,f64``; needs ``jax_enable_x64``), a ladder
             string such as ``"bf16,f32,f64"``/:class:`~adaptprec.Ladder`, or one dtype
             (``"f32"``, ``"f64"``) to solve everything at that precision.
@@ -159,10 +165,9 @@ def solve_nlsq_batch(
             :func:`~adaptprec.solve_nlsq`); a lower rung gets a share of them
             (:func:`~adaptprec.nlsq.common.lower_rung_budget`), then escalates.
         return_pcov: also compute the per-fit covariance (``curve_fit`` semantics).
-        nan_policy: ``"propagate"`` (fits with non-finite starts or data get status -3,
-            the others are unaffected), ``"omit"`` (the points whose ``ydata`` or
-            ``sigma`` is NaN/Inf are masked out of their fit, as scipy's ``curve_fit``
-            drops them) or ``"raise"`` (``ValueError`` listing the fits).
+        nan_policy: ``"propagate"`` (fits with non-finite starts or data: status -3, the
+            others unaffected), ``"omit"`` (NaN/Inf ``ydata``/``sigma`` points masked out
+            of their fit, as scipy drops them) or ``"raise"`` (``ValueError``).
         compaction: how converged fits stop costing work: ``"auto"``/``"staged"``
             (default: when at most a quarter of a block still iterates, those fits move to
             a buffer a quarter the size, down to 128), an int ``k >= 2`` (shrink factor
@@ -187,9 +192,8 @@ def solve_nlsq_batch(
             are solved where they live (``docs/batch.md``, "Across processes").
 
     Returns:
-        :class:`~adaptprec.batch.BatchResult` with per-fit ``x``, ``cost``, ``status``,
-        ``success``, ``rung``, ``nfev``, ``njev``, ``nit``, ``optimality``, ``dof`` and
-        ``pcov``.
+        :class:`~adaptprec.batch.BatchResult`, per fit ``x``, ``cost``, ``status``,
+        ``success``, ``rung``, ``nfev``, ``njev``, ``nit``, ``optimality``, ``dof``, ``pcov``.
         ``cost`` is the top rung's at ``x`` (its last evaluation there, or the
         Gauss–Newton model's after a verified hand-off step). ``x`` and ``cost``
         are differentiable (forward and reverse mode) w.r.t. the floating ``args``/``ydata``/
@@ -213,19 +217,8 @@ def solve_nlsq_batch(
         ([0.5, 1.0, 2.0], True)
     """
     ladder = batch_ladder(precision)
-    if nan_policy not in ("propagate", "raise", "omit"):
-        raise ValueError(f"nan_policy must be 'propagate', 'omit' or 'raise', got "
-                         f"{nan_policy!r}")
-    likelihood = check_likelihood(likelihood, sigma, loss)
-    if likelihood is not None and ydata is None:
-        raise ValueError("likelihood='poisson' needs the counts as ydata=(B, m) and fun "
-                         "as the model of their expected values")
-    ydata, sigma, args, mask = pad_uneven(ydata, sigma, args, in_axes, mask)
-    ydata, sigma, mask = _real_points(x0, ydata, sigma, mask, nan_policy)
-    if likelihood is not None:
-        check_poisson_counts(ydata, mask)
-    prob = build_problem(fun, x0, args, in_axes, ydata, sigma, bounds, mask=mask,
-                         fixed=fixed, likelihood=likelihood)
+    prob = _problem(fun, x0, args, in_axes, ydata, sigma, bounds, mask, fixed, likelihood,
+                    loss, nan_policy)
     if nan_policy == "raise":
         _check_finite_inputs(prob)
     cfg = configure(ladder, prob.m, prob.n, loss=loss, f_scale=f_scale, ftol=ftol,
