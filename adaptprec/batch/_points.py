@@ -68,7 +68,10 @@ def pad_uneven(ydata, sigma, args, in_axes, mask):
                          "for you, with its own mask); pass either such lists or a (B, m) "
                          "ydata with mask=, not both")
     m = max(lengths)
-    same = lambda a: isinstance(a, (list, tuple)) and [np.size(v) for v in a] == lengths  # noqa: E731
+
+    def same(a):   # one array per fit, of ydata's lengths
+        return isinstance(a, (list, tuple)) and [np.size(v) for v in a] == lengths
+
     if sigma is not None and isinstance(sigma, (list, tuple)):
         if not same(sigma):
             raise ValueError(f"sigma is a list, so it must hold one array per fit with "
