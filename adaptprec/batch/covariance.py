@@ -38,8 +38,9 @@ def batched_pcov(jac: jax.Array, cost: jax.Array, absolute_sigma: bool = False,
         >>> p = batched_pcov(J, jnp.array([0.5, 0.5]))
         >>> p[0].tolist(), bool(jnp.isinf(p[1]).all())
         ([[1.0, 0.0], [0.0, 0.25]], True)
-        >>> batched_pcov(J, jnp.array([0.5, 0.5]), True, fixed=jnp.array([[0, 0], [0, 1]],
-        ...              bool))[1].tolist()              # the reduced model's (J^T J)^-1
+        >>> q = batched_pcov(J, jnp.array([0.5, 0.5]), True, fixed=jnp.array([[0, 0], [0, 1]],
+        ...                  bool))                     # fit 1: the reduced model's (J^T J)^-1
+        >>> jnp.round(q[1], 12).tolist()
         [[0.5, 0.0], [0.0, 0.0]]
     """
     _, m, n = jac.shape
