@@ -276,7 +276,7 @@ def test_bad_fit_does_not_spoil_the_others(gauss):
     (lambda: ap.solve_nlsq_batch(decay, DX0, args=(T,), in_axes=None, ydata=DY,
                                  sigma=np.ones(3)), "sigma must have shape"),
     (lambda: ap.solve_nlsq_batch(decay, DX0, args=(T,), in_axes=None, ydata=DY,
-                                 nan_policy="omit"), "nan_policy"),
+                                 nan_policy="drop"), "nan_policy"),
     (lambda: ap.solve_nlsq_batch(decay, DX0, args=(T,), in_axes=(0, 0)), "in_axes has 2"),
     (lambda: ap.solve_nlsq_batch(decay, DX0, args=(T,), in_axes=None, ydata=DY,
                                  precision="f8"), "unknown floating dtype alias"),

@@ -32,6 +32,7 @@ import numpy as np
 
 from .._pytree import Module
 from .._tracing import is_concrete
+from ..modeling.likelihood import deviance_residual
 from .identifiability import subspace_covariance
 from .residual_tests import lag1_autocorrelation, runs_test
 from ._quantiles import two_sided_quantile
@@ -96,28 +97,40 @@ class BatchSummary(Module):
         return {k: int(np.sum((f & b) != 0)) for k, b in FLAGS.items()}
 
 
-def _one(x, args, y, w, mask, status, lb, ub, *, fun, model_form, absolute_sigma):
+def _one(x, args, y, w, mask, status, lb, ub, fixed, *, fun, model_form, absolute_sigma,
+         poisson):
     """The summary of one fit (vmapped over the batch by :func:`summarize_batch`); the
     points outside ``mask`` (padding) enter nothing: not the residuals, the Jacobian,
-    the degrees of freedom or the residual tests."""
+    the degrees of freedom or the residual tests. A ``fixed`` parameter's Jacobian column
+    is zero, so it is one exact null direction: the others' covariance and the rank
+    (hence ``dof``) are the reduced model's; it reports error 0. A Poisson fit's
+    residuals are the deviance residuals and its covariance the inverse Fisher
+    information (the Jacobian of ``2 sqrt(f)``), unscaled."""
     def residual(p):
         out = jnp.ravel(fun(p, *args))
-        out = (out - y) * w if model_form else out
+        if poisson:
+            out = deviance_residual(out, y)
+        elif model_form:
+            out = (out - y) * w
         return jnp.where(mask, out, 0.0)
 
+    def fisher(p):
+        return jnp.where(mask, 2.0 * jnp.sqrt(jnp.ravel(fun(p, *args))), 0.0)
+
     r = residual(x)
-    J = jax.jacfwd(residual)(x)
+    J = jnp.where(fixed[None, :], 0.0, jax.jacfwd(fisher if poisson else residual)(x))
     n = J.shape[1]
     m = jnp.sum(mask)
     sub = subspace_covariance(J, x)
     chi2 = jnp.sum(r * r)
     dof = m - sub.rank
     redchi = chi2 / jnp.where(dof > 0, dof, jnp.nan)
-    factor = 1.0 if absolute_sigma else redchi
+    factor = 1.0 if absolute_sigma or poisson else redchi
     cov = sub.cov * factor
-    both = sub.identifiable[:, None] & sub.identifiable[None, :]
+    known = sub.identifiable | fixed
+    both = known[:, None] & known[None, :]
     pcov = jnp.where(both, cov, jnp.inf)
-    stderr = jnp.sqrt(jnp.where(sub.identifiable, jnp.diag(cov), jnp.inf))
+    stderr = jnp.sqrt(jnp.where(known, jnp.diag(cov), jnp.inf))
     correl = jnp.where(both, cov / (stderr[:, None] * stderr[None, :]), jnp.nan)
     if model_form:
         f = jnp.ravel(fun(x, *args))
@@ -135,44 +148,56 @@ def _one(x, args, y, w, mask, status, lb, ub, *, fun, model_form, absolute_sigma
     strong = jnp.any(off & both & (jnp.abs(jnp.nan_to_num(correl)) > 0.99))
     tol = 1e-8 * (1.0 + jnp.abs(x))
     at_bound = jnp.any((x - lb <= tol) | (ub - x <= tol))
-    bits = [(status <= 0, "failed"), (sub.rank < n, "not_identifiable"), (sloppy, "sloppy"),
+    free = n - jnp.sum(fixed)
+    bits = [(status <= 0, "failed"), (sub.rank < free, "not_identifiable"), (sloppy, "sloppy"),
             (strong, "strong_correlation"), (at_bound, "at_bound"),
             (runs.pvalue < 0.01, "residual_runs"), (dof <= 0, "no_dof")]
     flags = sum(jnp.where(c, FLAGS[k], 0) for c, k in bits).astype(jnp.int32)
-    return (stderr, pcov, correl, chi2, redchi, r2, dof, sub.rank, s, sub.identifiable,
+    return (stderr, pcov, correl, chi2, redchi, r2, dof, sub.rank, s, known,
             runs.pvalue, ac, flags)
 
 
 @functools.lru_cache(maxsize=64)
-def _program(fun, arg_axes, y_axis, w_axis, mask_axis, bound_axes, model_form,
-             absolute_sigma):
+def _program(fun, arg_axes, y_axis, w_axis, mask_axis, bound_axes, fixed_axis, model_form,
+             absolute_sigma, poisson):
     one = functools.partial(_one, fun=fun, model_form=model_form,
-                            absolute_sigma=absolute_sigma)
+                            absolute_sigma=absolute_sigma, poisson=poisson)
     return jax.jit(jax.vmap(one, in_axes=(0, arg_axes, y_axis, w_axis, mask_axis, 0)
-                            + bound_axes))
+                            + bound_axes + (fixed_axis,)))
 
 
 def summarize_batch(res, fun: Callable, args=(), *, in_axes=0, ydata=None, sigma=None,
-                    absolute_sigma: bool = False, bounds=None, mask=None) -> BatchSummary:
+                    absolute_sigma: bool = False, bounds=None, mask=None, fixed=None,
+                    likelihood: str = "gaussian") -> BatchSummary:
     """Per-fit summaries of a :class:`~adaptprec.BatchResult` (vectorised, jit-safe).
 
-    Pass the same ``fun``, ``args``, ``in_axes``, ``ydata``, ``sigma`` and ``bounds`` as
-    to :func:`~adaptprec.solve_nlsq_batch` (``res.x`` must be a ``(B, n)`` array). With
+    Pass the same ``fun``, ``args``, ``in_axes``, ``ydata``, ``sigma``, ``bounds``,
+    ``mask``, ``fixed`` and ``likelihood`` as to :func:`~adaptprec.solve_nlsq_batch`
+    (``res.x`` must be a ``(B, n)`` array; uneven lists are padded the same way). With
     ``absolute_sigma=False`` the covariance is scaled by each fit's reduced χ², as
     ``curve_fit`` does. Padded fits: ``mask`` (``(m,)`` or ``(B, m)`` bool, the real
     points) or padding by ``sigma=inf`` (or NaN ``ydata``): padded points count
     nowhere, so each fit's ``dof`` is its own ``m_real - rank`` and ``pcov`` is scaled by
-    its own reduced chi-square. An eager summary of an eager (NumPy) result is NumPy in the
-    result's precision (float64 after an adaptive solve, also with ``jax_enable_x64``
-    off); a traced one stays traced.
+    its own reduced chi-square. ``fixed`` parameters (``(n,)`` or ``(B, n)`` bool) report
+    error 0 and are not counted in the rank. ``likelihood="poisson"``: ``chi2`` is the
+    deviance and ``pcov`` the inverse Fisher information (unscaled). An eager summary of
+    an eager (NumPy) result is NumPy in the result's precision (float64 after an adaptive
+    solve, also with ``jax_enable_x64`` off); a traced one stays traced.
     """
+    from ..batch._points import pad_uneven
+
+    ydata, sigma, args, padded = pad_uneven(ydata, sigma, args, in_axes, mask)
+    mask = padded if mask is None else mask
+    poisson = likelihood == "poisson"
+    if likelihood not in ("gaussian", "poisson"):
+        raise ValueError(f"likelihood must be 'gaussian' or 'poisson', got {likelihood!r}")
     x = res.x
-    if is_concrete((x, args, ydata, sigma, bounds, mask)) and isinstance(x, np.ndarray):
+    inputs = (args, ydata, sigma, bounds, mask, fixed)
+    if is_concrete((x,) + inputs) and isinstance(x, np.ndarray):
         with _float64(x):
-            out = _summarize(res, fun, args, in_axes, ydata, sigma, absolute_sigma, bounds,
-                             mask)
+            out = _summarize(res, fun, in_axes, absolute_sigma, poisson, *inputs)
         return jax.tree.map(np.asarray, out)
-    return _summarize(res, fun, args, in_axes, ydata, sigma, absolute_sigma, bounds, mask)
+    return _summarize(res, fun, in_axes, absolute_sigma, poisson, *inputs)
 
 
 def _real_points(mask, model_form, y, y_axis, w, w_axis):
@@ -201,7 +226,8 @@ def _float64(x):
         yield
 
 
-def _summarize(res, fun, args, in_axes, ydata, sigma, absolute_sigma, bounds, mask):
+def _summarize(res, fun, in_axes, absolute_sigma, poisson, args, ydata, sigma, bounds,
+               mask, fixed):
     x = res.x
     if not hasattr(x, "ndim") or x.ndim != 2:
         raise ValueError("summarize_batch needs res.x of shape (B, n) (a pytree x0 is "
@@ -237,7 +263,12 @@ def _summarize(res, fun, args, in_axes, ydata, sigma, absolute_sigma, bounds, ma
     if model_form:   # padded entries: finite placeholders (their weight is 0)
         y = jnp.where(jnp.isfinite(y), y, 0.0)
         w = jnp.where(jnp.isfinite(w), w, 0.0)
-    program = _program(fun, arg_axes, y_axis, w_axis, mask_axis, bound_axes, model_form,
-                       bool(absolute_sigma))
-    out = program(x, args, y, w, real, res.status, lb, ub)
+    held = jnp.zeros((n,), bool) if fixed is None else jnp.asarray(fixed)
+    if held.dtype != bool or held.shape not in ((n,), (B, n)):
+        raise ValueError(f"fixed must be bool of shape (n,) = ({n},) or (B, n); got "
+                         f"{held.dtype} {held.shape}")
+    program = _program(fun, arg_axes, y_axis, w_axis, mask_axis, bound_axes,
+                       0 if held.ndim == 2 else None, model_form, bool(absolute_sigma),
+                       poisson)
+    out = program(x, args, y, w, real, res.status, lb, ub, held)
     return BatchSummary(*out, x=x, absolute_sigma=bool(absolute_sigma))

@@ -225,8 +225,10 @@ def gradient_cosine(cost, jtj, jtf):
 
 def held_by_bounds(x, g, lo, hi):
     """Variables *held* by a bound: on it, with the descent direction ``-g`` pointing out
-    of the box (``x_i <= lo_i`` and ``g_i > 0``, or ``x_i >= hi_i`` and ``g_i < 0``).
-    Elementwise, so any batch layout (also used by :mod:`~adaptprec.batch.implicit`).
+    of the box (``x_i <= lo_i`` and ``g_i > 0``, or ``x_i >= hi_i`` and ``g_i < 0``), and
+    every variable of a box of width zero (``lo_i == hi_i``: a fixed parameter, whatever
+    its gradient). Elementwise, so any batch layout (also used by
+    :mod:`~adaptprec.batch.implicit`).
 
     Example:
         >>> import jax.numpy as jnp
@@ -234,7 +236,7 @@ def held_by_bounds(x, g, lo, hi):
         >>> held_by_bounds(jnp.array([0.0, 0.0, 0.5]), jnp.array([1.0, -1.0, 1.0]), 0.0, 1.0).tolist()
         [True, False, False]
     """
-    return ((x <= lo) & (g > 0)) | ((x >= hi) & (g < 0))
+    return ((x <= lo) & (g > 0)) | ((x >= hi) & (g < 0)) | (lo == hi)
 
 
 def project_gradient(x, g, bounds):

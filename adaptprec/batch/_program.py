@@ -8,6 +8,7 @@ One program per (residual, configuration), memoised in :mod:`adaptprec.nlsq._cac
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Callable
 
@@ -89,20 +90,41 @@ def solve_fits(residual: Residual, cfg: BatchConfig, x0, bargs, sargs) -> BatchR
                           bounds_of=residual.bounds)
 
     cost = _reported_cost(residual, top.acc_dtype, loss, f_scale, s.cost, x, bargs, sargs)
-    pcov = None
-    if cfg.return_pcov:
-        f0, jt = make_fj(residual, top.acc_dtype, top.acc_dtype)(s.x, bargs, sargs)
-        jac = jnp.swapaxes(jt, 1, 2)
-        if not (isinstance(loss, str) and loss == "linear"):   # scipy: scaled Jacobian
-            jac = jax.vmap(lambda r, j: scale_for_robust_loss(loss, r, j, f_scale)[1])(
-                f0, jac)
-        pcov = batched_pcov(jac, s.cost, cfg.absolute_sigma)
+    m = jax.eval_shape(lambda: make_fj(residual, top.acc_dtype, top.acc_dtype)(
+        s.x, bargs, sargs))[0].shape[1]
+    points = residual.points(bargs_, sargs_, m)
+    fixed = residual.fixed(bargs_)
+    dof = points - (x0.shape[1] if fixed is None else jnp.sum(~fixed, axis=1))
+    pcov = _covariance(residual, cfg, s, bargs, sargs, points, fixed) \
+        if cfg.return_pcov else None
     status = runaway_status(s, x0_)
+    if residual.has_mask:   # fewer real points than free parameters: as scipy's m < n
+        status = jnp.where(dof < 0, st.IMPROPER_INPUT, status).astype(status.dtype)
     return BatchResult(
         x=x, cost=cost, status=status, success=status > 0, rung=rung,
         nfev=s.nfev, njev=s.njev, nit=s.nit,
         optimality=jnp.max(jnp.abs(s.jtf), axis=-1), pcov=pcov,
-        ladder=tuple(dtype_name(p.dtype) for p in cfg.plans), escalation_reason=reason)
+        ladder=tuple(dtype_name(p.dtype) for p in cfg.plans), escalation_reason=reason,
+        dof=dof.astype(jnp.int32))
+
+
+def _covariance(residual: Residual, cfg: BatchConfig, s, bargs, sargs, points, fixed):
+    """Per-fit ``pcov`` at the solution: ``curve_fit``'s (a robust loss's scaled
+    Jacobian, as scipy), or for a Poisson fit the inverse Fisher information (the
+    Jacobian of ``2 sqrt(f)``, never scaled: the variance of a count is its mean). With
+    neither a mask nor fixed parameters, the plain batched covariance."""
+    top = cfg.plans[-1]
+    loss, f_scale = top.opts.loss, top.opts.f_scale
+    poisson = residual.likelihood == "poisson"
+    of = dataclasses.replace(residual, fisher=True) if poisson else residual
+    f0, jt = make_fj(of, top.acc_dtype, top.acc_dtype)(s.x, bargs, sargs)
+    jac = jnp.swapaxes(jt, 1, 2)
+    if not (isinstance(loss, str) and loss == "linear"):   # scipy: scaled Jacobian
+        jac = jax.vmap(lambda r, j: scale_for_robust_loss(loss, r, j, f_scale)[1])(
+            f0, jac)
+    if not (residual.has_mask or residual.has_fixed):
+        return batched_pcov(jac, s.cost, cfg.absolute_sigma or poisson)
+    return batched_pcov(jac, s.cost, cfg.absolute_sigma or poisson, points, fixed)
 
 
 def _reported_cost(residual, dtype, loss, f_scale, cost, x, bargs, sargs):
@@ -145,4 +167,4 @@ def _padding_result(size: int, n: int, cfg: BatchConfig) -> BatchResult:
         nfev=ints((size,)), njev=ints((size,)), nit=ints((size,)), optimality=nan((size,)),
         pcov=nan((size, n, n)) if cfg.return_pcov else None,
         ladder=tuple(dtype_name(p.dtype) for p in cfg.plans),
-        escalation_reason=jnp.full((size,), why, jnp.int32))
+        escalation_reason=jnp.full((size,), why, jnp.int32), dof=ints((size,)))

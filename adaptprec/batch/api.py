@@ -11,8 +11,10 @@ from .._pytree import replace
 from .._tracing import is_traced
 from .._x64_rule import float64_entry
 from ..nlsq.common import DEFAULT_FTOL, DEFAULT_GTOL, DEFAULT_XTOL
+from ..modeling.likelihood import check_likelihood
 from ._options import batch_ladder, configure
-from ._problem import build_problem, nonfinite_fits
+from ._points import check_poisson_counts, pad_uneven, placeholders, points_mask
+from ._problem import build_problem, nonfinite_fits, numeric_data
 from ._program import batch_solver
 from ._run import run_solver
 from .result import BatchResult
@@ -28,6 +30,41 @@ def _to_host(tree):
                         and a.is_fully_addressable else a, tree)
 
 
+def _problem(fun, x0, args, in_axes, ydata, sigma, bounds, mask, fixed, likelihood, loss,
+             nan_policy):
+    """The validated :class:`~adaptprec.batch._problem.Problem` of one call: uneven data
+    padded, the points that count, Poisson counts checked."""
+    if nan_policy not in ("propagate", "raise", "omit"):
+        raise ValueError(f"nan_policy must be 'propagate', 'omit' or 'raise', got "
+                         f"{nan_policy!r}")
+    likelihood = check_likelihood(likelihood, sigma, loss)
+    if likelihood is not None and ydata is None:
+        raise ValueError("likelihood='poisson' needs the counts as ydata=(B, m) and fun "
+                         "as the model of their expected values")
+    ydata, sigma, args, mask = pad_uneven(ydata, sigma, args, in_axes, mask)
+    ydata, sigma, mask = _real_points(x0, ydata, sigma, mask, nan_policy)
+    if likelihood is not None:
+        check_poisson_counts(ydata, mask)
+    return build_problem(fun, x0, args, in_axes, ydata, sigma, bounds, mask=mask,
+                         fixed=fixed, likelihood=likelihood)
+
+
+def _real_points(x0, ydata, sigma, mask, nan_policy):
+    """``(ydata, sigma, mask)``: the validated mask (with ``nan_policy="omit"``, the
+    non-finite data left out) and finite stand-ins on the points outside it."""
+    if ydata is not None:
+        ydata = numeric_data(ydata, "ydata")
+        sigma = numeric_data(sigma, "sigma")
+    if mask is None and nan_policy != "omit":
+        return ydata, sigma, None
+    size = np.shape(jax.tree.leaves(x0)[0])[0] if jax.tree.leaves(x0) else 0
+    points = ydata if ydata is not None else mask
+    m = np.shape(points)[-1] if points is not None and np.ndim(points) else 0
+    mask = points_mask(mask, ydata, sigma, size, m, nan_policy)
+    ydata, sigma = placeholders(ydata, sigma, mask)
+    return ydata, sigma, mask
+
+
 def _check_finite_inputs(prob) -> None:
     """``nan_policy="raise"``: ``ValueError`` listing fits with non-finite starts or data
     (every process raises when the inputs span processes)."""
@@ -37,11 +74,12 @@ def _check_finite_inputs(prob) -> None:
     bad = nonfinite_fits(prob)     # on inputs spanning processes: this process's fits
     raise_together(ValueError(
         f"{bad.size} fit(s) have non-finite starts or data, e.g. fits "
-        f"{bad[:10].tolist()}; clean them or use nan_policy='propagate' (status -3 "
-        f"for those fits only)") if bad.size else None, prob.x0, prob.bargs)
+        f"{bad[:10].tolist()}; clean them, use nan_policy='omit' (NaN ydata points "
+        f"left out of their fit) or nan_policy='propagate' (status -3 for those fits "
+        f"only)") if bad.size else None, prob.x0, prob.bargs)
 
 
-@float64_entry("solve_nlsq_batch", ("x0", "args", "ydata", "sigma", "bounds"),
+@float64_entry("solve_nlsq_batch", ("x0", "args", "ydata", "sigma", "bounds", "mask"),
                host=_to_host)
 def solve_nlsq_batch(
     fun: Callable,
@@ -53,6 +91,9 @@ def solve_nlsq_batch(
     sigma=None,
     absolute_sigma: bool = False,
     bounds=None,
+    mask=None,
+    fixed=None,
+    likelihood: str = "gaussian",
     precision="adaptive",
     loss="linear",
     f_scale: float = 1.0,
@@ -74,14 +115,11 @@ def solve_nlsq_batch(
 ) -> BatchResult:
     r"""Solve ``B`` independent nonlinear least-squares fits that share one model.
 
-    Each fit ``k`` minimises :math:`\tfrac12\|r(x_k)\|^2` by Levenberg–Marquardt (module
-    :mod:`adaptprec.batch.lm_batched`), with the batch axis explicit: converged fits are
-    frozen, stragglers are compacted into smaller buffers, and each fit escalates through
-    the precision ladder on its own (float32 first; every fit then finishes in float64 from
-    where float32 left it: one float64 evaluation verifies it, accepting a Gauss–Newton
-    step below 1e-3 of every parameter's standard error, and only fits failing that check
-    iterate in float64, :mod:`adaptprec.batch.verify`). The default's parameters agree
-    with ``precision="f64"``'s to 1e-3 of their standard errors.
+    Each fit ``k`` minimises :math:`\tfrac12\|r(x_k)\|^2` by Levenberg–Marquardt
+    (:mod:`adaptprec.batch.lm_batched`), the batch axis explicit: converged fits are
+    frozen, stragglers compacted, and each fit climbs the precision ladder on its own
+    (float32, then one float64 evaluation verifies it; only fits failing that iterate in
+    float64, :mod:`adaptprec.batch.verify`): within 1e-3 standard errors of ``"f64"``.
 
     Args:
         fun: the residual ``fun(x, *args) -> (m,)`` of one fit, or with ``ydata`` the model
@@ -100,6 +138,19 @@ def solve_nlsq_batch(
             for a pytree ``x0``, a pytree like it; ``-inf``/``inf`` for an open side.
             Projected Levenberg–Marquardt (``docs/batch.md``); ``lb < ub`` and ``x0``
             inside the box are required (``ValueError`` otherwise, as scipy).
+        mask: ``(B, m)`` or ``(m,)`` bool, ``True`` on the points that count (others are
+            selected away inside the solve; ``cost``, ``pcov``, ``dof`` count real points;
+            fewer than the free parameters: status -1, scipy's ``m < n``). A mask, not
+            lengths: a mask also marks gaps, lengths are ``arange(m) < lengths[:, None]``.
+            ``ydata`` as a list of uneven 1-D arrays (per-fit args, ``sigma`` alike) is
+            padded and masked for you.
+        fixed: ``(n,)``/``(B, n)`` bool (a pytree like a pytree ``x0``): ``True`` holds a
+            parameter at its ``x0`` (Gpufit's ``parameters_to_fit == 0``); zero ``pcov``
+            rows and columns (exact, as in :func:`~adaptprec.fit`), not in ``dof``.
+        likelihood: ``"gaussian"`` or ``"poisson"``: ``ydata`` counts (>= 0, zeros
+            allowed, Gpufit's MLE), ``fun`` their expected values (> 0 at the start, else
+            status -3); deviance residuals (:mod:`adaptprec.modeling.likelihood`), ``2 *
+            cost`` the deviance, ``pcov`` the inverse Fisher information, unscaled.
         precision: ``"adaptive"`` (ladder ``f32,f64``; needs ``jax_enable_x64``), a ladder
             string such as ``"bf16,f32,f64"``/:class:`~adaptprec.Ladder`, or one dtype
             (``"f32"``, ``"f64"``) to solve everything at that precision.
@@ -114,8 +165,9 @@ def solve_nlsq_batch(
             :func:`~adaptprec.solve_nlsq`); a lower rung gets a share of them
             (:func:`~adaptprec.nlsq.common.lower_rung_budget`), then escalates.
         return_pcov: also compute the per-fit covariance (``curve_fit`` semantics).
-        nan_policy: ``"propagate"`` (fits with non-finite starts or data get status -3,
-            the others are unaffected) or ``"raise"`` (``ValueError`` listing them).
+        nan_policy: ``"propagate"`` (fits with non-finite starts or data: status -3, the
+            others unaffected), ``"omit"`` (NaN/Inf ``ydata``/``sigma`` points masked out
+            of their fit, as scipy drops them) or ``"raise"`` (``ValueError``).
         compaction: how converged fits stop costing work: ``"auto"``/``"staged"``
             (default: when at most a quarter of a block still iterates, those fits move to
             a buffer a quarter the size, down to 128), an int ``k >= 2`` (shrink factor
@@ -140,8 +192,8 @@ def solve_nlsq_batch(
             are solved where they live (``docs/batch.md``, "Across processes").
 
     Returns:
-        :class:`~adaptprec.batch.BatchResult` with per-fit ``x``, ``cost``, ``status``,
-        ``success``, ``rung``, ``nfev``, ``njev``, ``nit``, ``optimality`` and ``pcov``.
+        :class:`~adaptprec.batch.BatchResult`, per fit ``x``, ``cost``, ``status``,
+        ``success``, ``rung``, ``nfev``, ``njev``, ``nit``, ``optimality``, ``dof``, ``pcov``.
         ``cost`` is the top rung's at ``x`` (its last evaluation there, or the
         Gauss–Newton model's after a verified hand-off step). ``x`` and ``cost``
         are differentiable (forward and reverse mode) w.r.t. the floating ``args``/``ydata``/
@@ -165,9 +217,8 @@ def solve_nlsq_batch(
         ([0.5, 1.0, 2.0], True)
     """
     ladder = batch_ladder(precision)
-    if nan_policy not in ("propagate", "raise"):
-        raise ValueError(f"nan_policy must be 'propagate' or 'raise', got {nan_policy!r}")
-    prob = build_problem(fun, x0, args, in_axes, ydata, sigma, bounds)
+    prob = _problem(fun, x0, args, in_axes, ydata, sigma, bounds, mask, fixed, likelihood,
+                    loss, nan_policy)
     if nan_policy == "raise":
         _check_finite_inputs(prob)
     cfg = configure(ladder, prob.m, prob.n, loss=loss, f_scale=f_scale, ftol=ftol,

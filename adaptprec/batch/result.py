@@ -34,7 +34,9 @@ class BatchResult(Module):
     - ``ladder`` (static) names of the rungs, e.g. ``("f32", "f64")``;
     - ``escalation_reason`` ``(B,)`` :class:`adaptprec.Reason` code per fit: why it left
       the lower rungs (``VERIFY``: no guard fired, it was finished and verified on the top
-      rung, as every adaptive fit is; ``NONE`` for a one-rung precision).
+      rung, as every adaptive fit is; ``NONE`` for a one-rung precision);
+    - ``dof`` ``(B,)`` int32 degrees of freedom, each fit's real points (``mask``) minus
+      its free parameters (``fixed``): what ``pcov`` is scaled by.
 
     Being a pytree dataclass, a ``BatchResult`` passes through ``jit`` and
     ``jax.tree.map``.
@@ -62,6 +64,7 @@ class BatchResult(Module):
     pcov: Optional[jax.Array]
     ladder: tuple = field(static=True)
     escalation_reason: Optional[jax.Array] = None
+    dof: Optional[jax.Array] = None
 
     @property
     def batch_size(self) -> int:
