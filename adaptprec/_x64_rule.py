@@ -108,15 +108,23 @@ def to_host(tree):
 
 
 def to_device(tree):
-    """Every NumPy array leaf of ``tree`` as a JAX array (one transfer for the tree).
+    """Every NumPy array or scalar leaf of ``tree`` as a JAX array (one transfer for the
+    tree); other leaves (a scipy sparse Jacobian, a ``LinearOperator``) unchanged.
 
     Example:
         >>> import numpy as np
         >>> from adaptprec._x64_rule import to_device
-        >>> type(to_device({"a": np.ones(2)})["a"]).__name__
-        'ArrayImpl'
+        >>> out = to_device({"a": np.ones(2), "b": "text"})
+        >>> type(out["a"]).__name__, out["b"]
+        ('ArrayImpl', 'text')
     """
-    return jax.device_put(tree)
+    leaves, treedef = jax.tree.flatten(tree)
+    where = [i for i, a in enumerate(leaves)
+             if isinstance(a, (np.ndarray, np.generic, bool, int, float, complex))]
+    moved = jax.device_put([leaves[i] for i in where])
+    for i, a in zip(where, moved):
+        leaves[i] = a
+    return jax.tree.unflatten(treedef, leaves)
 
 
 def float64_to_numpy(tree):

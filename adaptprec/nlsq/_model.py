@@ -52,7 +52,10 @@ def _model_minus_data(f, xdata, p, ydata):
     ``(2, m)`` would otherwise broadcast into a different number of residuals and a
     wrong fit. Checked when tracing: no run-time cost."""
     out = _call(f, xdata, p)
-    if jnp.iscomplexobj(out) and not jnp.iscomplexobj(ydata):
+    # (complex parameters: a complex-step Jacobian, jac="cs", whose model output is
+    # complex by construction)
+    if jnp.iscomplexobj(out) and not jnp.iscomplexobj(ydata) and \
+            not any(jnp.iscomplexobj(v) for v in jax.tree.leaves(p)):
         raise ValueError("curve_fit: the model returns complex values but ydata is real; "
                          "pass complex ydata (real and imaginary parts are fitted "
                          "together)")
