@@ -1,0 +1,197 @@
+"""One linear operator for the Krylov solvers, whatever the user passed.
+
+``A`` may be a dense ``(n, n)`` array, a ``jax.experimental.sparse`` BCOO/BCSR matrix, a
+callable ``matvec(x)``, or a lineax linear operator; :func:`as_operator` turns each into
+an :class:`Operator` whose product runs on any rung of the ladder:
+
+* the vector arrives rounded to the rung's dtype (that is the memory traffic a rung saves);
+* an explicit matrix is stored once per rung in the rung's dtype (rounded entries: an
+  ``O(u_rung)`` relative perturbation of ``A``, corrected by the float64 residual);
+* the arithmetic of the product runs in the accumulation dtype (the top rung's, by
+  default) and the result is rounded to the rung. A stencil applied to a smooth vector
+  cancels almost everything (``4 u_ij - sum of neighbours``): in float32 arithmetic the
+  product then has a relative error near ``u_32 * kappa``, which costs CG iterations; in
+  float64 arithmetic on the float32 inputs the product is exact up to one rounding of the
+  result (measured on the 512^2 Poisson operator: 1475 instead of 2068 iterations to
+  1e-10, float64 CG takes 1081; see benchmarks/RESULTS.md). For a callable, XLA fuses
+  the casts into the stencil, so the memory traffic is the rung's.
+
+``lineax`` and ``jax.experimental.sparse`` are never imported here: an object is
+recognised only if its module is already loaded (the caller built it).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+from ..._pytree import Module, field
+
+__all__: list[str] = []
+
+
+def _lineax_operator(A) -> bool:
+    lx = sys.modules.get("lineax")
+    return lx is not None and isinstance(A, lx.AbstractLinearOperator)
+
+
+def _sparse_kind(A) -> str | None:
+    sp = sys.modules.get("jax.experimental.sparse")
+    if sp is None:
+        return None
+    if isinstance(A, sp.BCOO):
+        return "bcoo"
+    if isinstance(A, sp.BCSR):
+        return "bcsr"
+    return None
+
+
+def is_dense(A) -> bool:
+    """An array (NumPy, JAX, or anything with ``shape`` and ``dtype`` that is neither a
+    sparse matrix, a lineax operator nor a callable)."""
+    return (hasattr(A, "shape") and hasattr(A, "dtype") and not callable(A)
+            and _sparse_kind(A) is None and not _lineax_operator(A))
+
+
+class Operator(Module):
+    """``A`` in one of four forms, with its product on every rung.
+
+    ``kind`` is ``"dense"`` (``data`` the matrix), ``"bcoo"``/``"bcsr"`` (``data`` the
+    sparse matrix), ``"function"`` (``fn(x)``) or ``"lineax"`` (``data`` the operator).
+    ``n`` is the length of the vectors; ``dtype`` the dtype of the operator's own values
+    (``None`` for a function).
+    """
+
+    data: Any
+    kind: str = field(static=True)
+    n: int = field(static=True)
+    fn: Callable | None = field(static=True, default=None)
+
+    def at(self, dtype, accumulate) -> Callable:
+        """The product ``x -> A x`` for ``x`` in ``dtype``, computed in ``accumulate``
+        and rounded to ``dtype``. Matrices are rounded to ``dtype`` here, once (call it
+        outside the loop)."""
+        dtype, accumulate = np.dtype(dtype), np.dtype(accumulate)
+        if self.kind == "dense":
+            M = self.data.astype(dtype)
+            return lambda x: jnp.matmul(M, x, preferred_element_type=accumulate).astype(dtype)
+        if self.kind in ("bcoo", "bcsr"):
+            from jax.experimental import sparse
+            M = self.data.astype(dtype)
+            dot = sparse.bcoo_dot_general if self.kind == "bcoo" else sparse.bcsr_dot_general
+            dims = (([1], [0]), ([], []))
+            return lambda x: dot(M, x, dimension_numbers=dims,
+                                 preferred_element_type=accumulate).astype(dtype)
+        mv = self.fn if self.kind == "function" else self.data.mv
+        return lambda x: jnp.asarray(mv(x.astype(accumulate))).astype(dtype)
+
+    def transpose(self) -> "Operator":
+        """``A^T`` as an operator (for the adjoint solve of ``grad``)."""
+        if self.kind == "dense":
+            return Operator(self.data.T, "dense", self.n)
+        if self.kind == "bcoo":
+            return Operator(self.data.T, "bcoo", self.n)
+        if self.kind == "bcsr":
+            return Operator(self.data.to_bcoo().T, "bcoo", self.n)
+        if self.kind == "lineax":
+            return Operator(self.data.transpose(), "lineax", self.n)
+        fn = self.fn
+
+        def transposed(y):
+            primal = jax.ShapeDtypeStruct(y.shape, y.dtype)
+            (out,) = jax.linear_transpose(fn, primal)(y)
+            return out
+
+        return Operator(None, "function", self.n, fn=transposed)
+
+    def diagonal(self, dtype) -> jax.Array:
+        """The diagonal of ``A`` in ``dtype`` (Jacobi). A function is probed with unit
+        vectors only when it is small (``n <= 4096``); otherwise pass the diagonal."""
+        if self.kind == "dense":
+            return jnp.diagonal(self.data).astype(dtype)
+        if self.kind in ("bcoo", "bcsr"):
+            A = self.data if self.kind == "bcoo" else self.data.to_bcoo()
+            rows, cols = A.indices[:, 0], A.indices[:, 1]
+            on = (rows == cols) & (rows < self.n)
+            return jnp.zeros(self.n, dtype).at[jnp.where(on, rows, self.n)].add(
+                jnp.where(on, A.data, 0).astype(dtype), mode="drop")
+        if self.kind == "lineax":
+            import lineax as lx
+            return jnp.asarray(lx.diagonal(self.data)).astype(dtype)
+        return self.dense(dtype).diagonal()
+
+    def dense(self, dtype) -> jax.Array:
+        """``A`` as a dense matrix (small operators: preconditioner set-up, tests)."""
+        if self.kind == "dense":
+            return self.data.astype(dtype)
+        if self.kind == "bcoo":
+            return self.data.todense().astype(dtype)
+        if self.kind == "bcsr":
+            return self.data.todense().astype(dtype)
+        if self.n > _PROBE_LIMIT:
+            raise ValueError(
+                f"building the dense form of a {self.n} x {self.n} matrix-free operator "
+                f"would take {self.n} products; pass A as a matrix (dense or "
+                "jax.experimental.sparse) or give the preconditioner its diagonal/blocks")
+        mv = self.at(dtype, dtype)
+        return jax.vmap(mv, in_axes=1, out_axes=1)(jnp.eye(self.n, dtype=dtype))
+
+
+#: matrix-free operators are probed column by column (Jacobi / block-Jacobi set-up) only
+#: up to this size
+_PROBE_LIMIT = 4096
+
+
+def operator_size(A, b_rows: int | None, what: str) -> int:
+    """The length ``n`` of the vectors ``A`` acts on, with a clear error for a
+    non-square matrix."""
+    if _sparse_kind(A) is not None or is_dense(A):
+        shape = tuple(A.shape)
+        if len(shape) != 2 or shape[0] != shape[1]:
+            raise ValueError(
+                f"{what}: A must be a square matrix (n, n); got shape {shape}. Batched "
+                f"systems: jax.vmap({what}) over a stack of them")
+        return int(shape[0])
+    if _lineax_operator(A):
+        ins, outs = A.in_structure(), A.out_structure()
+        if not (isinstance(ins, jax.ShapeDtypeStruct) and isinstance(outs, jax.ShapeDtypeStruct)
+                and ins.shape == outs.shape and len(ins.shape) == 1):
+            raise ValueError(
+                f"{what}: a lineax operator must map one 1-D array to one of the same "
+                f"shape; got in_structure {ins} and out_structure {outs}")
+        return int(ins.shape[0])
+    if callable(A):
+        if b_rows is None:
+            raise ValueError(f"{what}: a matvec callable needs b to tell the size")
+        return int(b_rows)
+    raise TypeError(
+        f"{what}: A must be a square array, a jax.experimental.sparse BCOO/BCSR matrix, a "
+        f"callable matvec(x), or a lineax linear operator; got {type(A).__name__}")
+
+
+def as_operator(A, n: int, dtype) -> Operator:
+    """The :class:`Operator` of ``A`` (validated by :func:`operator_size`), with an
+    explicit matrix cast to the working ``dtype``."""
+    kind = _sparse_kind(A)
+    if kind is not None:
+        return Operator(A.astype(dtype), kind, n)
+    if _lineax_operator(A):
+        import lineax as lx
+        if isinstance(A, lx.MatrixLinearOperator):
+            return Operator(jnp.asarray(A.matrix).astype(dtype), "dense", n)
+        return Operator(A, "lineax", n)
+    if is_dense(A):
+        return Operator(jnp.asarray(A).astype(dtype), "dense", n)
+    return Operator(None, "function", n, fn=A)
+
+
+def probe(fn: Callable, n: int, dtype) -> jax.Array:
+    """``fn`` applied to a zero vector of ``dtype`` (shape and dtype check of a user's
+    matvec or preconditioner at the boundary)."""
+    return jax.eval_shape(fn, jax.ShapeDtypeStruct((n,), np.dtype(dtype)))

@@ -1,0 +1,95 @@
+r"""Preconditioned conjugate gradients with reliable updates (one cycle on one rung).
+
+Within a cycle, on the correction equation ``A d = r / s`` (``common.py``), with ``z = M r``:
+
+.. math::
+    \alpha_k = \frac{r_k^T z_k}{p_k^T A p_k}, \quad d_{k+1} = d_k + \alpha_k p_k, \quad
+    r_{k+1} = r_k - \alpha_k A p_k, \quad
+    p_{k+1} = z_{k+1} + \frac{r_{k+1}^T z_{k+1}}{r_k^T z_k}\, p_k .
+
+Across cycles the search direction is kept (Clark et al. 2010, QUDA's CG): the loop
+replaces the recursive residual by the true one, and the next cycle continues with
+``beta = r^T z / (r_k^T z_k)`` and the last direction ``p_k``, both carried in the top
+dtype, instead of restarting from ``p = z`` (a restart loses the superlinear convergence
+CG has built up). Dots accumulate in the top dtype.
+
+``p^T A p <= 0`` (or a non-positive ``r^T z``) ends the cycle with ``INDEFINITE``: on a
+lower rung the loop climbs, on the top rung the solve ends as ``NOT_POSITIVE_DEFINITE``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ..._pytree import Module
+from .common import INDEFINITE, NONFINITE, OK, CycleContext, KrylovSolver, cast, dot, finite
+
+__all__ = ["CG"]
+
+
+class _CGState(Module):
+    k: jax.Array
+    d: jax.Array          # correction (rung dtype)
+    r: jax.Array          # recursive residual (rung dtype)
+    z: jax.Array          # M r
+    p: jax.Array          # search direction
+    rz: jax.Array         # r^T z (top dtype)
+    rr: jax.Array         # r^T r
+    p_last: jax.Array     # the direction of the last step taken
+    rz_last: jax.Array    # r^T z before that step
+    breakdown: jax.Array
+
+
+class CG(KrylovSolver):
+    """Conjugate gradients (symmetric positive definite ``A`` and ``M``)."""
+
+    name = "cg"
+
+    def carry_init(self, n, dtype) -> Any:
+        # (previous direction, its r^T z): beta = 0 in the first cycle
+        return jnp.zeros((n,), dtype), jnp.asarray(jnp.inf, dtype)
+
+    def init(self, ctx: CycleContext, r, s, carry):
+        p_prev, rz_prev = carry
+        z = ctx.precond(r) if ctx.preconditioned else r
+        rz = dot(ctx, r, z)
+        rr = dot(ctx, r, r) if ctx.preconditioned else rz
+        # beta in unscaled units: (s^2 rz) / rz_prev; the direction in this cycle's units
+        # is p_prev / s, so p = z + (beta / s) p_prev
+        beta_over_s = jnp.where(jnp.isfinite(rz_prev) & (rz_prev > 0),
+                                rz * s / rz_prev, 0.0).astype(ctx.accumulate)
+        p = z + cast(ctx, beta_over_s * p_prev)
+        zero = jnp.zeros_like(r)
+        return _CGState(k=jnp.asarray(0, jnp.int32), d=zero, r=r, z=z, p=p, rz=rz, rr=rr,
+                        p_last=p, rz_last=rz, breakdown=jnp.asarray(OK, jnp.int32))
+
+    def step(self, ctx, st: _CGState) -> _CGState:
+        q = ctx.matvec(st.p)
+        pq = dot(ctx, st.p, q)
+        bad = ~(pq > 0) | ~(st.rz > 0)
+        alpha = jnp.where(bad, 0.0, st.rz / jnp.where(bad, 1.0, pq))
+        a = cast(ctx, alpha)
+        d = st.d + a * st.p
+        r = st.r - a * q
+        z = ctx.precond(r) if ctx.preconditioned else r
+        rz = dot(ctx, r, z)
+        rr = dot(ctx, r, r) if ctx.preconditioned else rz
+        beta = rz / jnp.where(st.rz != 0, st.rz, 1.0)
+        p = z + cast(ctx, beta) * st.p
+        nonfinite = ~finite(pq, rz, rr)
+        code = jnp.where(nonfinite, NONFINITE, jnp.where(bad, INDEFINITE, OK))
+        return _CGState(k=st.k + 1, d=d, r=r, z=z, p=p, rz=rz, rr=rr, p_last=st.p,
+                        rz_last=st.rz, breakdown=code.astype(jnp.int32))
+
+    def terminate(self, ctx, st: _CGState):
+        return (st.rr <= ctx.target * ctx.target) | (st.breakdown != OK)
+
+    def postprocess(self, ctx, st: _CGState, s, carry):
+        w = ctx.accumulate
+        keep = (st.breakdown == OK) & (st.k > 0)
+        p_prev = jnp.where(keep, st.p_last.astype(w) * s, jnp.zeros_like(carry[0]))
+        rz_prev = jnp.where(keep, st.rz_last * s * s, jnp.inf).astype(w)
+        return st.d, (p_prev, rz_prev), st.breakdown
