@@ -17,7 +17,8 @@ the solver's carry, the schedule's state. One ``lax.while_loop`` over cycles:
    top rung (NOT_POSITIVE_DEFINITE), on NaN/Inf on the top rung (NONFINITE_RESIDUAL), or
    after ``maxiter`` iterations (MAX_EVALUATIONS).
 
-A lower rung never ends the solve: its answers only ever reach ``x`` through step 2, and
+The solve returns the iterate with the smallest true residual (the last one when it
+converged). A lower rung never ends the solve: its answers only ever reach ``x`` through step 2, and
 only step 4's residual, computed in ``w``, says CONVERGED.
 
 Under ``vmap`` (several right-hand sides, batched systems) the rung is per element:
@@ -56,6 +57,8 @@ class _LoopState(Module):
     x: jax.Array
     r: jax.Array
     rnorm: jax.Array
+    x_best: jax.Array     # the iterate with the smallest true residual so far
+    rn_best: jax.Array
     carry: object
     sched: object
     its: jax.Array
@@ -82,40 +85,57 @@ def _branches(solver: KrylovSolver, op, M, ladder, w):
                                target)
             active = running & (rung == k)
             st = solver.init(ctx, (r / s).astype(dtype), s, carry)
-            st = lax.while_loop(
-                lambda st: active & (solver.iterations(st) < budget)
-                & ~solver.terminate(ctx, st),
-                lambda st: solver.step(ctx, st), st)
+
+            def more(c):
+                st, _ = c
+                return active & (solver.iterations(st) < budget) & ~solver.terminate(ctx, st)
+
+            def step(c):
+                st = solver.step(ctx, c[0])
+                return st, jnp.minimum(c[1], solver.residual(st))
+
+            st, best = lax.while_loop(more, step, (st, solver.residual(st)))
             d, carry, code = solver.postprocess(ctx, st, s, carry)
-            return d.astype(w) * s, carry, solver.iterations(st), code
+            return (d.astype(w) * s, carry, solver.iterations(st), code, solver.residual(st),
+                    best, solver.claim(st).astype(w))
 
         out.append(run)
     return out
 
 
-def _after_cycle(solver, st: _LoopState, schedule, *, carry, k, code, r_new, x_new,
-                 tol_abs, bscale, maxiter, n_rungs, carry0) -> _LoopState:
+def _after_cycle(solver, st: _LoopState, schedule, *, carry, k, code, rec_end, rec_best,
+                 claim, target, r_new, x_new, tol_abs, bscale, maxiter, n_rungs,
+                 carry0) -> _LoopState:
     """Steps 2-4 of the module docstring, given the cycle's outputs."""
     rung = st.sched.rung
     rn_new = jnp.linalg.norm(r_new)
-    ok = jnp.isfinite(rn_new)
-    x = jnp.where(ok, x_new, st.x)
-    r = jnp.where(ok, r_new, st.r)
-    rn = jnp.where(ok, rn_new, st.rnorm)
-    carry = jax.tree.map(lambda c, c0: jnp.where(ok, c, c0), carry, carry0)
-    nonfinite = ~ok | (code == NONFINITE)
+    finite_cycle = jnp.isfinite(rn_new)
+    useful, faithful = solver.judge(x_new - st.x, st.r, r_new, st.rnorm, claim)
+    useful = useful & finite_cycle
+    x = jnp.where(useful, x_new, st.x)
+    r = jnp.where(useful, r_new, st.r)
+    rn = jnp.where(useful, rn_new, st.rnorm)
+    carry = jax.tree.map(lambda c, c0: jnp.where(useful, c, c0), carry, carry0)
+    nonfinite = ~finite_cycle | (code == NONFINITE)
     indefinite = code == INDEFINITE
+    guard = nonfinite | indefinite | ~useful
+    # which cycles the schedule sees (common.RESIDUAL_GAP)
     top = rung == n_rungs - 1
+    seen = ((rec_end <= target) | guard | ~faithful
+            | ((k >= solver.cycle_length()) & solver.capped_cycle_counts(top, rec_best)))
     stats = ScheduleStats.make(rn / bscale, step=st.cycles, previous=st.rnorm / bscale,
-                               guard_failures=(nonfinite | indefinite).astype(jnp.int32))
-    sched = schedule.update(st.sched, stats)
+                               accepted=faithful, guard_failures=guard.astype(jnp.int32))
+    sched = jax.tree.map(lambda new, old: jnp.where(seen, new, old),
+                         schedule.update(st.sched, stats), st.sched)
     climbed = sched.rung > rung
-    why = jnp.where(nonfinite, int(Reason.NONFINITE),
-                    jnp.where(indefinite, int(Reason.MATRIX_ILL_CONDITIONED),
-                              int(Reason.SCHEDULE)))
+    # a new rung starts its recurrence afresh: the old rung's direction is what failed
+    carry = jax.tree.map(lambda c, c0: jnp.where(sched.rung != rung, c0, c), carry, carry0)
+    why = jnp.select([nonfinite, indefinite, ~useful],
+                     [int(Reason.NONFINITE), int(Reason.MATRIX_ILL_CONDITIONED),
+                      int(Reason.STAGNATION)], default=int(Reason.SCHEDULE))
     reason = jnp.where(climbed, why, st.reason).astype(jnp.int32)
-    progress = rn < st.rnorm
-    stall = jnp.where(top & ~climbed & ~progress, st.stall + 1, 0).astype(jnp.int32)
+    stuck = seen & top & ~climbed & ~(rn < st.rnorm)
+    stall = jnp.where(stuck, st.stall + 1, jnp.where(seen, 0, st.stall)).astype(jnp.int32)
     its = st.its + k
     cg_indefinite = indefinite & top if solver.name == "cg" else jnp.asarray(False)
     status = jnp.select(
@@ -125,8 +145,10 @@ def _after_cycle(solver, st: _LoopState, schedule, *, carry, k, code, r_new, x_n
          int(Status.NONFINITE_RESIDUAL), int(Status.STALLED), int(Status.MAX_EVALUATIONS)],
         default=_RUNNING).astype(jnp.int32)
     i = st.cycles
+    better = rn < st.rn_best
     return _LoopState(
-        x=x, r=r, rnorm=rn, carry=carry, sched=sched, its=its,
+        x=x, r=r, rnorm=rn, x_best=jnp.where(better, x, st.x_best),
+        rn_best=jnp.where(better, rn, st.rn_best), carry=carry, sched=sched, its=its,
         its_rung=st.its_rung.at[rung].add(k), cycles=i + 1, status=status, reason=reason,
         stall=stall, rung_trace=st.rung_trace.at[i].set(rung, mode="drop"),
         residual_trace=st.residual_trace.at[i].set((rn / bscale).astype(
@@ -155,7 +177,8 @@ def run(solver: KrylovSolver, op, M, b, *, tol_abs, bnorm, maxiter: int, ladder,
     rung_trace, residual_trace = empty_trace(w)
     zero = jnp.asarray(0, jnp.int32)
     st0 = _LoopState(
-        x=jnp.zeros((n,), w), r=b, rnorm=rn0, carry=carry0, sched=schedule.init(ladder),
+        x=jnp.zeros((n,), w), r=b, rnorm=rn0, x_best=jnp.zeros((n,), w), rn_best=rn0,
+        carry=carry0, sched=schedule.init(ladder),
         its=zero, its_rung=jnp.zeros((n_rungs,), jnp.int32), cycles=zero, status=status0,
         reason=jnp.asarray(int(Reason.NONE), jnp.int32), stall=zero,
         rung_trace=rung_trace, residual_trace=residual_trace)
@@ -166,17 +189,19 @@ def run(solver: KrylovSolver, op, M, b, *, tol_abs, bnorm, maxiter: int, ladder,
         budget = jnp.minimum(solver.cycle_length(), maxiter - st.its)
         ops = (st.r, s, st.carry, target.astype(w), budget, st.status == _RUNNING,
                st.sched.rung)
-        d, carry, k, code = lax.switch(st.sched.rung, branches, ops)
+        d, carry, k, code, rec_end, rec_best, claim = lax.switch(st.sched.rung, branches, ops)
         x_new = st.x + d
         r_new = b - matvec_w(x_new)
         return _after_cycle(solver, st, schedule, carry=carry, k=k, code=code,
+                            rec_end=rec_end, rec_best=rec_best, claim=claim,
+                            target=target,
                             r_new=r_new, x_new=x_new, tol_abs=tol_abs, bscale=bscale,
                             maxiter=maxiter, n_rungs=n_rungs, carry0=carry0)
 
     st = lax.while_loop(lambda st: st.status == _RUNNING, body, st0)
-    x = jnp.where(bad_input, jnp.nan, st.x)
+    x = jnp.where(bad_input, jnp.nan, st.x_best)
     info = KrylovInfo(
-        status=st.status, residual_norm=(st.rnorm / bscale).astype(w), iterations=st.its,
+        status=st.status, residual_norm=(st.rn_best / bscale).astype(w), iterations=st.its,
         iterations_per_rung=st.its_rung, cycles=st.cycles, rung=st.sched.rung,
         escalations=st.sched.escalations, reason=st.reason, rung_trace=st.rung_trace,
         residual_trace=st.residual_trace, ladder=tuple(d.name for d in ladder),

@@ -52,6 +52,15 @@ def _sparse_kind(A) -> str | None:
     return None
 
 
+def _sparse_astype(A, dtype):
+    """A BCOO/BCSR matrix with its values in ``dtype`` (BCSR has no ``astype``)."""
+    from jax.experimental import sparse
+    data = A.data.astype(dtype)
+    if isinstance(A, sparse.BCSR):
+        return sparse.BCSR((data, A.indices, A.indptr), shape=A.shape)
+    return sparse.BCOO((data, A.indices), shape=A.shape)
+
+
 def is_dense(A) -> bool:
     """An array (NumPy, JAX, or anything with ``shape`` and ``dtype`` that is neither a
     sparse matrix, a lineax operator nor a callable)."""
@@ -72,6 +81,12 @@ class Operator(Module):
     kind: str = field(static=True)
     n: int = field(static=True)
     fn: Callable | None = field(static=True, default=None)
+    #: a lineax operator's non-array part (``equinox.partition``); ``data`` holds its arrays
+    static: Any = field(static=True, default=None)
+
+    def _lineax(self):
+        import equinox as eqx
+        return eqx.combine(self.data, self.static)
 
     def at(self, dtype, accumulate) -> Callable:
         """The product ``x -> A x`` for ``x`` in ``dtype``, computed in ``accumulate``
@@ -83,12 +98,12 @@ class Operator(Module):
             return lambda x: jnp.matmul(M, x, preferred_element_type=accumulate).astype(dtype)
         if self.kind in ("bcoo", "bcsr"):
             from jax.experimental import sparse
-            M = self.data.astype(dtype)
+            M = _sparse_astype(self.data, dtype)
             dot = sparse.bcoo_dot_general if self.kind == "bcoo" else sparse.bcsr_dot_general
             dims = (([1], [0]), ([], []))
             return lambda x: dot(M, x, dimension_numbers=dims,
                                  preferred_element_type=accumulate).astype(dtype)
-        mv = self.fn if self.kind == "function" else self.data.mv
+        mv = self.fn if self.kind == "function" else self._lineax().mv
         return lambda x: jnp.asarray(mv(x.astype(accumulate))).astype(dtype)
 
     def transpose(self) -> "Operator":
@@ -100,7 +115,7 @@ class Operator(Module):
         if self.kind == "bcsr":
             return Operator(self.data.to_bcoo().T, "bcoo", self.n)
         if self.kind == "lineax":
-            return Operator(self.data.transpose(), "lineax", self.n)
+            return _lineax_op(self._lineax().transpose(), self.n)
         fn = self.fn
 
         def transposed(y):
@@ -123,7 +138,7 @@ class Operator(Module):
                 jnp.where(on, A.data, 0).astype(dtype), mode="drop")
         if self.kind == "lineax":
             import lineax as lx
-            return jnp.asarray(lx.diagonal(self.data)).astype(dtype)
+            return jnp.asarray(lx.diagonal(self._lineax())).astype(dtype)
         return self.dense(dtype).diagonal()
 
     def dense(self, dtype) -> jax.Array:
@@ -180,15 +195,22 @@ def as_operator(A, n: int, dtype) -> Operator:
     explicit matrix cast to the working ``dtype``."""
     kind = _sparse_kind(A)
     if kind is not None:
-        return Operator(A.astype(dtype), kind, n)
+        return Operator(_sparse_astype(A, dtype), kind, n)
     if _lineax_operator(A):
         import lineax as lx
         if isinstance(A, lx.MatrixLinearOperator):
             return Operator(jnp.asarray(A.matrix).astype(dtype), "dense", n)
-        return Operator(A, "lineax", n)
+        return _lineax_op(A, n)
     if is_dense(A):
         return Operator(jnp.asarray(A).astype(dtype), "dense", n)
     return Operator(None, "function", n, fn=A)
+
+
+def _lineax_op(A, n) -> Operator:
+    """A lineax operator split into arrays (traced) and the rest (static)."""
+    import equinox as eqx
+    dynamic, static = eqx.partition(A, eqx.is_array)
+    return Operator(dynamic, "lineax", n, static=static)
 
 
 def probe(fn: Callable, n: int, dtype) -> jax.Array:

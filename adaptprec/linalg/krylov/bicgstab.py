@@ -26,7 +26,8 @@ import jax
 import jax.numpy as jnp
 
 from ..._pytree import Module
-from .common import BREAKDOWN, NONFINITE, OK, CycleContext, KrylovSolver, cast, dot, finite
+from .common import (BREAKDOWN, NONFINITE, OK, STAGNATION, CycleContext, KrylovSolver, cast,
+                     dot, finite)
 
 __all__ = ["BiCGStab"]
 
@@ -49,6 +50,9 @@ class BiCGStab(KrylovSolver):
     """BiCGStab for a general square ``A``."""
 
     name = "bicgstab"
+
+    def capped_cycle_counts(self, top, best):
+        return ~top | (best > STAGNATION)
 
     def carry_init(self, n, dtype) -> Any:
         # the shadow residual; zero means "take the cycle's residual"
@@ -90,6 +94,9 @@ class BiCGStab(KrylovSolver):
         return _BiCGStabState(k=st.k + 1, d=keep(d, st.d), r=keep(r, st.r), rhat=st.rhat,
                               p=p, v=v, rho=rho, alpha=alpha, omega=omega, rr=keep(rr, st.rr),
                               breakdown=code.astype(jnp.int32))
+
+    def residual(self, st: _BiCGStabState):
+        return jnp.sqrt(st.rr)
 
     def terminate(self, ctx, st: _BiCGStabState):
         return (st.rr <= ctx.target * ctx.target) | (st.breakdown != OK)

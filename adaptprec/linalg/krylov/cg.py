@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 
 from ..._pytree import Module
-from .common import INDEFINITE, NONFINITE, OK, CycleContext, KrylovSolver, cast, dot, finite
+from .common import (INDEFINITE, NONFINITE, OK, RESIDUAL_GAP, CycleContext, KrylovSolver,
+                     cast, dot, finite)
 
 __all__ = ["CG"]
 
@@ -40,6 +41,7 @@ class _CGState(Module):
     rr: jax.Array         # r^T r
     p_last: jax.Array     # the direction of the last step taken
     rz_last: jax.Array    # r^T z before that step
+    energy: jax.Array     # sum_k alpha_k r_k^T z_k / 2: the energy decrease CG claims
     breakdown: jax.Array
 
 
@@ -47,6 +49,19 @@ class CG(KrylovSolver):
     """Conjugate gradients (symmetric positive definite ``A`` and ``M``)."""
 
     name = "cg"
+
+    def capped_cycle_counts(self, top, best):
+        return ~top
+
+    def claim(self, st):
+        return st.energy
+
+    def judge(self, d, r_old, r_new, s, claim):
+        # CG minimises the energy f(x) = x^T A x / 2 - b^T x. A step d lowers it by
+        # d^T (r_old + r_new) / 2 (A d = r_old - r_new), computed here without the
+        # cancellation of |f|; the rung claims s^2 sum_k alpha_k r_k^T z_k / 2
+        drop = 0.5 * jnp.vdot(d, r_old + r_new)
+        return drop > 0, drop >= s * s * claim / RESIDUAL_GAP
 
     def carry_init(self, n, dtype) -> Any:
         # (previous direction, its r^T z): beta = 0 in the first cycle
@@ -64,7 +79,8 @@ class CG(KrylovSolver):
         p = z + cast(ctx, beta_over_s * p_prev)
         zero = jnp.zeros_like(r)
         return _CGState(k=jnp.asarray(0, jnp.int32), d=zero, r=r, z=z, p=p, rz=rz, rr=rr,
-                        p_last=p, rz_last=rz, breakdown=jnp.asarray(OK, jnp.int32))
+                        p_last=p, rz_last=rz, energy=jnp.zeros_like(rz),
+                        breakdown=jnp.asarray(OK, jnp.int32))
 
     def step(self, ctx, st: _CGState) -> _CGState:
         q = ctx.matvec(st.p)
@@ -82,7 +98,11 @@ class CG(KrylovSolver):
         nonfinite = ~finite(pq, rz, rr)
         code = jnp.where(nonfinite, NONFINITE, jnp.where(bad, INDEFINITE, OK))
         return _CGState(k=st.k + 1, d=d, r=r, z=z, p=p, rz=rz, rr=rr, p_last=st.p,
-                        rz_last=st.rz, breakdown=code.astype(jnp.int32))
+                        rz_last=st.rz, energy=st.energy + 0.5 * alpha * st.rz,
+                        breakdown=code.astype(jnp.int32))
+
+    def residual(self, st: _CGState):
+        return jnp.sqrt(st.rr)
 
     def terminate(self, ctx, st: _CGState):
         return (st.rr <= ctx.target * ctx.target) | (st.breakdown != OK)

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..._pytree import Module, field
-from .common import NONFINITE, OK, CycleContext, KrylovSolver, cast, finite
+from .common import NONFINITE, OK, RESIDUAL_GAP, CycleContext, KrylovSolver, cast, finite
 
 __all__ = ["GMRES", "DEFAULT_RESTART"]
 
@@ -49,6 +49,11 @@ class GMRES(KrylovSolver):
     restart: int = field(static=True, default=DEFAULT_RESTART)
     name = "gmres"
     reliable_delta = 0.0
+
+    def judge(self, d, r_old, r_new, s, claim):
+        # a minimal-residual cycle cannot raise the residual: only the rung's rounding can
+        rn = jnp.linalg.norm(r_new)
+        return rn < jnp.linalg.norm(r_old), rn <= RESIDUAL_GAP * s * claim
 
     def cycle_length(self) -> int:
         return self.restart
@@ -106,6 +111,9 @@ class GMRES(KrylovSolver):
         code = jnp.where(finite(h, g), OK, NONFINITE).astype(jnp.int32)
         return _GMRESState(k=j + 1, V=V, H=st.H.at[:, j].set(h), cs=st.cs.at[j].set(c),
                            sn=st.sn.at[j].set(sgn), g=g, lucky=lucky, breakdown=code)
+
+    def residual(self, st: _GMRESState):
+        return jnp.abs(st.g[st.k])
 
     def terminate(self, ctx, st: _GMRESState):
         return (jnp.abs(st.g[st.k]) <= ctx.target) | st.lucky | (st.breakdown != OK)

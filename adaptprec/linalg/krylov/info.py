@@ -30,15 +30,18 @@ KRYLOV_MESSAGES = {
     int(Status.CONVERGED): "Converged: the float64 (top-rung) true residual "
                            "||b - A x|| / ||b|| is below the tolerance.",
     int(Status.MAX_EVALUATIONS): "maxiter iterations were used before the true residual "
-                                 "reached the tolerance.",
+                                 "reached the tolerance. If residual_trace shows it "
+                                 "stuck at one level, b may not be in the range of a "
+                                 "singular A.",
     int(Status.STALLED): "Stalled: the true residual stopped decreasing on the top rung. "
                          "A may be singular with b outside its range, or too "
                          "ill-conditioned for the working precision (try a "
                          "preconditioner); x is the best iterate, not a solution.",
     int(Status.NOT_POSITIVE_DEFINITE): "Not positive definite: CG met a direction p with "
-                                       "p^T A p <= 0 (p^T M p for the preconditioner) on "
-                                       "the top rung; CG needs a symmetric positive "
-                                       "definite A and M. Use gmres or bicgstab.",
+                                       "p^T A p <= 0 on the top rung: A (or M) is "
+                                       "indefinite or singular, and CG needs both "
+                                       "symmetric positive definite. Use gmres or "
+                                       "bicgstab; x is the best iterate.",
     int(Status.NONFINITE_INPUT): "Non-finite input: b, x0 or A x0 holds NaN/Inf; x is NaN.",
     int(Status.NONFINITE_RESIDUAL): "The iteration produced NaN/Inf on the top rung (the "
                                     "operator or the preconditioner returned non-finite "

@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from ..._pytree import Module, field
-from ...precision import FLOATING_DTYPES, dtype_name, max_value, smallest_normal, unit_roundoff
+from ...precision import FLOATING_DTYPES, max_value, smallest_normal, unit_roundoff
 
 __all__ = ["Jacobi", "BlockJacobi", "jacobi", "block_jacobi"]
 
@@ -100,7 +100,7 @@ class BlockJacobi(Module):
 
     def storage_names(self) -> list[str]:
         """The storage format of each block, by name (needs concrete values)."""
-        return [dtype_name(STORAGE_DTYPES[int(i)]) for i in np.asarray(self.storage)]
+        return [STORAGE_DTYPES[int(i)].name for i in np.asarray(self.storage)]
 
     def at(self, dtype, accumulate):
         B = self.blocks.astype(dtype)
