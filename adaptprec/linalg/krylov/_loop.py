@@ -45,6 +45,7 @@ from .common import (
     TARGET_MARGIN,
     CycleContext,
     KrylovSolver,
+    compute_dtype,
 )
 from .info import KrylovInfo, empty_trace
 
@@ -76,13 +77,14 @@ def _branches(solver: KrylovSolver, op, M, ladder, w):
     the preconditioner are rounded to each rung here, once, outside the loop."""
     out = []
     for k, dtype in enumerate(ladder):
-        matvec = op.at(dtype, w)
-        precond = M.at(dtype, w) if M is not None else (lambda y: y)
+        matvec = op.at(dtype)
+        precond = M.at(dtype) if M is not None else (lambda y: y)
 
         def run(ops, k=k, dtype=dtype, matvec=matvec, precond=precond):
             r, s, carry, target, budget, running, rung = ops
-            ctx = CycleContext(matvec, precond, M is not None, np.dtype(dtype), np.dtype(w),
-                               target)
+            ctx = CycleContext(matvec, precond, M is not None, np.dtype(dtype),
+                               compute_dtype(dtype), np.dtype(w),
+                               target.astype(compute_dtype(dtype)))
             active = running & (rung == k)
             st = solver.init(ctx, (r / s).astype(dtype), s, carry)
 
@@ -96,8 +98,8 @@ def _branches(solver: KrylovSolver, op, M, ladder, w):
 
             st, best = lax.while_loop(more, step, (st, solver.residual(st)))
             d, carry, code = solver.postprocess(ctx, st, s, carry)
-            return (d.astype(w) * s, carry, solver.iterations(st), code, solver.residual(st),
-                    best, solver.claim(st).astype(w))
+            return (d.astype(w) * s, carry, solver.iterations(st), code,
+                    solver.residual(st).astype(w), best.astype(w), solver.claim(st).astype(w))
 
         out.append(run)
     return out
@@ -163,7 +165,7 @@ def run(solver: KrylovSolver, op, M, b, *, tol_abs, bnorm, maxiter: int, ladder,
     w = ladder[-1]
     n = b.shape[0]
     n_rungs = len(ladder)
-    matvec_w = op.at(w, w)
+    matvec_w = op.at(w)
     branches = _branches(solver, op, M, ladder, w)
     carry0 = solver.carry_init(n, w)
     bscale = jnp.where(bnorm > 0, bnorm, 1.0).astype(w)

@@ -2,19 +2,21 @@
 
 ``A`` may be a dense ``(n, n)`` array, a ``jax.experimental.sparse`` BCOO/BCSR matrix, a
 callable ``matvec(x)``, or a lineax linear operator; :func:`as_operator` turns each into
-an :class:`Operator` whose product runs on any rung of the ladder:
+an :class:`Operator` whose product runs on any rung of the ladder, in the rung's
+arithmetic (its dtype, at least float32):
 
-* the vector arrives rounded to the rung's dtype (that is the memory traffic a rung saves);
 * an explicit matrix is stored once per rung in the rung's dtype (rounded entries: an
-  ``O(u_rung)`` relative perturbation of ``A``, corrected by the float64 residual);
-* the arithmetic of the product runs in the accumulation dtype (the top rung's, by
-  default) and the result is rounded to the rung. A stencil applied to a smooth vector
-  cancels almost everything (``4 u_ij - sum of neighbours``): in float32 arithmetic the
-  product then has a relative error near ``u_32 * kappa``, which costs CG iterations; in
-  float64 arithmetic on the float32 inputs the product is exact up to one rounding of the
-  result (measured on the 512^2 Poisson operator: 1475 instead of 2068 iterations to
-  1e-10, float64 CG takes 1081; see benchmarks/RESULTS.md). For a callable, XLA fuses
-  the casts into the stencil, so the memory traffic is the rung's.
+  ``O(u_rung)`` relative perturbation of ``A``, which the float64 residual corrects) and
+  multiplied with float32-or-wider accumulation;
+* a callable or a lineax operator is called with ``x`` in the rung's dtype (float32 for
+  bfloat16/float16 rungs) and its result rounded to the rung; whatever it closes over is
+  the caller's business (constants kept in float64 promote the product to float64).
+
+A stencil applied to a smooth vector cancels almost everything: written as
+``4 u_ij - (sum of neighbours)`` its float32 product has a relative error near
+``u_32 kappa``, which costs float32 CG iterations; written in flux form,
+``sum over neighbours of (u_ij - u_nb)``, each difference of two close float32 numbers
+is exact (Sterbenz) and the product is nearly as good as in float64 (docs/krylov.md).
 
 ``lineax`` and ``jax.experimental.sparse`` are never imported here: an object is
 recognised only if its module is already loaded (the caller built it).
@@ -88,11 +90,12 @@ class Operator(Module):
         import equinox as eqx
         return eqx.combine(self.data, self.static)
 
-    def at(self, dtype, accumulate) -> Callable:
-        """The product ``x -> A x`` for ``x`` in ``dtype``, computed in ``accumulate``
-        and rounded to ``dtype``. Matrices are rounded to ``dtype`` here, once (call it
-        outside the loop)."""
-        dtype, accumulate = np.dtype(dtype), np.dtype(accumulate)
+    def at(self, dtype) -> Callable:
+        """The product ``x -> A x`` for ``x`` in ``dtype``, computed in the rung's compute
+        dtype (``dtype``, at least float32) and rounded to ``dtype``. Matrices are rounded
+        to ``dtype`` here, once (call it outside the loop)."""
+        dtype = np.dtype(dtype)
+        accumulate = np.dtype(np.promote_types(dtype, np.float32))
         if self.kind == "dense":
             M = self.data.astype(dtype)
             return lambda x: jnp.matmul(M, x, preferred_element_type=accumulate).astype(dtype)

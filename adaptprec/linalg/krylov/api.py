@@ -155,7 +155,7 @@ def _check_callable(fn, n, w, name, what):
 @partial(jax.jit, static_argnames=("ladder",))
 def _core(solver, op, M, B, X0, rtol, atol, maxiter, schedule, *, ladder):
     w = np.dtype(ladder[-1])
-    matvec = op.at(w, w)
+    matvec = op.at(w)
     op_t, M_t = op.transpose(), (M.transpose() if M is not None else None)
     kw = dict(maxiter=maxiter, ladder=ladder, schedule=schedule)
 

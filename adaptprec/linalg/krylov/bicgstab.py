@@ -59,7 +59,7 @@ class BiCGStab(KrylovSolver):
         return jnp.zeros((n,), dtype)
 
     def init(self, ctx: CycleContext, r, s, carry):
-        w = ctx.accumulate
+        w = ctx.compute
         fresh = ~jnp.any(carry != 0)
         rhat = jnp.where(fresh, r, cast(ctx, carry))
         one = jnp.asarray(1.0, w)
@@ -103,5 +103,5 @@ class BiCGStab(KrylovSolver):
 
     def postprocess(self, ctx, st: _BiCGStabState, s, carry):
         restart = st.breakdown != OK
-        rhat = st.rhat.astype(ctx.accumulate)
+        rhat = st.rhat.astype(ctx.top)
         return st.d, jnp.where(restart, jnp.zeros_like(rhat), rhat), st.breakdown

@@ -35,12 +35,11 @@ class _CGState(Module):
     k: jax.Array
     d: jax.Array          # correction (rung dtype)
     r: jax.Array          # recursive residual (rung dtype)
-    z: jax.Array          # M r
-    p: jax.Array          # search direction
-    rz: jax.Array         # r^T z (top dtype)
+    z: jax.Array | None   # M r (None without a preconditioner: z is r)
+    p: jax.Array          # the direction of the last step (the carry's, before the first)
+    rz: jax.Array         # r^T z (compute dtype)
+    rz_old: jax.Array     # r^T z when p was formed
     rr: jax.Array         # r^T r
-    p_last: jax.Array     # the direction of the last step taken
-    rz_last: jax.Array    # r^T z before that step
     energy: jax.Array     # sum_k alpha_k r_k^T z_k / 2: the energy decrease CG claims
     breakdown: jax.Array
 
@@ -64,41 +63,39 @@ class CG(KrylovSolver):
         return drop > 0, drop >= s * s * claim / RESIDUAL_GAP
 
     def carry_init(self, n, dtype) -> Any:
-        # (previous direction, its r^T z): beta = 0 in the first cycle
+        # (the last direction, r^T z when it was formed): beta = 0 in the first cycle
         return jnp.zeros((n,), dtype), jnp.asarray(jnp.inf, dtype)
 
     def init(self, ctx: CycleContext, r, s, carry):
         p_prev, rz_prev = carry
-        z = ctx.precond(r) if ctx.preconditioned else r
-        rz = dot(ctx, r, z)
+        z = ctx.precond(r) if ctx.preconditioned else None
+        rz = dot(ctx, r, z if ctx.preconditioned else r)
         rr = dot(ctx, r, r) if ctx.preconditioned else rz
-        # beta in unscaled units: (s^2 rz) / rz_prev; the direction in this cycle's units
-        # is p_prev / s, so p = z + (beta / s) p_prev
-        beta_over_s = jnp.where(jnp.isfinite(rz_prev) & (rz_prev > 0),
-                                rz * s / rz_prev, 0.0).astype(ctx.accumulate)
-        p = z + cast(ctx, beta_over_s * p_prev)
-        zero = jnp.zeros_like(r)
-        return _CGState(k=jnp.asarray(0, jnp.int32), d=zero, r=r, z=z, p=p, rz=rz, rr=rr,
-                        p_last=p, rz_last=rz, energy=jnp.zeros_like(rz),
+        # this cycle's units are 1 / s of the top dtype's: p_prev / s, rz_prev / s^2
+        p = cast(ctx, p_prev / s)
+        rz_old = (rz_prev / (s * s)).astype(ctx.compute)
+        return _CGState(k=jnp.asarray(0, jnp.int32), d=jnp.zeros_like(r), r=r, z=z, p=p,
+                        rz=rz, rz_old=rz_old, rr=rr, energy=jnp.zeros_like(rz),
                         breakdown=jnp.asarray(OK, jnp.int32))
 
     def step(self, ctx, st: _CGState) -> _CGState:
-        q = ctx.matvec(st.p)
-        pq = dot(ctx, st.p, q)
+        z = st.z if ctx.preconditioned else st.r
+        beta = jnp.where(jnp.isfinite(st.rz_old) & (st.rz_old > 0), st.rz / st.rz_old, 0.0)
+        p = z + cast(ctx, beta) * st.p
+        q = ctx.matvec(p)
+        pq = dot(ctx, p, q)
         bad = ~(pq > 0) | ~(st.rz > 0)
         alpha = jnp.where(bad, 0.0, st.rz / jnp.where(bad, 1.0, pq))
         a = cast(ctx, alpha)
-        d = st.d + a * st.p
+        d = st.d + a * p
         r = st.r - a * q
-        z = ctx.precond(r) if ctx.preconditioned else r
-        rz = dot(ctx, r, z)
+        z = ctx.precond(r) if ctx.preconditioned else None
+        rz = dot(ctx, r, z if ctx.preconditioned else r)
         rr = dot(ctx, r, r) if ctx.preconditioned else rz
-        beta = rz / jnp.where(st.rz != 0, st.rz, 1.0)
-        p = z + cast(ctx, beta) * st.p
         nonfinite = ~finite(pq, rz, rr)
         code = jnp.where(nonfinite, NONFINITE, jnp.where(bad, INDEFINITE, OK))
-        return _CGState(k=st.k + 1, d=d, r=r, z=z, p=p, rz=rz, rr=rr, p_last=st.p,
-                        rz_last=st.rz, energy=st.energy + 0.5 * alpha * st.rz,
+        return _CGState(k=st.k + 1, d=d, r=r, z=z, p=p, rz=rz, rz_old=st.rz, rr=rr,
+                        energy=st.energy + 0.5 * alpha * st.rz,
                         breakdown=code.astype(jnp.int32))
 
     def residual(self, st: _CGState):
@@ -108,8 +105,8 @@ class CG(KrylovSolver):
         return (st.rr <= ctx.target * ctx.target) | (st.breakdown != OK)
 
     def postprocess(self, ctx, st: _CGState, s, carry):
-        w = ctx.accumulate
+        w = ctx.top
         keep = (st.breakdown == OK) & (st.k > 0)
-        p_prev = jnp.where(keep, st.p_last.astype(w) * s, jnp.zeros_like(carry[0]))
-        rz_prev = jnp.where(keep, st.rz_last * s * s, jnp.inf).astype(w)
+        p_prev = jnp.where(keep, st.p.astype(w) * s, jnp.zeros_like(carry[0]))
+        rz_prev = jnp.where(keep, st.rz_old.astype(w) * s * s, jnp.inf).astype(w)
         return st.d, (p_prev, rz_prev), st.breakdown

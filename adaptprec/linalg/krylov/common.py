@@ -83,13 +83,20 @@ class CycleContext(NamedTuple):
     precond: Callable       # r -> M r, r in `dtype`
     preconditioned: bool    # False when M is the identity (saves a dot per step)
     dtype: np.dtype         # the rung's dtype (vectors)
-    accumulate: np.dtype    # dots and scalars (the top rung's dtype)
+    compute: np.dtype       # products, dots and scalars: the rung's dtype, >= float32
+    top: np.dtype           # the top rung's dtype (the carry between cycles)
     target: jax.Array       # end the cycle when ||r_rung|| <= target (r_rung ~ unit)
 
 
+def compute_dtype(dtype) -> np.dtype:
+    """A rung's arithmetic: its own dtype, at least float32 (bfloat16 and float16 vectors
+    are accumulated in float32: their sums stall at 256 ulps)."""
+    return np.dtype(np.promote_types(dtype, np.float32))
+
+
 def dot(ctx: CycleContext, a, b) -> jax.Array:
-    """``a . b`` of two rung vectors, accumulated in ``ctx.accumulate``."""
-    return jnp.dot(a, b, preferred_element_type=ctx.accumulate)
+    """``a . b`` of two rung vectors, accumulated in ``ctx.compute``."""
+    return jnp.dot(a, b, preferred_element_type=ctx.compute)
 
 
 def cast(ctx: CycleContext, x) -> jax.Array:

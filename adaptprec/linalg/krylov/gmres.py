@@ -63,7 +63,7 @@ class GMRES(KrylovSolver):
 
     def init(self, ctx: CycleContext, r, s, carry):
         m, n = self.restart, r.shape[0]
-        w = ctx.accumulate
+        w = ctx.compute
         beta = jnp.sqrt(jnp.dot(r, r, preferred_element_type=w))
         v0 = cast(ctx, r.astype(w) / jnp.where(beta > 0, beta, 1.0))
         V = jnp.zeros((m + 1, n), ctx.dtype).at[0].set(v0)
@@ -75,7 +75,7 @@ class GMRES(KrylovSolver):
 
     def _orthogonalize(self, ctx, V, w_vec):
         """CGS2: ``w - V (V^T w)`` twice; returns the new vector and the coefficients."""
-        acc = ctx.accumulate
+        acc = ctx.compute
         h = jnp.zeros((V.shape[0],), acc)
         for _ in range(2):
             c = jnp.dot(V, w_vec, preferred_element_type=acc)
@@ -86,7 +86,7 @@ class GMRES(KrylovSolver):
 
     def step(self, ctx, st: _GMRESState) -> _GMRESState:
         j = st.k
-        acc = ctx.accumulate
+        acc = ctx.compute
         u = ctx.precond(st.V[j]) if ctx.preconditioned else st.V[j]
         w_vec, h = self._orthogonalize(ctx, st.V, ctx.matvec(u))
         hn = jnp.sqrt(jnp.dot(w_vec, w_vec, preferred_element_type=acc))
@@ -120,7 +120,7 @@ class GMRES(KrylovSolver):
 
     def postprocess(self, ctx, st: _GMRESState, s, carry):
         m = self.restart
-        acc = ctx.accumulate
+        acc = ctx.compute
         used = jnp.arange(m) < st.k
         R = jnp.where(used[:, None] & used[None, :], st.H[:m, :m], jnp.eye(m, dtype=acc))
         diag = jnp.diagonal(R)

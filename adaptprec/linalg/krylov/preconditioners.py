@@ -1,7 +1,7 @@
 r"""Preconditioners for the Krylov solvers: Jacobi and adaptive-precision block-Jacobi.
 
 A preconditioner ``M`` approximates ``A^{-1}`` and is applied as ``z = M r`` (scipy's
-convention). Like the operator, it runs on every rung: ``M.at(dtype, accumulate)`` is
+convention). Like the operator, it runs on every rung: ``M.at(dtype)`` is
 ``r -> M r`` for ``r`` in the rung's dtype.
 
 **Block-Jacobi with per-block storage precision** (Anzt, Flegar, Grützmacher and
@@ -28,7 +28,7 @@ Example:
     >>> M = ap.linalg.block_jacobi(A, block_size=2)
     >>> M.storage_names()
     ['float16', 'float16']
-    >>> (M.at(jnp.float64, jnp.float64)(jnp.ones(4))).tolist()
+    >>> (M.at(jnp.float64)(jnp.ones(4))).tolist()
     [1.0, 0.5, 0.25, 0.125]
 """
 
@@ -67,7 +67,7 @@ class Jacobi(Module):
 
     inv_diag: jax.Array
 
-    def at(self, dtype, accumulate):
+    def at(self, dtype):
         d = self.inv_diag.astype(dtype)
         return lambda r: r * d
 
@@ -102,8 +102,9 @@ class BlockJacobi(Module):
         """The storage format of each block, by name (needs concrete values)."""
         return [STORAGE_DTYPES[int(i)].name for i in np.asarray(self.storage)]
 
-    def at(self, dtype, accumulate):
+    def at(self, dtype):
         B = self.blocks.astype(dtype)
+        accumulate = np.promote_types(dtype, np.float32)
         m, b = B.shape[0], B.shape[-1]
         pad = m * b - self.n
 
