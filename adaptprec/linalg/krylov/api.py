@@ -3,7 +3,7 @@ one dispatch into the loop.
 
 Decision tree of every call (:func:`solve_krylov`):
 
-1. ``A``: a ``scipy.sparse`` matrix becomes a BCSR matrix; a dense ``(n, n)`` array, a
+1. ``A``: a ``scipy.sparse`` matrix becomes a BCOO matrix (BCSR too: its product is slower); a dense ``(n, n)`` array, a
    BCOO/BCSR matrix, a callable ``matvec(x)`` or a lineax operator becomes the
    :class:`~adaptprec.linalg.krylov._operator.Operator`, its matrix in the top rung's dtype;
 2. ``M``: ``None``; ``"jacobi"`` / ``"block_jacobi"`` (built from ``A``); a
@@ -76,7 +76,7 @@ def _scipy_sparse(A):
     sp = sys.modules.get("scipy.sparse")
     if sp is not None and sp.issparse(A):
         from jax.experimental import sparse
-        return sparse.BCSR.from_scipy_sparse(A.tocsr())
+        return sparse.BCOO.from_scipy_sparse(A.tocoo())
     spla = sys.modules.get("scipy.sparse.linalg")
     if spla is not None and isinstance(A, spla.LinearOperator):
         raise TypeError(

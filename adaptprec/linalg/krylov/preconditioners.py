@@ -155,8 +155,8 @@ def jacobi_of(op, dtype) -> Jacobi:
 
 def _diagonal_blocks(op, n, b, dtype):
     m = -(-n // b)
-    if op.kind in ("bcoo", "bcsr"):
-        A = op.data if op.kind == "bcoo" else op.data.to_bcoo()
+    if op.kind == "bcoo":
+        A = op.data
         rows, cols = A.indices[:, 0], A.indices[:, 1]
         inside = (rows // b == cols // b) & (rows < n) & (cols < n)
         blk = jnp.where(inside, rows // b, m)
