@@ -195,7 +195,8 @@ def configurations(method, op, A_csr, b, target, inv_diag=None):
     kw_lx = {"restart": 20} if method == "gmres" else {}
     jac = None if inv_diag is None else jnp.asarray(inv_diag)
     M_ours = None if jac is None else ap.linalg.Jacobi(jac)
-    lx_opts = {} if jac is None else {"preconditioner": lx.DiagonalLinearOperator(jac)}
+    lx_opts = {} if jac is None else {"preconditioner": lx.TaggedLinearOperator(
+        lx.DiagonalLinearOperator(jac), lx.positive_semidefinite_tag)}
     M_jsp = None if jac is None else (lambda r: jac * r)
     M_sp = None if inv_diag is None else sps.diags(inv_diag)
 
