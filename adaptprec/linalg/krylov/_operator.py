@@ -8,9 +8,13 @@ arithmetic (its dtype, at least float32):
 * an explicit matrix is stored once per rung in the rung's dtype (rounded entries: an
   ``O(u_rung)`` relative perturbation of ``A``, which the float64 residual corrects) and
   multiplied with float32-or-wider accumulation;
-* a callable or a lineax operator is called with ``x`` in the rung's dtype (float32 for
-  bfloat16/float16 rungs) and its result rounded to the rung; whatever it closes over is
-  the caller's business (constants kept in float64 promote the product to float64).
+* a callable is called with ``x`` in the rung's dtype (float32 for bfloat16/float16
+  rungs) and its result rounded to the rung; whatever it closes over is the caller's
+  business (constants kept in float64 promote the product to float64);
+* a lineax operator other than ``MatrixLinearOperator`` (whose matrix is taken as a dense
+  matrix) is closure-converted by lineax at its declared input dtype, so it is called in
+  that dtype on every rung (which must be the working precision: pass the function
+  itself to let the low rung compute in float32).
 
 A stencil applied to a smooth vector cancels almost everything: written as
 ``4 u_ij - (sum of neighbours)`` its float32 product has a relative error near
@@ -105,8 +109,12 @@ class Operator(Module):
             dims = (([1], [0]), ([], []))
             return lambda x: sparse.bcoo_dot_general(
                 M, x, dimension_numbers=dims, preferred_element_type=accumulate).astype(dtype)
-        mv = self.fn if self.kind == "function" else self._lineax().mv
-        return lambda x: jnp.asarray(mv(x.astype(accumulate))).astype(dtype)
+        if self.kind == "lineax":
+            # closure-converted at its declared input dtype: it computes in that dtype
+            lop = self._lineax()
+            own = np.dtype(lop.in_structure().dtype)
+            return lambda x: jnp.asarray(lop.mv(x.astype(own))).astype(dtype)
+        return lambda x: jnp.asarray(self.fn(x.astype(accumulate))).astype(dtype)
 
     def transpose(self) -> "Operator":
         """``A^T`` as an operator (for the adjoint solve of ``grad``)."""
@@ -161,7 +169,7 @@ class Operator(Module):
 _PROBE_LIMIT = 4096
 
 
-def operator_size(A, b_rows: int | None, what: str) -> int:
+def operator_size(A, b_rows: int | None, what: str, working=None) -> int:
     """The length ``n`` of the vectors ``A`` acts on, with a clear error for a
     non-square matrix."""
     if _sparse_kind(A) is not None or is_dense(A):
@@ -173,6 +181,14 @@ def operator_size(A, b_rows: int | None, what: str) -> int:
         return int(shape[0])
     if _lineax_operator(A):
         ins, outs = A.in_structure(), A.out_structure()
+        if isinstance(ins, jax.ShapeDtypeStruct) and working is not None and \
+                np.dtype(ins.dtype) != np.dtype(working):
+            raise ValueError(
+                f"{what}: the lineax operator takes {np.dtype(ins.dtype).name} vectors but "
+                f"the working precision (the ladder's top rung) is {np.dtype(working).name}; "
+                "lineax closure-converts it at that dtype, so the float64 residual could not "
+                "be computed. Declare its input structure in the working dtype, or pass "
+                "the matvec function itself")
         if not (isinstance(ins, jax.ShapeDtypeStruct) and isinstance(outs, jax.ShapeDtypeStruct)
                 and ins.shape == outs.shape and len(ins.shape) == 1):
             raise ValueError(

@@ -198,7 +198,7 @@ def solve_krylov(solver, what, A, b, x0, *, rtol, atol, maxiter, M, ladder, sche
     if b.ndim not in (1, 2) or b.shape[0] == 0:
         raise ValueError(f"{what}: b must have shape (n,) or (n, k), got {tuple(b.shape)}")
     A = _scipy_sparse(A)
-    n = operator_size(A, b.shape[0], what)
+    n = operator_size(A, b.shape[0], what, working=w)
     if b.shape[0] != n:
         raise ValueError(f"{what}: b has {b.shape[0]} rows but A is {n} x {n}")
     if is_dense(A):
