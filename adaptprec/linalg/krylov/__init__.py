@@ -7,7 +7,7 @@ cycle climbs, and only that residual can declare convergence. ``docs/krylov.md``
 algorithm and the measured speed.
 
 Files: ``api.py`` (the entry points and their decision tree), ``_loop.py`` (the one loop),
-``cg.py``, ``gmres.py``, ``bicgstab.py`` (one method each), ``common.py`` (the solver
+``_cg.py``, ``_gmres.py``, ``_bicgstab.py`` (one method each), ``common.py`` (the solver
 interface and the tuned constants), ``_operator.py`` (matrices, functions and lineax
 operators on every rung), ``preconditioners.py``, ``info.py``.
 """

@@ -39,9 +39,9 @@ from ...schedule import PrecisionSchedule, StallEscalation
 from .._common import check_finite
 from ._loop import run
 from ._operator import Operator, as_operator, is_dense, operator_size, probe
-from .bicgstab import BiCGStab
-from .cg import CG
-from .gmres import DEFAULT_RESTART, GMRES
+from ._bicgstab import BiCGStab
+from ._cg import CG
+from ._gmres import DEFAULT_RESTART, GMRES
 from .preconditioners import BlockJacobi, Jacobi, block_jacobi_of, jacobi_of
 
 __all__ = ["cg", "gmres", "bicgstab", "DEFAULT_LADDER", "default_schedule"]
