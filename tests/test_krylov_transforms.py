@@ -168,3 +168,37 @@ def test_import_does_not_load_lineax_or_sparse():
                       " if m in sys.modules))", x64=False, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]"
+
+
+def test_preconditioned_solves_under_jit_and_grad(system):
+    A, B, b = system
+
+    @jax.jit
+    def loss(A, b):
+        x, info = ap.linalg.cg(A, b, M="block_jacobi", rtol=1e-12)
+        return jnp.sum(x), info
+
+    (value, info), grads = jax.value_and_grad(loss, argnums=1, has_aux=True)(A, b)
+    assert bool(info.success)
+    np.testing.assert_allclose(np.asarray(grads),
+                               np.asarray(jnp.linalg.solve(A.T, jnp.ones_like(b))), rtol=1e-7)
+    x, info = jax.jit(lambda B, b: ap.linalg.bicgstab(B, b, M="jacobi", rtol=1e-11))(B, b)
+    assert bool(info.success)
+
+
+def test_grad_through_sparse_values():
+    from jax.experimental import sparse
+    A = jnp.asarray(np.diag(np.linspace(2.0, 3.0, 8)) + np.diag(np.full(7, 0.5), 1)
+                    + np.diag(np.full(7, 0.5), -1))
+    S = sparse.BCOO.fromdense(A)
+    b = jnp.ones(8)
+
+    def loss(data):
+        x, _ = ap.linalg.cg(sparse.BCOO((data, S.indices), shape=S.shape), b, rtol=1e-12)
+        return jnp.sum(x ** 2)
+
+    g = jax.grad(loss)(S.data)
+    x = jnp.linalg.solve(A, b)
+    lam = jnp.linalg.solve(A, 2 * x)
+    rows, cols = S.indices[:, 0], S.indices[:, 1]
+    np.testing.assert_allclose(np.asarray(g), -np.asarray(lam[rows] * x[cols]), rtol=1e-7)
