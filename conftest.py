@@ -18,11 +18,11 @@ jax.config.update("jax_enable_x64", True)
 _CACHE = tempfile.mkdtemp(prefix="adaptprec-test-cache-")
 os.environ["ADAPTPREC_CACHE_DIR"] = _CACHE
 atexit.register(shutil.rmtree, _CACHE, True)
+# and its secret key (adaptprec/_cache_trust.py): never the user's
+_KEY_DIR = tempfile.mkdtemp(prefix="adaptprec-test-key-")
+os.environ["ADAPTPREC_CACHE_KEY_FILE"] = os.path.join(_KEY_DIR, "cache-key")
+atexit.register(shutil.rmtree, _KEY_DIR, True)
 
-# promotion of repeated eager solves to one program (adaptprec/nlsq/_promote.py) compiles
-# in a background thread by default; the suite runs without it (deterministic timing and
-# no background compiles), and tests/test_promote.py turns it on
-os.environ.setdefault("ADAPTPREC_PROMOTE", "off")
 
 collect_ignore_glob = ["adaptprec/__main__.py"]
 

@@ -3,7 +3,7 @@
 Three analyses re-read a traced function equation by equation, each with its own meaning
 for a value: autocast's interpreter (:mod:`adaptprec._autocast.interpret`, values are
 arrays re-cast per op, also hosting the accuracy guard's Monte Carlo arithmetic), the
-pointwise analysis of a residual (:mod:`adaptprec.nlsq._pointwise`, values are abstract
+pointwise analysis of a residual (:mod:`adaptprec._pointwise`, values are abstract
 "which axis is the data axis" states) and the fits-last evaluator
 (:mod:`adaptprec.batch._fits_last`, values are arrays with a batch flag). What they share
 lives here: the forward walk over the equations with its environment and literal

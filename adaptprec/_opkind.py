@@ -148,7 +148,7 @@ EXACT_REDUCTIONS = frozenset(
 #: operands broadcast): the ELEMENTWISE and TRANSCENDENTAL kinds (but ``random_gamma``,
 #: which consumes a key) and the value-preserving casts. Shape analyses treat them alike
 #: whatever their precision class: the pointwise analysis of a residual
-#: (:mod:`adaptprec.nlsq._pointwise`) and the fits-last evaluator
+#: (:mod:`adaptprec._pointwise`) and the fits-last evaluator
 #: (:mod:`adaptprec.batch._fits_last`).
 ENTRYWISE = frozenset(
     {n for n, kind in PRIMITIVE_KINDS.items()

@@ -75,7 +75,7 @@ class FitTrace:
 
     def _get(self):
         if self._schedule is None:
-            from .nlsq._loop import default_schedule
+            from .nlsq._step_schedule import default_schedule
             from .schedule import Callback, any_of
 
             self._schedule = any_of(default_schedule(), Callback(self._record))

@@ -49,6 +49,7 @@ __all__ = [
     "cast_floating",
     "policy",
     "current_policy",
+    "is_jmp_spec",
 ]
 
 T = TypeVar("T")
@@ -62,6 +63,38 @@ _KEYS = {
     "o": "output",
     "output": "output",
 }
+
+
+#: What an error says when a string that is not a jmp policy reaches one: where the
+#: other vocabulary (autocast's op-level policies) goes.
+_OTHER_KIND = ("autocast presets and policy strings ('auto_mixed_bf16', 'always_f32', "
+               "'auto_mixed, exp=f32') are op-level policies, not jmp policies: pass them "
+               "as precision= of ap.train_step / ap.mixed_value_and_grad, or as the "
+               "policy of ap.autocast(fn, policy)")
+
+
+def is_jmp_spec(spec: Any) -> bool:
+    """Whether ``spec`` is written in jmp's policy grammar: a :class:`Policy`, a floating
+    dtype alias, or ``key=dtype`` pairs whose keys are all jmp's (p, c, o and their long
+    forms). The values are not checked.
+
+    Example:
+        >>> from adaptprec._policy import is_jmp_spec
+        >>> is_jmp_spec("p=f32,c=bf16,o=f32"), is_jmp_spec("bf16"), is_jmp_spec("auto_mixed")
+        (True, True, False)
+    """
+    if isinstance(spec, Policy):
+        return True
+    if not isinstance(spec, str) or not spec.strip():
+        return False
+    if "=" not in spec:
+        try:
+            canonical_dtype(spec, check_x64=False)
+        except ValueError:
+            return False
+        return True
+    keys = [part.split("=", 1)[0].strip().lower() for part in spec.split(",")]
+    return all(k in _KEYS for k in keys)
 
 
 @jax.tree_util.register_static
@@ -119,21 +152,29 @@ class Policy:
                 "pairs such as 'p=f32,c=bf16,o=f32' (keys: p/params, c/compute, o/output)"
             )
         if "=" not in spec:
-            d = canonical_dtype(spec)
+            try:
+                d = canonical_dtype(spec)
+            except ValueError as exc:
+                if is_jmp_spec(spec):   # an alias that cannot be used here (f64, x64 off)
+                    raise
+                raise ValueError(f"{spec!r} is not a jmp policy (a dtype alias such as "
+                                 f"'bf16', or 'p=f32,c=bf16,o=f32'); {_OTHER_KIND}. As a "
+                                 f"dtype: {exc}") from None
             return cls(d, d, d)
         found: dict[str, np.dtype] = {}
         for part in spec.split(","):
             if part.count("=") != 1:
                 raise ValueError(
                     f"cannot parse {part.strip()!r} in policy {spec!r}: expected key=dtype "
-                    "with keys p/params, c/compute, o/output, e.g. 'p=f32,c=bf16,o=f32'"
+                    "with keys p/params, c/compute, o/output, e.g. 'p=f32,c=bf16,o=f32'; "
+                    f"{_OTHER_KIND}"
                 )
             key, value = (s.strip() for s in part.split("="))
             field = _KEYS.get(key.lower())
             if field is None:
                 raise ValueError(
                     f"unknown key {key!r} in policy {spec!r}; accepted keys are p, params, "
-                    "c, compute, o, output"
+                    f"c, compute, o, output; {_OTHER_KIND}"
                 )
             if field in found:
                 raise ValueError(
@@ -222,7 +263,12 @@ def _resolve(dtypeish: DTypeish, pol: Policy | str | None) -> np.dtype:
         return dtypeish.to_dtype(pol)
     if isinstance(dtypeish, str) and dtypeish.strip().lower() in _SEMANTIC_NAMES:
         return _SEMANTIC_NAMES[dtypeish.strip().lower()].to_dtype(pol)
-    return canonical_dtype(dtypeish)
+    try:
+        return canonical_dtype(dtypeish)
+    except ValueError as exc:
+        if not isinstance(dtypeish, str) or is_jmp_spec(dtypeish):
+            raise
+        raise ValueError(f"{exc}; {_OTHER_KIND}") from None
 
 
 def _is_floating_array(x: Any) -> bool:

@@ -29,6 +29,10 @@ Configurations (``configs=[...]``):
                                          (finite) guards.
 ``"auto_mixed_bf16"``, a policy         ``autocast(fn, policy)`` (any
                                          :class:`~adaptprec.PrecisionPolicy` or its string).
+``"p=f32,c=bf16,o=f32"``, a jmp         ``autocast(fn, policy)``: as everywhere autocast
+``Policy``                               takes a jmp policy, the compute dtype throughout
+                                         (dots and sums accumulating in float32), outputs
+                                         in ``o``.
 ``"bf16,f32,f64;rtol=1e-3"``,           ``adaptive(fn, ladder=..., rtol=...)`` (the
 ``"rtol=1e-3"``, ``{"ladder": ...,``    accuracy guard; a bare ``rtol=`` uses the ladder
 ``"rtol": 1e-3}``                        ``bf16,f32,f64``). A dict's other keys are passed
@@ -54,7 +58,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ._policy import _is_floating_array, cast_floating
+from ._policy import _is_floating_array
 from ._user_fn import returns_arrays
 from ._tracing import is_eager
 from ._x64_rule import traced_x64_error
@@ -107,9 +111,13 @@ def _parse_adaptive_string(spec: str) -> dict:
 
 def _config(spec: Any) -> _Config:
     from ._autocast import PrecisionPolicy
+    from ._autocast.vocabulary import precision_policy
+    from ._policy import Policy, is_jmp_spec
 
     if isinstance(spec, PrecisionPolicy):
         return _Config(str(spec), "autocast", spec)
+    if isinstance(spec, Policy):        # a jmp policy: autocast's reading of it
+        return _Config(str(spec), "autocast", precision_policy(spec, "configs"))
     if isinstance(spec, Ladder):
         return _Config(str(spec), "ladder", spec)
     if isinstance(spec, Mapping):
@@ -120,6 +128,8 @@ def _config(spec: Any) -> _Config:
                        "adaptive" if "rtol" in kw else "ladder", kw)
     if isinstance(spec, str):
         s = spec.strip()
+        if "=" in s and ";" not in s and is_jmp_spec(s):   # "p=f32,c=bf16,o=f32"
+            return _Config(spec, "autocast", precision_policy(s, "configs"))
         if ";" in s or s.startswith("rtol"):
             return _Config(spec, "adaptive", _parse_adaptive_string(s))
         if "," in s:
@@ -138,8 +148,8 @@ def _config(spec: Any) -> _Config:
             raise ValueError(
                 f"profile config {spec!r} is neither a dtype ('f32', 'bf16'...), a ladder "
                 "('bf16,f32,f64'), an autocast policy ('auto_mixed_bf16', see "
-                "adaptprec.PRESETS) nor an adaptive setting ('bf16,f32,f64;rtol=1e-3'): "
-                f"{exc}") from None
+                "adaptprec.PRESETS), a jmp policy ('p=f32,c=bf16,o=f32') nor an adaptive "
+                f"setting ('bf16,f32,f64;rtol=1e-3'): {exc}") from None
     try:
         dt = canonical_dtype(spec, check_x64=False)
     except ValueError:
@@ -351,8 +361,8 @@ def _errors(out, ref) -> tuple[float, float, float | None]:
 
 def _digits(rel_error: float, mismatch: float | None = None) -> float:
     # a wrong integer/bool entry (an index, a count, a decision) has no correct digits:
-    # the row gets 0, so neither pareto() nor the table prefers it (newcomer audit 5:
-    # a bf16 argsort 94% wrong scored 15.95 digits and was pareto's only choice)
+    # the row gets 0, so neither pareto() nor the table prefers it (a bf16 argsort that
+    # is mostly wrong has no float error to score it by)
     if not np.isfinite(rel_error) or (mismatch is not None and mismatch > 0):
         return 0.0
     if rel_error <= 0:
@@ -513,7 +523,8 @@ def profile(fn: Callable, *args, configs: Sequence[Any] | None = None,
         fn: the function; array leaves of ``args`` are traced, other leaves are static
             (bind keyword arguments with ``functools.partial``).
         configs: dtypes (``"f32"``), ladders (``"bf16,f32,f64"``), autocast policies
-            (``"auto_mixed_bf16"`` or a :class:`~adaptprec.PrecisionPolicy`) and adaptive
+            (``"auto_mixed_bf16"`` or a :class:`~adaptprec.PrecisionPolicy`), jmp
+            policies (``"p=f32,c=bf16,o=f32"``, run under autocast) and adaptive
             settings with ``rtol`` (``"bf16,f32,f64;rtol=1e-3"`` or a dict of
             :func:`~adaptprec.adaptive` keyword arguments). See the module docs.
             Default: ``bf16, f32, f64, bf16,f32,f64, auto_mixed_bf16``. With

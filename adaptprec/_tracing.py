@@ -5,46 +5,9 @@ Private helper of the bottom layer, shared by linalg, nlsq and batch.
 
 from __future__ import annotations
 
-import contextlib
-import threading
-
 import jax
 
-__all__ = ["is_traced", "is_concrete", "trace_active", "is_eager", "ThreadScoped"]
-
-
-class ThreadScoped:
-    """A value of the running thread, set for the length of a ``with`` block.
-
-    The entry points' block-scoped switches (a solve's held compilations, quiet
-    starts, a captured fast plan) are one of these each: the value set by
-    ``with v.set(x):`` is seen by ``v.get()`` in that thread until the block ends,
-    and the previous value comes back after it (nested blocks restore in turn).
-
-    Example:
-        >>> from adaptprec._tracing import ThreadScoped
-        >>> quiet = ThreadScoped(False)
-        >>> with quiet.set(True):
-        ...     inside = quiet.get()
-        >>> inside, quiet.get()
-        (True, False)
-    """
-
-    def __init__(self, default=None):
-        self._tls = threading.local()
-        self._default = default
-
-    def get(self):
-        return getattr(self._tls, "value", self._default)
-
-    @contextlib.contextmanager
-    def set(self, value):
-        prev = self.get()
-        self._tls.value = value
-        try:
-            yield value
-        finally:
-            self._tls.value = prev
+__all__ = ["is_traced", "is_concrete", "trace_active", "is_eager"]
 
 
 def is_traced(*trees) -> bool:

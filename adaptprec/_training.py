@@ -35,6 +35,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -42,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._autocast.vocabulary import training_policies
 from ._policy import Policy
 from .loss_scale import (
     DynamicLossScale,
@@ -135,6 +137,9 @@ def mixed_value_and_grad(loss_fn: Callable, policy: Policy | str = "p=f32,c=bf16
             ``"p=f32,c=f16,o=f32"``): floating leaves of ``params`` and of the other
             arguments are cast to ``compute`` (ints/bools untouched); the loss (and aux)
             are cast to ``output``; gradients come back in each parameter's own dtype.
+            An autocast policy (``"auto_mixed_bf16"``, an
+            :class:`~adaptprec.PrecisionPolicy`) here means ``precision=`` it with
+            float32 parameters; giving it and ``precision=`` is an error.
         has_aux: as in ``jax.value_and_grad``.
         precision, scopes: if either is given, the loss runs under
             ``ap.autocast(loss_fn, precision, scopes=scopes)`` (``precision`` defaults to
@@ -160,7 +165,7 @@ def mixed_value_and_grad(loss_fn: Callable, policy: Policy | str = "p=f32,c=bf16
         >>> bool(out.finite), out.grads.tolist()
         (True, [20000.0, 2.0])
     """
-    pol = Policy.parse(policy)
+    pol, precision = training_policies(policy, precision)
     if not callable(loss_fn):
         raise TypeError(f"mixed_value_and_grad needs a callable loss_fn, got {loss_fn!r}")
     fn = loss_fn
@@ -334,9 +339,48 @@ def _skip_state(opt_state: Any) -> SkipNonFiniteState | None:
     return found[0] if found else None
 
 
+_ON_SKIP = ("count", "warn")
+
+
+def _skip_reporter(on_skip: Any) -> Callable | None:
+    """The host function a skipped step calls (``None``: count only)."""
+    if callable(on_skip):
+        return on_skip
+    if on_skip == "count":
+        return None
+    if on_skip == "warn":
+        def warn(info: StepInfo) -> None:
+            warnings.warn(
+                f"train_step skipped a step: the gradients were not finite (loss "
+                f"{np.asarray(info.loss).tolist()}, loss scale after the step "
+                f"{float(np.asarray(info.loss_scale))}, {int(np.asarray(info.skipped))} "
+                f"skipped so far with ap.skip_nonfinite); parameters and optimizer "
+                f"state are unchanged", RuntimeWarning, stacklevel=2)
+        return warn
+    raise ValueError(f"on_skip must be 'count', 'warn' or a function of the StepInfo; "
+                     f"got {on_skip!r}")
+
+
+def _report_skip(report: Callable, finite: jax.Array, info: StepInfo) -> None:
+    """Call ``report(info)`` on the host for a skipped step (each skipped element of a
+    vmapped step)."""
+    def host(finite, info):
+        finite = np.asarray(finite)
+        if finite.ndim == 0:
+            if not finite:
+                report(info)
+            return
+        for i in np.flatnonzero(~finite.reshape(-1)):   # a vmapped step
+            report(jax.tree_util.tree_map(lambda a: np.asarray(a).reshape(
+                finite.size, *np.shape(a)[finite.ndim:])[i], info))
+
+    jax.lax.cond(finite, lambda: None, lambda: jax.debug.callback(host, finite, info))
+
+
 def train_step(loss_fn: Callable, optimizer: Any,
-               policy: Policy | str = "p=f32,c=bf16,o=f32", *, has_aux: bool = False, precision: Any = None,
-               scopes: dict | None = None) -> Callable:
+               policy: Policy | str = "p=f32,c=bf16,o=f32", *, has_aux: bool = False,
+               precision: Any = None, scopes: dict | None = None,
+               on_skip: str | Callable = "count") -> Callable:
     """One mixed-precision optimisation step: policy, loss scale, finite check, optax.
 
     ``optimizer`` should be wrapped with :func:`skip_nonfinite` (it holds the loss scale
@@ -344,7 +388,18 @@ def train_step(loss_fn: Callable, optimizer: Any,
     non-finite step still leaves the parameters and the optimizer state as they were
     (``StepInfo.finite`` False), but ``StepInfo.skipped`` counts only with the wrapper.
     Policy, ``has_aux``, ``precision`` and ``scopes`` are as in
-    :func:`mixed_value_and_grad`.
+    :func:`mixed_value_and_grad`: ``policy`` takes a jmp policy (``"p=f32,c=f16,o=f32"``)
+    or an autocast policy (``"auto_mixed_bf16"``, meaning ``precision=`` it).
+
+    ``on_skip`` says what a skipped step does besides leaving the parameters alone:
+
+    * ``"count"`` (the default): nothing on the host; ``StepInfo.finite`` is False and
+      ``StepInfo.skipped`` counts (a dynamic loss scale skips a few steps while it finds
+      its level, so skipped steps are routine in float16 training);
+    * ``"warn"``: also a ``RuntimeWarning`` from the host (``jax.debug.callback``) with
+      the loss, the loss scale and the count;
+    * a function ``on_skip(info)``: called on the host with the step's
+      :class:`StepInfo` (NumPy values) for every skipped step.
 
     Returns:
         ``step(params, opt_state, *args, **kwargs) -> (params, opt_state, StepInfo)``,
@@ -357,8 +412,9 @@ def train_step(loss_fn: Callable, optimizer: Any,
         >>> import jax, jax.numpy as jnp, optax
         >>> import adaptprec as ap
         >>> tx = ap.skip_nonfinite(optax.sgd(0.25), ap.DynamicLossScale(2.0 ** 15))
+        >>> skipped = []
         >>> step = jax.jit(ap.train_step(lambda w, x: jnp.sum((w - x) ** 2), tx,
-        ...                              "p=f32,c=f16,o=f32"))
+        ...                              "p=f32,c=f16,o=f32", on_skip=skipped.append))
         >>> w, x = jnp.zeros(2, jnp.float32), jnp.array([1.0, 2.0], jnp.float32)
         >>> state = tx.init(w)
         >>> for _ in range(30):
@@ -367,8 +423,12 @@ def train_step(loss_fn: Callable, optimizer: Any,
         ([1.0, 2.0], 'float32')
         >>> int(info.skipped), float(info.loss_scale)   # 4 * 2**15 overflowed float16 twice
         (2, 8192.0)
+        >>> jax.effects_barrier()
+        >>> [float(i.loss_scale) for i in skipped]      # on_skip saw both
+        [16384.0, 8192.0]
     """
     _optax()
+    report = _skip_reporter(on_skip)
     vg = mixed_value_and_grad(loss_fn, policy, has_aux=has_aux, precision=precision,
                               scopes=scopes)
 
@@ -377,8 +437,8 @@ def train_step(loss_fn: Callable, optimizer: Any,
         updates, new_state = optimizer.update(out.grads, opt_state, _trainable(params))
         new_params = _apply_updates(params, updates)
         if _skip_state(opt_state) is None:
-            # a bare optimizer: StepInfo.finite=False still means "skipped" (newcomer
-            # audit 2: an Inf gradient was applied and the parameters became -inf)
+            # a bare optimizer: StepInfo.finite=False still means "skipped" (the update
+            # of a non-finite gradient is not applied)
             new_params, new_state = jax.tree.map(
                 lambda a, b: jnp.where(out.finite, a, b) if _is_array(a) else a,
                 (new_params, new_state), (params, opt_state))
@@ -386,6 +446,9 @@ def train_step(loss_fn: Callable, optimizer: Any,
         st = _skip_state(opt_state)
         skipped = st.skipped if st is not None else jnp.zeros((), jnp.int32)
         scale = loss_scale_of(opt_state).loss_scale
-        return params, opt_state, StepInfo(out.value, out.finite, scale, skipped)
+        info = StepInfo(out.value, out.finite, scale, skipped)
+        if report is not None:
+            _report_skip(report, out.finite, info)
+        return params, opt_state, info
 
     return step

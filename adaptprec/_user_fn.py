@@ -1,4 +1,6 @@
-"""The user's function, named in errors about what it returned.
+"""The user's functions and objects as they enter the library: named in errors about
+what they returned (:func:`returns_arrays`) or how they failed to trace
+(:func:`explain_trace_error`), and as keys of memos (:func:`hashable`, :func:`sig`).
 
 Entry points call the user's function inside their own wrappers (``lambda x, a:
 residual(unravel(x), *a)``), so when it returns something that is not an array JAX's
@@ -29,9 +31,10 @@ import inspect
 import numbers
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["describe", "returns_arrays"]
+__all__ = ["describe", "returns_arrays", "explain_trace_error", "hashable", "sig"]
 
 
 def describe(fn) -> str:
@@ -107,3 +110,91 @@ def returns_arrays(fn, out, role: str = "function", fix: str | None = None):
         raise TypeError(f"{role} {describe(fn)} must return an array (or a pytree of "
                         f"arrays): it returned {_shown(got)}{where}. Fix: {fix}.")
     return out
+
+
+# ---------------------------------------------------------------- tracing errors
+_NUMPY = (
+    "the model calls a NumPy function on its parameters (e.g. np.exp(-k * t)) or converts "
+    "a parameter with np.asarray/float(). adaptprec differentiates and compiles the model "
+    "with JAX, so the parameters are JAX tracers there: write the model with jax.numpy "
+    "(`import jax.numpy as jnp`; jnp.exp, jnp.sin, jnp.where ...), which accepts NumPy "
+    "data as well.")
+_CONTROL = (
+    "the model uses Python control flow on a parameter (`if k > 0:`, `while`, `and`/`or`, "
+    "bool/int/float(...)) or a function of Python's math module (math.exp(k), "
+    "math.sqrt(a): write jnp.exp, jnp.sqrt). The parameters are JAX tracers with no value "
+    "while the model is compiled: replace `a if cond else b` by jnp.where(cond, a, b) "
+    "(both sides are computed; keep them finite), or use jax.lax.cond; min/max of "
+    "parameters: jnp.minimum / jnp.maximum / jnp.clip.")
+_LOSS = (
+    "the loss callable rho(z) uses NumPy or Python control flow on z (np.log1p(z), "
+    "np.empty and item assignment, `if z > 1:`). adaptprec compiles the loss with JAX, so "
+    "z is a JAX tracer there: write it with jax.numpy and jnp.where, e.g. "
+    "`lambda z: jnp.log1p(z)` (its derivatives are taken by autodiff), or return scipy's "
+    "(3, m) array as jnp.stack([rho, drho, d2rho]).")
+_INTEGER = (
+    "the model converts a parameter to a Python int (int(p), range(p), or indexing an "
+    "array with a parameter). Parameters are continuous JAX tracers: keep integer "
+    "quantities as data (in xdata/args), or use jnp.round and jax.lax.dynamic_slice.")
+
+
+def explain_trace_error(exc: BaseException, who: str = "the model"):
+    """A ``TypeError`` explaining ``exc`` if it is JAX's complaint about a NumPy call,
+    Python control flow or an int conversion on a traced parameter; ``None`` otherwise
+    (the caller then re-raises ``exc`` unchanged). ``who``: the user function that was
+    traced (``"the model"``, ``"jac"``, ``"loss"``).
+
+    Example:
+        >>> from adaptprec._user_fn import explain_trace_error
+        >>> explain_trace_error(ValueError("the user's own error")) is None
+        True
+    """
+    if isinstance(exc, jax.errors.TracerArrayConversionError):
+        text = _NUMPY
+    elif isinstance(exc, jax.errors.TracerIntegerConversionError):
+        text = _INTEGER
+    elif isinstance(exc, jax.errors.ConcretizationTypeError):  # incl. bool conversion
+        text = _CONTROL
+    else:
+        return None
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if who == "loss":
+        text = _LOSS
+    elif who != "the model":
+        text = text.replace("differentiates and compiles the model", f"compiles {who}")
+        text = text.replace("the model", who)
+    return TypeError(f"{text}\n(JAX said: {first})")
+
+
+# ---------------------------------------------------------------- keys
+def sig(tree):
+    """The structure, shapes and dtypes of a pytree (a hashable key)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((np.shape(a), str(jnp.result_type(a)) if hasattr(a, "dtype")
+                           else type(a).__name__) for a in leaves)
+
+
+class _Same:
+    """Cache-key stand-in for an unhashable object: equal only to itself, and it keeps
+    the object alive while the key is cached (a bare ``id()`` could be reused by a new
+    object after the old one is collected, and hit the wrong compiled program)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __eq__(self, other):
+        return isinstance(other, _Same) and other.obj is self.obj
+
+    def __hash__(self):
+        return object.__hash__(self.obj)
+
+
+def hashable(obj):
+    """``obj`` if hashable, else a stand-in equal only to itself."""
+    try:
+        hash(obj)
+        return obj
+    except TypeError:
+        return _Same(obj)

@@ -28,10 +28,8 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
-import threading
 from collections.abc import Callable
 
 import jax
@@ -42,25 +40,7 @@ from ._x64_scope import float64_scope
 from .precision import Ladder, canonical_dtype, is_adaptive, x64_enabled
 
 __all__ = ["TRACED_X64_MESSAGE", "traced_x64_error", "wants_float64", "float64_entry",
-           "float64_call", "to_host", "float64_to_numpy", "numpy_results"]
-
-_tls = threading.local()
-
-
-def numpy_results() -> bool:
-    """Whether the running entry point hands its result back as NumPy (the host driver
-    then builds it from NumPy directly instead of making JAX arrays of it first)."""
-    return getattr(_tls, "numpy", 0) > 0
-
-
-@contextlib.contextmanager
-def _numpy_out():
-    _tls.numpy = getattr(_tls, "numpy", 0) + 1
-    try:
-        yield
-    finally:
-        _tls.numpy -= 1
-
+           "float64_call", "to_host", "to_device", "float64_to_numpy"]
 
 #: The one error for float64 under a user's trace with x64 off (every entry point):
 #: ``entry`` names the call, ``arg``/``value`` the argument that asks for float64 and
@@ -127,6 +107,18 @@ def to_host(tree):
     return jax.tree.map(lambda a: np.asarray(a) if isinstance(a, jax.Array) else a, tree)
 
 
+def to_device(tree):
+    """Every NumPy array leaf of ``tree`` as a JAX array (one transfer for the tree).
+
+    Example:
+        >>> import numpy as np
+        >>> from adaptprec._x64_rule import to_device
+        >>> type(to_device({"a": np.ones(2)})["a"]).__name__
+        'ArrayImpl'
+    """
+    return jax.device_put(tree)
+
+
 def float64_to_numpy(tree):
     """The float64 JAX array leaves of ``tree`` as NumPy float64 (others unchanged): what
     an eager call computed in the float64 scope hands back (see the module docs).
@@ -178,14 +170,16 @@ def float64_call(fn: Callable, describe: Callable, host: Callable = float64_to_n
 
 
 def float64_entry(entry: str, traced_args: tuple[str, ...], host: Callable = to_host,
-                  always_host: bool = False):
+                  always_host: bool = False, device: Callable | None = None):
     """Decorator for an entry point ``fn(..., precision=...)`` (the fits).
 
-    With ``jax_enable_x64`` on, ``fn`` runs unchanged. With it off and ``precision``
-    asking for float64: if any argument named in ``traced_args`` holds a tracer, raise
-    :func:`traced_x64_error`; otherwise run ``fn`` inside ``jax.enable_x64(True)`` and
-    return ``host(result)``. ``always_host``: also pass the eager result through
-    ``host`` when no scope was needed (curve_fit returns NumPy as scipy does).
+    With ``jax_enable_x64`` on, ``fn`` runs unchanged (its eager result through
+    ``device`` when given: an entry whose work hands back NumPy returns JAX arrays
+    there). With it off and ``precision`` asking for float64: if any argument named in
+    ``traced_args`` holds a tracer, raise :func:`traced_x64_error`; otherwise run ``fn``
+    inside ``jax.enable_x64(True)`` and return ``host(result)``. ``always_host``: also
+    pass the eager result through ``host`` when no scope was needed (curve_fit returns
+    NumPy as scipy does).
     """
 
     def deco(fn):
@@ -203,11 +197,12 @@ def float64_entry(entry: str, traced_args: tuple[str, ...], host: Callable = to_
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             if x64_enabled():
+                out = fn(*args, **kwargs)
+                if is_traced(out):
+                    return out
                 if always_host:
-                    with _numpy_out():
-                        out = fn(*args, **kwargs)
-                    return out if is_traced(out) else host(out)
-                return fn(*args, **kwargs)
+                    return host(out)
+                return device(out) if device is not None else out
             bound = sig.bind(*args, **kwargs)
             precision = precision_of(bound)
             # (or a user's trace around concrete arguments: the residual may close over
@@ -215,12 +210,11 @@ def float64_entry(entry: str, traced_args: tuple[str, ...], host: Callable = to_
             traced = not is_eager(*(bound.arguments.get(a) for a in traced_args))
             if not wants_float64(precision):
                 if always_host and not traced:
-                    with _numpy_out():
-                        return host(fn(*args, **kwargs))
+                    return host(fn(*args, **kwargs))
                 return fn(*args, **kwargs)
             if traced:
                 raise traced_x64_error(entry, "precision", precision, "precision='f32'")
-            with float64_scope(), _numpy_out():
+            with float64_scope():
                 return host(fn(*args, **kwargs))
 
         return wrapper

@@ -131,7 +131,10 @@ evaluation, ...) in an on-disk cache, so that the first call in a later process 
 them in milliseconds instead of compiling (0.2-1 s). 'info' prints where the cache is
 and what it holds; 'clear' deletes its entries (nothing else in the directory). Its place:
 $ADAPTPREC_CACHE_DIR, else $XDG_CACHE_HOME/adaptprec, else ~/.cache/adaptprec;
-ADAPTPREC_CACHE_DIR=off turns it off; ADAPTPREC_CACHE_MAX_MB caps its size."""
+ADAPTPREC_CACHE_DIR=off turns it off; ADAPTPREC_CACHE_MAX_MB caps its size. Cached
+programs run code when loaded, so the cache uses only a directory that is yours and
+writable by you alone, and loads only entries signed with your key
+($ADAPTPREC_CACHE_KEY_FILE, else ~/.local/share/adaptprec/cache-key)."""
 
 
 def cache(action: str) -> int:
@@ -141,6 +144,12 @@ def cache(action: str) -> int:
     info = _disk_cache.disk_info()
     if info["directory"] is None:
         print("the program cache is off (ADAPTPREC_CACHE_DIR=off)")
+        return 0
+    if info["refused"] is not None:
+        print(f"directory: {info['directory']}")
+        print(f"not used:  {info['refused']}; nothing is read from it or written to it "
+              "(cached programs run code when loaded)")
+        print(f"to fix it: {info['fix']}")
         return 0
     if action == "clear":
         n = _disk_cache.clear_disk()

@@ -172,8 +172,8 @@ class StaticLossScale(_LossScaleBase):
 
 
 def _as_scale(value, name):
-    # arrays too, when concrete (newcomer audit 2: StaticLossScale(jnp.array(0.)) skipped
-    # every step forever, a negative array scale was accepted)
+    # arrays too, when concrete: a zero scale would skip every step forever, a negative
+    # one would flip the gradients
     if is_concrete(value):
         v = np.asarray(value, np.float64)
         if v.shape != () or not np.isfinite(v) or v <= 0:

@@ -6,14 +6,9 @@ the same run, on the same machine, one after another:
 (a) curve_fit of a 3-parameter exponential, x64 OFF (a scipy user's setup): ``import``
     (jax alone, then the library), first fit (120 points), a new length in the same
     bucket (125), new lengths in new buckets (157, 301), repeats (120 points again), a
-    fresh lambda per call (median of 5). adaptprec's repeats have two phases: the early
-    ones run the host loop ("repeat_host") until the model is promoted (_promote.py:
-    after 0.2 s of host-loop solves; "promote_call": that call, which traces and lowers
-    the whole-solve program;
-    "promotion_wall": until the background compilation is ready); then "repeat" (median
-    of 30) and "repeat_min" are the steady state on the promoted program. adaptprec
-    against scipy.optimize.curve_fit (NumPy model) and optimistix LevenbergMarquardt (jax
-    model; float32 with x64 off).
+    fresh lambda per call (median of 5); "repeat" (median of 30) and "repeat_min" on
+    the fit's one program. adaptprec against scipy.optimize.curve_fit (NumPy model) and
+    optimistix LevenbergMarquardt (jax model; float32 with x64 off).
 (b) solve_nlsq_batch: 1000 fits, then 1001 and 1017 (same bucket), then 1600 (new
     bucket); scipy's curve_fit in a loop over 1000 fits for scale.
 (c) NIST StRD (every problem with a model in tests/nist_problems.py, both starts, x64 on),
@@ -36,9 +31,12 @@ its ~100 source files again, 40-90 ms of the import row; so the children get a b
 cache in a temporary directory (``PYTHONPYCACHEPREFIX``), filled by one warm-up import
 before anything is timed. ``--source-import`` measures the old way (no bytecode cache).
 
+(f) ``--new-model`` (only this): calls 2-12 of a 4-parameter logistic (24 points, x64 off)
+    in a fresh process with the program cache empty, off, holding another model's
+    program, and holding this model's; against scipy in the same process.
 (e) ``--fresh-loop`` (only this): 100 curve_fit calls of a 4PL fit (12 points, with
     bounds and without, new data each call) in a fresh process with an EMPTY adaptprec
-    cache, against scipy: the first call, then calls 2-100 together (issue 32: <= 3x
+    cache, against scipy: the first call, then calls 2-100 together (<= 3x
     scipy's 99 calls). scipy runs in its own fresh process and again in adaptprec's,
     after it (the ratio under the same load).
 
@@ -128,38 +126,7 @@ def _curve_child(lib: str, reps: int) -> dict:
     for m in (125, 157, 301):
         out[f"new_length_{m}"], _ = timed(fit, *data(m))
     t, y = data(120)
-    # adaptprec: the first repeats run the host loop; a later solve of the model (and
-    # bucket) promotes it (_promote.py: traced and lowered in that call, compiled in a
-    # background thread); repeats switch to the one-program path when it is ready.
-    # "repeat_host": early repeats (host loop); "promote_call": the promoting call;
-    # "promotion_wall": from that call's start until the program is ready; "repeat",
-    # "repeat_min": the steady state after it (others: every repeat is steady)
-    promo = None
-    if lib == "adaptprec":
-        from adaptprec.nlsq import _promote as promo
-    early, t_promote, wall, promote_call = [], None, float("nan"), float("nan")
-    t_end = time.perf_counter() + 30.0
-    while time.perf_counter() < t_end:
-        t0 = time.perf_counter()
-        dt, _ = timed(fit, t, y)
-        if promo is None:
-            early.append(dt)
-            if len(early) >= 5:
-                break
-            continue
-        st = promo.stats()
-        if t_promote is None and (st["pending"] or st["ready"]):
-            t_promote, promote_call = t0, dt
-        else:
-            early.append(dt)
-        if st["ready"]:
-            wall = time.perf_counter() - t_promote
-            break
-    out["repeat_host"] = float(np.median(early)) if early else float("nan")
-    out["promote_call"] = promote_call
-    out["promotion_wall"] = wall
-    out["repeats_before_steady"] = len(early)
-    for _ in range(3):      # the first calls on the new program
+    for _ in range(3):
         fit(t, y)
     times = [timed(fit, t, y)[0] for _ in range(max(reps, 20))]
     out["repeat"] = float(np.median(times))
@@ -172,7 +139,7 @@ def _curve_child(lib: str, reps: int) -> dict:
 
 
 def _loop_child(lib: str, reps: int) -> dict:
-    """Issue 32 item 5: ``reps`` curve_fit calls of a 4PL dose-response fit (12
+    """``reps`` curve_fit calls of a 4PL dose-response fit (12
     concentrations, bounds, the textbook start; new noisy data every call, x64 off), each
     timed: the first call compiles (or loads from the cache), calls 2..reps are the loop
     a user runs over plates. ``lib`` ``"name:free"``: without bounds (scipy's lm)."""
@@ -216,19 +183,12 @@ def _loop_child(lib: str, reps: int) -> dict:
     out = {"import": t_import, "first": times[0], "calls_2_on": sum(times[1:]),
            "median_2_on": sorted(times[1:])[len(times) // 2], "times": times}
     if lib == "adaptprec":
-        import threading
+        from adaptprec import _disk_cache
 
-        from adaptprec.nlsq import _promote
-
-        st = _promote.stats()
-        out.update(promoted=st["promoted"], first_solves=st["first_solves"],
-                   disk_loads=st["disk_loads"])
-        # scipy's loop in this process too, once adaptprec's background work has ended:
-        # the ratio under the same machine load (the other process's is noisier)
-        _promote.wait()
-        for th in threading.enumerate():
-            if th.name == "adaptprec-prefetch":
-                th.join()
+        st = _disk_cache.stats()
+        out.update(compiles=st["compiles"], disk_loads=st["disk_hits"])
+        # scipy's loop in this process too: the ratio under the same machine load (the
+        # other process's is noisier)
         import scipy.optimize
 
         here = loop(scipy.optimize.curve_fit)   # (f has operators only: NumPy works)
@@ -236,10 +196,68 @@ def _loop_child(lib: str, reps: int) -> dict:
     return out
 
 
+def _newmodel_child(lib: str, reps: int) -> dict:
+    """12 curve_fit calls of a 4-parameter logistic on 24 points (x64 off, new data each
+    call), each timed, and scipy's 12 in the same process after them. ``lib``
+    ``"adaptprec:other"`` fits a differently written model (another program)."""
+    import numpy as np
+    import scipy.optimize
+
+    lib, _, variant = lib.partition(":")
+    x = np.logspace(-2, 2, 24)
+    rng = np.random.default_rng(1)
+    ys = [0.1 + 0.9 / (1 + (x / 1.5) ** 1.2) + 0.01 * rng.standard_normal(24)
+          for _ in range(reps)]
+    p0 = [1.0, 1.0, 1.0, 0.0]
+    if variant == "other":
+        def f(x, a, b, c, d):
+            return a + (d - a) * (x ** b) / (c ** b + x ** b)
+    else:
+        def f(x, a, b, c, d):
+            return d + (a - d) / (1 + (x / c) ** b)
+    from adaptprec import curve_fit
+
+    def loop(fit):
+        times = []
+        for y in ys:
+            t = time.perf_counter()
+            fit(f, x, y, p0=p0)
+            times.append(time.perf_counter() - t)
+        return times
+
+    ap_times, sp_times = loop(curve_fit), loop(scipy.optimize.curve_fit)
+    return {"first": ap_times[0], "median_2_on": float(np.median(ap_times[1:])),
+            "scipy_median_2_on": float(np.median(sp_times[1:]))}
+
+
+def new_model(reps: int = 12) -> None:
+    """``--new-model``: calls 2-12 of a model in a fresh process, whatever the program
+    cache holds: empty, off, filled by an earlier process with another model, and with
+    this model (x64 off, 4-parameter logistic on 24 points; the issue-46 table)."""
+    with tempfile.TemporaryDirectory() as d:
+        rows = [("empty cache, the process's first model",
+                 _run("newmodel", "adaptprec", reps, {"ADAPTPREC_CACHE_DIR": d})),
+                ("cache off", _run("newmodel", "adaptprec", reps,
+                                   {"ADAPTPREC_CACHE_DIR": "off"}))]
+        with tempfile.TemporaryDirectory() as d2:
+            _run("newmodel", "adaptprec:other", reps, {"ADAPTPREC_CACHE_DIR": d2})
+            rows.append(("cache holding another model's program, a new model",
+                         _run("newmodel", "adaptprec", reps, {"ADAPTPREC_CACHE_DIR": d2})))
+        rows.append(("the same cache, a model seen before",
+                     _run("newmodel", "adaptprec", reps, {"ADAPTPREC_CACHE_DIR": d})))
+    print(f"(f) a new model: 4PL, 24 points, x64 off, fresh processes; ms; load "
+          f"{os.getloadavg()[0]:.2f}")
+    print(f"{'situation':55s}{'first':>9s}{'2-12':>9s}{'scipy':>9s}{'ratio':>7s}")
+    for name, r in rows:
+        print(f"{name:55s}{_ms(r['first']):>9s}{_ms(r['median_2_on']):>9s}"
+              f"{_ms(r['scipy_median_2_on']):>9s}"
+              f"{r['median_2_on'] / r['scipy_median_2_on']:7.2f}")
+
+
 def fresh_loop(reps: int = 100) -> dict:
     """``--fresh-loop``: each library in its own fresh process, adaptprec with an empty
     program cache (``ADAPTPREC_CACHE_DIR`` a new temporary directory); the target is
-    calls 2..100 together <= 3x scipy's (issue 32 item 5)."""
+    calls 2..100 together <= 3x scipy's."""
     out = {}
     for variant, what in (("", "bounds (trf)"), (":free", "no bounds (lm)")):
         with tempfile.TemporaryDirectory() as d:
@@ -257,9 +275,8 @@ def fresh_loop(reps: int = 100) -> dict:
         print(f"  scipy's calls 2-{reps} in adaptprec's process (after it): "
               f"{_ms(ap['scipy_here_2_on']).strip()} ms; calls 2-{reps} ratio "
               f"{ap['calls_2_on'] / ap['scipy_here_2_on']:.2f}")
-        print(f"  promoted programs: {ap['promoted']} (on a first solve: "
-              f"{ap['first_solves']}), loaded from disk: {ap['disk_loads']}; load average "
-              f"{os.getloadavg()[0]:.2f}\n")
+        print(f"  programs compiled: {ap['compiles']}, loaded from disk: "
+              f"{ap['disk_loads']}; load average {os.getloadavg()[0]:.2f}\n")
         out[what] = {"adaptprec": ap, "scipy": sp}
     return out
 
@@ -379,6 +396,8 @@ def main(argv=None):
     ap_.add_argument("--child", nargs=2)
     ap_.add_argument("--source-import", action="store_true",
                      help="no bytecode cache for the children (imports compile sources)")
+    ap_.add_argument("--new-model", action="store_true",
+                     help="only (f): calls 2-12 of a model whatever the cache holds")
     ap_.add_argument("--fresh-loop", action="store_true",
                      help="only (e): 100 curve_fit calls of a 4PL fit in a fresh process "
                           "with an empty cache, against scipy")
@@ -388,7 +407,8 @@ def main(argv=None):
         res = {"curve": lambda: _curve_child(lib, args.reps),
                "batch": lambda: _batch_child(args.reps),
                "nist": lambda: _nist_child(lib),
-               "loop": lambda: _loop_child(lib, args.reps)}[kind]()
+               "loop": lambda: _loop_child(lib, args.reps),
+               "newmodel": lambda: _newmodel_child(lib, 12)}[kind]()
         print(json.dumps(res))
         return
 
@@ -396,13 +416,15 @@ def main(argv=None):
     if args.fresh_loop:
         fresh_loop(100)
         return
+    if args.new_model:
+        new_model()
+        return
     print("imports from " + ("sources (no bytecode cache)" if args.source_import else
                              "a bytecode cache (as an installed wheel)"))
     libs = ("adaptprec", "scipy", "optimistix")
     curve = {lib: _run("curve", lib, args.reps) for lib in libs}
     rows = ["import_jax", "import_lib", "first_fit", "new_length_125", "new_length_157",
-            "new_length_301", "new_len_steady", "repeat_host", "promote_call",
-            "promotion_wall", "repeat", "repeat_min", "fresh_lambda"]
+            "new_length_301", "new_len_steady", "repeat", "repeat_min", "fresh_lambda"]
     print("(a) curve_fit, fresh processes, x64 off; times in ms")
     print(f"{'':16s}" + "".join(f"{lib:>12s}" for lib in libs) + f"{'ap/scipy':>10s}"
           + f"{'ap/optx':>10s}")
@@ -411,8 +433,6 @@ def main(argv=None):
         print(f"{r:16s}" + "".join(f"{_ms(x):>12s}" for x in v)
               + f"{v[0] / v[1]:10.2f}{v[0] / v[2]:10.2f}")
     print("popt dtype: " + ", ".join(f"{lib} {curve[lib]['popt_dtype']}" for lib in libs))
-    print(f"adaptprec: {curve['adaptprec']['repeats_before_steady']} repeats ran the host "
-          "loop before the promoted program was ready")
 
     b = _run("batch", "adaptprec", args.reps)
     print("\n(b) solve_nlsq_batch, one fresh process, x64 off; times in ms")

@@ -27,7 +27,7 @@ import adaptprec as ap  # noqa: E402
 from adaptprec.nlsq._loop import LoopConfig, build_loop, default_schedule  # noqa: E402
 from adaptprec.nlsq._methods import method_fns  # noqa: E402
 from adaptprec.nlsq._buckets import bucket  # noqa: E402
-from adaptprec.nlsq._compile import cpu_jit  # noqa: E402
+from adaptprec._backend import cpu_jit  # noqa: E402
 from robust_sweep import problem_starts, residual_for, score  # noqa: E402
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import adaptprec as ap
-from adaptprec._autocast.scopes import scope_path
+from adaptprec._autocast.scopes import _depth, scope_path
 
 BF16, F32 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)
 
@@ -69,13 +69,16 @@ def test_unanchored_pattern_matches_at_any_depth_and_below():
     assert r.match("").pattern is None and r.match("").policy == ap.AUTO_MIXED_BF16
 
 
-def test_slash_anchors_at_root_and_globs_work():
+def test_patterns_match_anywhere_a_leading_slash_anchors_and_globs_work():
     r = ap.ScopeRules("auto_mixed_bf16", {"enc/layer[01]": "bf16", "/dec": "f32",
-                                          "**/mlp": "f16", "blk?": "keep"})
+                                          "**/mlp": "f16", "blk?": "keep",
+                                          "/top/attn/*": "f32"})
     assert r.match("enc/layer1/x").pattern == "enc/layer[01]"
     assert r.match("enc/layer2").pattern is None
-    assert r.match("model/enc/layer0").pattern is None  # anchored
+    assert r.match("model/enc/layer0").pattern == "enc/layer[01]"  # at any depth
     assert r.match("dec/a").pattern == "/dec" and r.match("x/dec").pattern is None
+    assert r.match("top/attn/q").pattern == "/top/attn/*"
+    assert r.match("m/top/attn/q").pattern is None                  # anchored
     assert r.match("a/b/mlp").pattern == "**/mlp" and r.match("mlp").pattern == "**/mlp"
     assert r.match("blk7").keep and not r.match("blk10").keep
 
@@ -89,7 +92,18 @@ def test_most_specific_match_wins():
     assert r.match("enc/layer2/mlp").pattern == "enc/layer2"  # more literal scopes
     assert r.match("enc/layer1/head").pattern == "head"       # deepest end
     tie = ap.ScopeRules("always_f32", {"a*": "bf16", "*a": "f16"})
-    assert tie.match("aa").pattern == "a*"  # equal specificity: listed first
+    assert tie.match("aa").pattern == "*a"  # equal specificity: listed last (CSS)
+
+
+def test_naming_the_children_beats_naming_the_parent():
+    # the issue's rules: ties went to the first listed rule, sending attn/query to f32
+    for scopes in ({"attn": "f32", "**/attn/*": "bf16"}, {"attn": "f32", "attn/*": "bf16"},
+                   {"attn/*": "bf16", "attn": "f32"}):
+        r = ap.ScopeRules("always_f32", scopes)
+        assert r.match("Block_0/attn/query").rule == "bf16", scopes
+        assert r.match("Block_0/attn").rule == "f32", scopes
+    r = ap.ScopeRules("always_f32", {"attn/*": "bf16"})
+    assert r.match("Transformer/Block_1/attn/query").pattern == "attn/*"  # any depth
 
 
 def test_rule_forms():
@@ -103,7 +117,11 @@ def test_rule_forms():
     assert r.match("c").policy == pol
     assert r.match("d").keep and r.match("d").rule == "keep"
     assert r.match("e").rule == "f16"
-    assert r.match("f").policy == r.match("a").policy  # a Policy: its compute dtype
+    # a jmp Policy (object or string): its compute dtype
+    assert r.match("f").policy.rules == r.match("a").policy.rules
+    assert r.match("f").policy.dtype == BF16
+    s = ap.ScopeRules("always_f32", {"g": "p=f32,c=f16,o=f32"})
+    assert s.match("g").policy.dtype == jnp.float16 and s.match("g").rule == "p=f32,c=f16,o=f32"
 
 
 @pytest.mark.parametrize("scopes, err, msg", [
@@ -279,11 +297,10 @@ def test_catch_all_never_beats_a_named_scope(path, pats):
     r = ap.ScopeRules("always_f32", rules)
     with_star = ap.ScopeRules("always_f32", {"*": "f16", **rules})
     won = r.match(path).pattern
-    named = won is not None and won.replace("*", "").replace("?", "").strip("/") != ""
-    if named:  # a pattern with a literal character beats the catch-all
-        assert with_star.match(path).pattern == won
-    else:      # wildcard-only patterns tie with it; the one listed first ("*") wins
-        assert with_star.match(path).pattern in ("*", None)
+    # every pattern here names a scope, so it is at least as specific as "*" (a tie goes
+    # to the later one); "*" itself matches any non-empty path
+    assert with_star.match(path).pattern == (won if won is not None
+                                             else ("*" if path else None))
 
 
 @settings(max_examples=60, deadline=None)
@@ -301,7 +318,8 @@ def test_winner_matches_and_order_only_breaks_exact_ties(path, pats):
     if a != b:  # only an exact tie of specificity may depend on the order
         pa = next(p for p in fwd.patterns if p.text == a)
         pb = next(p for p in fwd.patterns if p.text == b)
-        assert pa.literal == pb.literal
+        assert pa.specificity == pb.specificity
+        assert _depth(pa.parts, path, pa.anchored) == _depth(pb.parts, path, pb.anchored)
 
 
 def test_scopes_with_x64_off():
@@ -333,3 +351,64 @@ def test_scope_names_reach_the_lowered_module():
     g = jax.jit(ap.autocast(f, "always_f32", scopes={"block0": "bf16"}))
     text = g.lower(X).as_text(debug_info=True)
     assert "block0/tanh" in text
+
+
+# ------------------------------------------------------------- rules that match nothing
+def _blocks(x):
+    """Flax-linen-like scope names: Block_0/attn/query, Block_0/Dense_1, LayerNorm_0."""
+    with jax.named_scope("Block_0"):
+        with jax.named_scope("attn"):
+            with jax.named_scope("query"):
+                q = x @ W
+            a = jax.nn.softmax(q, axis=-1)
+        with jax.named_scope("Dense_1"):
+            x = a @ W
+    with jax.named_scope("LayerNorm_0"):
+        return jnp.sum((x - x.mean()) ** 2)
+
+
+def test_a_rule_matching_no_scope_warns_with_the_closest_names():
+    g = ap.autocast(_blocks, "always_f32", scopes={"Dense_0": "bf16", "attn/*": "bf16"})
+    with pytest.warns(UserWarning, match=r"'Dense_0' matched no scope of _blocks; "
+                                         r"closest scope names: 'Dense_1'"):
+        jax.make_jaxpr(g)(X)
+    ex = ap.explain(_blocks, "always_f32", scopes={"Dense_0": "bf16"})(X)
+    assert [p for p, _ in ex.unmatched] == ["Dense_0"]
+    assert "pattern 'Dense_0' matched no scope; closest scope names: 'Dense_1'" in str(ex)
+
+
+def test_anchored_rule_warning_says_how_to_match_at_any_depth():
+    g = ap.autocast(_blocks, "always_f32", scopes={"/attn": "f32"})
+    with pytest.warns(UserWarning, match=r"leading '/' anchors it.*'attn' matches at any"):
+        jax.make_jaxpr(g)(X)
+
+
+def test_rules_on_a_function_without_scopes_say_so():
+    g = ap.autocast(lambda x: jnp.exp(x) @ x, "always_f32", scopes={"attn": "bf16"})
+    with pytest.warns(UserWarning, match="has no named scopes"):
+        jax.make_jaxpr(g)(W)
+
+
+def test_matching_rules_do_not_warn():
+    import warnings
+    g = ap.autocast(_blocks, "always_f32", scopes={"attn": "f32", "attn/*": "bf16",
+                                                    "Dense_*": "bf16"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jax.make_jaxpr(g)(X)
+
+
+def test_explain_shows_the_rule_that_decided_every_scope():
+    scopes = {"attn": "f32", "attn/*": "bf16", "Dense_*": "bf16", "LayerNorm_*": "f32"}
+    ex = ap.explain(_blocks, "always_f32", scopes=scopes)(X)
+    decided = {r.scope: (r.pattern, r.rule) for r in ex.scopes}
+    assert decided["Block_0/attn/query"] == ("attn/*", "bf16")
+    assert decided["Block_0/attn"] == ("attn", "f32")
+    assert decided["Block_0/Dense_1"] == ("Dense_*", "bf16")
+    assert decided["LayerNorm_0"] == ("LayerNorm_*", "f32")
+    text = str(ex)
+    assert "decided by" in text and "'attn/*': bf16" in text
+    # the matmuls run in bfloat16 with float32 accumulation, softmax and LayerNorm in f32
+    assert ex.scope("Block_0/attn/query").dtypes == ("bfloat16->float32",)
+    assert "bfloat16" not in " ".join(ex.scope("Block_0/attn").dtypes)
+    assert ex.scope("LayerNorm_0").dtypes == ("float32",)

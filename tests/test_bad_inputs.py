@@ -200,7 +200,7 @@ def test_every_entry_point_is_covered():
 def test_multistart_refuses_options_it_cannot_carry(option):
     # starts= runs on the batched engine: an option it does not carry is an error, never
     # silently dropped
-    from adaptprec.nlsq._inputs import OptionNotOffered
+    from adaptprec.nlsq._arguments import OptionNotOffered
 
     with pytest.raises(OptionNotOffered, match=next(iter(option))):
         ap.solve_nlsq(lambda x: x - 1.0, np.zeros(2), starts=3, **option)
@@ -235,12 +235,11 @@ def test_all_finite_matches_isfinite():
 
 
 def test_checked_finite_skips_only_the_arrays_named():
-    from adaptprec.nlsq._inputs import _check_finite_tree, checked_finite
+    from adaptprec.nlsq._inputs import check_finite_tree
 
     bad, other = np.array([1.0, np.nan]), np.array([np.inf])
-    with checked_finite(bad):
-        _check_finite_tree((bad,), "data")            # declared checked: not read again
-        with pytest.raises(ValueError, match="data contains NaN or Inf"):
-            _check_finite_tree((bad, other), "data")  # any other array still is
+    check_finite_tree((bad,), "data", skip=(bad,))     # declared checked: not read again
     with pytest.raises(ValueError, match="data contains NaN or Inf"):
-        _check_finite_tree((bad,), "data")            # outside the block: checked again
+        check_finite_tree((bad, other), "data", skip=(bad,))  # any other array still is
+    with pytest.raises(ValueError, match="data contains NaN or Inf"):
+        check_finite_tree((bad,), "data")              # not declared: checked

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import adaptprec as ap
-from adaptprec.nlsq._identity import trace_residual, user_callables
+from adaptprec._identity import trace_residual, user_callables
 from adaptprec.nlsq._residual import traced_once
 
 
@@ -54,8 +54,7 @@ def test_solves_with_different_rules_use_their_own_jacobian():
     jacs = []
     for scale in (1.0, 0.5):
         h = _exp_with_rule(scale)
-        res = ap.solve_nlsq(lambda p, t, y, h=h: h(p[0] * t) - y, np.zeros(1), args=(t, y),
-                            driver="host")
+        res = ap.solve_nlsq(lambda p, t, y, h=h: h(p[0] * t) - y, np.zeros(1), args=(t, y))
         np.testing.assert_allclose(res.x, [0.7], rtol=1e-6)
         jacs.append(np.asarray(res.jac))
     np.testing.assert_allclose(jacs[1], 0.5 * jacs[0], rtol=1e-10)

@@ -10,7 +10,7 @@ from jax import lax
 from adaptprec import _jaxpr as jx
 from adaptprec import _opkind as opkind
 from adaptprec.batch._fits_last import vmap_last
-from adaptprec.nlsq._pointwise import point_axes
+from adaptprec._pointwise import point_axes
 
 
 @jax.custom_vjp
@@ -83,7 +83,7 @@ def test_one_table_for_the_shape_analyses():
     assert all(opkind.classify(n) is opkind.OpKind.CONTROL for n in opkind.CALLS)
     # the pointwise analysis and fits-last keep no table of their own: opkind's sets only
     import adaptprec.batch._fits_last as fl
-    import adaptprec.nlsq._pointwise as pw
+    import adaptprec._pointwise as pw
     shared = {id(v) for v in vars(opkind).values() if isinstance(v, frozenset)}
     for mod in (fl, pw):
         own = [k for k, v in vars(mod).items()

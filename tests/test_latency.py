@@ -1,6 +1,6 @@
-"""Issue 14 (scipy drop-in latency): the host driver agrees with the fused one, shape
-buckets compile nothing for a new length in the bucket, inline residuals reuse compiled
-code, float64 without setup, migration errors. Timings are in
+"""The in-memory program (adaptprec/nlsq/_programs.py): eager and traced solves agree,
+shape buckets compile nothing for a new length in the bucket, inline residuals reuse
+compiled code, float64 without setup, migration errors. Timings are in
 benchmarks/bench_latency.py, not here."""
 
 import contextlib
@@ -38,33 +38,36 @@ def count_compiles():
         monitoring.unregister_event_duration_listener(listener)
 
 
-def _nist(name, start, driver, precision="adaptive"):
+def _nist(name, start, traced):
     p = load(name)
-    return ap.solve_nlsq(p.residual, jnp.asarray(p.starts[start]),
-                         args=(jnp.asarray(p.x), jnp.asarray(p.y)), driver=driver,
-                         precision=precision)
+
+    def solve(x0, t, y):
+        return ap.solve_nlsq(p.residual, x0, args=(t, y))
+
+    args = (jnp.asarray(p.starts[start]), jnp.asarray(p.x), jnp.asarray(p.y))
+    return jax.jit(solve)(*args) if traced else solve(*args)
 
 
 def _agree(name):
+    # eager: the padded program keyed on the residual's computation (LLVM -O0); under a
+    # user's jit: inlined at XLA's default options. The same arithmetic up to rounding.
     for start in (0, 1):
-        a, b = _nist(name, start, "fused"), _nist(name, start, "host")
-        assert int(a.nfev) == int(b.nfev), (name, start, int(a.nfev), int(b.nfev))
-        assert int(a.status) == int(b.status) and int(a.rung) == int(b.rung)
-        np.testing.assert_allclose(np.asarray(b.x), np.asarray(a.x), rtol=1e-12, atol=0)
-        np.testing.assert_allclose(float(b.cost), float(a.cost), rtol=1e-12)
+        a, b = _nist(name, start, False), _nist(name, start, True)
+        assert int(a.status) > 0 and int(b.status) > 0, (name, start)
+        np.testing.assert_allclose(np.asarray(b.x), np.asarray(a.x), rtol=1e-7, atol=0)
+        np.testing.assert_allclose(float(b.cost), float(a.cost), rtol=1e-9)
         assert np.asarray(b.fun).shape == np.asarray(a.fun).shape == (load(name).y.size,)
-        np.testing.assert_array_equal(np.asarray(a.rung_nfev), np.asarray(b.rung_nfev))
 
 
 @pytest.mark.parametrize("name", [n if n == "Kirby2" else pytest.param(n, marks=pytest.mark.slow)
                                   for n in HANDFUL])
-def test_drivers_agree_on_nist(name):
+def test_eager_and_traced_agree_on_nist(name):
     _agree(name)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in MODELS if n not in HANDFUL])
-def test_drivers_agree_on_nist_full(name):
+def test_eager_and_traced_agree_on_nist_full(name):
     _agree(name)
 
 
@@ -100,28 +103,29 @@ def test_fresh_lambda_reuses_compiled_code_with_its_own_constants():
         # a new closure each time, capturing a different array (hoisted, not baked in)
         with count_compiles() as seen:
             res = ap.solve_nlsq(lambda p, t: p[0] * jnp.exp(-p[1] * t) - y,
-                                np.ones(2), args=(t,), driver="host")
+                                np.ones(2), args=(t,))
         np.testing.assert_allclose(np.asarray(res.x), want, rtol=1e-10)
         compiles.append(len(seen))
     assert compiles[1] == 0, compiles  # the first compiled this residual's programs
     with count_compiles() as seen:
         res = ap.solve_nlsq(lambda p, t: p[0] * jnp.exp(-p[1] * t) - ys[0],
-                            np.ones(2), args=(t,), driver="host")
+                            np.ones(2), args=(t,))
     assert len(seen) == 0
     np.testing.assert_allclose(np.asarray(res.x), [2.0, 0.7], rtol=1e-10)
 
 
 def test_memo_of_fresh_models_stays_bounded(monkeypatch):
-    # newcomer audit 6: one entry per fresh model was trimmed but _point_axes added a
-    # second, untrimmed (2,628 entries after 2,500 fits, each holding its model's data)
-    from adaptprec.nlsq import _residual as R
+    # each memo holds its keys' models (and their captured data) alive: bounded
+    from adaptprec.nlsq import _caches
 
-    monkeypatch.setattr(R, "_MEMO_SIZE", 8)
+    for memo in (_caches.SIZES, _caches.POINT_AXES, _caches.TRACES, _caches.RESIDUALS):
+        monkeypatch.setattr(memo, "size", 8)
     t = np.linspace(0.0, 4.0, 40)
     for k in range(12):
         y = (1.0 + k) * np.exp(-t)
         ap.curve_fit(lambda t, a, b: a * jnp.exp(-b * t) + 0.0 * y, t, y, p0=[1.0, 1.0])
-    assert len(R._m_cache) <= 8
+    assert all(len(m) <= 8 for m in (_caches.SIZES, _caches.POINT_AXES, _caches.TRACES,
+                                      _caches.RESIDUALS))
 
 
 def test_padded_rows_contribute_nothing():
@@ -142,7 +146,7 @@ def test_padded_rows_contribute_nothing():
 
 
 @pytest.mark.slow
-def test_fused_driver_pads_the_same_under_jit():
+def test_traced_solve_pads_the_same_under_jit():
     t, y = _data(100, seed=5)
     args = (jnp.asarray(t), jnp.asarray(y))
 
@@ -154,7 +158,7 @@ def test_fused_driver_pads_the_same_under_jit():
     # (under a user's jit XLA's default options apply: equal up to the tolerances)
     np.testing.assert_allclose(np.asarray(traced.x), np.asarray(eager.x), rtol=1e-8)
     assert traced.fun.shape == (100,) and traced.jac.shape == (100, 3)
-    # and grad through the fused (padded) driver
+    # and grad through the traced solve
     g = jax.grad(lambda y: ap.solve_nlsq(resid, jnp.ones(3), args=(args[0], y)).x[1])(args[1])
     assert g.shape == (100,) and bool(jnp.all(jnp.isfinite(g)))
 

@@ -1,5 +1,5 @@
 """Large single fits verify the float32 -> float64 hand-off in one float64 evaluation
-(issue 31.3; ``nlsq._loop.ONE_EVAL_MIN_M``, ``SE_FRACTION``).
+(``nlsq.solver.ONE_EVAL_MIN_M``, ``nlsq.common.SE_FRACTION``).
 
 The stated criterion: the default (adaptive) answer agrees with ``precision="f64"``'s
 within ``SE_FRACTION`` (1e-3) of every parameter's standard error, with at most two
@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 import adaptprec as ap
-from adaptprec.nlsq import _loop
+from adaptprec.nlsq.common import SE_FRACTION
+from adaptprec.nlsq.solve import solve_in_memory
+from adaptprec.nlsq._state import Outputs
 
 
 def dexp(t, a1, k1, a2, k2, c):
@@ -52,7 +54,7 @@ def _compare(model, m, seed=0, noise=0.01):
 def test_default_agrees_with_f64_within_a_thousandth_of_a_standard_error():
     # (m n >= 32768: the default runs the ladder, not float64 alone)
     worst, r = _compare(exp3, 12000)
-    assert worst <= _loop.SE_FRACTION
+    assert worst <= SE_FRACTION
     nfev = np.asarray(r.rung_nfev)
     assert nfev[0] > 0 and r.escalations == 1      # the float32 rung ran, handed over
     assert nfev[1] == 1                            # verified, not iterated (was 3, then 2)
@@ -64,15 +66,15 @@ def test_default_agrees_with_f64_within_a_thousandth_of_a_standard_error():
                                            (gauss, 200_000, 0.05), (dexp, 20_000, 1e-4)])
 def test_default_agrees_with_f64_large(model, m, noise):
     worst, r = _compare(model, m, noise=noise)
-    assert worst <= _loop.SE_FRACTION
+    assert worst <= SE_FRACTION
     assert np.asarray(r.rung_nfev)[-1] <= 2, np.asarray(r.rung_nfev)
     assert bool(r.success)
 
 
 @pytest.mark.parametrize("precision", ["adaptive", "f64"])
 def test_lean_final_reuses_the_loop_model(precision):
-    # (issue 31) without full_output a large blocked fit takes the final cost, gradient
-    # and (J^T J)^+ from the loop's last model (_fused.lean_final) instead of evaluating
+    # without full_output a large blocked fit takes the final cost, gradient and
+    # (J^T J)^+ from the loop's last model (the lean program) instead of evaluating
     # residual and Jacobian again: the same popt, pcov to rounding (Gram matrix summed
     # block by block vs formed from the whole Jacobian; after the one-evaluation
     # hand-off, J at a point a thousandth of a standard error away: pcov moves by
@@ -85,13 +87,18 @@ def test_lean_final_reuses_the_loop_model(precision):
     assert info["fvec"].shape == (12000,)        # full_output: the final evaluation
     np.testing.assert_array_equal(np.asarray(pa), np.asarray(pf))
     np.testing.assert_allclose(np.asarray(pcov), np.asarray(pcov_f), rtol=rtol)
-    from adaptprec.nlsq import _fused
-    with _fused.lean_final() as box:
-        res = ap.solve_nlsq(lambda p, t, y: exp3(t, *p) - y, jnp.asarray(P0[exp3]),
-                            args=(t, y), precision=precision)
-    assert res.fun is None and res.jac is None and box["m"] == 12000
-    np.testing.assert_allclose(np.asarray(box["cov"]) * 2 * float(res.cost) / (12000 - 3),
+    res, cov = solve_in_memory(lambda p, t, y: exp3(t, *p) - y, jnp.asarray(P0[exp3]),
+                               (t, y), _kw(precision),
+                               outputs=Outputs(fun_jac=False, covariance=True))
+    assert res.fun is None and res.jac is None
+    np.testing.assert_allclose(np.asarray(cov) * 2 * float(res.cost) / (12000 - 3),
                                np.asarray(pcov_f), rtol=rtol)
+
+
+def _kw(precision="adaptive"):
+    from adaptprec.nlsq.curve_fit import _SOLVE_DEFAULTS
+    return dict(_SOLVE_DEFAULTS, precision=precision, method=None,
+                bounds=(-np.inf, np.inf), jac=None)
 
 
 def test_lean_final_falls_back_where_the_gram_route_cannot_decide():
@@ -112,19 +119,18 @@ def test_lean_final_falls_back_where_the_gram_route_cannot_decide():
 
 
 def test_lean_final_fallback_under_an_active_trace():
-    # (issue 31, i31cf3) the lean solve's fall-back evaluation is a program of its own,
-    # run when the loop's model cannot be used; inside a user's jit (every argument
-    # concrete, the trace active) the flag is traced and it is a lax.cond instead:
-    # the same cost and covariance as eagerly
+    # the lean solve's fall-back evaluation is a program of its own, run when the
+    # loop's model cannot be used; inside a user's jit (every argument concrete, the
+    # trace active) the whole solve is the non-lean one: the same cost and covariance
     import jax
-    from adaptprec.nlsq import _fused
     t, y = _data(exp3, 12000, 2, 0.01)
 
     def solve(_=None):
-        with _fused.lean_final() as box:
-            res = ap.solve_nlsq(lambda p, t, y: p[0] * p[1] * jnp.exp(-p[2] * t) + p[3] - y,
-                                jnp.asarray([1.0, 1.0, 1.0, 0.0]), args=(t, y))
-        return res.cost, res.optimality, box["cov"]
+        res, cov = solve_in_memory(
+            lambda p, t, y: p[0] * p[1] * jnp.exp(-p[2] * t) + p[3] - y,
+            jnp.asarray([1.0, 1.0, 1.0, 0.0]), (t, y), _kw(),
+            outputs=Outputs(fun_jac=False, covariance=True))
+        return res.cost, res.optimality, cov
 
     eager = solve()
     traced = jax.jit(solve)(0)
@@ -154,23 +160,23 @@ def test_solve_that_cannot_be_lean_compiled_once_for_both_curve_fit_outputs():
     from adaptprec.nlsq import cache_info
     t, y = _data(exp3, 300, 3, 0.01)
     p, _ = ap.curve_fit(exp3, t, y, p0=P0[exp3], max_nfev=200)
-    before = cache_info()["misses"]
+    before = cache_info()["PROGRAMS"]["size"]
     pf, _, info, _, _ = ap.curve_fit(exp3, t, y, p0=P0[exp3], max_nfev=200, full_output=True)
-    assert cache_info()["misses"] == before
+    assert cache_info()["PROGRAMS"]["size"] == before
     assert info["fvec"].shape == (300,)
     np.testing.assert_array_equal(np.asarray(p), np.asarray(pf))
 
 
 def test_full_output_shares_the_lean_solve():
-    # (fused_solver's share) a large eager fit compiles its solve once for curve_fit with
-    # and without full_output: full_output runs the lean program and then the final
-    # evaluation as a program of its own; the same popt, and fvec is the residual at it
+    # a large eager fit compiles its solve once for curve_fit with and without
+    # full_output: full_output runs the lean program and then the final evaluation as a
+    # program of its own; the same popt, and fvec is the residual at it
     from adaptprec.nlsq import cache_info
     t, y = _data(exp3, 8192, 4, 0.01)
     p, _ = ap.curve_fit(exp3, t, y, p0=P0[exp3])
-    before = cache_info()["misses"]
+    before = cache_info()["PROGRAMS"]["size"]
     pf, _, info, _, _ = ap.curve_fit(exp3, t, y, p0=P0[exp3], full_output=True)
-    assert cache_info()["misses"] == before
+    assert cache_info()["PROGRAMS"]["size"] == before
     np.testing.assert_array_equal(np.asarray(p), np.asarray(pf))
     np.testing.assert_allclose(np.asarray(info["fvec"]),
                                np.asarray(exp3(t, *pf) - y), rtol=0, atol=1e-14)

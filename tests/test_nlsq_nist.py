@@ -61,7 +61,7 @@ def test_nist_handful(name, precision):
 
 def test_nist_adaptive_starts_low():
     # the ladder asked for; "adaptive" runs float64 alone at NIST's sizes on CPU
-    # (_ladder.SMALL_F64_MN), with the ladder's top-rung stopping rules
+    # (common.SMALL_F64_MN), with the ladder's top-rung stopping rules
     p, res = _solve("Misra1a", 0, "f32,f64")
     tr = res.trace()
     assert tr[0]["rung"] == "f32" and tr[0]["nfev"] > tr[-1]["nfev"]

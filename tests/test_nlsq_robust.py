@@ -109,11 +109,11 @@ def test_escalation_under_jit_and_vmap():
 
 @pytest.mark.slow
 def test_small_adaptive_runs_float64_alone_with_the_ladders_stopping_rules(monkeypatch):
-    # On CPU, "adaptive" below _ladder.SMALL_F64_MN (m n) runs float64 alone: float32 saves
+    # On CPU, "adaptive" below common.SMALL_F64_MN (m n) runs float64 alone: float32 saves
     # nothing there (docs/architecture.md). It keeps the top rung's rules after an
     # escalation: with scipy's rules alone (precision="f64") Lanczos3 start 2 stops at
     # LRE 6.8; the ladder reaches 9.3, and so does float64 alone with its rules.
-    from adaptprec.nlsq import _ladder
+    from adaptprec.nlsq import common as _ladder
     p, res = _nist("Lanczos3", 1)
     assert [t["rung"] for t in res.trace()] == ["f64"] and int(res.escalations) == 0
     _, plain = _nist("Lanczos3", 1, precision="f64")
@@ -273,17 +273,16 @@ def test_portfolio_recovers_a_runaway_convergence(mgh09_runaway):
     args = (jnp.asarray(p.x), jnp.asarray(p.y))
     f = residual_for("MGH09")
     for prec in ("f64", "adaptive"):
-        eager = ap.solve_nlsq(f, x0, args=args, precision=prec)         # host driver
+        eager = ap.solve_nlsq(f, x0, args=args, precision=prec)         # eager program
         jitted = jax.jit(lambda x0, a: ap.solve_nlsq(f, x0, args=a, precision=prec))(
-            x0, args)                                                     # fused driver
+            x0, args)                                                     # under jit
         for res in (eager, jitted):
             assert score(p, np.asarray(res.x), float(res.cost)) >= 6.0, prec
             assert bool(res.success) and res.rung_name == "f64"
             # the first strategy's evaluations count: it ran ~100 before the restart
             assert int(res.nfev) > 150
-        # (the two drivers round differently; with the second strategy's optimistix
-        # constants the host driver stops on ftol after 222 evaluations, the fused one on
-        # gtol after 224, both at the certified cost, LRE 8.9 / 9.3: agree to 1e-7)
+        # (eager (LLVM -O0) and under jit (XLA's defaults) round differently; both stop
+        # at the certified cost: agree to 1e-7)
         np.testing.assert_allclose(np.asarray(eager.x), np.asarray(jitted.x), rtol=1e-7)
 
 
@@ -432,7 +431,7 @@ def test_sweep_adaptive_properties_other_seed():
     from robust_sweep import sweep
     env = os.environ.get("ADAPTPREC_SWEEP_SEED", "7")
     seed = np.random.randint(1, 10_000) if env == "random" else int(env)
-    # "adaptive" runs float64 alone at NIST's sizes on CPU (_ladder.SMALL_F64_MN): the
+    # "adaptive" runs float64 alone at NIST's sizes on CPU (common.SMALL_F64_MN): the
     # ladder itself, which larger problems climb, is held to the same properties
     rows = sweep(list(MODELS), perturbed=3, seed=seed, solvers={
         "ours": lambda p, x0: run_ours(p, x0),

@@ -12,7 +12,7 @@ import pytest
 
 import adaptprec as ap
 from adaptprec.nlsq import _chunks, _stream
-from adaptprec.nlsq._inputs import OptionNotOffered
+from adaptprec.nlsq._arguments import OptionNotOffered
 
 from _subprocess import run_python
 
@@ -101,10 +101,11 @@ def test_chunks_source_uneven_and_oversized(data, streamed):
 
 def test_one_program_for_every_length(data, streamed):
     t, y = data
-    before = len(_chunks._programs)
+    from adaptprec.nlsq import _caches
+    before = len(_caches.STREAM_PROGRAMS)
     res = ap.solve_nlsq(residual, X0, args=(t[:15_000], y[:15_000]), chunk_size=CHUNK)
     assert int(res.status) > 0
-    assert len(_chunks._programs) == before
+    assert len(_caches.STREAM_PROGRAMS) == before
 
 
 @pytest.mark.slow
@@ -206,9 +207,9 @@ def test_raises_under_jit_vmap_grad(data):
 def test_covariance_from_gram_matches_svd():
     rng = np.random.default_rng(3)
     J = rng.standard_normal((500, 4)) * np.array([1.0, 10.0, 0.1, 3.0])
-    from adaptprec.nlsq.curve_fit import covariance_numpy
+    from adaptprec.nlsq.common import covariance
     np.testing.assert_allclose(_stream.covariance_from_gram(J.T @ J, 500),
-                               covariance_numpy(J), rtol=1e-10)
+                               np.asarray(covariance(J)), rtol=1e-10)
     J[:, 3] = J[:, 0]           # not identifiable: inf rows and columns, as the SVD route
     cov = _stream.covariance_from_gram(J.T @ J, 500)
     assert np.isinf(cov[0, 0]) and np.isinf(cov[3, 3]) and np.isfinite(cov[1, 1])

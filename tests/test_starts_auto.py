@@ -154,35 +154,31 @@ def test_throw_searches_first_then_raises():
     assert bool(res.success) and res.starts_run == 0
 
 
-def test_automatic_budget_caps_the_search(monkeypatch):
-    # the default budget (seconds=None) of the search's fits: SEARCH_FACTOR x the local
-    # fit clipped to [AUTO_MIN_SECONDS, AUTO_SECONDS], and a fit is not started when the
-    # fastest so far would end past it (only the first runs regardless, within
-    # AUTO_SECONDS). A clock that advances 0.125 s per reading: the local fit "takes"
-    # 0.125 s, so the budget is 0.9 s (not 1.25 s) and three fits of 0.125 s (two
-    # readings apart) fit in it.
-    from types import SimpleNamespace
-
+def test_automatic_budget_caps_the_search():
+    # the default budget counts residual evaluations (no clock): SEARCH_FACTOR times the
+    # local fit's nfev, at least SEARCH_MIN_NFEV (n + 1); no start begins once it is
+    # spent, so the search overshoots by at most one fit; the same inputs give the same
+    # search and the same bits
     from adaptprec.nlsq import _auto_starts as A
 
-    clock = {"t": 0.0}
+    def run():
+        return ap.solve_nlsq(_decay, np.ones(2), args=(_DECAY_X, _DECAY_Y), max_steps=1,
+                             starts=A.AutoStarts(max_starts=500))
 
-    def tick():
-        clock["t"] += 0.125
-        return clock["t"]
-
-    monkeypatch.setattr(A, "time", SimpleNamespace(perf_counter=tick))
-    res = ap.solve_nlsq(_decay, np.ones(2), args=(_DECAY_X, _DECAY_Y), max_steps=1,
-                        starts="auto")
-    assert res.starts_run == 3 < MIN_STARTS, res.search
-    assert f"budget {A.AUTO_SECONDS:.2g} s" in res.search and "spent" in res.search
+    res = run()
+    budget = A.SEARCH_MIN_NFEV * 3
+    assert f"budget of {budget} evaluations spent" in res.search, res.search
+    assert 0 < res.starts_run < 500
+    again = run()
+    assert again.search == res.search
+    np.testing.assert_array_equal(np.asarray(again.x), np.asarray(res.x))
 
 
 def test_streamed_fits_refuse_starts_auto():
     # a streamed fit (chunk_size=, Chunks) runs one pass over the data per iteration;
     # starts="auto" is not offered there (a clear error, as for starts=K); large host
     # data that would stream by itself is fitted in memory when starts is given
-    from adaptprec.nlsq._inputs import OptionNotOffered
+    from adaptprec.nlsq._arguments import OptionNotOffered
 
     with pytest.raises(OptionNotOffered, match="starts"):
         ap.solve_nlsq(_decay, np.ones(2), args=(_DECAY_X, _DECAY_Y), chunk_size=16,

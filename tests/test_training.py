@@ -299,22 +299,26 @@ def test_train_step_with_x64_off():
 
 
 @pytest.mark.slow
-def test_layered_training_example_runs_under_a_minute():
+def test_layered_training_example_runs_as_written():
     import os
     import subprocess
     import sys
-    import time
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu")
     env.pop("JAX_ENABLE_X64", None)
-    t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, os.path.join(root, "examples",
-                                                       "layered_training.py")],
-                         env=env, capture_output=True, text=True, timeout=300, cwd=root)
-    elapsed = time.perf_counter() - t0
+    res = subprocess.run([sys.executable, "-W", "error::UserWarning",
+                          os.path.join(root, "examples", "layered_training.py")],
+                         env=env, capture_output=True, text=True, timeout=900, cwd=root)
     assert res.returncode == 0, res.stderr
-    assert "loss/block0" in res.stdout and "early bf16 / late f32" in res.stdout
-    assert elapsed < 60, elapsed
+    assert "'attn/*': bf16" in res.stdout and "layered: matmuls bf16" in res.stdout
+    final = {}
+    for line in res.stdout.splitlines():
+        for name in ("float32", "layered: matmuls bf16", "f16 policy + loss scaling"):
+            if line.startswith(name + " "):
+                final[name] = float(line[len(name):].split()[0])
+    # the layered and f16 runs end within 3% of float32's loss (measured: within 0.1%)
+    assert final["layered: matmuls bf16"] < 1.03 * final["float32"], final
+    assert final["f16 policy + loss scaling"] < 1.03 * final["float32"], final
 
 
 @pytest.mark.slow
@@ -356,3 +360,128 @@ def test_bare_optimizer_never_applies_a_nonfinite_step():
     assert not bool(info.finite) and np.array_equal(np.asarray(w2), np.asarray(w))
     w3, _, info = step(w, state, jnp.array([1.0, 2.0], jnp.float32))
     assert bool(info.finite) and np.allclose(np.asarray(w3), [0.9, 0.8])
+
+
+# ------------------------------------------------------ the layered example, as written
+@pytest.fixture(scope="module")
+def example():
+    import pathlib
+    import sys
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
+    import layered_training
+    return layered_training
+
+
+def test_layered_example_rules_decide_every_scope_as_written(example):
+    import warnings
+    params = example.init(jax.random.PRNGKey(1))
+    x, y = example.data(n=4, t=6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")      # no rule matches nothing
+        ex = ap.explain(example.loss, "always_f32", scopes=example.SCOPES)(params, x, y)
+        jax.make_jaxpr(ap.autocast(example.loss, "always_f32",
+                                   scopes=example.SCOPES))(params, x, y)
+    assert ex.unmatched == ()
+    rows = {r.scope: r for r in ex.scopes}
+    for i in range(example.BLOCKS):
+        for proj in ("query", "key", "value", "out"):   # projections: bf16 matmuls
+            r = rows[f"Block_{i}/attn/{proj}"]
+            assert r.pattern == "attn/*" and "bfloat16->float32" in r.dtypes
+        assert rows[f"Block_{i}/attn"].pattern == "attn"   # softmax: float32
+        assert set(rows[f"Block_{i}/attn"].dtypes) == {"float32"}
+        for ln in ("LayerNorm_0", "LayerNorm_1"):
+            assert set(rows[f"Block_{i}/{ln}"].dtypes) == {"float32"}
+        assert rows[f"Block_{i}/mlp/Dense_0"].pattern == "mlp"
+
+
+# ------------------------------------------------------------------ one vocabulary
+def test_train_step_takes_an_autocast_preset_as_its_policy():
+    def loss(w, x):
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
+    w, x = jnp.full((4, 3), 0.3, F32), jnp.linspace(-1, 1, 32, dtype=F32).reshape(8, 4)
+    tx = ap.skip_nonfinite(optax.sgd(0.1))
+    a = jax.jit(ap.train_step(loss, tx, "auto_mixed_bf16"))
+    b = jax.jit(ap.train_step(loss, tx, "f32", precision="auto_mixed_bf16"))
+    c = jax.jit(ap.train_step(loss, tx, ap.AUTO_MIXED_BF16))
+    outs = [f(w, tx.init(w), x)[0] for f in (a, b, c)]
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+    with pytest.raises(ValueError, match="pass the autocast policy once, as precision="):
+        ap.train_step(loss, tx, "auto_mixed_bf16", precision="auto_mixed")
+    vg = ap.mixed_value_and_grad(loss, "always_f32")(w, x)
+    assert vg.grads.dtype == F32
+
+
+def test_policy_errors_name_the_parameter_that_takes_the_other_kind():
+    # the issue: an autocast preset passed where a jmp policy is read
+    with pytest.raises(ValueError, match=r"'auto_mixed_bf16' is not a jmp policy.*"
+                                         r"precision= of ap.train_step"):
+        ap.Policy.parse("auto_mixed_bf16")
+    with pytest.raises(ValueError, match="precision= of ap.train_step"):
+        ap.cast_floating({"w": jnp.ones(2)}, "auto_mixed_bf16")
+    # a string mixing both grammars names both parameters
+    with pytest.raises(ValueError, match=r"mixes jmp keys \(p\) with autocast rules "
+                                         r"\(exp\).*policy= .*precision="):
+        ap.autocast(jnp.sin, "p=f32,exp=f32")
+    with pytest.raises(ValueError, match=r"unknown key 'exp'.*precision= of ap.train_step"):
+        ap.train_step(lambda w: jnp.sum(w), optax.sgd(0.1), "p=f32,exp=f32")
+    with pytest.raises(ValueError, match="did you mean 'auto_mixed_bf16'"):
+        ap.autocast(jnp.sin, "auto_mixed_bf61")
+
+
+def test_autocast_takes_a_jmp_policy_string():
+    # the issue: "p=f32,c=bf16,o=f32" was read as op kind 'p'
+    def f(x):
+        return jnp.sum(jnp.exp(x) @ x)
+    x = jnp.linspace(0, 1, 16, dtype=F32).reshape(4, 4)
+    j = jax.make_jaxpr(ap.autocast(f, "p=f32,c=bf16,o=f32"))(x)
+    k = jax.make_jaxpr(ap.autocast(f, ap.Policy.parse("p=f32,c=bf16,o=f32")))(x)
+    assert str(j) == str(k)
+    exps = [e for e in j.eqns if e.primitive.name == "exp"]
+    assert exps[0].outvars[0].aval.dtype == BF16                 # compute dtype throughout
+    assert j.out_avals[0].dtype == F32                            # outputs in o
+    ex = ap.explain(f, "p=f32,c=bf16,o=f32")(x)
+    assert ex.row("compute").dtypes == ("bfloat16->float32",)    # f32 accumulation
+
+
+# ------------------------------------------------------------------ skipped steps
+def _poisoned_run(on_skip, steps=3):
+    tx = ap.skip_nonfinite(optax.sgd(0.1), ap.DynamicLossScale(2.0 ** 4))
+    step = jax.jit(ap.train_step(lambda w, x: jnp.sum(w * x), tx, "f32", on_skip=on_skip))
+    w, st = jnp.ones(2, F32), tx.init(jnp.ones(2, F32))
+    infos = []
+    for i in range(steps):
+        x = jnp.array([1.0, jnp.inf if i == 1 else 2.0], F32)
+        w, st, info = step(w, st, x)
+        infos.append(info)
+    jax.effects_barrier()
+    return infos
+
+
+def test_skipped_steps_count_by_default_warn_or_call_back():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        infos = _poisoned_run("count")                   # the default: silent
+    assert [int(i.skipped) for i in infos] == [0, 1, 1]
+    with pytest.warns(RuntimeWarning, match=r"train_step skipped a step.*1 skipped so far"):
+        _poisoned_run("warn")
+    seen = []
+    _poisoned_run(seen.append)
+    assert len(seen) == 1 and int(seen[0].skipped) == 1 and not bool(seen[0].finite)
+    assert float(seen[0].loss_scale) == 8.0               # halved by the skip
+    with pytest.raises(ValueError, match="on_skip must be 'count', 'warn' or a function"):
+        ap.train_step(jnp.sum, optax.sgd(0.1), "f32", on_skip="print")
+
+
+def test_skip_callback_under_vmap_reports_each_skipped_element():
+    tx = ap.skip_nonfinite(optax.sgd(0.1))
+    seen = []
+    step = ap.train_step(lambda w, x: jnp.sum(w * x), tx, "f32", on_skip=seen.append)
+    w = jnp.ones((3, 2), F32)
+    x = jnp.array([[1.0, 2.0], [jnp.inf, 1.0], [1.0, jnp.nan]], F32)
+    st = jax.vmap(tx.init)(w)
+    w2, _, info = jax.jit(jax.vmap(step))(w, st, x)
+    jax.effects_barrier()
+    assert [bool(f) for f in info.finite] == [True, False, False]
+    assert len(seen) == 2 and all(not bool(i.finite) for i in seen)
+    assert np.array_equal(np.asarray(w2[1:]), np.asarray(w[1:]))

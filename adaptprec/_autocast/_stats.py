@@ -1,5 +1,9 @@
 """Bookkeeping of one autocast trace: ops, compute dtypes and casts per op kind, and the
-same counts per name-stack scope (``scopes``: full path -> its own ``_Stats``)."""
+same counts per name-stack scope (``scopes``: full path -> its own ``_Stats``).
+
+Integer counters (``retained_converts``: fn's own conversions still performed;
+``guarded_dots``: dots kept behind a barrier for the backend, :mod:`.dots`) are counted
+with ``+= 1`` and land in the totals and in the scope's own counts."""
 
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ class _Stats:
     unknown: set = dataclasses.field(default_factory=set)
     fallback: set = dataclasses.field(default_factory=set)
     retained_converts: int = 0
+    guarded_dots: int = 0
     scopes: dict = dataclasses.field(default_factory=dict)
 
     def op(self, kind: OpKind, name: str, dtype) -> None:
@@ -66,8 +71,13 @@ class _Stats:
         self.unknown |= other.unknown
         self.fallback |= other.fallback
         self.retained_converts += other.retained_converts
+        self.guarded_dots += other.guarded_dots
         for k, v in other.scopes.items():
             self.at(k).merge(v)
+
+
+#: The integer counters of a ``_Stats`` (see the module docstring).
+_COUNTERS = frozenset({"retained_converts", "guarded_dots"})
 
 
 class _Tagged:
@@ -94,18 +104,15 @@ class _Tagged:
     def merge(self, other) -> None:
         self.base.merge(other)
 
-    @property
-    def retained_converts(self) -> int:
-        return self.base.retained_converts
+    def __getattr__(self, name: str):
+        return getattr(self.base, name)
 
     def __setattr__(self, name: str, value) -> None:
-        if name == "retained_converts":  # ``+= 1`` counts for the scope too
-            self._own.retained_converts += value - self.base.retained_converts
-            self.base.retained_converts = value
+        if name in _COUNTERS:  # ``+= 1`` counts for the scope too
+            own = getattr(self._own, name) + value - getattr(self.base, name)
+            setattr(self._own, name, own)
+            setattr(self.base, name, value)
         elif name in self._OWN:
             object.__setattr__(self, name, value)
         else:
             setattr(self.base, name, value)
-
-    def __getattr__(self, name: str):
-        return getattr(self.base, name)

@@ -6,8 +6,10 @@ they compute in and the casts the policy inserts, the total cast count, and the
 primitives autocast does not know (they run at their input dtype) or had to run at the
 dtype they were traced at. Counts are static: an op inside a loop body counts once.
 The same counts are grouped by name-stack scope (``Explanation.scopes``, one
-:class:`ScopeRow` per scope path, with the ``scopes=`` pattern and rule that applied there);
-``str()`` adds that table when ``fn`` has named scopes.
+:class:`ScopeRow` per scope path, with the ``scopes=`` pattern and rule that decided it);
+``str()`` adds that table when ``fn`` has named scopes, then the patterns that matched no
+scope (``Explanation.unmatched``, with the closest scope names) and the dots kept in a
+form the backend runs (``Explanation.guarded_dots``, see :mod:`.dots`).
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -29,6 +31,7 @@ Example:
     transcendental     2      0  float32
     data_movement      2      0  float32
     total             10      2
+    dots kept behind a barrier for the backend (bf16 x bf16 -> f32 on XLA:CPU): 1
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from .interpret import _is_dynamic, _run
 from .._opkind import OpKind
 from .presets import AUTO_MIXED_BF16, PrecisionPolicy
 from .scopes import ScopeRules
+from .vocabulary import precision_policy
 
 __all__ = ["explain", "Explanation", "KindRow", "ScopeRow"]
 
@@ -134,6 +138,10 @@ class Explanation:
         traced_dtype_primitives: primitives run at the dtype they were traced at.
         jaxpr: the transformed program (a ``ClosedJaxpr``), for inspection.
         scopes: one :class:`ScopeRow` per name-stack scope (``""``: outside every scope).
+        unmatched: ``(pattern, hint)`` for every ``scopes=`` pattern that matched no scope
+            of ``fn`` (the hint names the closest scope names).
+        guarded_dots: dots kept behind an optimization barrier so the backend runs them
+            (bfloat16 x bfloat16 -> float32 on XLA:CPU; :mod:`adaptprec._autocast.dots`).
 
     Example:
         >>> import jax.numpy as jnp
@@ -152,6 +160,8 @@ class Explanation:
     traced_dtype_primitives: tuple[str, ...]
     jaxpr: Any = dataclasses.field(repr=False, compare=False)
     scopes: tuple[ScopeRow, ...] = ()
+    unmatched: tuple[tuple[str, str], ...] = ()
+    guarded_dots: int = 0
 
     def row(self, kind: OpKind | str) -> KindRow:
         """The row of ``kind`` (a zero row if no op of that kind occurs)."""
@@ -183,14 +193,26 @@ class Explanation:
         if self.traced_dtype_primitives:
             lines.append("run at their traced dtype: "
                          + ", ".join(self.traced_dtype_primitives))
+        if self.guarded_dots:
+            lines.append(f"dots kept behind a barrier for the backend (bf16 x bf16 -> f32 "
+                         f"on XLA:CPU): {self.guarded_dots}")
         if any(r.scope for r in self.scopes):
+            deciders = [_decider(r) for r in self.scopes]
             width = max(16, *(len(r.scope) + 2 for r in self.scopes))
-            rw = max(6, *(len(r.rule or "-") + 2 for r in self.scopes))
-            lines.append(f"{'scope':<{width}}{'rule':<{rw}}{'ops':>4}{'casts':>7}  dtypes")
-            for r in self.scopes:
-                lines.append(f"{r.scope or '(outside)':<{width}}{r.rule or '-':<{rw}}"
+            rw = max(12, *(len(d) + 2 for d in deciders))
+            lines.append(f"{'scope':<{width}}{'decided by':<{rw}}{'ops':>4}{'casts':>7}"
+                         f"  dtypes")
+            for r, d in zip(self.scopes, deciders):
+                lines.append(f"{r.scope or '(outside)':<{width}}{d:<{rw}}"
                              f"{r.ops:>4}{r.casts:>7}  {', '.join(r.dtypes) or '-'}")
+        for pattern, hint in self.unmatched:
+            lines.append(f"pattern {pattern!r} matched no scope; {hint}")
         return "\n".join(lines)
+
+
+def _decider(row: ScopeRow) -> str:
+    """``'pattern': rule`` of a scope row, or ``(base policy)``."""
+    return "(base policy)" if row.pattern is None else f"{row.pattern!r}: {row.rule}"
 
 
 def explain(fn: Callable, policy: PrecisionPolicy | str = AUTO_MIXED_BF16,
@@ -207,7 +229,7 @@ def explain(fn: Callable, policy: PrecisionPolicy | str = AUTO_MIXED_BF16,
         >>> ap.explain(lambda x: jnp.log(jnp.sum(jnp.exp(x))), "auto_mixed")(spec).casts
         0
     """
-    pol = PrecisionPolicy.parse(policy)
+    pol = precision_policy(policy)
     rules = ScopeRules(pol, scopes)
     if not callable(fn):
         raise TypeError(f"explain needs a callable, got {fn!r} of type "
@@ -224,7 +246,7 @@ def explain(fn: Callable, policy: PrecisionPolicy | str = AUTO_MIXED_BF16,
             for i, x in zip(dyn_idx, xs):
                 ls[i] = x
             a, k = jax.tree_util.tree_unflatten(treedef, ls)
-            return _run(fn, pol, a, k, stats, scopes=rules)
+            return _run(fn, pol, a, k, stats, scopes=rules, warn=False)
 
         closed = jax.make_jaxpr(flat)(*[leaves[i] for i in dyn_idx])
         rows = _rows(stats)
@@ -233,6 +255,8 @@ def explain(fn: Callable, policy: PrecisionPolicy | str = AUTO_MIXED_BF16,
             ops=sum(stats.ops.values()), retained_converts=stats.retained_converts,
             unknown_primitives=tuple(sorted(stats.unknown)),
             traced_dtype_primitives=tuple(sorted(stats.fallback)), jaxpr=closed,
-            scopes=_scope_rows(stats, rules))
+            scopes=_scope_rows(stats, rules),
+            unmatched=tuple(rules.unmatched(stats.scopes)) if rules else (),
+            guarded_dots=stats.guarded_dots)
 
     return run

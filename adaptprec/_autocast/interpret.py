@@ -8,15 +8,12 @@ with the pointwise analysis and the fits-last evaluator). Higher-order primitive
 recursed into with JAX's public APIs, so the result is an ordinary traceable function that
 composes with ``jit``, ``grad``, ``vmap`` and ``adaptive()``:
 
-* ``jit``/``closed_call``: inlined; ``remat2``: re-wrapped in :func:`jax.checkpoint`;
-* ``scan``/``while``: :func:`jax.lax.scan` / :func:`jax.lax.while_loop` over the transformed
-  body; floating loop carries get the ``CONTROL`` rule's dtype (float32 under the AUTO
-  presets) and the body's new carry is cast to it; ``cond``: :func:`jax.lax.switch` over
-  the transformed branches, outputs promoted to a common dtype;
-* ``custom_jvp_call``/``custom_vjp_call``: re-wrapped with :func:`jax.custom_jvp` /
-  :func:`jax.custom_vjp` whose rules are the original rules (the JVP jaxpr / the forward
-  jaxpr re-evaluated under the policy, the user's backward function as is), so custom
-  derivatives keep working;
+* calls, ``remat``, ``scan``/``while``/``cond``: :mod:`.control` (floating loop carries
+  get the ``CONTROL`` rule's dtype, float32 under the AUTO presets);
+* ``custom_jvp_call``/``custom_vjp_call``: :mod:`.custom_rules` (re-wrapped with the
+  original rules, so custom derivatives keep working);
+* ``dot_general``: :mod:`.dots` (accumulation dtype, precision, and a form the backend
+  runs);
 * ``LINALG`` primitives never run below float32 (LAPACK and cuSOLVER have no
   half-precision factorizations), whatever the rule says;
 * other primitives carrying jaxprs (``reduce`` with a custom computation,
@@ -47,8 +44,8 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import functools
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -56,192 +53,37 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
 try:  # jax.extend.core's classes, without importing all of jax.extend (its pallas
     # module alone costs ~15 ms of `import adaptprec`)
-    from jax._src.core import ClosedJaxpr, Jaxpr
+    from jax._src.core import Jaxpr
 except ImportError:  # pragma: no cover
-    from jax.extend.core import ClosedJaxpr, Jaxpr
+    from jax.extend.core import Jaxpr
 
 from .. import _jaxpr as jx
-from . import scopes as _scopes
-from ._stats import _Stats, _Tagged
-from .._opkind import CALLS, EXACT_REDUCTIONS, PRIMITIVE_KINDS, OpKind, classify
+from .._opkind import CALLS, PRIMITIVE_KINDS, OpKind, classify
+from . import context as _context
+from . import dots as _dots
 from . import presets as _presets
+from . import scopes as _scopes
+from ._stats import _Stats
+from .context import (  # noqa: F401  (_Ctx, _is_float, _raw: the accuracy guard's hook)
+    _Ctx,
+    _dtype,
+    _fmt,
+    _is_float,
+    _Lit,
+    _lit_value,
+    _raw,
+    _resolve,
+    _widest,
+)
+from .control import _cond, _inline, _remat, _scan, _while
+from .custom_rules import _custom_jvp, _custom_vjp
 from .presets import AUTO_MIXED_BF16, PrecisionPolicy, Rule
+from .vocabulary import precision_policy
 
 __all__ = ["autocast"]
-
-
-# --------------------------------------------------------------------------- values
-class _Lit:
-    """A scalar literal of the jaxpr: cast for free (numpy), never votes on dtypes."""
-
-    __slots__ = ("val", "dtype")
-
-    def __init__(self, val: Any, dtype: Any):
-        self.val = val
-        self.dtype = dtype
-
-
-def _dtype(v: Any):
-    return v.dtype
-
-
-def _is_float(dtype: Any) -> bool:
-    if dtype is None:
-        return False
-    try:
-        return bool(jnp.issubdtype(dtype, jnp.floating))
-    except TypeError:
-        return False
-
-
-def _raw(v: Any, dtype: Any = None) -> Any:
-    """A bindable value: literals become numpy scalars (of ``dtype`` if given)."""
-    if isinstance(v, _Lit):
-        return np.asarray(v.val, dtype=v.dtype if dtype is None else dtype)
-    return v
-
-
-def _widest(dtypes: Sequence[Any]):
-    return functools.reduce(jnp.promote_types, dtypes)
-
-
-def _split_literals(vals: Sequence[Any]):
-    """The non-literal values, and a function putting (new) values back among literals:
-    literal operands of a sub-function are closed over so they keep adapting."""
-    pos = [i for i, v in enumerate(vals) if not isinstance(v, _Lit)]
-
-    def rebuild(xs: Sequence[Any]) -> list:
-        full = list(vals)
-        for i, x in zip(pos, xs):
-            full[i] = x
-        return full
-
-    return [vals[i] for i in pos], pos, rebuild
-
-
-# --------------------------------------------------------------------------- context
-class _Ctx:
-    """Policy, statistics and the cast cache of one traced scope.
-
-    ``where`` is the name-stack position: (scope rules, path, keep); equations whose own
-    name stack adds scopes run in the context :meth:`at` gives them."""
-
-    def __init__(self, policy: PrecisionPolicy, stats: _Stats | None = None,
-                 cache: dict | None = None, hook: Callable | None = None,
-                 nested: bool = False, where: tuple | None = None):
-        self.policy = policy
-        self.where = (_scopes.ScopeRules(policy), (), False) if where is None else where
-        self.stats = _Tagged(_Stats() if stats is None else stats,
-                             "/".join(self.where[1]))
-        self.cache = {} if cache is None else cache
-        # Optional per-equation callback ``hook(ctx, eqn, args, outs) -> outs`` applied to
-        # the results of first-order primitives and float conversions (used by the Monte
-        # Carlo arithmetic of ``guards.accuracy``). ``nested``: a sub-trace (loop body,
-        # branch, custom rule) whose values cannot leave it.
-        self.hook = hook
-        self.nested = nested
-        self.kids: dict = {}
-
-    @property
-    def keep(self) -> bool:
-        return self.where[2]
-
-    def at(self, names: tuple) -> _Ctx:
-        """The context of an equation whose own name stack is ``names``: the names
-        appended to this context's path, the policy of the most specific matching scope
-        rule (same statistics and cast cache)."""
-        if not names:
-            return self
-        kid = self.kids.get(names)
-        if kid is None:
-            rules, path = self.where[0], self.where[1] + names
-            m = rules.match(path)
-            kid = copy.copy(self)  # keeps any other per-trace state of this context
-            kid.policy, kid.where, kid.kids = m.policy, (rules, path, m.keep), {}
-            kid.stats = _Tagged(self.stats, "/".join(path))
-            self.kids[names] = kid
-        return kid
-
-    def cast(self, v: Any, dtype: Any, kind: OpKind) -> Any:
-        """``v`` in ``dtype``; literals for free, arrays once per (value, dtype)."""
-        if isinstance(v, _Lit):
-            return np.asarray(v.val, dtype=dtype)
-        if v.dtype == dtype:
-            return v
-        key = (id(v), np.dtype(dtype))
-        hit = self.cache.get(key)
-        if hit is not None:
-            return hit[1]
-        out = lax.convert_element_type(v, dtype)
-        self.stats.cast(kind)
-        self.cache[key] = (v, out)
-        if jnp.promote_types(v.dtype, dtype) == dtype:  # exact upcast: going back is free
-            self.cache[(id(out), np.dtype(v.dtype))] = (out, v)
-        return out
-
-
-class _Recorder:
-    """Creates the context of a sub-trace (loop body, branch, custom rule) and merges the
-    statistics of the last trace into the parent when committed (bodies may be traced more
-    than once; eval_shape passes use ``quiet`` contexts that are never merged)."""
-
-    def __init__(self, parent: _Ctx, inherit_cache: bool = True):
-        self.parent = parent
-        self.inherit = inherit_cache
-        self.last: _Ctx | None = None
-
-    def child(self) -> _Ctx:
-        self.last = self.quiet()
-        return self.last
-
-    def quiet(self) -> _Ctx:
-        return _Ctx(self.parent.policy, _Stats(),
-                    dict(self.parent.cache) if self.inherit else {},
-                    hook=self.parent.hook, nested=True, where=self.parent.where)
-
-    def commit(self) -> None:
-        if self.last is not None:
-            self.parent.stats.merge(self.last.stats)
-            self.last = None
-
-
-# --------------------------------------------------------------------------- rules
-def _resolve(policy: PrecisionPolicy, rule, in_dtype, name: str, kind: OpKind):
-    """The dtype the floating operands of ``name`` are cast to."""
-    if rule is Rule.LOW:
-        return policy.dtype
-    if rule is Rule.HIGH:
-        return policy.accumulate
-    if rule is Rule.ACCUMULATE:
-        if name in EXACT_REDUCTIONS:
-            return in_dtype
-        if kind is OpKind.COMPUTE:
-            return policy.dtype
-        return policy.accumulate
-    if rule is Rule.INPUT:
-        return _capped(in_dtype, policy.accumulate)
-    return np.dtype(rule)
-
-
-def _capped(dtype, cap):
-    """``dtype``, or ``cap`` if ``dtype`` is more precise than ``cap``."""
-    return cap if jnp.finfo(dtype).eps < jnp.finfo(cap).eps else dtype
-
-
-def _compute_params(policy: PrecisionPolicy, rule, target, params: dict) -> dict:
-    """preferred_element_type / precision of dot_general and conv under the policy."""
-    params = dict(params)
-    acc = target
-    pet = policy.preferred_element_type
-    if (rule is Rule.ACCUMULATE and pet is not None
-            and jnp.promote_types(pet, target) == pet):
-        acc = pet
-    params["preferred_element_type"] = np.dtype(acc)
-    if policy.dot_precision is not None and "precision" in params:
-        params["precision"] = (policy.dot_precision, policy.dot_precision)
-    return params
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -261,10 +103,6 @@ def _eval_jaxpr(ctx: _Ctx, jaxpr: Jaxpr, consts: Sequence[Any], args: Sequence[A
 
     return jx.eval_jaxpr(jaxpr, consts, args, step,
                          literal=lambda lit: _Lit(lit.val, lit.aval.dtype))
-
-
-def _eval_closed(ctx: _Ctx, closed: ClosedJaxpr, args: Sequence[Any]) -> list:
-    return _eval_jaxpr(ctx, closed.jaxpr, closed.consts, args)
 
 
 # Primitives whose meaning depends on the exact traced dtype of their operands: bit
@@ -310,7 +148,7 @@ def _to_traced(ctx: _Ctx, v: Any, dtype: Any, kind: OpKind) -> Any:
     if not _is_float(_dtype(v)) or not _is_float(dtype):
         return v
     if isinstance(v, _Lit):
-        return _Lit(np.asarray(v.val, dtype=dtype), np.dtype(dtype))
+        return _Lit(_lit_value(v.val, dtype), np.dtype(dtype))
     return ctx.cast(v, dtype, kind)
 
 
@@ -333,7 +171,7 @@ def _first_order(ctx: _Ctx, eqn, invals) -> list:
         target = np.dtype(np.float32)  # LAPACK/cuSOLVER have no half-precision kernels
     params = dict(eqn.params)
     if "preferred_element_type" in params and kind is OpKind.COMPUTE:
-        params = _compute_params(policy, rule, target, params)
+        params = _dots.dot_params(policy, rule, target, params)
     if params.get("out_dtype") is not None and _is_float(params["out_dtype"]):
         params["out_dtype"] = None
     fset = set(floats)
@@ -344,6 +182,8 @@ def _first_order(ctx: _Ctx, eqn, invals) -> list:
     except (TypeError, ValueError):
         # The primitive does not accept these dtypes: run it as traced.
         return _at_traced_dtype(ctx, eqn, invals)
+    if name == "dot_general":
+        outs = _dots.runnable(ctx.stats, target, outs)
     label = target
     if "preferred_element_type" in params:  # operands -> accumulator
         label = f"{target.name}->{np.dtype(params['preferred_element_type']).name}"
@@ -372,266 +212,13 @@ def _convert(ctx: _Ctx, eqn, invals) -> list:
                                name, kind))
     ctx.stats.op(kind, name, target)
     if isinstance(x, _Lit):
-        return [_Lit(np.asarray(x.val, dtype=target), target)]
+        return [_Lit(_lit_value(x.val, target), target)]
     if x.dtype == target:
         out = [x]
     else:
         ctx.stats.retained_converts += 1
         out = jx.bind(eqn, [x], dict(eqn.params, new_dtype=target))
     return out if ctx.hook is None else ctx.hook(ctx, eqn, [x], out)
-
-
-def _inline(ctx: _Ctx, eqn, invals) -> list:
-    ctx.stats.op(OpKind.CONTROL, eqn.primitive.name, None)
-    return _eval_jaxpr(ctx, *jx.call_body(eqn), invals)
-
-
-def _remat(ctx: _Ctx, eqn, invals) -> list:
-    sub: Jaxpr = eqn.params["jaxpr"]
-    rec = _Recorder(ctx)
-    ctx.stats.op(OpKind.CONTROL, "remat2", None)
-
-    def body(*xs):
-        return [_raw(o) for o in _eval_jaxpr(rec.child(), sub, (), xs)]
-
-    out = jax.checkpoint(body, prevent_cse=eqn.params["prevent_cse"],
-                         policy=eqn.params["policy"])(*[_raw(v) for v in invals])
-    rec.commit()
-    return list(out)
-
-
-def _carry_dtypes(ctx: _Ctx, name: str, init: Sequence[Any]) -> list:
-    rule = ctx.policy.rule_for(name)
-    return [np.dtype(_resolve(ctx.policy, rule, v.dtype, name, OpKind.CONTROL))
-            if _is_float(v.dtype) else None for v in init]
-
-
-def _fix_carry(ctx: _Ctx, name: str, init: list, step: Callable) -> list:
-    """Carry dtypes of a loop: the CONTROL rule's dtype; under an ``input`` rule, widened
-    until the body returns what it is given (a fixed point reached in a few passes)."""
-    dts = _carry_dtypes(ctx, name, init)
-    if ctx.policy.rule_for(name) is not Rule.INPUT:
-        return dts
-    for _ in range(4):
-        avals = [jax.ShapeDtypeStruct(v.shape, v.dtype if d is None else d)
-                 for v, d in zip(init, dts)]
-        outs = jax.eval_shape(step, avals)
-        new = [None if d is None else np.dtype(jnp.promote_types(d, o.dtype))
-               for d, o in zip(dts, outs)]
-        if new == dts:
-            break
-        dts = new
-    return dts
-
-
-def _cast_carry(ctx: _Ctx, outs: Sequence[Any], dts: Sequence[Any], init) -> list:
-    return [ctx.cast(o, d, OpKind.CONTROL) if d is not None else _raw(o, i.dtype)
-            for o, d, i in zip(outs, dts, init)]
-
-
-def _scan(ctx: _Ctx, eqn, invals) -> list:
-    p = eqn.params
-    body: ClosedJaxpr = p["jaxpr"]
-    nc, ncar = p["num_consts"], p["num_carry"]
-    consts = invals[:nc]
-    init = [_raw(v) for v in invals[nc:nc + ncar]]
-    xs = [_raw(v) for v in invals[nc + ncar:]]
-    rec = _Recorder(ctx)
-
-    def probe(carry):  # the body's carry output dtypes for given carry dtypes
-        def run(c, xsl):
-            return [_raw(o) for o in _eval_closed(rec.quiet(), body, [*consts, *c, *xsl])]
-        xsl = [jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in xs]
-        return jax.eval_shape(run, carry, xsl)[:ncar]
-
-    dts = _fix_carry(ctx, "scan", init, probe)
-
-    def step(carry, x):
-        c = rec.child()
-        outs = _eval_closed(c, body, [*consts, *carry, *(x if x is not None else ())])
-        return _cast_carry(c, outs[:ncar], dts, init), [_raw(o) for o in outs[ncar:]]
-
-    init_c = _cast_carry(ctx, init, dts, init)
-    ctx.stats.op(OpKind.CONTROL, "scan", _fmt(dts))
-    carry, ys = lax.scan(step, init_c, xs if xs else None, length=p["length"],
-                         reverse=p["reverse"], unroll=p["unroll"])
-    rec.commit()
-    return [*carry, *ys]
-
-
-def _while(ctx: _Ctx, eqn, invals) -> list:
-    p = eqn.params
-    cj: ClosedJaxpr = p["cond_jaxpr"]
-    bj: ClosedJaxpr = p["body_jaxpr"]
-    cn, bn = p["cond_nconsts"], p["body_nconsts"]
-    cconsts, bconsts = invals[:cn], invals[cn:cn + bn]
-    init = [_raw(v) for v in invals[cn + bn:]]
-    crec, brec = _Recorder(ctx), _Recorder(ctx)
-
-    def probe(carry):
-        return jax.eval_shape(
-            lambda c: [_raw(o) for o in _eval_closed(brec.quiet(), bj, [*bconsts, *c])],
-            carry)
-
-    dts = _fix_carry(ctx, "while", init, probe)
-
-    def cond_fun(carry):
-        return _raw(_eval_closed(crec.child(), cj, [*cconsts, *carry])[0])
-
-    def body_fun(carry):
-        c = brec.child()
-        return _cast_carry(c, _eval_closed(c, bj, [*bconsts, *carry]), dts, init)
-
-    init_c = _cast_carry(ctx, init, dts, init)
-    ctx.stats.op(OpKind.CONTROL, "while", _fmt(dts))
-    out = lax.while_loop(cond_fun, body_fun, init_c)
-    crec.commit()
-    brec.commit()
-    return list(out)
-
-
-def _cond(ctx: _Ctx, eqn, invals) -> list:
-    branches: Sequence[ClosedJaxpr] = eqn.params["branches"]
-    index = _raw(invals[0])
-    ops, _, rebuild = _split_literals(invals[1:])
-    recs = [_Recorder(ctx) for _ in branches]
-    shapes = [jax.eval_shape(lambda *o, br=br, r=r: [
-        _raw(x) for x in _eval_closed(r.quiet(), br, rebuild(o))], *ops)
-        for br, r in zip(branches, recs)]
-    dts = [_widest([s[i].dtype for s in shapes]) for i in range(len(shapes[0]))]
-
-    def make(br, rec):
-        def run(*o):
-            c = rec.child()
-            outs = _eval_closed(c, br, rebuild(o))
-            return [c.cast(x, d, OpKind.CONTROL) if _is_float(d) else _raw(x, d)
-                    for x, d in zip(outs, dts)]
-        return run
-
-    ctx.stats.op(OpKind.CONTROL, "cond", _fmt(dts))
-    out = lax.switch(index, [make(br, r) for br, r in zip(branches, recs)], *ops)
-    for r in recs:
-        r.commit()
-    return list(out)
-
-
-def _custom_setup(ctx: _Ctx, eqn, invals):
-    """Shared by the custom_jvp/custom_vjp handlers: the array operands (literals are
-    closed over), their positions, ``rebuild``, a recorder with a fresh cast cache (rules
-    run in other traces), and the primal evaluated under the policy — recorded or quiet."""
-    call: ClosedJaxpr = eqn.params["call_jaxpr"]
-    arrays, pos, rebuild = _split_literals(invals)
-    rec = _Recorder(ctx, inherit_cache=False)
-    ctx.stats.op(OpKind.CONTROL, eqn.primitive.name, None)
-
-    def primal(*xs):
-        return [_raw(o) for o in _eval_closed(rec.child(), call, rebuild(xs))]
-
-    def quiet(*xs):
-        return [_raw(o) for o in _eval_closed(rec.quiet(), call, rebuild(xs))]
-
-    return arrays, pos, rebuild, rec, primal, quiet
-
-
-def _custom_jvp(ctx: _Ctx, eqn, invals) -> list:
-    """Re-wrap with jax.custom_jvp: primal = call_jaxpr under the policy, rule = the
-    original JVP jaxpr under the policy (tangents cast to the primal output dtypes)."""
-    p = eqn.params
-    jvp_fun, nconst, symbolic = p["jvp_jaxpr_fun"], p["num_consts"], p["symbolic_zeros"]
-    arrays, pos, rebuild, rec, primal, quiet = _custom_setup(ctx, eqn, invals)
-
-    def rule(primals, tangents):
-        full = rebuild(primals)
-        out = quiet(*primals)
-        tfull: list = [None] * len(full)
-        for i, t in zip(pos, tangents):
-            tfull[i] = t
-        args, targs = full[nconst:], tfull[nconst:]
-        if symbolic:
-            zeros = [t is None or _is_zero_tangent(t) for t in targs]
-        else:  # the rule expects instantiated zeros, as JAX would give it
-            targs = [_zero_tangent(a) if t is None else t for a, t in zip(args, targs)]
-            zeros = [False] * len(targs)
-        jaxpr, consts, out_zeros = jvp_fun.call_wrapped(*zeros)
-        nz = [t for t, z in zip(targs, zeros) if not z]
-        res = _eval_jaxpr(rec.quiet(), jaxpr, consts, [*args, *nz])
-        nz_out = iter(res[len(out_zeros):])
-        tan_out = []
-        for o, z in zip(out, out_zeros):
-            if z:
-                tan_out.append(jnp.zeros(o.shape, _tangent_dtype(o.dtype)))
-            else:
-                t = _raw(next(nz_out))
-                tan_out.append(t.astype(o.dtype) if _is_float(o.dtype) else t)
-        return out, tan_out
-
-    f = jax.custom_jvp(primal)
-    f.defjvp(rule)
-    out = f(*arrays)
-    rec.commit()
-    return list(out)
-
-
-def _custom_vjp(ctx: _Ctx, eqn, invals) -> list:
-    """Re-wrap with jax.custom_vjp: primal = call_jaxpr under the policy, fwd = the
-    original forward jaxpr under the policy, bwd = the user's backward function as is
-    (cotangents cast to the dtypes of the primal inputs)."""
-    p = eqn.params
-    fwd_thunk, bwd, out_trees = p["fwd_jaxpr_thunk"], p["bwd"], p["out_trees"]
-    nconst = p["num_consts"]
-    arrays, pos, rebuild, rec, primal, quiet = _custom_setup(ctx, eqn, invals)
-
-    def fwd(*xs):
-        full = rebuild(xs)
-        shapes = jax.eval_shape(quiet, *xs)
-        nonzeros = [not isinstance(v, _Lit) for v in full[nconst:]]
-        jaxpr, consts = fwd_thunk.call_wrapped(*nonzeros)
-        res_out = _eval_jaxpr(rec.quiet(), jaxpr, consts, full[nconst:])
-        _, res_tree, input_fwds = out_trees()
-        n_res = res_tree.num_leaves - sum(f is not None for f in input_fwds)
-        res_it = iter(_raw(r) for r in res_out[:n_res])
-        res = [next(res_it) if f is None else _raw(full[f]) for f in input_fwds]
-        outs = [_raw(o).astype(s.dtype) if _is_float(s.dtype) else _raw(o)
-                for o, s in zip(res_out[n_res:], shapes)]
-        return outs, res
-
-    def bwd_rule(res, cts):
-        cts_in = list(bwd.call_wrapped(*res, *cts))
-        out = []
-        for i, x in zip(pos, arrays):
-            ct = cts_in[i - nconst] if i >= nconst else None
-            if not _is_float(x.dtype):
-                out.append(None)
-            elif ct is None or not hasattr(ct, "dtype") or not hasattr(ct, "shape"):
-                out.append(jnp.zeros(x.shape, x.dtype))
-            else:
-                out.append(jnp.asarray(ct).astype(x.dtype))
-        return tuple(out)
-
-    f = jax.custom_vjp(primal)
-    f.defvjp(fwd, bwd_rule)
-    out = f(*arrays)
-    rec.commit()
-    return list(out)
-
-
-def _is_zero_tangent(t: Any) -> bool:
-    return getattr(t, "dtype", None) == jax.dtypes.float0
-
-
-def _zero_tangent(v: Any) -> Any:
-    v = _raw(v)
-    return jnp.zeros(jnp.shape(v), _tangent_dtype(v.dtype))
-
-
-def _tangent_dtype(dtype):
-    return dtype if _is_float(dtype) or jnp.issubdtype(dtype, jnp.complexfloating) \
-        else jax.dtypes.float0
-
-
-def _fmt(dts: Sequence[Any]) -> str | None:
-    names = sorted({np.dtype(d).name for d in dts if d is not None})
-    return "/".join(names) if names else None
 
 
 def _scatter(ctx: _Ctx, eqn, invals) -> list:
@@ -721,13 +308,23 @@ def _boundary(ctx: _Ctx, v: Any) -> Any:
 
 
 def _run(fn: Callable, policy: PrecisionPolicy, args: tuple, kwargs: dict,
-         stats: _Stats | None = None, scopes: _scopes.ScopeRules | None = None):
+         stats: _Stats | None = None, scopes: _scopes.ScopeRules | None = None,
+         warn: bool = True):
+    """``fn(*args, **kwargs)`` evaluated under ``policy`` and ``scopes``; statistics go to
+    ``stats``. With ``warn``, a scope pattern that matched no scope of ``fn`` warns."""
     closed, out_tree, dyn = _trace(fn, args, kwargs)
     rules = _scopes.ScopeRules(policy) if scopes is None else scopes
+    stats = _Stats() if stats is None else stats
     ctx = _Ctx(policy, stats, where=(rules, (), False))
     consts = [_boundary(ctx, jnp.asarray(c)) for c in closed.consts]
     ins = [_boundary(ctx, jnp.asarray(x)) for x in dyn]
     outs = _eval_jaxpr(ctx, closed.jaxpr, consts, ins)
+    if warn and rules:
+        name = getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
+        for pattern, hint in rules.unmatched(stats.scopes):
+            warnings.warn(f"autocast scopes: the pattern {pattern!r} matched no scope of "
+                          f"{name}; {hint}. ap.explain(fn, policy, scopes=...)(*args) "
+                          f"shows every scope and the rule that decided it", stacklevel=3)
     final = []
     for o, aval in zip(outs, closed.out_avals):
         want = aval.dtype
@@ -744,15 +341,19 @@ def autocast(fn: Callable | None = None,
              scopes: dict | None = None) -> Callable:
     """Run ``fn`` with every primitive at the precision ``policy`` gives its op kind.
 
-    ``policy`` is a :class:`~adaptprec.PrecisionPolicy`, a policy string, or a jmp-style
-    :class:`~adaptprec.Policy`, which means what it means as a scope rule: its compute
-    dtype throughout (accumulating in float32 or wider).
+    ``policy`` is a :class:`~adaptprec.PrecisionPolicy`, a preset or policy string
+    (``"auto_mixed_bf16"``, ``"always_f32, exp=f32"``), or a jmp-style policy
+    (:class:`~adaptprec.Policy` or ``"p=f32,c=bf16,o=f32"``), which means: compute in
+    ``c`` throughout (dots and sums accumulating in float32 or wider), floating outputs
+    in ``o``.
 
     ``scopes={pattern: rule}`` gives regions of ``fn`` their own rule, matched against the
-    name stack of ``jax.named_scope``/``jax.named_call``/module scopes (most specific
-    pattern wins); a rule is a policy, a policy string, a dtype (the region computes in
-    it, accumulating in float32 or wider) or ``"keep"`` (the region runs at its traced
-    dtypes). See :class:`~adaptprec.ScopeRules` for the pattern syntax.
+    name stack of ``jax.named_scope``/``jax.named_call``/module scopes (the most specific
+    pattern wins; ``"attn/*"`` matches at any depth, a leading ``/`` anchors at the root);
+    a rule is a policy, a policy string, a dtype (the region computes in it, accumulating
+    in float32 or wider) or ``"keep"`` (the region runs at its traced dtypes). A pattern
+    that matches no scope of ``fn`` warns when ``fn`` is traced, naming the closest scope
+    names. See :class:`~adaptprec.ScopeRules` for the pattern syntax and precedence.
 
     ``autocast(fn, policy)`` returns a function with ``fn``'s signature; array arguments
     (any pytree) are traced, other leaves (Python numbers, strings...) are static. Floating
@@ -761,7 +362,7 @@ def autocast(fn: Callable | None = None,
     ``@autocast(policy="auto_mixed")``.
 
     Raises ``TypeError`` if ``fn`` is not callable or cannot be traced, ``ValueError`` for
-    a bad policy string.
+    a bad policy string (naming which vocabulary it was read as).
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -786,11 +387,7 @@ def autocast(fn: Callable | None = None,
         >>> [e.primitive.name for e in ops if e.outvars[0].aval.dtype == jnp.bfloat16]
         ['convert_element_type', 'mul', 'tanh']
     """
-    from .._policy import Policy
-
-    # a jmp-style Policy means what it means as a scope rule: its compute dtype throughout
-    pol = (_scopes.region_policy(policy.compute) if isinstance(policy, Policy)
-           else PrecisionPolicy.parse(policy))
+    pol = precision_policy(policy)
     rules = _scopes.ScopeRules(pol, scopes)
     if fn is None:
         return lambda f: autocast(f, pol, scopes)
@@ -808,3 +405,6 @@ def autocast(fn: Callable | None = None,
 
 
 _presets._interpreter["autocast"] = autocast
+
+
+_context._WALK["walk"] = _eval_jaxpr

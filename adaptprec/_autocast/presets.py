@@ -68,6 +68,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Callable, Mapping
 from typing import Any, Union
 
@@ -392,8 +393,10 @@ class PrecisionPolicy:
         if "=" not in parts[0]:
             name = parts[0].lower()
             if name not in PRESETS:
+                close = difflib.get_close_matches(name, PRESETS, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ValueError(f"unknown precision policy preset {parts[0]!r} in "
-                                 f"{spec!r}; presets are {', '.join(PRESETS)}")
+                                 f"{spec!r}{hint}; presets are {', '.join(PRESETS)}")
             base = PRESETS[name]
             parts = parts[1:]
         opts: dict[str, Any] = {}

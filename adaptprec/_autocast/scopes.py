@@ -3,85 +3,78 @@
 ``autocast(fn, policy, scopes={pattern: rule})`` runs each equation of ``fn`` under the
 rule of the most specific pattern matching the equation's *name stack*: the scopes that
 ``jax.named_scope``, ``jax.named_call`` and module libraries push while ``fn`` is traced
-(Equinox pushes the module class, e.g. ``eqx.nn.MLP/eqx.nn.Linear``; Haliax modules use
-``jax.named_call``). Transform wrappers (``jvp(...)``, ``transpose(...)``, ``vmap()``) are
-not scopes and are ignored. Inside ``scan``/``while``/``cond`` bodies and inlined ``jit``
-calls, the path is the enclosing equation's path followed by the body's own scopes.
+(Flax linen pushes module names, e.g. ``Block_0/attn/query``; Equinox the module class,
+e.g. ``eqx.nn.MLP/eqx.nn.Linear``; Haliax modules use ``jax.named_call``). Transform
+wrappers (``jvp(...)``, ``transpose(...)``, ``vmap()``) are not scopes and are ignored.
+Inside ``scan``/``while``/``cond`` bodies and inlined ``jit`` calls, the path is the
+enclosing equation's path followed by the body's own scopes.
 
 Patterns (``/`` separates scopes; each scope is matched with :func:`fnmatch.fnmatchcase`,
 so ``*``, ``?`` and ``[...]`` work inside a scope name):
 
-* ``"encoder"`` (no ``/``): a scope named ``encoder`` at any depth, and everything in it;
-* ``"encoder/layer*"`` (a ``/`` anywhere, a leading one allowed): anchored at the root;
-* ``"**"`` as a whole component matches any number of scopes (``"**/attn"``).
+* ``"attn"``, ``"attn/*"``, ``"enc/layer[01]"``: consecutive scopes anywhere in the path
+  (``"attn/*"`` matches ``Block_0/attn/query``);
+* a leading ``/`` anchors the pattern at the root of ``fn``: ``"/enc"`` matches ``enc``
+  but not ``model/enc``;
+* ``"**"`` as a whole component matches any number of scopes (``"enc/**/mlp"``).
 
-A pattern covers the scope it names and every scope nested in it. When several patterns
-match, the most specific wins: the one whose match reaches deepest into the path (counted
-up to its last scope with a literal character, so ``"*"`` never beats a named scope), then
-the one with more wildcard-free scopes, then more literal characters, then the one listed
-first. Equations outside every pattern use the base policy.
+A pattern covers the scopes it names and every scope nested in them.
+
+**The most specific pattern wins** (as in CSS): compare, in order,
+
+1. how deep in the path its match ends, counted up to its last scope with a literal
+   character (so a catch-all ``"*"`` never beats a named scope);
+2. how many scopes it names (``"attn/*"`` names two, ``"attn"`` one: on ``attn/query``
+   the first wins);
+3. how many of them are wildcard-free, then how many literal characters it has;
+4. on an exact tie, the one listed **last** (later rules override earlier ones, as in CSS
+   and ``.gitignore``).
+
+Equations outside every pattern use the base policy. A pattern that matches no scope of
+``fn`` is reported with the closest scope names (:meth:`ScopeRules.unmatched`; ``autocast``
+warns, ``explain`` lists them).
 
 Rules: a :class:`~adaptprec.PrecisionPolicy` or its string form (``"auto_mixed_bf16"``,
 ``"always_f32"``, ``"auto_mixed,exp=f32"``); a dtype (``"bf16"``, ``"f16"``, ``"f32"``,
 ``"f64"``), meaning "this region computes in that dtype": every op's operands in the
 dtype, dots and sums accumulated in float32 or wider, loop carries at least float32; or
 ``"keep"``: the region runs at the dtypes it was traced at (values arriving from a
-low-precision region are cast back to their traced dtype). A jmp-style
-:class:`~adaptprec.Policy` stands for its compute dtype.
+low-precision region are cast back to their traced dtype). A jmp-style policy
+(:class:`~adaptprec.Policy` or ``"p=f32,c=bf16"``) stands for its compute dtype.
 
 Example:
     >>> import adaptprec as ap
-    >>> rules = ap.ScopeRules(ap.AUTO_MIXED_BF16,
-    ...                       {"encoder": "bf16", "encoder/layer2": "f32", "head": "keep"})
-    >>> [rules.match(p).pattern for p in ("encoder/layer0", "encoder/layer2/mlp", "head")]
-    ['encoder', 'encoder/layer2', 'head']
-    >>> rules.match("decoder").pattern is None   # no pattern: the base policy
+    >>> rules = ap.ScopeRules(ap.AUTO_MIXED_BF16, {"attn": "f32", "attn/*": "bf16"})
+    >>> [rules.match(p).pattern for p in ("Block_0/attn", "Block_0/attn/query")]
+    ['attn', 'attn/*']
+    >>> rules.match("Block_0/mlp").pattern is None   # no pattern: the base policy
     True
-    >>> rules.match("model/head").keep, rules.match("encoder/layer0").policy.dtype.name
-    (True, 'bfloat16')
+    >>> rules.match("Block_0/attn/query").policy.dtype.name
+    'bfloat16'
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import fnmatch
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 
 from .._policy import Policy
-from ..precision import canonical_dtype, dtype_name, require_x64, x64_enabled
+from ..precision import canonical_dtype, dtype_name, x64_enabled
 from .._opkind import OpKind
 from .presets import PrecisionPolicy, Rule
+from .vocabulary import precision_policy, region_policy
 
-__all__ = ["ScopeRules", "ScopeMatch", "KEEP", "scope_path", "region_policy"]
+__all__ = ["ScopeRules", "ScopeMatch", "KEEP", "scope_path"]
 
 #: The rule that leaves a region at the dtypes it was traced at.
 KEEP = "keep"
-
-
-def region_policy(dtype: Any) -> PrecisionPolicy:
-    """The policy of a bare-dtype scope rule: every op in ``dtype``, dots and sums
-    accumulated in float32 or wider, loop carries float32 or wider.
-
-    Example:
-        >>> import adaptprec as ap
-        >>> from adaptprec._autocast.scopes import region_policy
-        >>> pol = region_policy("bf16")
-        >>> pol.rule_for("exp"), pol.rule_for("dot_general"), pol.accumulate.name
-        (<Rule.LOW: 'low'>, <Rule.ACCUMULATE: 'accumulate'>, 'float32')
-    """
-    low = canonical_dtype(dtype, check_x64=False)
-    require_x64(low)
-    acc = np.promote_types(low, np.float32)
-    rules: dict[str, Any] = {k.value: Rule.LOW for k in OpKind}
-    rules.update({"compute": Rule.ACCUMULATE, "reduction": Rule.ACCUMULATE,
-                  "control": Rule.HIGH, "boundary": Rule.INPUT, "unknown": Rule.INPUT})
-    return PrecisionPolicy(low, rules, accumulate=acc, preferred_element_type=acc)
 
 
 def _keep_policy() -> PrecisionPolicy:
@@ -104,7 +97,7 @@ class ScopeMatch:
 
     Example:
         >>> import adaptprec as ap
-        >>> ap.ScopeRules("auto_mixed", {"a/*": "f32"}).match("a/b").rule
+        >>> ap.ScopeRules("auto_mixed", {"a/*": "f32"}).match("x/a/b").rule
         'f32'
     """
 
@@ -124,10 +117,12 @@ class _Pattern:
     policy: PrecisionPolicy | None  # None: keep
 
     @property
-    def literal(self) -> tuple[int, int]:
-        """(wildcard-free scopes, literal characters)."""
-        lit = [p for p in self.parts if not any(c in p for c in "*?[")]
-        return len(lit), sum(len(_literal_chars(p)) for p in self.parts)
+    def specificity(self) -> tuple[int, int, int]:
+        """(scopes named, wildcard-free scopes, literal characters): steps 2 and 3 of the
+        precedence (the depth of step 1 depends on the path)."""
+        named = [p for p in self.parts if p != "**"]
+        lit = [p for p in named if not any(c in p for c in "*?[")]
+        return len(named), len(lit), sum(len(_literal_chars(p)) for p in named)
 
 
 def _literal_chars(part: str) -> str:
@@ -137,9 +132,9 @@ def _literal_chars(part: str) -> str:
 def _parse_pattern(text: Any) -> tuple[tuple[str, ...], bool]:
     if not isinstance(text, str) or not text.strip().strip("/"):
         raise ValueError(f"a scope pattern is a non-empty string such as 'encoder', "
-                         f"'encoder/layer*' or '**/attn'; got {text!r}")
+                         f"'attn/*' or '/encoder/layer0'; got {text!r}")
     t = text.strip()
-    anchored = "/" in t.rstrip("/")
+    anchored = t.startswith("/")
     parts = tuple(t.strip("/").split("/"))
     if any(not p for p in parts):
         raise ValueError(f"scope pattern {text!r} has an empty scope name ('//'); "
@@ -155,7 +150,7 @@ def _parse_rule(pattern: str, value: Any) -> tuple[str, PrecisionPolicy | None]:
     if isinstance(value, PrecisionPolicy):
         return str(value), value
     if isinstance(value, Policy):  # a jmp-style policy: its compute dtype
-        return str(value), region_policy(value.compute)
+        return str(value), precision_policy(value)
     if isinstance(value, str) and value.strip().lower() == KEEP:
         return KEEP, None
     try:
@@ -169,7 +164,7 @@ def _parse_rule(pattern: str, value: Any) -> tuple[str, PrecisionPolicy | None]:
             raise ValueError(f"scope rule for {pattern!r}: {exc}") from None
     if isinstance(value, str):
         try:
-            return value.strip(), PrecisionPolicy.parse(value)
+            return value.strip(), precision_policy(value, f"the rule for {pattern!r}")
         except ValueError as exc:
             raise ValueError(
                 f"scope rule {value!r} for {pattern!r} is neither 'keep', a floating dtype "
@@ -203,6 +198,12 @@ def _depth(parts: Sequence[str], path: Sequence[str], anchored: bool) -> int | N
     return max(best) if best else None
 
 
+def _as_path(path: str | Sequence[str]) -> tuple[str, ...]:
+    if isinstance(path, str):
+        return tuple(p for p in path.split("/") if p)
+    return tuple(path)
+
+
 class ScopeRules:
     """A base policy plus ``{pattern: rule}``; :meth:`match` resolves a name-stack path.
 
@@ -218,7 +219,7 @@ class ScopeRules:
 
     def __init__(self, base: PrecisionPolicy | str,
                  scopes: Mapping[str, Any] | None = None):
-        self.base = PrecisionPolicy.parse(base)
+        self.base = precision_policy(base)
         if scopes is None:
             scopes = {}
         if not isinstance(scopes, Mapping):
@@ -241,9 +242,7 @@ class ScopeRules:
 
     def match(self, path: str | Sequence[str]) -> ScopeMatch:
         """The rule for a path (``"a/b"`` or ``("a", "b")``; ``""`` is the root)."""
-        if isinstance(path, str):
-            path = tuple(p for p in path.split("/") if p)
-        path = tuple(path)
+        path = _as_path(path)
         hit = self._memo.get(path)
         if hit is not None:
             return hit
@@ -252,7 +251,7 @@ class ScopeRules:
             depth = _depth(p.parts, path, p.anchored)
             if depth is None:
                 continue
-            key = (depth, *p.literal, -p.order)
+            key = (depth, *p.specificity, p.order)
             if best_key is None or key > best_key:
                 best, best_key = p, key
         if best is None:
@@ -263,6 +262,45 @@ class ScopeRules:
             hit = ScopeMatch(best.text, best.rule, best.policy, False)
         self._memo[path] = hit
         return hit
+
+    def unmatched(self, paths: Iterable[str | Sequence[str]]) -> list[tuple[str, str]]:
+        """``(pattern, hint)`` for every pattern that matches none of ``paths`` (the
+        scope paths of a function's equations); the hint names the closest scope names.
+
+        Example:
+            >>> import adaptprec as ap
+            >>> r = ap.ScopeRules("always_f32", {"Dense_0": "bf16", "attn": "f32"})
+            >>> r.unmatched(["Block_0/attn/query", "Block_0/Dense_1"])
+            [('Dense_0', "closest scope names: 'Dense_1', 'Block_0/Dense_1'")]
+        """
+        paths = [_as_path(p) for p in paths]
+        out = []
+        for p in self.patterns:
+            if not any(_depth(p.parts, path, p.anchored) is not None for path in paths):
+                out.append((p.text, _closest(p, paths)))
+        return out
+
+
+def _closest(p: _Pattern, paths: list[tuple[str, ...]]) -> str:
+    names = sorted({n for path in paths for n in path})
+    if not names:
+        return ("the function has no named scopes (jax.named_scope, jax.named_call, "
+                "Flax linen module names, Equinox module classes)")
+    full = sorted({"/".join(path) for path in paths if path})
+    hints = []
+    if p.anchored and any(_depth(p.parts, path, False) is not None for path in paths):
+        hints.append(f"the leading '/' anchors it at the root of the function; "
+                     f"{p.text.lstrip('/')!r} matches at any depth")
+    text = "/".join(p.parts)
+    close = difflib.get_close_matches(text, names + [f for f in full if f not in names],
+                                      n=3, cutoff=0.5)
+    if close:
+        hints.append("closest scope names: " + ", ".join(repr(c) for c in close))
+    else:
+        shown = full[:6]
+        hints.append("scopes of the function: " + ", ".join(repr(c) for c in shown)
+                     + (", ..." if len(full) > len(shown) else ""))
+    return "; ".join(hints)
 
 
 def scope_path(name_stack: Any) -> tuple[str, ...]:

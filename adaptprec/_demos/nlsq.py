@@ -27,7 +27,7 @@ def run() -> None:
         return float(np.min(-np.log10(err)))
 
     # the ladder asked for: by default a problem this small runs float64 alone on CPU,
-    # where float32 is no faster (solve.SMALL_F64_MN); the large fit below climbs it
+    # where float32 is no faster (nlsq.common.SMALL_F64_MN); the large fit below climbs it
     res = ap.solve_nlsq(misra1a, np.array([500.0, 1e-4]), args=(x, y),
                         precision="f32,f64")
     default = ap.solve_nlsq(misra1a, np.array([500.0, 1e-4]), args=(x, y))
@@ -55,7 +55,7 @@ def run() -> None:
 
     import jax
 
-    from adaptprec.nlsq._pointwise import point_axes
+    from adaptprec._pointwise import point_axes
 
     def dexp(t, a1, k1, a2, k2, c):
         return a1 * jnp.exp(-k1 * t) + a2 * jnp.exp(-k2 * t) + c

@@ -21,7 +21,7 @@ from typing import Callable
 
 import jax
 
-from ..nlsq._compile import tuned_jit as _tuned_jit
+from .._backend import tuned_jit as _tuned_jit
 
 __all__ = ["CPU_COMPILER_OPTIONS", "compiler_options", "tuned_jit"]
 

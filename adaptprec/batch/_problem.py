@@ -12,7 +12,8 @@ import numpy as np
 
 from .._tracing import is_traced
 from .._user_fn import returns_arrays
-from ..nlsq._inputs import check_array_leaves, lists_as_arrays
+from ..nlsq._inputs import lists_as_arrays
+from ..nlsq._arguments import check_array_leaves
 from ._pytree import BatchedTreeSpec, TreeResidual, is_array_like
 
 __all__ = ["Residual", "Problem", "build_problem"]

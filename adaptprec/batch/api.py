@@ -11,7 +11,7 @@ import numpy as np
 
 from .._pytree import replace
 from ..nlsq._buckets import bucket
-from ..nlsq._x64 import float64_entry
+from .._x64_rule import float64_entry
 from ..nlsq.common import (DEFAULT_FTOL, DEFAULT_GTOL, DEFAULT_XTOL, check_loss,
                            check_loss_output, default_max_steps, robust_cost,
                            scale_for_robust_loss)

@@ -1,6 +1,6 @@
 r"""Per-fit parameter covariance from the undamped Jacobian at the solution.
 
-``curve_fit`` semantics, batched: :func:`adaptprec.nlsq.common.covariance_from_jac`
+``curve_fit`` semantics, batched: :func:`adaptprec.nlsq.common.covariance`
 (SVD, scipy's rank threshold, ``inf`` rows/columns for parameters that are not
 identifiable) under ``vmap``, scaled by :math:`s^2 = 2\,\mathrm{cost}/(m-n)` unless
 ``absolute_sigma``; with no degrees of freedom (``m <= n``) and relative sigma the whole
@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..nlsq.common import covariance_from_jac
+from ..nlsq.common import covariance, scale_pcov
 
 __all__ = ["batched_pcov"]
 
@@ -29,10 +29,7 @@ def batched_pcov(jac: jax.Array, cost: jax.Array, absolute_sigma: bool = False) 
         ([[1.0, 0.0], [0.0, 0.25]], True)
     """
     _, m, n = jac.shape
-    pcov, _ = jax.vmap(covariance_from_jac)(jac)
-    if absolute_sigma:
-        return pcov
-    if m <= n:
-        return jnp.full_like(pcov, jnp.inf)
-    scaled = pcov * (2.0 * cost / (m - n))[:, None, None]
-    return jnp.where(jnp.isinf(pcov), jnp.inf, scaled)
+    pcov = jax.vmap(covariance)(jac)
+    return jax.vmap(lambda p, c: scale_pcov(p, c, m, n, lm_rule=False,
+                                            absolute_sigma=absolute_sigma,
+                                            xnp=jnp))(pcov, cost)

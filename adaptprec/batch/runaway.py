@@ -109,7 +109,7 @@ def runaway_status(s, x0):
         >>> runaway_status(s, jnp.ones((3, 2))).tolist()    # far+determined, far+flat, near
         [3, -11, 3]
     """
-    from ..nlsq._loop import _runaway
+    from ..nlsq._rules import runaway as _runaway
     from ..nlsq.lm import _NOISE_FACTOR
     dtype = s.x.dtype
     x0n = jnp.linalg.norm(jnp.asarray(x0, dtype), axis=-1)

@@ -1,14 +1,12 @@
 """Nonlinear least squares with adaptive precision: :func:`solve_nlsq`, :func:`curve_fit`,
 :class:`NLSQResult`.
 
-One concept per module, in layers that import only upwards (docs/architecture.md,
-"Layers" and "One solve"): inputs (``_inputs``, ``_ladder``, ``common``: losses, status
-codes, trust-region subproblem, covariance; ``result``), problem (``_residual``,
-``_evaluation`` and the data behind it: ``_buckets``, ``_chunks``, ``_sharded``), step
-(``_loop``, ``_methods`` and one algorithm per module, as scipy's ``optimize/_lsq``:
-``lm``, ``gn``, ``trf``, ``dogbox``), drivers (``_fused``, ``_host``, ``_promote``,
-``_stream``), and the entry points ``solve``, ``curve_fit`` and ``_multistart``, which
-pick a driver with ``_dispatch.choose_driver``.
+One concept per module (docs/architecture.md, "One solve"): the boundary (``_inputs``,
+``_residual``), the solver (``solver``: ``init``/``step``/``terminate``/``postprocess``;
+its rules in ``_rules``; one algorithm per module as scipy's ``optimize/_lsq``: ``lm``,
+``gn``, ``trf``, ``dogbox``; shared helpers in ``common``), the in-memory program
+(``_programs``, every memo in ``_caches``), the streamed loop (``_stream``), and the entry
+points ``solve`` (whose ``route`` is the decision tree) and ``curve_fit``.
 
 Example:
     >>> import jax.numpy as jnp
@@ -18,11 +16,11 @@ Example:
     (0.0, 1.0)
 """
 
-from .common import LOSSES, STATUS_MESSAGES, Status, covariance_from_jac
+from .common import LOSSES, STATUS_MESSAGES, Status, covariance
 from .result import ESCALATION_REASONS, NLSQResult
-from .solve import cache_info, clear_cache, resolve_ladder, solve_nlsq
+from ._arguments import OptionNotOffered, resolve_ladder
+from .solve import cache_info, clear_cache, solve_nlsq
 from .curve_fit import OptimizeWarning, curve_fit
-from ._inputs import OptionNotOffered
 from ._stream import Chunks
 
 
@@ -34,6 +32,7 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["solve_nlsq", "curve_fit", "Chunks", "MoreLM", "OptimizeWarning", "OptionNotOffered", "NLSQResult", "Status", "STATUS_MESSAGES", "LOSSES",
-           "ESCALATION_REASONS", "covariance_from_jac", "cache_info", "clear_cache",
+__all__ = ["solve_nlsq", "curve_fit", "Chunks", "MoreLM", "OptimizeWarning",
+           "OptionNotOffered", "NLSQResult", "Status", "STATUS_MESSAGES", "LOSSES",
+           "ESCALATION_REASONS", "covariance", "cache_info", "clear_cache",
            "resolve_ladder"]

@@ -1,47 +1,32 @@
-"""``starts="auto"``: a global search only when the local fit asks for one (issue 32).
+"""``starts="auto"``: a global search only when the local fit asks for one.
 
-The local fit from ``x0`` runs first, as ``starts=1`` would (same program, same result,
-same promotion). It is *accepted* unless one of these says it is not the answer:
+The local fit from ``x0`` runs first, as ``starts=1`` would (same program, same result). It is *accepted* unless one of these says it is not the answer:
 
 * it did not succeed (``status <= 0``), or the residual is not finite at ``x0``
   (:class:`._start.NonFiniteStartError`: the search then looks for a finite start);
-* a Jacobian column is all zero: a parameter the data never saw (three Gaussians started
-  at ``x = 1`` on a spectrum from 200 to 1800);
-* the cost is far above what the noise implies (:func:`noise_test`):
-  with absolute ``sigma`` (``curve_fit(..., sigma, absolute_sigma=True)``): ``chi^2``
-  beyond its ``1e-6`` upper tail for ``m - n`` degrees of freedom; otherwise (no known
-  noise level): the residual variance ``s^2 = ||r||^2 / (m - n)`` more than
-  :data:`NOISE_RATIO` times the noise variance estimated from the residual's successive
-  differences, ``sum (r[i+1] - r[i])^2 / (2 (m - 1))`` (von Neumann; in data order, by
-  ``xdata`` for a 1-D curve_fit). White residuals give a ratio near 1; a missed peak or a
-  wrong local minimum leaves a smooth, correlated misfit and a large ratio. (The ratio is
-  ``2 / DW``, Durbin-Watson's statistic; ``> 4`` is ``DW < 0.5``.)
+* a Jacobian column is all zero: a parameter the data never saw;
+* the cost is far above what the noise implies (:func:`noise_test`): with absolute
+  ``sigma``, ``chi^2`` beyond its ``1e-6`` upper tail; otherwise the residual variance
+  more than :data:`NOISE_RATIO` times the noise variance estimated from the residual's
+  successive differences (von Neumann's ratio, ``2 / DW``: a missed peak or a wrong local
+  minimum leaves a smooth, correlated misfit).
 
-When it is not accepted, up to ``max_starts`` further local fits run *one after another*
-through the same single-start solver, from starts spread by a Latin hypercube
-(:func:`auto_starts`): uniform in a finite box (log-uniform where the box spans three or
-more decades of positive values), otherwise log-uniform in magnitude across 1 to 4
-decades around ``x0`` (``|x0_j|``, or 1 where ``x0_j = 0``; the sign of ``x0_j`` kept
-three times in four), measured from a one-sided bound. The search stops at the first start
-whose fit would have been accepted, when ``max_starts`` have run, or when the time budget
-or ``nfev_budget`` is spent; the best fit (a success before a failure, then the lower cost)
-is returned, the local fit included, so ``"auto"`` is never worse than ``starts=1``.
+When it is not accepted, up to ``max_starts`` further local fits run one after another
+through the same in-memory solve (its compiled program), from Latin-hypercube starts
+across decades (:func:`auto_starts`), ranked by their cost (one vmapped evaluation;
+starts where the model is not finite are skipped). The search stops at the first start whose fit would have been accepted, when
+``max_starts`` have run, or when its budget is spent; the best fit (a success before a
+failure, then the lower cost) is returned, the local fit included, so ``"auto"`` is never
+worse than ``starts=1``.
 
-The time budget (issue 32: a failing fit costs at most 10x a successful one and at most
-1 s beyond scipy's time): by default the search's fits, after the local one, get
-``SEARCH_FACTOR * t_local`` (10x the local fit's wall time) clipped to
-``[AUTO_MIN_SECONDS, AUTO_SECONDS]`` (0.25-0.9 s), and a start is not begun when even
-the fastest fit so far would end past it (a promoted fit is one executable call that the
-host loop's deadline cannot interrupt). An explicit
-``AutoStarts(seconds=...)`` budgets the search's fits alone, the first :data:`MIN_STARTS`
-of them regardless. With ``throw=True`` the fits run without it and the answer raises
-(``equinox.EquinoxRuntimeError``, with the search in its message) only if it failed.
-
-Why one after another, not the batched engine of ``starts=K``: every start reuses the
-local fit's compiled programs (the host driver compiles nothing new), each fit stops on
-its own, and the time budget is checked between fits. The batched engine compiles one
-program per residual and batch size: 18 s for 8 starts of a 5-parameter Gaussian on this
-machine, 76 ms once compiled (benchmarks/RESULTS.md, 2026-11-28).
+**The budget is in residual evaluations**, so the answer depends on the inputs alone (not
+on the machine's load or the clock): no further start begins once the search's fits have
+used ``max(SEARCH_FACTOR * nfev_local, SEARCH_MIN_NFEV * (n + 1))`` evaluations (10 times
+the local fit's, at least ``100 (n + 1)``), or ``nfev_budget`` when given. A user's
+``AutoStarts(seconds=...)`` adds a wall-time budget between fits: that one is not
+reproducible under load, and documented so. With ``throw=True`` the fits run without it
+and the answer raises (``equinox.EquinoxRuntimeError``, with the search in its message)
+only if it failed.
 
 The result is a :class:`SearchResult`: ``starts_run`` (fits run beyond the local one),
 ``search`` (why it searched, how many starts, which won, why it stopped; appended to
@@ -74,11 +59,11 @@ from jax.flatten_util import ravel_pytree
 
 from .._pytree import field
 from .._tracing import is_concrete
-from . import _promote
-from ._host import deadline
-from ._inputs import _broadcast_bounds, as_bounds
+from . import _caches
+from ._inputs import broadcast_bounds
+from ._arguments import as_bounds
 from ._multistart import latin_hypercube
-from ._start import NonFiniteStartError, quiet_starts
+from ._start import NonFiniteStartError
 from .result import NLSQResult
 
 __all__ = ["AutoStarts", "SearchResult", "auto_starts", "noise_test", "needs_search",
@@ -91,26 +76,13 @@ NOISE_RATIO = 4.0
 CHI2_TAIL_Z = 4.753
 #: degrees of freedom ``m - n`` below which the noise is not judged (too few points)
 MIN_DOF = 6
-#: starts whose fits run whatever an explicit ``seconds`` budget says (each bounded by its
-#: step cap); with the automatic budget one start runs (within :data:`AUTO_SECONDS`): it
-#: scales with the local fit's time, so a loaded machine does not turn it into none, and
-#: forced fits slower than the local one broke its 10x (Raman from ones: 4 forced fits,
-#: 10x a 43 ms local fit)
+#: the search's evaluation budget: this many times the local fit's ``nfev`` ...
+SEARCH_FACTOR = 10
+#: ... and at least this many per parameter (plus one): a cheap local fit (a few steps
+#: to a wrong minimum) must still leave room for several starts
+SEARCH_MIN_NFEV = 100
+#: with an explicit ``seconds`` budget, these first fits run whatever the clock says
 MIN_STARTS = 4
-#: the automatic budget (``seconds=None``) of the search's fits, after the local fit: at
-#: most ``SEARCH_FACTOR`` times the local fit's wall time ...
-SEARCH_FACTOR = 10.0
-#: ... and never more than this (issue 32's bound: a failing fit costs at most 1 s beyond
-#: scipy's time, <= 10x a successful fit of the same model; a fit is not started when
-#: even the fastest fit so far would not finish before the budget ends, since a promoted
-#: fit is one executable call that no deadline interrupts). Counted after the local fit: in a
-#: fresh process that one compiles (0.5-1 s), and a budget including it left no search.
-AUTO_SECONDS = 0.9
-#: ... and never less than this: a cheap local fit is often a promoted program (3-4 ms for
-#: the Gaussian on a background) while the search's fits are not yet; its answer takes 7
-#: starts, 15-90 ms (230 ms once under load 5): 10x the local fit found it in one of two
-#: bench_real runs, 0.15 s in five of six calls
-AUTO_MIN_SECONDS = 0.25
 
 
 class AutoStarts(NamedTuple):
@@ -120,13 +92,11 @@ class AutoStarts(NamedTuple):
     ``"chi2"`` (the residuals are whitened by absolute sigma: ``chi^2/(m-n)`` near 1);
     ``order``: the data order for ``"diff"`` (indices; ``None``: as given);
     ``max_starts``: fits beyond the local one (``None``: ``10 (n + 1)``);
-    ``seconds``: wall-time budget of the search's fits (not the local fit, not the
-    ranking): ``None`` (default) for 10x the local fit's time clipped to 0.25-0.9 s
-    (:data:`SEARCH_FACTOR`, :data:`AUTO_MIN_SECONDS`, :data:`AUTO_SECONDS`; no fit begun
-    that the fastest fit so far says would end past it, one regardless); a number for
-    that many seconds, the first :data:`MIN_STARTS` fits regardless;
-    ``nfev_budget``: residual evaluations of the search (``None``: no cap beyond
-    ``max_starts``); ``seed``: of the Latin hypercube."""
+    ``nfev_budget``: residual evaluations of the search's fits (``None``: the default
+    budget of the module docstring); ``seconds``: an extra wall-time budget of the
+    search's fits, checked between fits, the first :data:`MIN_STARTS` regardless
+    (``None``: none; a time budget makes the answer depend on the machine's load);
+    ``seed``: of the Latin hypercube."""
 
     noise: str = "diff"
     order: Any = None
@@ -271,31 +241,27 @@ def auto_starts(x0, k: int, lb, ub, seed: int = 0) -> np.ndarray:
     return np.clip(out, lb + eps, ub - eps)
 
 
-_SCREENS: dict = {}
-
-
 def _screen_costs(residual, x0, X, args, kwargs) -> np.ndarray:
     """``0.5 ||r(x)||^2`` at every row of ``X``: one vmapped program per residual and
-    structure (compiled once per process), so the fits run from the most promising
+    structure (:data:`._caches.RESIDUALS`), so the fits run from the most promising
     starts first and a start where the model is not finite costs no fit."""
     leaves = jax.tree.leaves(x0)
-    key = (id(residual), jax.tree.structure(x0),
+    key = ("screen", residual, jax.tree.structure(x0),
            tuple((np.shape(v), str(np.result_type(v))) for v in leaves), len(args),
            tuple(sorted(kwargs or {})))
-    hit = _SCREENS.get(key)
-    if hit is None or hit[0] is not residual:
-        unravel = ravel_pytree(x0)[1]
+    unravel = ravel_pytree(x0)[1]
 
+    def build():
         def cost(x, a, kw):
-            r = residual(unravel(x), *a, **kw)
-            f = ravel_pytree(r)[0]
+            f = ravel_pytree(residual(unravel(x), *a, **kw))[0]
             return 0.5 * jax.numpy.sum(f * f)
+        return jax.jit(jax.vmap(cost, in_axes=(0, None, None)))
 
-        hit = (residual, jax.jit(jax.vmap(cost, in_axes=(0, None, None))))
-        if len(_SCREENS) > 32:
-            _SCREENS.pop(next(iter(_SCREENS)))
-        _SCREENS[key] = hit
-    c = np.asarray(hit[1](X, args, kwargs or {}), np.float64)
+    try:
+        program = _caches.RESIDUALS.get_or_build(key, build)
+    except TypeError:   # an unhashable residual
+        program = build()
+    c = np.asarray(program(X, args, kwargs or {}), np.float64)
     return np.where(np.isfinite(c), c, np.inf)
 
 
@@ -319,9 +285,10 @@ def _as_search(res, **fields) -> SearchResult:
     return SearchResult(**{k: getattr(res, k) for k in names}, **fields)
 
 
-def solve_auto(solve_one, residual, x0, args, *, auto: AutoStarts, **kw):
-    """``starts="auto"`` (module docstring): ``solve_one(residual, x0, args, **kw)`` is
-    the single-start solver (:func:`adaptprec.solve_nlsq` passes itself)."""
+def solve_auto(solve_one, residual, x0, args, kw: dict, *, auto: AutoStarts,
+               throw: bool = False):
+    """``starts="auto"`` (module docstring); ``solve_one`` is the in-memory solve
+    (:func:`.solve.solve_in_memory`, passed by the dispatch)."""
     if not (is_concrete(jax.tree.leaves(x0)) and is_concrete(jax.tree.leaves(args))
             and is_concrete(jax.tree.leaves(kw.get("bounds")))):
         raise ValueError(
@@ -330,84 +297,50 @@ def solve_auto(solve_one, residual, x0, args, *, auto: AutoStarts, **kw):
             "batched engine, traceable) or call solve_nlsq(starts='auto') outside jit.")
     if auto.noise not in ("diff", "chi2"):
         raise ValueError(f"AutoStarts.noise must be 'diff' or 'chi2', got {auto.noise!r}")
-    # throw=True: the fits run without it (a failing local fit must not raise before the
-    # search); the answer raises at the end if it still failed (_raise_if_failed)
-    throw = bool(kw.pop("throw", False))
+
+    def fit(start, raise_start):
+        return solve_one(residual, start, args, kw, raise_start=raise_start)[0]
+
     local_error = None
-    t_entry = time.perf_counter()
     try:
-        local = solve_one(residual, x0, args, throw=False, **kw)
+        local = fit(x0, True)
     except NonFiniteStartError as exc:  # look for a finite start instead
         local, local_error = None, exc
-    t_local = time.perf_counter() - t_entry
     why = "the residual is not finite at x0" if local is None else needs_search(local, auto)
     if not why:
         return _raise_if_failed(_as_search(local), throw)
-    # the search's fits are not the caller's one solve: their fast paths and covariances
-    # stay in a block of their own, and the local fit's fast path is withdrawn (a repeat
-    # through it would skip the search)
-    _promote.withdraw("fast")
     flat, unravel = ravel_pytree(x0)
     x0_flat = np.ravel(np.asarray(flat, np.float64))
     plain = isinstance(x0, (np.ndarray, jax.Array)) and np.ndim(x0) == 1
     n = x0_flat.size
-    # (scipy's Bounds, scalars or arrays: as solve_nlsq reads them)
-    lb, ub = _broadcast_bounds(as_bounds(kw.get("bounds", (-np.inf, np.inf)), n), n,
-                               np.float64)
+    lb, ub = broadcast_bounds(as_bounds(kw.get("bounds", (-np.inf, np.inf)), n), n,
+                              np.float64)
     lb, ub = np.asarray(lb, np.float64), np.asarray(ub, np.float64)
     k = auto.max_starts if auto.max_starts is not None else 10 * (n + 1)
     starts = auto_starts(x0_flat, k, lb, ub, auto.seed)
-    t_screen = time.perf_counter()
     costs = _screen_costs(residual, x0, starts, args, kw.get("kwargs"))
-    finite = np.isfinite(costs)
-    order = np.argsort(costs, kind="stable")[:int(finite.sum())]
+    order = np.argsort(costs, kind="stable")[:int(np.isfinite(costs).sum())]
     skipped = k - order.size
-    # the budget counts the fits, not the ranking program's compilation (once per
-    # residual and process); the first `forced` fits run whatever the clock says (a
-    # loaded machine must not turn the search into none)
-    t0 = time.perf_counter()
-    screen_s = t0 - t_screen
-    if auto.seconds is None:   # automatic: relative to the local fit's time
-        budget = min(max(SEARCH_FACTOR * t_local, AUTO_MIN_SECONDS), AUTO_SECONDS)
-        soft, hard, forced = t0 + budget, t0 + AUTO_SECONDS, 1
-        budget_text = f"budget {budget:.2g} s ({SEARCH_FACTOR:g}x the local fit, within " \
-                      f"[{AUTO_MIN_SECONDS:g}, {AUTO_SECONDS:g}] s)"
-    else:
-        soft, hard, forced = t0 + auto.seconds, np.inf, MIN_STARTS
-        budget_text = f"time budget {auto.seconds:g} s"
+    local_nfev = 0 if local is None else int(np.asarray(local.nfev))
+    budget = auto.nfev_budget if auto.nfev_budget is not None else max(
+        SEARCH_FACTOR * local_nfev, SEARCH_MIN_NFEV * (n + 1))
+    deadline = None if auto.seconds is None else time.perf_counter() + auto.seconds
     results = [] if local is None else [local]
     best, best_i, run, nfev = local, 0, 0, 0
-    # the fastest fit so far (the local one included) predicts the next: one fit's time
-    # can be mostly compilation (the local fit in a fresh process; the search's first fit
-    # when the local one was a promoted program), and judged by it the search stopped
-    # after one start (the Gaussian on a background after its textbook fit)
-    fastest = t_local if local is not None else None
     stop = f"every start with a finite cost run (max_starts={k})"
     for i in order + 1:
-        s = starts[i - 1]
-        now = time.perf_counter()
-        # (a fit that would end past the budget is not started: a promoted fit is one
-        # executable call, which no deadline interrupts)
-        # (the forced fits: only the clock, no prediction; the local fit's time may be
-        # mostly compilation)
-        end = now + ((fastest or 0.0) if auto.seconds is None and run >= forced else 0.0)
-        if (run >= forced and end > soft) or end > hard:
-            stop = f"{budget_text} spent"
+        if nfev >= budget:
+            stop = f"the budget of {budget} evaluations spent"
             break
-        if auto.nfev_budget is not None and nfev >= auto.nfev_budget:
-            stop = f"nfev_budget={auto.nfev_budget} spent"
+        if deadline is not None and run >= MIN_STARTS and time.perf_counter() > deadline:
+            stop = f"the time budget of {auto.seconds:g} s spent"
             break
         run += 1
+        s = starts[i - 1]
         try:
-            at = min(soft if run > forced else np.inf, hard)
-            with quiet_starts(), _promote.capture(), deadline(at):
-                res = solve_one(residual, s if plain else unravel(s), args, throw=False,
-                                **kw)
+            res = fit(s if plain else unravel(s), False)
         except (ArithmeticError, ValueError):  # a start the model rejects: next one
             continue
-        finally:
-            took = time.perf_counter() - now
-            fastest = took if fastest is None else min(fastest, took)
         results.append(res)
         nfev += int(np.asarray(res.nfev))
         if int(np.asarray(res.status)) in (-3, -4):  # not finite there: no fit
@@ -417,17 +350,13 @@ def solve_auto(solve_one, residual, x0, args, *, auto: AutoStarts, **kw):
         if not needs_search(res, auto):
             stop = f"start {i} passed the tests"
             break
-    elapsed = time.perf_counter() - t0
     if best is None:   # (with throw=True too: the same error as without the search)
         raise NonFiniteStartError(
             f"{local_error} starts='auto' found no start with finite residuals among "
-            f"{k} tried in {elapsed:.2g} s.") from None
-    if best is not local:
-        _promote.withdraw("cov")  # the covariance offered was the local fit's
+            f"{k} tried.") from None
     won = "the local fit kept" if best is local else f"the best from start {best_i}"
-    search = (f"starts='auto': {why}; {run} start(s) run in {elapsed:.2g} s (of {k}, "
-              f"ranked by their cost in {screen_s:.2g} s, {skipped} not finite), {won}; "
-              f"stopped: {stop}")
+    search = (f"starts='auto': {why}; {run} start(s) run with {nfev} evaluations (of {k}, "
+              f"ranked by their cost, {skipped} not finite), {won}; stopped: {stop}")
     return _raise_if_failed(_as_search(dataclasses.replace(best, **_counts(results, best)),
                                        starts_run=run, search=search), throw)
 

@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 import collections
-import threading
+
 from typing import TYPE_CHECKING
 
 import jax
@@ -30,13 +30,14 @@ from jax import lax
 
 from .._policy import cast_floating
 from ._blocks import PointBlocks, block_size, residual_and_rows
-from ._compile import cpu_jit
+from . import _caches
+from .._backend import cpu_jit
 from .common import robust_cost, scale_for_robust_loss
 
 if TYPE_CHECKING:
-    from ._loop import LoopConfig
+    from ._state import Options
 
-__all__ = ["chunk_sums", "clear_cache"]
+__all__ = ["chunk_sums"]
 
 
 class _ArraySource:
@@ -82,28 +83,9 @@ def _split(leaves, axes, size):
 
 # ----------------------------------------------------------------------------- programs
 # ----------------------------------------------------------------------------- programs
-_programs: collections.OrderedDict = collections.OrderedDict()
-_lock = threading.Lock()
-
-
 def _program(key, build):
-    with _lock:
-        fn = _programs.get(key)
-        if fn is not None:
-            _programs.move_to_end(key)
-            return fn
-    fn = build()
-    with _lock:
-        _programs[key] = fn
-        if len(_programs) > 64:
-            _programs.popitem(last=False)
-    return fn
-
-
-def clear_cache() -> None:
-    """Drop the compiled per-chunk programs."""
-    with _lock:
-        _programs.clear()
+    """The program built by ``build()`` for ``key`` (:data:`._caches.STREAM_PROGRAMS`)."""
+    return _caches.STREAM_PROGRAMS.get_or_build(key, build)
 
 
 def chunk_sums(fun, x, args, axes, size: int, n_valid, loss, f_scale, wt, top_dt,
@@ -137,10 +119,10 @@ def chunk_sums(fun, x, args, axes, size: int, n_valid, loss, f_scale, wt, top_dt
     return A, b, cost
 
 
-def _chunk_program(fun, cfg: LoopConfig, axes, size: int, key):
+def _chunk_program(fun, opts: Options, axes, size: int, key):
     """One compiled program: the partial sums of one chunk on rung ``rung`` (a
     ``lax.switch`` over the ladder; the data cast to the rung inside)."""
-    rungs = cfg.rungs
+    rungs = opts.rungs
     top_dt = rungs[-1]
 
     def branch(i):
@@ -149,7 +131,7 @@ def _chunk_program(fun, cfg: LoopConfig, axes, size: int, key):
 
         def br(z, args, n_valid, f_scale):
             A, b, cost = chunk_sums(fun, z.astype(dt), cast_floating(args, dt), axes, size,
-                                    n_valid, cfg.loss, f_scale, wt, top_dt)
+                                    n_valid, opts.loss, f_scale, wt, top_dt)
             return A.astype(top_dt), b.astype(top_dt), cost
 
         return br
@@ -164,12 +146,12 @@ def _chunk_program(fun, cfg: LoopConfig, axes, size: int, key):
     return _program(("chunk",) + key, lambda: cpu_jit(sums))
 
 
-def _final_chunk_program(fun, cfg: LoopConfig, axes, size: int, key):
-    top_dt = cfg.rungs[-1]
+def _final_chunk_program(fun, opts: Options, axes, size: int, key):
+    top_dt = opts.rungs[-1]
 
     def final(x, args, n_valid, f_scale):
         return chunk_sums(fun, x, cast_floating(args, top_dt), axes, size, n_valid,
-                          cfg.loss, f_scale, top_dt, top_dt)
+                          opts.loss, f_scale, top_dt, top_dt)
 
     return _program(("final",) + key, lambda: cpu_jit(final))
 

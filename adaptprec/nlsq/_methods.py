@@ -1,6 +1,6 @@
 """The method table: each trust-region method's step, gradient norm and initial radius
-(:func:`._loop.build_loop`'s ``step_fn``/``gnorm_fn``/``delta0_fn``), and scipy's
-per-method ``njev`` rule. Shared by the fused, host and streamed drivers.
+(the :class:`.solver.TrustRegion`'s step, ``gtol`` measure and first radius), and scipy's
+per-method ``njev`` rule.
 
 Example:
     >>> from adaptprec.nlsq._methods import method_fns
@@ -20,12 +20,12 @@ from .gn import gn_step
 from .lm import lm_step, minpack_delta0, minpack_gnorm
 from .trf import cl_scaling, trf_delta0, trf_lsmr_step, trf_step
 
-__all__ = ["method_fns"]
+__all__ = ["method_fns", "njev_is_none"]
 
 
 def method_fns(method: str, m, tr=None):
-    """``(step_fn, gnorm_fn, delta0_fn)`` of :func:`._loop.build_loop` for ``method``
-    (``m`` may be traced: the host driver's step is compiled once for every ``m``);
+    """``(step_fn, gnorm_fn, delta0_fn)`` for ``method`` (``m`` may be traced: the
+    residual count of padded data is a program argument);
     ``tr`` is ``tr_solver="lsmr"``'s options (:func:`._lsmr.check_tr_options`), ``None``
     for the exact step."""
     if method == "trf":
@@ -53,10 +53,10 @@ def method_fns(method: str, m, tr=None):
     return step_fn, minpack_gnorm, minpack_delta0
 
 
-def _njev_is_none(cfg: LoopConfig) -> bool:
+def njev_is_none(opts) -> bool:
     """scipy's rule for ``njev``: ``None`` for ``method="lm"`` unless ``jac`` is the
     user's callable (MINPACK counts only "analytic" Jacobian evaluations). Here an
     autodiff (``"fwd"``/``"rev"``) or finite-difference Jacobian under ``lm`` gives
     ``None`` likewise."""
-    return cfg.method == "lm" and (isinstance(cfg.jac, str) or
-                                   getattr(cfg.jac, "finite_diff", False))
+    return opts.method == "lm" and (isinstance(opts.jac, str) or
+                                    getattr(opts.jac, "finite_diff", False))

@@ -1,6 +1,7 @@
-"""curve_fit's model ``f(xdata, *p)`` as a residual: the adapters from a model (and its
-``jac``) to ``solve_nlsq``'s ``residual(p, *args)``, one stable function per model and
-sigma kind (so compiled programs are found again), Shared by the in-memory and the streamed curve_fit.
+"""curve_fit's problem: its data (scipy's rules for ``xdata``, ``ydata``, ``sigma``,
+``p0``, ``nan_policy``) and its model ``f(xdata, *p)`` as ``solve_nlsq``'s
+``residual(p, *args)``, one stable function per model and sigma kind (so compiled
+programs are found again). Shared by the in-memory and the streamed curve_fit.
 
 Example:
     >>> import numpy as np
@@ -16,15 +17,22 @@ from __future__ import annotations
 
 import functools
 import inspect
+import numbers
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import solve_triangular
 
+from .._tracing import is_concrete
 from .._user_fn import returns_arrays
+from ._inputs import all_finite, broadcast_bounds
+from ._arguments import EPS, OptionNotOffered, as_bounds, as_x0
 
-__all__ = ["_residual_for", "_jac_for", "_n_params", "_call"]
+__all__ = ["_residual_for", "_jac_for", "_n_params", "_call", "CurveFitProblem",
+           "prepare_curve_fit", "as_data", "initialize_feasible", "leastsq_kwargs"]
 
 
 def _jac2d(J, n):
@@ -57,9 +65,18 @@ def _model_minus_data(f, xdata, p, ydata):
     return out - ydata
 
 
-@functools.lru_cache(maxsize=256)
 def _residual_for(f: Callable, kind: str) -> Callable:
-    """A stable residual function per (model, sigma kind), so solve_nlsq's cache hits."""
+    """A stable residual function per (model, sigma kind) (:data:`._caches.RESIDUALS`),
+    so that the programs of a model are found again."""
+    from . import _caches
+
+    try:
+        return _caches.RESIDUALS.get_or_build((f, kind), lambda: _make_residual(f, kind))
+    except TypeError:   # an unhashable model
+        return _make_residual(f, kind)
+
+
+def _make_residual(f: Callable, kind: str) -> Callable:
     if kind == "none":
         def residual(p, xdata, ydata):
             return jnp.ravel(_model_minus_data(f, xdata, p, ydata))
@@ -121,3 +138,281 @@ def _n_params(f) -> int:
     if any(p.kind == p.VAR_POSITIONAL for p in sig.parameters.values()) or len(ps) < 2:
         raise ValueError("Unable to determine number of fit parameters; give p0.")
     return len(ps) - 1
+
+
+def as_data(x, name: str, dtype=float):
+    """Data (``xdata``/``ydata``/``sigma``) as arrays: JAX arrays and tracers pass through,
+    pytrees (dicts) pass through, and lists, tuples, NumPy arrays and any array-like
+    (pandas Series, xarray DataArray, memoryview) become NumPy arrays of ``dtype``.
+
+    Example:
+        >>> from adaptprec.nlsq._model import as_data
+        >>> as_data(memoryview(bytearray(b"\\x01\\x02")), "xdata").tolist()
+        [1.0, 2.0]
+    """
+    if x is None or isinstance(x, (jax.Array, dict)) or not is_concrete(x):
+        return x
+    if isinstance(x, (str, bytes)):
+        raise ValueError(f"{name} must be numbers, got a string")
+    if isinstance(x, (list, tuple, np.ndarray, memoryview, numbers.Number, np.generic)) \
+            or hasattr(x, "__array__") or hasattr(x, "__array_interface__"):
+        try:
+            a = np.asarray(x)
+        except Exception as exc:  # noqa: BLE001 - re-raised with context
+            raise ValueError(f"{name} could not be read as an array: {exc}") from exc
+        if a.dtype.kind in "USO":
+            raise ValueError(f"{name} must be numbers, got dtype {a.dtype}")
+        if a.dtype.kind == "c":
+            return a
+        if dtype is not None and a.dtype.kind in "biuf":
+            a = a.astype(dtype) if a.dtype.kind != "f" else a
+        return a
+    return x
+
+
+def initialize_feasible(lb, ub):
+    """scipy's feasible start for ``curve_fit`` without ``p0``: the midpoint of finite
+    bounds, ``lb + 1`` / ``ub - 1`` for one-sided bounds, 1 otherwise.
+
+    Example:
+        >>> import numpy as np
+        >>> from adaptprec.nlsq._model import initialize_feasible
+        >>> initialize_feasible(np.array([0.0, 2.0, -np.inf]),
+        ...                     np.array([4.0, np.inf, 0.5])).tolist()
+        [2.0, 3.0, -0.5]
+    """
+    lb = np.asarray(lb, float)
+    ub = np.asarray(ub, float)
+    p0 = np.ones_like(lb)
+    lf, uf = np.isfinite(lb), np.isfinite(ub)
+    both = lf & uf
+    p0[both] = 0.5 * (lb[both] + ub[both])
+    p0[lf & ~uf] = lb[lf & ~uf] + 1
+    p0[~lf & uf] = ub[~lf & uf] - 1
+    return p0
+
+
+def leastsq_kwargs(kwargs: dict) -> dict:
+    """Translate scipy ``leastsq`` keyword arguments (which scipy's ``curve_fit`` passes
+    through for ``method="lm"``) to :func:`~adaptprec.solve_nlsq` options: ``maxfev`` ->
+    ``max_nfev``, ``epsfcn`` -> ``diff_step = sqrt(epsfcn)`` (finite differences only),
+    ``diag`` -> ``x_scale = 1 / diag``; ``factor`` and ``col_deriv`` raise naming the
+    alternative.
+
+    Example:
+        >>> from adaptprec.nlsq._model import leastsq_kwargs
+        >>> leastsq_kwargs({"maxfev": 10})
+        {'max_nfev': 10}
+    """
+    kw = dict(kwargs)
+    if "maxfev" in kw:
+        v = kw.pop("maxfev")
+        if "max_nfev" in kw and kw["max_nfev"] is not None and v is not None:
+            raise TypeError("give max_nfev or maxfev, not both")
+        if kw.get("max_nfev") is None:
+            kw["max_nfev"] = None if v in (None, 0) else v
+    if "epsfcn" in kw:
+        v = kw.pop("epsfcn")
+        if v is not None and kw.get("diff_step") is None:
+            kw["diff_step"] = float(np.sqrt(max(float(v), EPS)))
+    if "diag" in kw:
+        v = kw.pop("diag")
+        if v is not None:
+            kw["x_scale"] = 1.0 / np.asarray(v, float)
+    if kw.pop("col_deriv", 0):
+        raise OptionNotOffered("col_deriv is not offered: return the Jacobian with one "
+                                  "row per data point (transpose it in your jac).")
+    if "factor" in kw:
+        v = kw.pop("factor")
+        if v not in (None, 100):
+            raise OptionNotOffered("factor (MINPACK's initial step bound) is not "
+                                      "offered; use x_scale to change the initial radius.")
+    if "Dfun" in kw:
+        raise TypeError("Dfun is leastsq's name; pass the Jacobian as jac=...")
+    return kw
+
+
+class CurveFitProblem(NamedTuple):
+    """curve_fit's data and model as ``solve_nlsq`` sees them (:func:`prepare_curve_fit`)."""
+
+    residual: Any     # residual(p, xdata, ydata[, w or L])
+    p0: Any
+    args: tuple       # (xdata, ydata[, 1/sigma or the covariance's Cholesky factor])
+    kind: str         # "none", "1d" (standard deviations) or "2d" (a covariance)
+    bounds: tuple
+    n: int
+    m: int
+    lm_rule: bool     # scipy's all-inf pcov when a parameter is not identifiable
+    checked: tuple    # data found finite here (solve_nlsq skips them)
+    concrete: bool
+
+
+def prepare_curve_fit(f, xdata, ydata, p0, sigma, check_finite, bounds, method,
+                      nan_policy) -> CurveFitProblem:
+    """scipy's ``curve_fit`` rules on its data: array-likes read as arrays, non-finite
+    data refused (or dropped, ``nan_policy="omit"``), ``ydata`` raveled, ``p0`` from the
+    signature (or the middle of finite bounds), ``sigma`` as standard deviations or a
+    covariance (whitened by its Cholesky factor). For the common call (NumPy data, no
+    ``nan_policy``, scalar bounds) what does not depend on the values is memoised
+    (:data:`._caches.PROBLEMS`); a repeat checks the values only."""
+    from . import _caches
+
+    key = _curve_fit_key(f, xdata, ydata, p0, sigma, check_finite, bounds, method,
+                         nan_policy)
+    if key is not None:
+        known = _caches.PROBLEMS.get(key)
+        if known is not None:
+            return _with_data(known, xdata, ydata, p0, sigma)
+    cf = _prepare_curve_fit(f, xdata, ydata, p0, sigma, check_finite, bounds, method,
+                            nan_policy)
+    if key is not None and cf.kind != "2d":
+        _caches.PROBLEMS.put(key, cf)
+    return cf
+
+
+def _curve_fit_key(f, xdata, ydata, p0, sigma, check_finite, bounds, method, nan_policy):
+    """The structure of the common call, or ``None``."""
+    if nan_policy is not None or type(xdata) is not np.ndarray or \
+            type(ydata) is not np.ndarray or ydata.ndim != 1 or \
+            xdata.dtype.kind not in "fiu" or ydata.dtype.kind not in "fiu":
+        return None
+    if sigma is None or isinstance(sigma, (int, float)):
+        sk = None if sigma is None else "scalar"
+    elif type(sigma) is np.ndarray and sigma.shape == ydata.shape:
+        sk = ("1d", sigma.dtype.str)
+    else:
+        return None
+    if p0 is None:
+        pk = None
+    elif isinstance(p0, (list, tuple)) and all(type(v) in (float, int) for v in p0):
+        pk = len(p0)
+    elif type(p0) is np.ndarray and p0.ndim == 1 and p0.dtype.kind in "fiu":
+        pk = p0.shape
+    else:
+        return None
+    if not (isinstance(bounds, tuple) and len(bounds) == 2 and
+            all(type(b) in (float, int) for b in bounds)):
+        return None
+    try:
+        key = ("curve_fit", f, xdata.shape, xdata.dtype.str, ydata.shape, ydata.dtype.str,
+               sk, pk, bounds, method, check_finite, jax.config.read("jax_enable_x64"))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _with_data(known: CurveFitProblem, xdata, ydata, p0, sigma) -> CurveFitProblem:
+    """A memoised curve_fit problem with this call's data, ``p0`` and ``sigma``."""
+    x = xdata if xdata.dtype.kind == "f" else xdata.astype(float)
+    y = ydata if ydata.dtype == np.float64 else ydata.astype(np.float64)
+    checked = ()
+    if known.checked:   # check_finite: as the first call checked them
+        for arr, name in ((x, "xdata"), (y, "ydata")):
+            if not all_finite(arr):
+                raise ValueError(f"{name} contains NaN or Inf (array must not contain "
+                                 "infs or NaNs); remove those points or pass "
+                                 "nan_policy='omit'.")
+        checked = (x, y)
+    extra = ()
+    if known.kind == "1d":
+        s = np.asarray(sigma, np.float64)
+        if np.any(s <= 0):
+            raise ValueError("1-D `sigma` must be positive (standard deviations).")
+        with np.errstate(over="ignore", divide="ignore"):
+            extra = (np.broadcast_to(1.0 / s.reshape(-1), (known.m,)),)
+    p0 = known.p0 if p0 is None else np.atleast_1d(np.asarray(p0, np.float64))
+    return known._replace(p0=p0, args=(x, y, *extra), checked=checked)
+
+
+def _prepare_curve_fit(f, xdata, ydata, p0, sigma, check_finite, bounds, method,
+                       nan_policy) -> CurveFitProblem:
+    xdata, ydata, sigma = as_data(xdata, "xdata"), as_data(ydata, "ydata"), \
+        as_data(sigma, "sigma")
+    concrete = is_concrete((xdata, ydata, sigma))
+    if check_finite is None:
+        check_finite = nan_policy is None
+    if nan_policy == "propagate":
+        raise ValueError("`nan_policy='propagate'` is not supported by this function.")
+    if nan_policy not in (None, "raise", "omit"):
+        raise ValueError("nan_policy must be one of {None, 'raise', 'omit'}")
+    checked = ()
+    if concrete:
+        ydata = ydata if isinstance(ydata, jax.Array) else np.asarray(ydata, np.float64)
+        if check_finite:
+            for arr, name in ((xdata, "xdata"), (ydata, "ydata")):
+                if not all_finite(arr):
+                    raise ValueError(f"{name} contains NaN or Inf (array must not contain "
+                                     "infs or NaNs); remove those points or pass "
+                                     "nan_policy='omit'.")
+            checked = (xdata, ydata)
+        elif nan_policy is not None:
+            xdata, ydata, sigma = _omit_nan(xdata, ydata, sigma, nan_policy)
+    # eager calls prepare the data with NumPy (an eager jnp operation compiles per shape)
+    xnp = np if concrete and not isinstance(ydata, jax.Array) else jnp
+    ydata = xnp.asarray(ydata)
+    if ydata.ndim != 1:
+        ydata = xnp.ravel(ydata)
+    if ydata.size == 0:
+        raise ValueError("`ydata` must not be empty!")
+    if isinstance(xdata, (list, tuple, np.ndarray)):
+        xdata = np.asarray(xdata) if concrete else jnp.asarray(xdata)
+    m = int(ydata.size)
+    if p0 is None:
+        n = _n_params(f)
+        p0 = initialize_feasible(*broadcast_bounds(as_bounds(bounds, n), n, np.float64))
+    p0 = as_x0(p0)
+    p0 = np.atleast_1d(np.asarray(p0, dtype=jnp.result_type(float))) if is_concrete(p0) \
+        else jnp.atleast_1d(jnp.asarray(p0, dtype=jnp.result_type(float)))
+    n = int(p0.size)
+    check_p0_arity(f, n)
+    bounds = as_bounds(bounds, n)
+    unbounded = is_concrete(bounds) and all(
+        np.all(np.isinf(np.asarray(b, float))) for b in bounds if not isinstance(b, dict))
+    lm_rule = method == "lm" or (method is None and unbounded)
+    if lm_rule and m != 1 and n > m:
+        raise TypeError(f"The number of func parameters={n} must not exceed the number "
+                        f"of data points={m}")
+    kind, extra = _sigma_args(sigma, ydata, m, concrete, xnp)
+    return CurveFitProblem(_residual_for(f, kind), p0, (xdata, ydata, *extra), kind,
+                           bounds, n, m, lm_rule, checked, concrete)
+
+
+def _omit_nan(xdata, ydata, sigma, nan_policy):
+    """``nan_policy="omit"``/``"raise"``: the points with NaN in ``xdata``/``ydata``."""
+    xa, ya = np.asarray(xdata, np.float64), np.asarray(ydata, np.float64)
+    has_nan = np.isnan(xa)
+    has_nan = has_nan.any(axis=tuple(range(has_nan.ndim - 1))) if xa.ndim else \
+        np.zeros(ya.shape, bool)
+    has_nan = has_nan | np.isnan(ya)
+    if not np.any(has_nan):
+        return xdata, ydata, sigma
+    if nan_policy == "raise":
+        raise ValueError("The input contains nan values")
+    if sigma is not None:
+        s = np.asarray(sigma)
+        sigma = s[~has_nan] if s.ndim == 1 and s.size > 1 else (
+            s[~has_nan][:, ~has_nan] if s.ndim == 2 else sigma)
+    return jnp.asarray(xa[..., ~has_nan]), jnp.asarray(ya[~has_nan]), sigma
+
+
+def _sigma_args(sigma, ydata, m: int, concrete: bool, xnp):
+    """``(kind, extra args)`` of ``sigma``: none, 1-D standard deviations (the residual
+    times ``1/sigma``) or an ``(m, m)`` covariance (its Cholesky factor ``L``,
+    ``r = L^-1 (f - y)``)."""
+    if sigma is None:
+        return "none", ()
+    s = xnp.asarray(sigma, dtype=ydata.dtype if jnp.issubdtype(ydata.dtype, jnp.floating)
+                    else float)
+    if s.size == 1 or s.shape == (m,):
+        if concrete and np.any(np.asarray(s) <= 0):
+            raise ValueError("1-D `sigma` must be positive (standard deviations).")
+        with np.errstate(over="ignore", divide="ignore"):
+            return "1d", (xnp.broadcast_to(1.0 / s.reshape(-1), (m,)),)
+    if s.shape == (m, m):
+        L = jnp.linalg.cholesky(s)
+        if concrete and not np.all(np.isfinite(np.asarray(L))):
+            raise ValueError("`sigma` must be positive definite (a covariance matrix).")
+        return "2d", (L,)
+    raise ValueError(f"`sigma` has incorrect shape {tuple(s.shape)}: expected a scalar, "
+                     f"({m},) standard deviations or a ({m}, {m}) covariance matrix.")

@@ -33,10 +33,11 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from .._tracing import is_concrete
-from . import _promote
-from ._inputs import OptionNotOffered, _broadcast_bounds
-from ._ladder import resolve_ladder
-from ._loop import _runaway
+from . import _caches
+from ._inputs import broadcast_bounds
+from ._arguments import OptionNotOffered, resolve_ladder
+from ._rules import runaway as runaway_test
+from ._state import Outputs
 from .common import Status
 
 __all__ = ["latin_hypercube", "spread_starts", "solve_multistart"]
@@ -71,7 +72,7 @@ def spread_starts(x0, k: int, *, lb=None, ub=None, scale=None, spread: float = 0
         ((3, 2), [10.0, 0.0], True)
     """
     # the box is decided on the bounds as given: converted with jnp inside a trace they
-    # would be tracers, and jit/vmap would spread the starts differently (newcomer audit 2)
+    # would be tracers, and jit/vmap would spread the starts differently
     boxed = (lb is not None and ub is not None and is_concrete((lb, ub))
              and bool(np.all(np.isfinite(np.asarray(lb)))
                       and np.all(np.isfinite(np.asarray(ub)))))
@@ -92,24 +93,17 @@ def spread_starts(x0, k: int, *, lb=None, ub=None, scale=None, spread: float = 0
     return jnp.concatenate([x0[None], others])
 
 
-_FLAT: dict = {}
-
-
 def _flat_residual(residual, unravel, treedef, shapes):
-    """One flat-vector wrapper per (residual, x0 structure), so the batched engine's
-    compiled program is reused across calls."""
-    key = (id(residual), treedef, shapes)
-    hit = _FLAT.get(key)
-    if hit is not None and hit[0] is residual:
-        return hit[1]
-
+    """One flat-vector wrapper per (residual, x0 structure) (:data:`._caches.RESIDUALS`),
+    so the batched engine's compiled program is reused across calls."""
     def flat(x, *a):
         return ravel_pytree(residual(unravel(x), *a))[0]
 
-    if len(_FLAT) > 64:
-        _FLAT.pop(next(iter(_FLAT)))
-    _FLAT[key] = (residual, flat)
-    return flat
+    try:
+        return _caches.RESIDUALS.get_or_build(("starts", residual, treedef, shapes),
+                                              lambda: flat)
+    except TypeError:   # an unhashable residual
+        return flat
 
 
 def check_starts_options(starts, *, verbose, **options) -> None:
@@ -124,41 +118,40 @@ def check_starts_options(starts, *, verbose, **options) -> None:
             "start (starts=1) with those options.")
 
 
-def solve_multistart(solve_one, residual, x0, args, *, starts: int, seed: int = 0,
-                     spread: float = 0.5, **kw):
-    """``solve_one(residual, x0, args, **kw)`` from ``starts`` starts (module docstring).
-
-    ``solve_one`` is the single-start solver (:func:`adaptprec.solve_nlsq`, which passes
-    itself): the plain solve from ``x0`` and the polish run through it, the starts on the
-    batched engine. Taking it as an argument keeps the arrow one way (solve.py imports
-    this module, not the reverse).
+def solve_multistart(solve_one, residual, x0, args, kw: dict, *, starts: int,
+                     throw: bool = False, seed: int = 0, spread: float = 0.5):
+    """``starts`` starts of one fit (module docstring). ``solve_one`` is the in-memory
+    solve (:func:`.solve.solve_in_memory`, passed by the dispatch so that this module
+    imports nothing of it): the plain solve from ``x0`` and the polish run through it,
+    the starts on the batched engine.
 
     Example:
         >>> import jax.numpy as jnp
-        >>> from adaptprec import solve_nlsq
-        >>> from adaptprec.nlsq._multistart import solve_multistart
-        >>> res = solve_multistart(solve_nlsq,
-        ...                        lambda x: jnp.array([x[0] ** 2 - 4.0, x[1] - 1.0]),
-        ...                        jnp.array([1.0, 0.0]), (), starts=3, precision="f64")
+        >>> import adaptprec as ap
+        >>> res = ap.solve_nlsq(lambda x: jnp.array([x[0] ** 2 - 4.0, x[1] - 1.0]),
+        ...                     jnp.array([1.0, 0.0]), starts=3, precision="f64")
         >>> [round(abs(float(v)), 6) for v in res.x]
         [2.0, 1.0]
     """
-    # Its solves are not the caller's one solve: a promoted one must not hand curve_fit
-    # its fast path (the repeat would run one solve from x0) or its covariance (of a
-    # solve that may not be the one returned). A block of its own keeps them.
-    with _promote.capture():
-        return _solve_multistart(solve_one, residual, x0, args, starts=starts, seed=seed,
-                                 spread=spread, **kw)
-
-
-def _solve_multistart(solve_nlsq, residual, x0, args, *, starts, seed, spread, **kw):
-    from ..batch import solve_nlsq_batch  # (batch's engine loads only with starts=)
-
     if not isinstance(starts, (int, np.integer)) or starts < 1:
         raise ValueError(f"starts must be a positive integer or 'auto', got {starts!r}")
+    check_starts_options(starts, verbose=kw.get("verbose"), **{
+        k: kw.get(k) for k in ("max_nfev", "diff_step", "kwargs", "tr_solver",
+                               "tr_options", "jac_sparsity", "callback")})
+
+    def one(x_start):
+        return solve_one(residual, x_start, args, kw, outputs=Outputs(throw=throw))[0]
+
+    return _solve_multistart(one, residual, x0, args, kw, starts=starts, seed=seed,
+                             spread=spread)
+
+
+def _solve_multistart(solve_from, residual, x0, args, kw, *, starts, seed, spread):
+    from ..batch import solve_nlsq_batch  # (batch's engine loads only with starts=)
+
     if not isinstance(args, tuple):
         args = (args,)
-    single = solve_nlsq(residual, x0, args, **kw)
+    single = solve_from(x0)
     if starts == 1:
         return single
     x0_flat, unravel = ravel_pytree(x0)
@@ -166,7 +159,7 @@ def _solve_multistart(solve_nlsq, residual, x0, args, *, starts, seed, spread, *
     x0_flat = jnp.asarray(x0_flat, top)
     n = x0_flat.shape[0]
     bounds = kw.get("bounds", (-np.inf, np.inf))
-    lb, ub = _broadcast_bounds(bounds, n, top)
+    lb, ub = broadcast_bounds(bounds, n, top)
     x_scale = kw.get("x_scale")
     scale = None if x_scale is None or isinstance(x_scale, str) else \
         1.0 / jnp.broadcast_to(jnp.asarray(x_scale, top), (n,))
@@ -186,15 +179,15 @@ def _solve_multistart(solve_nlsq, residual, x0, args, *, starts, seed, spread, *
     cost = jnp.where(jnp.isfinite(batch.cost), batch.cost, jnp.inf)
     pick = jnp.argmin(jnp.where(batch.success, cost, jnp.inf))
     pick = jnp.where(jnp.any(batch.success), pick, jnp.argmin(cost))
-    polished = solve_nlsq(residual, unravel(batch.x[pick].astype(top)), args, **kw)
+    polished = solve_from(unravel(batch.x[pick].astype(top)))
     # "run off" is judged against the user's x0, not the polish's start (which may have
-    # run off already: newcomer audit 2, success at ||x|| ~ 2e9 where starts=1 said -11)
+    # run off already)
     x_pol = ravel_pytree(polished.x)[0]
     # (with the flatness evidence of the polished end's Jacobian, as the loop's test)
     J_pol = jnp.reshape(jnp.asarray(polished.jac), (-1, n)).astype(top)
     R_pol = jnp.linalg.qr(J_pol, mode="r")[:n] if J_pol.shape[0] >= n else jnp.linalg.qr(
         jnp.concatenate([J_pol, jnp.zeros((n - J_pol.shape[0], n), top)]), mode="r")
-    runaway = _runaway(polished.status, x_pol, jnp.linalg.norm(x0_flat), R_pol,
+    runaway = runaway_test(polished.status, x_pol, jnp.linalg.norm(x0_flat), R_pol,
                        jnp.linalg.norm(jnp.ravel(jnp.asarray(polished.fun))))
     status = jnp.asarray(polished.status)
     polished = dataclasses.replace(polished, status=jnp.where(
@@ -202,8 +195,7 @@ def _solve_multistart(solve_nlsq, residual, x0, args, *, starts, seed, spread, *
     better = (polished.success & ~single.success) | (
         (polished.success == single.success) & (polished.cost < single.cost))
     out = jax.tree.map(lambda a, b: jnp.where(better, a, b), polished, single)
-    # the work done is every solve's, not the returned one's (newcomer audit: starts=4
-    # reported nfev 1, the polish of a start that had already converged)
+    # the work done is every solve's, not the returned one's
     # (njev is None for lm, in both solves alike; the batch counts every field)
     return dataclasses.replace(out, **{
         k: jnp.asarray(getattr(single, k) + jnp.sum(getattr(batch, k)) + getattr(polished, k),

@@ -20,32 +20,21 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from typing import Any, NamedTuple
+
 from .._tracing import is_concrete
 from .._user_fn import returns_arrays
-from ._buckets import PointMemo
-from ._errors import explain_trace_error
-from ._finite_diff import as_sparsity, fd_jacobian
-from ._identity import user_callables
-from ._inputs import FD_METHODS, check_jac_shape, wrap_jac
-from ._keys import _hashable, _sig
-from ._pointwise import point_axes
+from . import _caches
+from .._user_fn import explain_trace_error
+from .._finite_diff import as_sparsity, fd_jacobian
+from .._identity import user_callables
+from ._arguments import FD_METHODS, check_jac_shape, wrap_jac
+from .._user_fn import hashable, sig
+from .._pointwise import point_axes
 from ._sparse_jac import host_jac, probe_host_jac
 
-__all__ = ["flat_residual", "traced_once", "flat_x0", "with_kwargs", "jacobian", "check_host_jac",
-           "clear_cache"]
-
-#: entries of the memo below (4 x the fused driver's 64 compiled solvers)
-_MEMO_SIZE = 256
-_m_cache: dict = {}
-#: point axes per residual object (a new data length is neither traced nor analysed)
-_points = PointMemo()
-
-
-def clear_cache() -> None:
-    """Drop the memoised sizes and point axes."""
-    _m_cache.clear()
-    _points.clear()
-
+__all__ = ["flat_residual", "traced_once", "flat_x0", "with_kwargs", "jacobian",
+           "check_host_jac", "analyse", "Analysis"]
 
 #: jaxprs kept per traced function (one per shapes/dtypes of its inputs; a solve sees one
 #: per rung)
@@ -61,7 +50,7 @@ def traced_once(fn):
     """``fn(*inputs)`` traced once per shapes/dtypes of its inputs: every later call with
     the same ones (the size probe, the point-axes analysis, the loop, the final
     evaluation, each finite-difference or autodiff use) evaluates the recorded jaxpr
-    instead of calling ``fn`` again (issue 36: a user's Python model or ``jac`` runs once
+    instead of calling ``fn`` again (a user's Python model or ``jac`` runs once
     per shape, as scipy's gh-13670 expects of callables with side effects). A trace whose
     constants are tracers of an enclosing trace (a closure over a ``jit`` argument) is
     used for that call only; inputs that are not arrays call ``fn`` directly.
@@ -131,15 +120,12 @@ def flat_residual(residual, unravel):
     return fun_flat
 
 
-def _residual_size(residual, fun_flat, x0, x0_flat, args, top_dt=None) -> int:
-    """Check the residual's output (via ``jax.eval_shape`` of ``fun_flat.tree``, at
-    ``x0`` in ``top_dt``: the trace the solver reuses) and return its size ``m``.
-
-    Memoised per (residual, shapes/dtypes of x0 and args): a repeated call does not trace
-    the residual again.
-    """
-    key = (_hashable(residual), _sig(x0), _sig(args))
-    m = _m_cache.get(key)
+def residual_size(residual, fun_flat, x0, x0_flat, args, top_dt=None) -> int:
+    """Check the residual's output (``jax.eval_shape`` of ``fun_flat.tree`` at ``x0`` in
+    ``top_dt``: the trace the solver reuses) and return its size ``m``; memoised per
+    residual and shapes (:data:`._caches.SIZES`)."""
+    key = (hashable(residual), sig(x0), sig(args))
+    m = _caches.SIZES.get(key)
     if m is not None:
         return m
     x_aval = jax.ShapeDtypeStruct(np.shape(x0_flat), top_dt or jnp.result_type(x0_flat))
@@ -157,24 +143,15 @@ def _residual_size(residual, fun_flat, x0, x0_flat, args, top_dt=None) -> int:
         raise ValueError("residual returned no arrays; it must return a 1-D array")
     if len(out_leaves) == 1 and jax.tree.structure(out_shape).num_leaves == 1 \
             and not isinstance(out_shape, (tuple, list, dict)) and out_leaves[0].ndim > 1:
-        raise ValueError(f"residual must return at most a 1-D array (or a pytree of arrays); it "
-                         f"returned shape {out_leaves[0].shape}. Return jnp.ravel(r) or "
-                         "stack the residuals into a vector.")
+        raise ValueError(f"residual must return at most a 1-D array (or a pytree of "
+                         f"arrays); it returned shape {out_leaves[0].shape}. Return "
+                         "jnp.ravel(r) or stack the residuals into a vector.")
     for leaf in out_leaves:
         if not jnp.issubdtype(leaf.dtype, jnp.floating):
             raise TypeError(f"residual must return floating arrays, got {leaf.dtype}")
     m = int(sum(int(np.prod(leaf.shape)) for leaf in out_leaves))
-    _remember(key, m)
+    _caches.SIZES.put(key, m)
     return m
-
-
-def _remember(key, value) -> None:
-    """Store in ``_m_cache``, dropping the oldest entries beyond :data:`_MEMO_SIZE` (each
-    key holds its residual alive: unbounded, 2,500 fits of fresh models kept 2,628
-    entries and their closed-over data, newcomer audit 6)."""
-    _m_cache[key] = value
-    while len(_m_cache) > _MEMO_SIZE:
-        _m_cache.pop(next(iter(_m_cache)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -212,7 +189,7 @@ def flat_x0(x0, top_dt):
     return x0_flat, unravel
 
 
-def _check_jac_shape(jac, x0_flat, args, m: int, n: int) -> str | None:
+def _host_kind(jac, x0_flat, args, m: int, n: int) -> str | None:
     """A user ``jac``'s output shape, checked once (``jax.eval_shape``) at the boundary.
 
     A ``jac`` JAX cannot trace is called once on the host (eager calls only): if it
@@ -244,11 +221,17 @@ def _reshape_to(shape, flat):
 
 
 def _point_axes(residual, fun_flat, x0, x0_flat, args, m):
-    """:func:`._pointwise.point_axes` of the flat residual, memoised like ``m``."""
-    key = ("point_axes", _hashable(residual), _sig(x0), _sig(args))
-    if key not in _m_cache:
-        _remember(key, point_axes(fun_flat, x0_flat, args, m))
-    return _m_cache[key]
+    """:func:`._pointwise.point_axes` of the flat residual, memoised per residual and
+    shapes (:data:`._caches.POINT_AXES`), and remembered per residual object so that a
+    new data length needs no trace (:data:`._caches.POINTS`)."""
+    key = (hashable(residual), sig(x0), sig(args))
+    axes = _caches.POINT_AXES.get(key, False)
+    if axes is False:
+        axes = point_axes(fun_flat, x0_flat, args, m)
+        _caches.POINT_AXES.put(key, axes)
+        if axes is not None:
+            _caches.POINTS.remember(residual, x0_flat, args, axes)
+    return axes
 
 
 def check_host_jac(host_kind, method, tr_solver, x_scale_given):
@@ -297,3 +280,54 @@ def jacobian(jac, fun_flat, m: int, n: int, host_kind, diff_step, jac_sparsity, 
             jac_key = (*jac_key, sp.shape, np.packbits(sp).tobytes())
         jac = fd_jacobian(fun_flat, jac, diff_step, *fd_bounds, sparsity=sp)
     return jac, jac_key
+
+
+class Analysis(NamedTuple):
+    """The residual as the solver sees it (:func:`analyse`)."""
+
+    residual: Any     # the user's (with scipy's kwargs bound)
+    fun_flat: Any
+    unravel: Any
+    x0_flat: Any
+    x0_shape: Any
+    n: int
+    m: int
+    args: tuple
+    jac: Any          # "fwd"/"rev", a finite-difference name, or a checked callable
+    host_kind: Any    # "sparse"/"operator": a jac evaluated on the host (scipy.sparse)
+    x0: Any
+    top_dt: Any
+    recalled_axes: Any = None
+
+    def point_axes(self):
+        """The data's point axes if the residual is proven pointwise, else ``None``."""
+        if self.recalled_axes is not None:
+            return self.recalled_axes
+        return _point_axes(self.residual, self.fun_flat, self.x0, self.x0_flat, self.args,
+                           self.m)
+
+
+def analyse(residual, x0, args, jac, kwargs, top_dt) -> Analysis:
+    """The residual, ``x0`` (after :func:`._inputs.as_x0`) and ``args`` as the solver sees
+    them: scipy's ``kwargs`` bound, a user ``jac`` traced once per shape and its output
+    shape checked, ``x0`` flat and finite, the residual's size ``m`` (a new data length of
+    a pointwise residual seen before: no trace)."""
+    if kwargs:
+        residual, jac, args = with_kwargs(residual, jac, args, kwargs)
+    if callable(jac):  # a user's jac runs once per shape (gh-13670)
+        jac = traced_once(jac)
+    x0_flat, unravel = flat_x0(x0, top_dt)
+    if is_concrete(x0_flat) and not np.all(np.isfinite(np.asarray(x0_flat))):
+        bad = int(np.sum(~np.isfinite(np.asarray(x0_flat))))
+        raise ValueError(f"x0 contains NaN or Inf ({bad} non-finite value(s)); give a "
+                         "finite starting point.")
+    n = int(x0_flat.size)
+    fun_flat = flat_residual(residual, unravel)
+    recalled = _caches.POINTS.recall(residual, x0_flat, args) if jac in ("fwd", "rev") \
+        else None
+    m = recalled[0] if recalled is not None else residual_size(residual, fun_flat, x0,
+                                                               x0_flat, args, top_dt)
+    host_kind = _host_kind(jac, x0_flat, args, m, n) if callable(jac) else None
+    x0_shape = np.shape(x0) if isinstance(x0, (jax.Array, np.ndarray)) else None
+    return Analysis(residual, fun_flat, unravel, x0_flat, x0_shape, n, m, args, jac,
+                    host_kind, x0, top_dt, recalled[1] if recalled is not None else None)

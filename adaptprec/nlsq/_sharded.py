@@ -31,7 +31,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from .._policy import cast_floating
 from .._tracing import is_traced
 from ._chunks import chunk_sums
-from ._compile import cpu_jit
+from .._backend import cpu_jit
 
 __all__ = ["point_sharding", "ShardedEvaluator", "sharded_programs"]
 
@@ -109,13 +109,13 @@ def _shard_index(names, mesh):
     return idx
 
 
-def sharded_programs(fun, cfg, axes, treedef, specs, names, mesh, m, local):
+def sharded_programs(fun, opts, axes, treedef, specs, names, mesh, m, local):
     """``(sums, final)``: the per-iteration sums on rung ``rung`` and the final sums on
     the top rung, each one ``shard_map`` with a ``psum`` (signatures as
     :mod:`._stream`'s per-chunk programs without ``n_valid``: the global ``m`` is
     static)."""
 
-    rungs = cfg.rungs
+    rungs = opts.rungs
     top_dt = rungs[-1]
     arg_specs = jax.tree.unflatten(treedef, specs)
 
@@ -124,7 +124,7 @@ def sharded_programs(fun, cfg, axes, treedef, specs, names, mesh, m, local):
         start = _shard_index(names, mesh) * local
         nv = jnp.clip(m - start, 0, local)
         A, b, cost = chunk_sums(fun, z.astype(dt), cast_floating(args, dt), axes, local,
-                                nv, cfg.loss, f_scale, wt, top_dt)
+                                nv, opts.loss, f_scale, wt, top_dt)
         return lax.psum((A.astype(top_dt), b.astype(top_dt), cost), names)
 
     def sums_body(rung, z, args, f_scale):

@@ -17,21 +17,23 @@ import jax.numpy as jnp
 
 from ..schedule import NoiseFloor, ScheduleStats, StallEscalation, any_of
 
-__all__ = ["default_schedule"]
+__all__ = ["default_schedule", "consult_schedule", "schedule_observes", "set_schedule_rung"]
 
 
-def _observes(schedule) -> bool:
+def schedule_observes(schedule) -> bool:
     """Whether ``schedule`` has a host-side observer (:class:`~adaptprec.schedule.Callback`,
     possibly inside :func:`~adaptprec.schedule.any_of`)."""
     from ..schedule import AnyOf, Callback
     if isinstance(schedule, Callback):
         return True
     if callable(getattr(type(schedule), "_get", None)):   # FitTrace: a schedule duck type
-        return _observes(schedule._get())
-    return isinstance(schedule, AnyOf) and any(_observes(s) for s in schedule.schedules)
+        return schedule_observes(schedule._get())
+    return isinstance(schedule, AnyOf) and any(schedule_observes(s) for s in schedule.schedules)
 
 
-def _consult_schedule(schedule, st, cost_t, actual, accepted, bad, f_scale):
+def consult_schedule(schedule, st, cost_t, actual, accepted, bad):
+    """``schedule.update`` with the step's statistics: ``(new state, wants a higher
+    rung)``."""
     value = jnp.where(accepted, cost_t, st.cost)
     rel = jnp.where(accepted, actual, 0.0) / jnp.maximum(jnp.abs(st.cost),
                                                          jnp.finfo(st.cost.dtype).tiny)
@@ -43,7 +45,8 @@ def _consult_schedule(schedule, st, cost_t, actual, accepted, bad, f_scale):
     return new, new.rung > st.rung
 
 
-def _sched_set_rung(sched, rung):
+def set_schedule_rung(sched, rung):
+    """``sched`` moved to ``rung`` (the solver climbed for another reason)."""
     if sched is None:
         return None
     return dataclasses.replace(sched, rung=jnp.asarray(rung, sched.rung.dtype))

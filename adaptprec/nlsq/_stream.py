@@ -7,9 +7,9 @@ chunk. Per trust-region iteration a host loop walks the data in fixed-size chunk
 calls ONE compiled per-chunk program (residual and Jacobian rows block by block inside
 the chunk, as :mod:`._blocks`; the last chunk padded with copies of its last point and
 masked, so every chunk has one shape); the partial sums are added on the host in
-float64 and the small ``n x n`` model is factored and stepped on the device by the same
-step programs as the host driver (:mod:`._host`: ``advance``/``propose`` of
-:func:`._loop.build_loop`). Device memory is bounded by the chunk; host memory is the
+float64 and the small ``n x n`` model is factored and stepped on the device by the
+solver's own step (:class:`.solver.TrustRegion`'s ``advance`` and ``propose``, compiled
+once per options). Device memory is bounded by the chunk; host memory is the
 data (a ``np.memmap`` stays on disk) plus O(chunk): chunks are views, converted to the
 rung's dtype inside the program (no float64 copy of float32 data).
 
@@ -52,13 +52,12 @@ import numpy as np
 from .._tracing import is_concrete
 from ._chunks import (_ArraySource, _Evaluator, _chunk_program, _final_chunk_program,
                       _program)
-from ._compile import cpu_jit
-from ._evaluation import _ev_packer
-from ._factor import _factor_gram
-from ._loop import LoopConfig
+from .._backend import cpu_jit
+from ._factor import factor_gram
+from .._user_fn import hashable
 from ._sharded import ShardedEvaluator, plan, point_sharding, sharded_programs
+from ._state import Context, Evaluation, Options
 from .common import Status
-from ._keys import _hashable
 
 __all__ = ["Chunks", "CHUNK", "STREAM_MIN_POINTS", "TRACED_MESSAGE", "solve_stream",
            "wants_stream", "covariance_from_gram"]
@@ -80,10 +79,10 @@ TRACED_MESSAGE = (
     "{entry}: streaming (chunk_size=, a Chunks source, or host NumPy data of "
     ">= {min_points} points) runs an eager host loop over the chunks and cannot run "
     "under jit/vmap/grad. Call it outside the transformation, or pass the data as "
-    "jax.Arrays without chunk_size to use the in-memory (fused, traceable) solver.")
+    "jax.Arrays without chunk_size to use the in-memory (traceable) solver.")
 
 #: solve_nlsq options streaming does not carry, with their default values.
-UNSUPPORTED_DEFAULTS = {"throw": False, "driver": "auto", "starts": 1, "max_nfev": None,
+UNSUPPORTED_DEFAULTS = {"throw": False, "starts": 1, "max_nfev": None,
                         "diff_step": None, "kwargs": None, "tr_solver": None,
                         "tr_options": None, "jac_sparsity": None, "verbose": 0,
                         "callback": None, "workers": None}
@@ -170,7 +169,7 @@ def covariance_from_gram(A, m: int):
     ``eps * max(m, n) * s_max``, raised to the Gram matrix's own resolution
     ``sqrt(n eps) * s_max`` (its eigenvalues carry absolute error ``~ n eps ||A||``);
     parameters with a component in the numerical null space get ``inf``, as
-    :func:`~adaptprec.nlsq.common.covariance_from_jac`.
+    :func:`~adaptprec.nlsq.common.covariance`.
 
     Example:
         >>> import numpy as np
@@ -192,57 +191,63 @@ def covariance_from_gram(A, m: int):
     return np.where(bad[:, None] | bad[None, :], np.inf, cov)
 
 
-def _model_program(top_dt):
-    """``(cost, R, qtf, ||f||, ok)`` of :func:`._loop.build_loop`'s evaluation from the
-    summed ``A = J^T J``, ``b = J^T f`` and cost."""
+def _step_programs(opts: Options):
+    """``(init, step, model)`` of the streamed loop, compiled once per options:
+    ``init(x0, ctx) -> (state, proposal)``, ``step(state, proposal, ev, ctx) -> (state,
+    proposal)`` (the solver's ``advance`` and honest end, then the next ``propose``) and
+    ``model(A, b, cost) -> Evaluation`` from the summed normal equations."""
+    from .solver import TrustRegion
+
+    solver = TrustRegion(None, opts)
+
+    def init(x0, ctx):
+        st = solver.init(x0, ctx)
+        return st, solver.propose(st, ctx)
+
+    def step(st, prop, ev, ctx):
+        st = solver.finish(solver.advance(st, prop, ev, ctx))
+        return st, solver.propose(st, ctx)
 
     def model(A, b, cost):
-        R, qtf = _factor_gram(A, b)
+        R, qtf = factor_gram(A, b)
         jok = jnp.all(jnp.isfinite(R)) & jnp.all(jnp.isfinite(qtf))
-        # packed as the step program takes an evaluation (one vector)
-        return _ev_packer(b.shape[0], top_dt).pack((cost, R, qtf, jnp.sqrt(2.0 * cost), jok))
-
-    return _program(("model", str(np.dtype(top_dt))),
-                    lambda: cpu_jit(model, optimise=False))
-
-
-def _finish_program(cfg: LoopConfig):
-    from .dogbox import dogbox_gnorm, on_bound
-    from .trf import active_constraints, cl_scaling
+        return Evaluation(cost, R, qtf, jnp.sqrt(2.0 * cost), jok)
 
     def finish(x, g, lb, ub, xtol):
-        if cfg.has_bounds and cfg.method == "dogbox":
-            return on_bound(x, lb, ub), dogbox_gnorm(x, g, None, None, lb, ub)
-        if cfg.has_bounds:
+        ctx = Context(None, lb, ub, None, None, None, xtol, None, None, None)
+        active = solver.active_mask(x, ctx)
+        if opts.has_bounds and opts.method == "dogbox":
+            from .dogbox import dogbox_gnorm
+            return active, dogbox_gnorm(x, g, None, None, lb, ub)
+        if opts.has_bounds:
+            from .trf import cl_scaling
             v, _ = cl_scaling(x, g, lb, ub)
-            return active_constraints(x, lb, ub, xtol), jnp.max(jnp.abs(g * v))
-        return jnp.zeros(x.shape, jnp.int32), jnp.max(jnp.abs(g))
+            return active, jnp.max(jnp.abs(g * v))
+        return active, jnp.max(jnp.abs(g))
 
-    return _program(("finish", cfg.method, cfg.has_bounds, str(np.dtype(cfg.rungs[-1]))),
-                    lambda: cpu_jit(finish, optimise=False))
+    key = ("stream-step", opts._replace(schedule=hashable(opts.schedule),
+                                        loss=hashable(opts.loss)))
+    return _program(key, lambda: tuple(cpu_jit(f, optimise=False).tuned
+                                       for f in (init, step, model, finish)))
 
 
-def _stream_loop(cfg: LoopConfig, evaluator: _Evaluator, sums, final, x0, ctx, fixed):
-    """The host driver's iteration with the evaluation replaced by a pass over the data;
-    returns ``(state, g, cost, Gram)`` (the final sums on the top rung)."""
-    from ._host import _step_programs
-
-    top_dt = cfg.rungs[-1]
-    sp = _step_programs(cfg)
-    init, step = sp.init.tuned, sp.step.tuned
-    model = _model_program(top_dt).tuned
-    fs = ctx[4]
-    ctxv = sp.ctx.pack_numpy(ctx[1:])
-    carry, z, ctl = init(x0, ctxv, np.int32(0))   # m is not used before the first step
+def _stream_loop(opts: Options, evaluator: _Evaluator, sums, final, x0, ctx):
+    """The solver's iteration with each evaluation a pass over the data; returns
+    ``(state, g, cost, Gram)`` (the final sums on the top rung)."""
+    top_dt = opts.rungs[-1]
+    init, step, model, _ = _step_programs(opts)
+    fs = ctx.f_scale
+    st, prop = init(x0, ctx)
     while True:
-        ctl = np.asarray(ctl)
-        if int(ctl[0]) != Status.RUNNING:
+        status, rung = jax.device_get((st.status, st.rung))
+        if int(status) != Status.RUNNING:
             break
-        A, b, cost = evaluator.run(sums, ctl[1], z, *fixed, tail=(fs,))
+        A, b, cost = evaluator.run(sums, rung, prop.z, tail=(fs,))
         ev = model(np.asarray(A, top_dt), np.asarray(b, top_dt), np.asarray(cost, top_dt))
-        carry, z, ctl = step(carry, ev, ctxv, np.int32(evaluator.m))
-    st, _ = sp.carry.unpack_numpy(jax.device_get(carry))
-    A, g, cost = evaluator.run(final, st.x, *fixed, tail=(fs,))
+        # (the point count is known after the first pass over a Chunks source)
+        st, prop = step(st, prop, ev, ctx._replace(m=np.asarray(evaluator.m, np.int32)))
+    st = jax.device_get(st)
+    A, g, cost = evaluator.run(final, st.x, tail=(fs,))
     return st, g, cost, A
 
 
@@ -257,75 +262,115 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
     asked for, only large): ``None`` when the problem cannot be streamed (the caller
     then solves in memory). ``with_gram``: return ``(result, J^T J, m)``.
     """
-    from ._inputs import (METHODS, OptionNotOffered, _broadcast_bounds, as_bounds,
-                          as_max_steps, as_scale_inv, as_x0, check_tolerances,
-                          default_x_scale)
-    from ._ladder import resolve_ladder
-    from ._pointwise import point_axes
-    from ._loop import default_schedule
-    from .common import check_loss
+    from ._arguments import (as_bounds, as_x0, check_method_loss, check_tolerances,
+                             check_x0_inside, method_for_bounds, schedule_for,
+                             step_budget, top_rungs)
+    from ._inputs import _scale_inv, broadcast_bounds
     from .trf import make_strictly_feasible
 
     if not is_concrete(x0, args if not isinstance(args, Chunks) else (), bounds, f_scale):
         if auto:
             return None
         raise ValueError(TRACED_MESSAGE.format(entry=entry, min_points=STREAM_MIN_POINTS))
-    bad = {k: v for k, v in others.items()
-           if k in UNSUPPORTED_DEFAULTS and not _is_default(v, UNSUPPORTED_DEFAULTS[k])}
-    unknown = set(others) - set(UNSUPPORTED_DEFAULTS)
-    if unknown:
-        raise TypeError(f"{entry}: unexpected keyword argument(s) {sorted(unknown)}")
-    if jac not in (None, "fwd") or linear_solver not in ("auto", "normal") or bad:
-        if auto:
-            return None
-        names = sorted(bad) + (["jac"] if jac not in (None, "fwd") else []) + (
-            ["linear_solver"] if linear_solver not in ("auto", "normal") else [])
-        raise OptionNotOffered(
-            f"{entry}: streamed fits (chunk_size=, Chunks, sharded or large host data) use "
-            f"the autodiff Jacobian and the normal equations accumulated chunk by chunk; "
-            f"{', '.join(names)} cannot be combined with them. Drop those options, or "
-            "fit in memory (jax.Arrays, no chunk_size).")
+    if not _streamable_options(entry, auto, jac, linear_solver, others):
+        return None
     if chunk_size is not None and (int(chunk_size) != chunk_size or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
-    if method is not None and method not in METHODS:
-        raise ValueError(f"method={method!r} is not supported; use one of {METHODS}")
-    loss = check_loss(loss)
-    if method == "lm" and loss != "linear":
-        raise ValueError("method='lm' supports only 'linear' loss function; use "
-                         "method='trf' for a robust loss.")
+    loss = check_method_loss(method, loss)
     x0 = np.asarray(as_x0(x0))
     if x0.ndim != 1 or x0.size == 0:
         raise ValueError(f"streamed fits take a 1-D x0 with at least one parameter; got "
                          f"shape {x0.shape}")
     if not np.all(np.isfinite(x0)):
         raise ValueError("x0 contains NaN or Inf")
-    ladder = resolve_ladder(precision)
-    rungs = ladder.rungs
+    rungs = top_rungs(precision)
     top_dt = np.dtype(rungs[-1])
-    x0 = x0.astype(top_dt)
-    n = x0.size
+    x0, n = x0.astype(top_dt), x0.size
+    data = _data_source(residual, args, n, top_dt, chunk_size, check_finite, auto, entry)
+    if data is None:
+        return None
+    fun_flat, evaluator, axes, treedef, avals, size, mesh, m = data
+    lb, ub = broadcast_bounds(as_bounds(bounds, n), n, top_dt)
+    has_bounds = bool(np.any(np.isfinite(lb)) or np.any(np.isfinite(ub)))
+    method, x_scale = method_for_bounds(method, has_bounds, x_scale)
+    check_x0_inside(x0, lb, ub)
+    ftol, xtol, gtol = check_tolerances(ftol, xtol, gtol, method)
+    if not (np.isscalar(f_scale) and np.isfinite(f_scale) and f_scale > 0):
+        raise ValueError(f"f_scale must be a positive finite number, got {f_scale!r}")
+    opts = Options(n=n, rungs=rungs, method=method, loss=loss, jac="fwd",
+                   jac_scale=isinstance(x_scale, str), has_bounds=has_bounds,
+                   max_steps=step_budget(max_steps, n)[0], linear_solver="normal",
+                   max_rejections=int(max_rejections), cond_tol=float(cond_tol),
+                   schedule=schedule_for(schedule, rungs), point_axes=None, portfolio=1)
+    if has_bounds and method == "trf":
+        x0 = np.asarray(make_strictly_feasible(x0, lb, ub), top_dt)
+    key = (hashable(residual), rungs, str(loss) if isinstance(loss, str) else hashable(loss),
+           treedef, tuple((a.shape if ax is None else a.shape[:ax] + a.shape[ax + 1:],
+                           str(a.dtype)) for a, ax in zip(avals, axes)), axes, size, n)
+    if mesh is not None:   # sharded over a mesh: per-device sums and one psum
+        specs, names, local = plan(args, axes, m, mesh)
+        evaluator = ShardedEvaluator(args, m, mesh, specs)
+        skey = ("sharded", mesh, tuple(specs), names, local, m) + key
+        sums, final = _program(skey, lambda: sharded_programs(
+            fun_flat, opts, axes, treedef, specs, names, mesh, m, local))
+    else:
+        sums = _chunk_program(fun_flat, opts, axes, size, key).tuned
+        final = _final_chunk_program(fun_flat, opts, axes, size, key).tuned
 
-    # ---- the data source, its chunk size and point axes
+    def arr(v):
+        return np.asarray(v, top_dt)
+
+    ctx = Context(None, arr(lb), arr(ub), arr(_scale_inv(x_scale, n)), arr(f_scale),
+                  arr(ftol), arr(xtol), arr(gtol), arr(x0), np.asarray(0, np.int32))
+    st, g, cost, A = _stream_loop(opts, evaluator, sums, final, arr(x0), ctx)
+    res = _result(opts, st, g, cost, ctx)
+    return (res, np.asarray(A, np.float64), evaluator.m) if with_gram else res
+
+
+def _streamable_options(entry, auto, jac, linear_solver, others) -> bool:
+    """Whether the options allow streaming: the autodiff Jacobian and the normal
+    equations; the options streaming does not carry at their defaults. ``False`` when
+    ``auto`` (the caller fits in memory), an error otherwise."""
+    bad = {k: v for k, v in others.items()
+           if k in UNSUPPORTED_DEFAULTS and not _is_default(v, UNSUPPORTED_DEFAULTS[k])}
+    unknown = set(others) - set(UNSUPPORTED_DEFAULTS)
+    if unknown:
+        raise TypeError(f"{entry}: unexpected keyword argument(s) {sorted(unknown)}")
+    if jac in (None, "fwd") and linear_solver in ("auto", "normal") and not bad:
+        return True
+    if auto:
+        return False
+    from ._arguments import OptionNotOffered
+
+    names = sorted(bad) + (["jac"] if jac not in (None, "fwd") else []) + (
+        ["linear_solver"] if linear_solver not in ("auto", "normal") else [])
+    raise OptionNotOffered(
+        f"{entry}: streamed fits (chunk_size=, Chunks, sharded or large host data) use "
+        f"the autodiff Jacobian and the normal equations accumulated chunk by chunk; "
+        f"{', '.join(names)} cannot be combined with them. Drop those options, or "
+        "fit in memory (jax.Arrays, no chunk_size).")
+
+
+def _data_source(residual, args, n, top_dt, chunk_size, check_finite, auto, entry):
+    """``(fun_flat, evaluator, axes, treedef, avals, size, mesh, m)`` of the data: its
+    point axes proved from the residual on a sample (the first chunk), the chunk size,
+    the evaluator that walks it (``m`` ``None`` for a :class:`Chunks` source until its
+    first pass); ``None`` when ``auto`` and the data cannot or need not be streamed."""
+    from .._pointwise import point_axes
+
     if isinstance(args, Chunks):
         it = iter(args)
         try:
-            first = next(it)
+            sample = next(it)
         except StopIteration:
             raise ValueError("the Chunks source gave no chunks") from None
         close = getattr(it, "close", None)
         if close is not None:
             close()
-        treedef = jax.tree.structure(first)
-        sample = first
-        source = args
-        m = None
     else:
-        if not isinstance(args, tuple):
-            args = (args,)
-        treedef = jax.tree.structure(args)
-        sample, source = args, None
-        m = None
-    leaves = jax.tree.leaves(sample)
+        args = args if isinstance(args, tuple) else (args,)
+        sample = args
+    treedef, leaves = jax.tree.structure(sample), jax.tree.leaves(sample)
     avals = [jax.ShapeDtypeStruct(np.shape(a), a.dtype if hasattr(a, "dtype") else
                                   np.result_type(a)) for a in leaves]
     shaped = jax.tree.unflatten(treedef, avals)
@@ -333,14 +378,14 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
     def fun_flat(x, *a):
         return jnp.ravel(residual(x, *a))
 
+    x_aval = jax.ShapeDtypeStruct((n,), top_dt)
     try:
-        k0 = int(np.prod(jax.eval_shape(fun_flat, jax.ShapeDtypeStruct((n,), top_dt),
-                                        *shaped).shape))
+        k0 = int(np.prod(jax.eval_shape(fun_flat, x_aval, *shaped).shape))
     except Exception:
         if auto:
             return None
         raise
-    axes = point_axes(fun_flat, jax.ShapeDtypeStruct((n,), top_dt), shaped, k0)
+    axes = point_axes(fun_flat, x_aval, shaped, k0)
     if axes is None:
         if auto:
             return None
@@ -349,91 +394,36 @@ def solve_stream(residual: Callable, x0, args, *, chunk_size=None, method=None,
             "data point i alone, proved from its jaxpr), with the points on one axis of "
             "each data array; this residual is not provably pointwise (it reduces over "
             "the points, sorts, gathers or mixes points). Fit in memory instead.")
-    mesh = point_sharding(args) if source is None else None
-    if source is None:
-        m = k0
+    if isinstance(args, Chunks):
+        size = int(chunk_size or args.size or k0)
+        source, mesh, m = args, None, None
+    else:
+        mesh, m = point_sharding(args), k0
         if auto and mesh is None and not any(_is_host_array(a) and ax is not None
                                              for a, ax in zip(leaves, axes)):
             return None
-        size = int(chunk_size) if chunk_size is not None else CHUNK
-        size = min(size, m)
+        size = min(int(chunk_size) if chunk_size is not None else CHUNK, m)
         source = _ArraySource(args, axes, m, size)
-    else:
-        size = int(chunk_size or args.size or k0)
     evaluator = _Evaluator(source, axes, size, treedef, bool(check_finite))
-
-    # ---- options (as solve_nlsq)
-    lb, ub = _broadcast_bounds(as_bounds(bounds, n), n, top_dt)
-    has_bounds = bool(np.any(np.isfinite(lb)) or np.any(np.isfinite(ub)))
-    if method is None:
-        method = "trf" if has_bounds else "lm"
-    if x_scale is None:
-        x_scale = default_x_scale(method)
-    if has_bounds and method in ("lm", "gn"):
-        raise ValueError(f"method={method!r} does not support bounds; use method='trf' "
-                         "(or leave method unset)")
-    if np.any(x0 < lb) or np.any(x0 > ub):
-        i = int(np.argmax((x0 < lb) | (x0 > ub)))
-        raise ValueError(f"x0 is outside the bounds: x0[{i}]={x0[i]} not in "
-                         f"[{lb[i]}, {ub[i]}]")
-    ftol, xtol, gtol = check_tolerances(ftol, xtol, gtol, method)
-    if not (np.isscalar(f_scale) and np.isfinite(f_scale) and f_scale > 0):
-        raise ValueError(f"f_scale must be a positive finite number, got {f_scale!r}")
-    scale_inv0 = as_scale_inv(x_scale, n)
-    max_steps = as_max_steps(max_steps, n)
-    if schedule is None and len(rungs) > 1:
-        schedule = default_schedule()
-    cfg = LoopConfig(m=0, n=n, rungs=rungs, method=method, loss=loss, jac="fwd",
-                     jac_scale=isinstance(x_scale, str), has_bounds=has_bounds,
-                     max_steps=int(max_steps), linear_solver="normal",
-                     max_rejections=int(max_rejections), cond_tol=float(cond_tol),
-                     schedule=schedule, point_axes=None)
-    if has_bounds and method == "trf":
-        x0 = np.asarray(make_strictly_feasible(x0, lb, ub), top_dt)
-
-    key = (_hashable(residual), rungs, str(loss) if isinstance(loss, str) else _hashable(loss),
-           treedef, tuple((a.shape if ax is None else a.shape[:ax] + a.shape[ax + 1:],
-                           str(a.dtype)) for a, ax in zip(avals, axes)), axes, size, n)
-    if mesh is not None:   # sharded over a mesh: per-device sums and one psum
-        specs, names, local = plan(args, axes, m, mesh)
-        evaluator = ShardedEvaluator(args, m, mesh, specs)
-        skey = ("sharded", mesh, tuple(specs), names, local, m) + key
-        sums, final = _program(skey, lambda: sharded_programs(
-            fun_flat, cfg, axes, treedef, specs, names, mesh, m, local))
-    else:
-        sums = _chunk_program(fun_flat, cfg, axes, size, key).tuned
-        final = _final_chunk_program(fun_flat, cfg, axes, size, key).tuned
-
-    def arr(v):
-        return np.asarray(v, top_dt)
-
-    ctx = (None, arr(lb), arr(ub), arr(scale_inv0), arr(f_scale), arr(ftol), arr(xtol),
-           arr(gtol), arr(x0))
-    st, g, cost, A = _stream_loop(cfg, evaluator, sums, final, arr(x0), ctx, ())
-    res = _result(cfg, st, g, cost, A, ctx)
-    return (res, np.asarray(A, np.float64), evaluator.m) if with_gram else res
+    return fun_flat, evaluator, axes, treedef, avals, size, mesh, m
 
 
-def _result(cfg, st, g, cost, A, ctx):
+def _result(opts: Options, st, g, cost, ctx):
     from .result import NLSQResult
 
-    top_dt = cfg.rungs[-1]
-    finish = _finish_program(cfg).tuned
+    top_dt = opts.rungs[-1]
+    finish = _step_programs(opts)[3]
     g = np.asarray(g, top_dt)
-    x = np.asarray(jax.device_get(st.x), top_dt)
-    active, optimality = finish(x, g, ctx[1], ctx[2], ctx[6])
-    (nfev, njev, nit, status, rung, esc, entered, rnfev, reason) = jax.device_get(
-        (st.nfev, st.njev, st.nit, st.status, st.rung, st.escalations, st.rung_entered,
-         st.rung_nfev, st.esc_reason))
+    x = np.asarray(st.x, top_dt)
+    active, optimality = finish(x, g, ctx.lb, ctx.ub, ctx.xtol)
     put = jax.device_put
-    res = NLSQResult(
+    return NLSQResult(
         x=put(x), cost=put(np.asarray(cost, top_dt)), fun=None, jac=None, grad=put(g),
-        optimality=optimality, active_mask=active, nfev=put(nfev),
-        njev=put(njev + np.ones_like(njev)), nit=put(nit), status=put(status),
-        rung=put(rung), escalations=put(esc), rung_entered=put(entered),
-        rung_nfev=put(rnfev), escalation_reason=put(reason),
-        ladder=tuple(np.dtype(d) for d in cfg.rungs))
-    return res
+        optimality=optimality, active_mask=active, nfev=put(st.nfev),
+        njev=put(st.njev + np.ones_like(st.njev)), nit=put(st.nit), status=put(st.status),
+        rung=put(st.rung), escalations=put(st.escalations),
+        rung_entered=put(st.rung_entered), rung_nfev=put(st.rung_nfev),
+        escalation_reason=put(st.esc_reason), ladder=tuple(np.dtype(d) for d in opts.rungs))
 
 
 def _is_default(v, d):

@@ -34,7 +34,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._compile import cpu_jit
 from .._status import Status, status_message
 
 __all__ = [
@@ -53,7 +52,17 @@ __all__ = [
     "update_tr_radius",
     "check_termination_codes",
     "lower_rung_budget",
-    "covariance_from_jac",
+    "default_max_steps",
+    "DEFAULT_FTOL",
+    "DEFAULT_XTOL",
+    "DEFAULT_GTOL",
+    "NORMAL_EQ_MIN_M",
+    "SMALL_F64_MN",
+    "PORTFOLIO",
+    "covariance",
+    "covariance_at",
+    "gram_covariance",
+    "scale_pcov",
 ]
 
 LossLike = Union[str, Callable]
@@ -62,19 +71,57 @@ LOSSES = ("linear", "soft_l1", "huber", "cauchy", "arctan")
 arctan); a callable ``rho(z)`` is accepted too."""
 
 
-# --------------------------------------------------------------------------- losses
-#: (issue 31) A lower rung's answer verified on the top rung is accepted when the top
-#: rung's Gauss-Newton step is at most this fraction of every parameter's standard error
-#: (in the covariance's metric, which bounds each parameter): the one criterion of the
-#: single-fit hand-off (:mod:`._loop`) and the batched one (:mod:`adaptprec.batch.verify`).
+# --------------------------------------------------------------------------- defaults
+# The one table of defaults of every fitting entry point (solve_nlsq, curve_fit,
+# solve_nlsq_batch); the measurements behind them: docs/nlsq.md, benchmarks/RESULTS.md.
+
+#: Tolerances, tighter than scipy's 1e-8 (with 1e-8 NIST ENSO/Chwirut/Kirby2 stop at LRE
+#: 3-5); a lower rung's are raised to 16 u_rung (it cannot resolve more).
+DEFAULT_FTOL = 1e-15
+DEFAULT_XTOL = 1e-10
+DEFAULT_GTOL = 1e-10
+#: A lower rung's answer verified on the top rung is accepted when the Gauss-Newton step
+#: there is at most this fraction of every parameter's standard error (the one-evaluation
+#: hand-off of single fits and batches).
 SE_FRACTION = 1e-3
+#: ``linear_solver="auto"``: the normal equations from this many residuals on (the QR of
+#: a tall ``m x (n+1)`` matrix dominates the step there).
+NORMAL_EQ_MIN_M = 4096
+#: ``precision="adaptive"`` runs float64 alone on CPU below this many ``m n``: a float32
+#: rung saves nothing where a step costs dispatch and small dense algebra, not memory
+#: traffic, and costs a second rung's compilation.
+SMALL_F64_MN = 32768
+#: A lower rung's share of the trial steps: ``LOWER_RUNG_STEPS_PER_PARAM n``, at least
+#: ``LOWER_RUNG_MIN_STEPS``, at most ``1 / n_rungs`` of ``max_steps``.
+LOWER_RUNG_STEPS_PER_PARAM = 10
+LOWER_RUNG_MIN_STEPS = 10
+#: ``lm``'s portfolio: when its default strategy (MINPACK's radius rule) fails on the top
+#: rung -- out of steps, no finite step, or a convergence with the parameters run off
+#: along a flat direction (:func:`._rules.runaway`) -- the top rung restarts from ``x0``
+#: with optimistix's trust-region constants (:func:`.lm.optx_radius`) and the lower-cost
+#: end of the two is returned (docs/nlsq.md, "Robustness").
+PORTFOLIO = True
 
-#: ``linear_solver="auto"`` uses the normal equations from this many residuals on: the
-#: QR of a tall ``m x (n+1)`` matrix dominates the step there, while the normal
-#: equations cost one ``O(m n^2)`` product (accumulated in float32 or wider).
-_NORMAL_EQ_MIN_M = 4096
+
+def default_max_steps(n: int) -> int:
+    """The step cap when ``max_steps`` is None: ``100 (n + 1)`` (MINPACK's ``maxfev``)."""
+    return 100 * (n + 1)
 
 
+def lower_rung_budget(max_steps: int, n: int, n_rungs: int) -> int:
+    """Trial steps a rung below the top may take before it escalates (``BUDGET``): small,
+    so that a lower rung that cannot converge costs little next to the top rung.
+
+    Example:
+        >>> from adaptprec.nlsq.common import lower_rung_budget
+        >>> [lower_rung_budget(*a) for a in ((400, 3, 2), (400, 100, 2), (3, 3, 2))]
+        [30, 200, 1]
+    """
+    share = max(LOWER_RUNG_MIN_STEPS, LOWER_RUNG_STEPS_PER_PARAM * n)
+    return int(max(1, min(share, max_steps // max(n_rungs, 1))))
+
+
+# --------------------------------------------------------------------------- losses
 def _rho_builtin(name: str, z):
     if name == "linear":
         return jnp.stack([z, jnp.ones_like(z), jnp.zeros_like(z)])
@@ -169,7 +216,7 @@ def check_loss_output(loss: LossLike, m: int, dtype) -> None:
 
 @functools.lru_cache(maxsize=64)
 def _check_loss_traced(loss, m: int, dtype) -> None:
-    from ._errors import explain_trace_error
+    from .._user_fn import explain_trace_error
 
     def both(z):   # rho as given, and the (3, m) rows with autodiff derivatives
         return loss(z), _rho_callable(loss, z)
@@ -225,19 +272,6 @@ def scale_for_robust_loss(loss: LossLike, f, J, f_scale):
 
 
 # --------------------------------------------------------------------------- defaults
-#: Default tolerances of every NLSQ entry point (solve_nlsq, curve_fit, solve_nlsq_batch).
-#: Tighter than scipy's 1e-8: with 1e-8, ENSO/Chwirut/Kirby2 stop at LRE 3-5 (docs/nlsq.md).
-#: On a low rung each is raised to 16 u_rung (the rung cannot resolve more).
-DEFAULT_FTOL = 1e-15
-DEFAULT_XTOL = 1e-10
-DEFAULT_GTOL = 1e-10
-
-
-def default_max_steps(n: int) -> int:
-    """Iteration cap when ``max_steps`` is None: ``100 (n + 1)`` (MINPACK's ``maxfev``)."""
-    return 100 * (n + 1)
-
-
 # --------------------------------------------------------------------------- status
 # One vocabulary for every layer (adaptprec/_status.py); re-exported here for nlsq users.
 STATUS_MESSAGES = {int(s): s.message for s in Status}
@@ -369,80 +403,65 @@ def check_termination_codes(dF, F, dx_norm, x_norm, ratio, ftol, xtol):
         jnp.int32)
 
 
-#: A lower rung's share of the iteration budget: ``LOWER_RUNG_STEPS_PER_PARAM * n``
-#: trial steps (at least ``LOWER_RUNG_MIN_STEPS``), and never more than ``1 / n_rungs`` of
-#: ``max_steps``.
-LOWER_RUNG_STEPS_PER_PARAM = 10
-LOWER_RUNG_MIN_STEPS = 10
-
-
-def lower_rung_budget(max_steps: int, n: int, n_rungs: int) -> int:
-    """Trial steps a rung below the top may take before it escalates (``Reason.BUDGET``).
-
-    A lower rung never ends a solve: when it has used this share without converging, the
-    solve moves up; the top rung gets the rest of ``max_steps`` (and at least one step).
-    The share is small (``10 n`` steps, at least 10) so that a lower rung that cannot
-    converge costs little next to the float64 solve it precedes.
-
-    Example:
-        >>> from adaptprec.nlsq.common import lower_rung_budget
-        >>> [lower_rung_budget(*a) for a in ((400, 3, 2), (400, 100, 2), (3, 3, 2))]
-        [30, 200, 1]
-    """
-    share = max(LOWER_RUNG_MIN_STEPS, LOWER_RUNG_STEPS_PER_PARAM * n)
-    return int(max(1, min(share, max_steps // max(n_rungs, 1))))
-
-
 # --------------------------------------------------------------------------- covariance
-def covariance_from_jac(J, *, null_tol: float | None = None):
-    """``(J^T J)^+`` by SVD with scipy's rank threshold ``eps * max(m, n) * s_max``;
-    rows and columns of parameters with a component in the numerical null space (larger
-    than ``null_tol``, default ``sqrt(eps)``) are ``inf`` (not identifiable).
+#: From this many rows on, :func:`covariance` tries the Gram matrix first.
+GRAM_COVARIANCE_MIN_M = 1024
 
-    The singular values and right singular vectors of ``J`` are those of the ``n x n``
-    triangular factor of its QR decomposition, so a tall ``J`` costs one ``O(m n^2)``
-    QR; from 1024 rows on, the column-scaled Gram matrix is inverted instead when that is
-    provably as accurate and full rank (the SVD route otherwise, see ``_covariance``).
-    Returns ``(cov, rank)``. Works on numpy or JAX arrays, under ``jit``.
+
+def covariance(J, *, m=None, null_tol: float | None = None):
+    """``(J^T J)^+`` at the solution, the one covariance of every fitting entry point.
+
+    scipy's route: the SVD of ``J`` (through the ``n x n`` triangular factor of its QR
+    when ``J`` is tall) with the rank threshold ``eps max(m, n) s_max``; parameters with
+    a component larger than ``null_tol`` (default ``sqrt(eps)``) in the numerical null
+    space get ``inf`` rows and columns (not identifiable). From
+    :data:`GRAM_COVARIANCE_MIN_M` rows on, the column-scaled Gram matrix is inverted
+    instead when that is provably as accurate and ``J`` full rank
+    (:func:`gram_covariance`; a QR of a 1e6 x 5 ``J`` costs ~5x its Gram matrix), else
+    the SVD route runs. ``m``: the real row count where ``J`` has zero padding rows
+    (traced or int). Traceable.
 
     Example:
         >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq.common import covariance_from_jac
-        >>> cov, rank = covariance_from_jac(jnp.array([[2.0, 0.0], [0.0, 0.0]]))
-        >>> float(cov[0, 0]), bool(jnp.isinf(cov[1, 1])), int(rank)
-        (0.25, True, 1)
+        >>> from adaptprec.nlsq.common import covariance
+        >>> cov = covariance(jnp.array([[2.0, 0.0], [0.0, 0.0]]))
+        >>> float(cov[0, 0]), bool(jnp.isinf(cov[1, 1]))
+        (0.25, True)
     """
     J = jnp.asarray(J)
-    eps = float(np.finfo(np.dtype(J.dtype)).eps)
-    return _covariance_jit()(J, float(np.sqrt(eps) if null_tol is None else null_tol))
+    rows, n = J.shape
+    tol = float(np.sqrt(np.finfo(np.dtype(J.dtype)).eps)) if null_tol is None else null_tol
+    if rows < GRAM_COVARIANCE_MIN_M:   # small: under vmap a lax.cond would run both routes
+        return _covariance_svd(J, tol, m)
+    fast, inv = gram_covariance(J.T @ J, rows if m is None else m)
+    return jax.lax.cond(fast, lambda: inv, lambda: _covariance_svd(J, tol, m))
 
 
-#: From this many rows on, covariance_from_jac tries the Gram matrix first.
-_GRAM_COVARIANCE_MIN_M = 1024
+def covariance_at(J):
+    """:func:`covariance` of a Jacobian at a solution: compiled once per shape for a
+    concrete ``J`` (eagerly, op by op, each operation would compile), traced as is."""
+    from .._tracing import is_concrete
+
+    if not is_concrete(J):
+        return covariance(J)
+    J = jnp.asarray(J)
+    return _covariance_program(str(J.dtype))(J)
 
 
-def _covariance(J, null_tol):
-    m, n = J.shape
-    if m < _GRAM_COVARIANCE_MIN_M:  # small: the QR is cheap, and under vmap the
-        return _covariance_svd(J, null_tol)  # lax.cond below would run both routes
-    # Tall J (m >> n): a QR of J costs ~5x the Gram matrix G = J^T J (m = 1e6, n = 5:
-    # 50 ms vs 11 ms). Inverting the column-scaled Gram matrix is as accurate as the SVD
-    # route while its condition number is moderate: the eigenvalues of the formed G_s
-    # carry an absolute error ~ n eps lam_max, so lam_min >= n sqrt(eps) lam_max keeps
-    # the covariance's relative error below ~sqrt(eps). Full rank by scipy's SVD rule
-    # (s_min > eps max(m, n) s_max) follows from the bound on s_min(J) / s_max(J) through
-    # the column scales. Otherwise (rank deficient or ill-conditioned) the SVD route runs,
-    # only then (lax.cond).
-    fast, inv = gram_covariance(J.T @ J, m)
-    return jax.lax.cond(fast, lambda: (inv, jnp.asarray(n, jnp.int32)),
-                        lambda: _covariance_svd(J, null_tol))
+@functools.lru_cache(maxsize=4)
+def _covariance_program(dtype: str):
+    from .._backend import cpu_jit
+
+    return cpu_jit(covariance, optimise=False)
 
 
-def gram_covariance(G, m: int):
-    """``(ok, (J^T J)^{-1})`` from the Gram matrix ``G = J^T J`` of ``m`` rows (traceable):
-    ``ok`` when inverting the column-scaled ``G`` is as accurate as scipy's SVD route
-    and ``J`` is full rank by scipy's rule (see ``_covariance``); otherwise the caller
-    takes the SVD route of ``J`` (``inv`` is then not the covariance)."""
+def gram_covariance(G, m):
+    """``(ok, (J^T J)^{-1})`` from the Gram matrix ``G = J^T J`` of ``m`` rows: ``ok``
+    when inverting the column-scaled ``G`` is as accurate as the SVD route (its
+    eigenvalues carry an absolute error ``~ n eps lam_max``, so ``lam_min >= n sqrt(eps)
+    lam_max`` keeps the covariance's relative error below ``~sqrt(eps)``) and ``J`` is
+    full rank by scipy's rule (``s_min > eps max(m, n) s_max``, bounded through the
+    column scales); otherwise ``inv`` is not the covariance."""
     n = G.shape[0]
     eps = jnp.finfo(G.dtype).eps
     d = jnp.sqrt(jnp.diag(G))
@@ -450,37 +469,48 @@ def gram_covariance(G, m: int):
     lam, V = jnp.linalg.eigh(G / d_safe[:, None] / d_safe[None, :])
     lam_min, lam_max = lam[0], lam[-1]
     well_conditioned = lam_min >= n * jnp.sqrt(eps) * lam_max
-    full_rank = jnp.sqrt(lam_min) * jnp.min(d) > eps * max(m, n) * jnp.sqrt(lam_max) * \
-        jnp.max(d)
+    full_rank = jnp.sqrt(lam_min) * jnp.min(d) > eps * jnp.maximum(m, n) * \
+        jnp.sqrt(lam_max) * jnp.max(d)
     ok = well_conditioned & full_rank & jnp.all(jnp.isfinite(G))
     inv = (V / jnp.where(ok, lam, 1.0)) @ V.T
     return ok, inv / d_safe[:, None] / d_safe[None, :]
 
 
-@functools.cache
-def _covariance_jit():
-    """LAPACK and dot calls do the work: LLVM -O0 compiles ~6x faster, runs as fast.
-    Built on first use: ``cpu_jit`` asks for the default backend, and initialising it
-    at import made fork-started worker processes deadlock in their first fit (newcomer
-    audit 6)."""
-    return cpu_jit(_covariance, optimise=False, static_argnums=1)
-
-
-def _covariance_svd(J, null_tol, xnp=jnp, m=None):
-    """scipy's route: SVD of J (through the triangular factor of a QR when tall).
-
-    ``xnp`` is ``jax.numpy`` (traceable) or ``numpy`` (an eager curve_fit: no compilation
-    per data length); the two give the same formula. ``m``: the point count of the rank
-    threshold where ``J`` has zero padding rows (traced or int; default its rows)."""
+def _covariance_svd(J, null_tol, m=None):
+    """scipy's route: SVD of ``J`` (through the triangular factor of a QR when tall)."""
     M, n = J.shape
-    eps = xnp.finfo(J.dtype).eps
-    A = J if M >= n else xnp.concatenate([J, xnp.zeros((n - M, n), J.dtype)])
-    R = xnp.linalg.qr(A, mode="r")[:n] if M > 2 * n else A
-    _, s, VT = xnp.linalg.svd(R, full_matrices=False)
-    keep = s > eps * (max(M, n) if m is None else xnp.maximum(m, n)) * s[0]
-    inv_s2 = xnp.where(keep, 1.0 / xnp.where(keep, s, 1.0) ** 2, 0.0)
+    eps = jnp.finfo(J.dtype).eps
+    A = J if M >= n else jnp.concatenate([J, jnp.zeros((n - M, n), J.dtype)])
+    R = jnp.linalg.qr(A, mode="r")[:n] if M > 2 * n else A
+    _, s, VT = jnp.linalg.svd(R, full_matrices=False)
+    keep = s > eps * (max(M, n) if m is None else jnp.maximum(m, n)) * s[0]
+    inv_s2 = jnp.where(keep, 1.0 / jnp.where(keep, s, 1.0) ** 2, 0.0)
     cov = (VT.T * inv_s2) @ VT
-    null_weight = xnp.sum(xnp.where(keep[:, None], 0.0, VT ** 2), axis=0)
-    bad = xnp.sqrt(null_weight) > null_tol
-    cov = xnp.where(bad[:, None] | bad[None, :], xnp.inf, cov)
-    return cov, xnp.sum(keep).astype(xnp.int32)
+    null_weight = jnp.sum(jnp.where(keep[:, None], 0.0, VT ** 2), axis=0)
+    bad = jnp.sqrt(null_weight) > null_tol
+    return jnp.where(bad[:, None] | bad[None, :], jnp.inf, cov)
+
+
+def scale_pcov(cov, cost, m: int, n: int, *, lm_rule: bool, absolute_sigma: bool,
+               xnp=np):
+    """scipy's ``pcov`` from ``(J^T J)^+``: for ``lm``, all ``inf`` when a parameter is
+    not identifiable (MINPACK's ``cov_x`` is ``None`` then); unless ``absolute_sigma``,
+    times the reduced chi-square ``2 cost / (m - n)`` (``inf`` everywhere when ``m <=
+    n``). An ``inf`` entry stays ``inf`` also for an exact fit (cost 0). ``xnp``:
+    ``numpy``, or ``jax.numpy`` for traced values.
+
+    Example:
+        >>> import numpy as np
+        >>> from adaptprec.nlsq.common import scale_pcov
+        >>> scale_pcov(np.eye(1), 2.0, 5, 1, lm_rule=True, absolute_sigma=False)
+        array([[1.]])
+    """
+    if lm_rule:
+        cov = xnp.where(xnp.any(xnp.isinf(cov)), xnp.inf, cov)
+    if absolute_sigma:
+        return cov
+    dof = m - n
+    if dof > 0:
+        with np.errstate(invalid="ignore"):   # inf * 0, discarded
+            return xnp.where(xnp.isinf(cov), cov, cov * (2.0 * xnp.asarray(cost) / dof))
+    return xnp.full_like(cov, xnp.inf)

@@ -100,7 +100,7 @@ def dogbox_step(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub, *, lsmr_opts=None
     if lsmr_opts is None:
         newton = jnp.linalg.lstsq(R_f, -qtf)[0] * fz
     else:
-        from ._lsmr import lsmr
+        from ..linalg._lsmr import lsmr
 
         o = dict(lsmr_opts)
         Rs = R_f / scale_inv[None, :]

@@ -34,7 +34,7 @@ from .common import solve_lsq_trust_region
 
 __all__ = ["Step", "lm_step", "predicted_reduction", "minpack_gnorm", "minpack_delta0",
            "minpack_radius", "verify_minimum", "NOT_A_MINIMUM_COSINE",
-           "rounding_level_step", "RUNAWAY_FACTOR", "at_noise_level",
+           "RUNAWAY_FACTOR", "at_noise_level",
            "FLAT_DIRECTION_RATIO", "flat_direction"]
 
 
@@ -81,19 +81,13 @@ def lm_step(x, R, qtf, scale_inv, Delta, alpha, *, m: int) -> Step:
     U, s, VT = jnp.linalg.svd(R * d[None, :], full_matrices=False)
     suf = s * (U.T @ qtf)
     p_h, alpha_new, _ = solve_lsq_trust_region(s, VT.T, suf, Delta, alpha, m)
-    # (issue 32) A rank-deficient model (J with zero columns: Gaussian peaks far from
-    # the data at scipy's p0 = ones) takes MINPACK's least-squares Gauss-Newton step on
-    # the numerical range when it fits in the radius (lmpar: par = 0). The trust-region
-    # solve stretches its step to the radius, which only the rounding-level directions
-    # can reach: a 1e5 jump of parameters with no information, then a 2400-evaluation
-    # crawl where scipy stops on gtol after 2.
+    # A model whose numerical null space is exactly its zero columns (parameters the
+    # data never see) takes MINPACK's Gauss-Newton step on the numerical range when it
+    # fits in the radius (lmpar: par = 0): the trust-region solve would stretch the step
+    # along rounding-level directions to reach the radius.
     n = s.shape[0]
     keep = s > jnp.finfo(s.dtype).eps * jnp.maximum(m, n) * s[0]
     p_rank = -VT.T @ jnp.where(keep, suf / jnp.where(keep, s * s, 1.0), 0.0)
-    # Only where the numerical null space is exactly the parameters without information
-    # (zero columns): a near-collinear model keeps the trust-region step (NIST MGH09 from
-    # a perturbed start then stops at ||x|| ~ 2e7 on a plateau, not a runaway the
-    # portfolio restarts from).
     zero_cols = jnp.sum(jnp.all(R == 0, axis=0))
     dropped = jnp.sum(~keep)
     rank_gn = ((dropped > 0) & (dropped == zero_cols) & jnp.any(keep)
@@ -120,12 +114,8 @@ def minpack_gnorm(x, g, R, fnorm, lb=None, ub=None):
     return jnp.max(jnp.where(den > 0, jnp.abs(g) / jnp.where(den > 0, den, 1.0), 0.0))
 
 
-#: MINPACK's ``factor`` for the initial radius. MINPACK recommends 100; 1 measured better
-#: from far starts (issue 15, docs/nlsq.md "Robustness"): on NIST's higher-difficulty
-#: problems from perturbed starts float64 LM solved 43 of 48 instead of 39 (BoxBOD,
-#: MGH10, Rat43 no longer leave for a plateau on the first, huge step), MINPACK's
-#: Kowalik-Osborne from 100 x0 reaches the published minimum, and no certified start or
-#: MINPACK suite case got worse; it costs ~25% more evaluations on easy problems.
+#: MINPACK's ``factor`` for the initial radius: 1, not MINPACK's 100, which sends far
+#: starts onto plateaus with its first, huge step (docs/nlsq.md, "Robustness").
 DELTA0_FACTOR = 1.0
 
 
@@ -151,10 +141,8 @@ def minpack_radius(Delta, ratio, step_norm, alpha, blew_up):
     cost ``blew_up`` by more than 100x; MINPACK interpolates between them); a very good
     step (``ratio >= 3/4``) or a Gauss–Newton step (``alpha == 0``) sets
     ``Delta = 2 ||D p||``; otherwise ``Delta`` is kept.
-
-    Unlike scipy's ``trf`` rule (double only when the step hit the boundary), the radius
-    follows the length of successful steps, which keeps the LM parameter small along a
-    long curved valley (NIST MGH17 from start 1 walks ~100 such steps).
+    Unlike scipy's ``trf`` rule, the radius follows the length of successful steps,
+    which keeps the LM parameter small along a long curved valley.
 
     Example:
         >>> from adaptprec.nlsq.lm import minpack_radius
@@ -169,14 +157,10 @@ def minpack_radius(Delta, ratio, step_norm, alpha, blew_up):
 
 
 def optx_radius(Delta, ratio, step_norm):
-    """The portfolio's second radius rule (``_loop.PORTFOLIO``): optimistix's
+    """The portfolio's second radius rule (:data:`.common.PORTFOLIO`): optimistix's
     ``ClassicalTrustRegion`` constants in radius form. ``ratio < 0.01`` shrinks to
     ``0.25 min(Delta, ||D p||)``, ``ratio > 0.99`` grows to ``3.5 Delta``, otherwise
     ``Delta`` is kept (optimistix scales its LM step size ``1/lambda`` the same way).
-
-    Measured (``benchmarks/bench_nlsq_robust.py --perturbed 3``, seeds 0 and 1, against
-    scipy's ``trf`` rule in the same place): fixes MGH09 p3 (seed 0) and MGH17 p3
-    (seed 1), loses no row; without column scaling instead fixed MGH09 p3 only.
 
     Example:
         >>> from adaptprec.nlsq.lm import optx_radius
@@ -187,16 +171,15 @@ def optx_radius(Delta, ratio, step_norm):
                      jnp.where(ratio > 0.99, 3.5 * Delta, Delta))
 
 
-#: Runaway parameters: a convergence test met with ``||x|| > RUNAWAY_FACTOR ||x0||`` is
-#: not trusted by the driver's portfolio (``_loop.PORTFOLIO``): along a direction where
-#: the model flattens (a minimum at infinity, NIST MGH09 from a perturbed start: ``gtol``
-#: at ``||x|| ~ 1e11`` from ``||x0|| ~ 70``) the gradient test is met without a minimum.
+#: Runaway parameters: a convergence with ``||x|| > RUNAWAY_FACTOR ||x0||`` is not
+#: trusted by the portfolio (:data:`.common.PORTFOLIO`): along a direction where the
+#: model flattens (a minimum at infinity) the gradient test is met without a minimum ...
 RUNAWAY_FACTOR = 1e6
 
-#: ... and only with evidence that the model flattens there (issue 32: distance alone is
-#: not evidence; Arrhenius ``A exp(-Ea / (R T))`` from ones has its minimum at A = 3.6e11,
-#: well determined): some parameter combination must be undetermined even to its order of
-#: magnitude, ``||(R D)^-1|| ||f|| > FLAT_DIRECTION_RATIO`` with ``D = diag(|x|)``.
+#: ... but only with evidence that the model flattens there (distance alone is not:
+#: Arrhenius' pre-factor has its minimum at 3.6e11): some parameter combination must be
+#: undetermined even to its order of magnitude, ``||(R D)^-1|| ||f|| >
+#: FLAT_DIRECTION_RATIO`` with ``D = diag(|x|)``.
 FLAT_DIRECTION_RATIO = 1e3
 
 
@@ -273,35 +256,13 @@ def verify_minimum(status, x, R, qtf, fnorm, tol=NOT_A_MINIMUM_COSINE):
     # A degenerate minimum (J -> 0 with a nonzero residual, e.g. p**2 + 5 at 0) has a
     # cosine near 1 but a gradient that moves the cost by nothing: exempt it.
     flat = jnp.max(jnp.abs(g) * jnp.maximum(jnp.abs(x), 1.0)) <= jnp.sqrt(eps) * fnorm ** 2
-    # A stop where the model reproduces the data to sqrt(eps) of its size: a zero-residual
-    # fit to the tolerances' standard (scipy's defaults stop there too). With m < n every
-    # residual lies in range(J), so the cosine is ~1 at any such point (newcomer audit:
-    # x + y = 1 by trf ended "not a minimum" at ||f|| = 2e-10, and curve_fit with fewer
-    # points than parameters raised where scipy returns the fit).
-    # (the model's size is ||J x||, or ||J diag(max(|x|, 1))|| where the parameters are
-    # ~0: data that are all zero, fitted exactly at a = c = 0, newcomer audit 2)
+    # A stop where the model reproduces the data to sqrt(eps) of its size is a
+    # zero-residual fit (with m < n every residual lies in range(J), so the cosine is ~1
+    # at any such point); the model's size is ||J x||, or ||J diag(max(|x|, 1))|| where
+    # the parameters are ~0.
     size = jnp.maximum(jnp.linalg.norm(R @ x),
                        jnp.linalg.norm(R * jnp.maximum(jnp.abs(x), 1.0)[None, :]))
     fitted = fnorm <= jnp.sqrt(eps) * size
     converged = (status > 0) & (status < Status.RUNNING)
     return jnp.where(converged & (cosine > tol) & ~noise & ~flat & ~fitted,
                      Status.NOT_A_MINIMUM, status).astype(jnp.int32)
-
-
-def rounding_level_step(predicted, actual, cost, u, scale=0.0):
-    """Whether a step's predicted decrease is at the rounding level of the cost
-    (``predicted <= 100 u |cost|``) and the cost did not rise by more than its evaluation
-    error (``u (|cost| + scale)``, with ``scale = ||f|| ||J x||``: the residual is a
-    small difference of model and data of size ``||J x||``). Such a step cannot be judged
-    by the cost any more (MINPACK's ``ftol`` test compares the predicted reduction too):
-    the driver takes it and stops.
-
-    Example:
-        >>> from adaptprec.nlsq.lm import rounding_level_step
-        >>> u = 2.0 ** -53
-        >>> [bool(rounding_level_step(p, a, 1.0, u)) for p, a in ((1e-18, -1e-17),
-        ...                                                        (1e-6, 1e-6))]
-        [True, False]
-    """
-    return (predicted <= 100.0 * u * jnp.abs(cost)) & (
-        actual >= -u * (jnp.abs(cost) + scale))

@@ -33,9 +33,9 @@ import numpy as np
 import optimistix as optx
 from jax.flatten_util import ravel_pytree
 
-from ._loop import LoopConfig, build_loop
+from ._state import Context, Options
 from .common import Status
-from .lm import lm_step, minpack_delta0, minpack_gnorm
+from .solver import TrustRegion
 
 __all__ = ["MoreLM"]
 
@@ -67,28 +67,23 @@ class MoreLM(optx.AbstractLeastSquaresSolver):
 
         m = int(jax.eval_shape(fun, y_flat, args).shape[0])
         n = int(y_flat.size)
-        cfg = LoopConfig(m=m, n=n, rungs=(dt,), method="lm", loss="linear", jac="fwd",
-                         jac_scale=True, has_bounds=False, max_steps=2 ** 30,
-                         linear_solver="qr", max_rejections=4, cond_tol=np.inf,
-                         schedule=None)
-
-        def step_fn(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub):
-            return lm_step(x, R, qtf, scale_inv, Delta, alpha, m=m)
-
-        loop = build_loop(fun, cfg, step_fn, minpack_gnorm, minpack_delta0)
+        opts = Options(n=n, rungs=(dt,), method="lm", loss="linear", jac="fwd",
+                       jac_scale=True, has_bounds=False, max_steps=2 ** 30,
+                       linear_solver="qr", max_rejections=4, cond_tol=np.inf,
+                       schedule=None, portfolio=0, m=m)
         inf = jnp.full((n,), jnp.inf, dt)
         one = jnp.ones((), dt)
-        ctx = (((args,),), -inf, inf, jnp.ones((n,), dt), one,
-               one * self.rtol, one * self.rtol, one * self.atol)
-        return loop, ctx, y_flat, unravel
+        ctx = Context(((args,),), -inf, inf, jnp.ones((n,), dt), one, one * self.rtol,
+                      one * self.rtol, one * self.atol, y_flat, m)
+        return TrustRegion(fun, opts), ctx, y_flat, unravel
 
     def init(self, fn, y, args, options, f_struct, aux_struct, tags):
-        loop, ctx, y_flat, _ = self._setup(fn, y, args)
-        return loop.init(y_flat, ctx)
+        solver, ctx, y_flat, _ = self._setup(fn, y, args)
+        return solver.init(y_flat, ctx)
 
     def step(self, fn, y, args, options, state, tags):
-        loop, ctx, _, unravel = self._setup(fn, y, args)
-        new = loop.body(state, ctx)
+        solver, ctx, _, unravel = self._setup(fn, y, args)
+        new = solver.step(state, ctx)
         y_new = unravel(new.x)
         _, aux = fn(y_new, args)
         return y_new, new, aux

@@ -167,7 +167,7 @@ def result_to_host(tree):
     """
     import dataclasses
 
-    from ._x64 import to_host
+    from .._x64_rule import to_host
 
     tree = to_host(tree)
     if not isinstance(tree, NLSQResult):

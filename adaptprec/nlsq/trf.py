@@ -291,7 +291,8 @@ def trf_lsmr_step(x, R, qtf, g, scale_inv, Delta, alpha, lb, ub, *, m: int,
         >>> [round(float(v), 6) for v in st.x_new]
         [1.0, 2.0]
     """
-    from ._lsmr import lsmr, solve_trust_region_2d
+    from ..linalg._lsmr import lsmr
+    from ._lsmr import solve_trust_region_2d
 
     o = dict(opts)
     gnorm, d, diag_h, g_h, Rh = _scaled_model(x, R, g, scale_inv, lb, ub)

@@ -22,7 +22,7 @@ object's address).
 
 Example:
     >>> import jax.numpy as jnp, numpy as np
-    >>> from adaptprec.nlsq._identity import trace_residual
+    >>> from adaptprec._identity import trace_residual
     >>> x, t = jnp.ones(2), jnp.linspace(0.0, 1.0, 5)
     >>> a = trace_residual(lambda p, t: p[0] * jnp.exp(-p[1] * t) - np.ones(5), x, (t,))
     >>> b = trace_residual(lambda p, t: p[0] * jnp.exp(-p[1] * t) - np.zeros(5), x, (t,))
@@ -103,7 +103,7 @@ def user_callables(jaxpr) -> tuple:
 
     Example:
         >>> import jax, jax.numpy as jnp
-        >>> from adaptprec.nlsq._identity import user_callables
+        >>> from adaptprec._identity import user_callables
         >>> f = jax.custom_jvp(jnp.sin)
         >>> rule = lambda p, t: (f(p[0]), 2.0 * t[0])
         >>> _ = f.defjvp(rule)

@@ -16,7 +16,7 @@ have room and otherwise one-sided (``x + h``, ``x + 2h``) towards the larger roo
 
 Example:
     >>> import jax.numpy as jnp
-    >>> from adaptprec.nlsq._finite_diff import fd_jacobian
+    >>> from adaptprec._finite_diff import fd_jacobian
     >>> jac = fd_jacobian(lambda x: jnp.array([x[0] ** 2, x[0] * x[1]]), "3-point")
     >>> [[round(float(v), 6) for v in row] for row in jac(jnp.array([1.0, 2.0]))]
     [[2.0, 0.0], [2.0, 1.0]]
@@ -39,7 +39,7 @@ def default_rel_step(method: str, dtype) -> float:
 
     Example:
         >>> import numpy as np
-        >>> from adaptprec.nlsq._finite_diff import default_rel_step
+        >>> from adaptprec._finite_diff import default_rel_step
         >>> default_rel_step("2-point", np.float64) == float(np.finfo(np.float64).eps) ** 0.5
         True
     """
@@ -107,7 +107,7 @@ def _quotient(D, dx):
 
     Example:
         >>> import jax, jax.numpy as jnp
-        >>> from adaptprec.nlsq._finite_diff import _quotient
+        >>> from adaptprec._finite_diff import _quotient
         >>> d = jnp.full((2, 3), 1.2110908904627848e-05)
         >>> bool((jax.jit(_quotient)(d, d[:, 0]) == 1.0).all())
         True
@@ -121,7 +121,7 @@ def as_sparsity(sparsity, m: int, n: int) -> np.ndarray:
 
     Example:
         >>> import numpy as np
-        >>> from adaptprec.nlsq._finite_diff import as_sparsity
+        >>> from adaptprec._finite_diff import as_sparsity
         >>> as_sparsity(np.eye(2), 2, 2).tolist()
         [[True, False], [False, True]]
     """
@@ -139,7 +139,7 @@ def group_columns(sparsity: np.ndarray) -> np.ndarray:
 
     Example:
         >>> import numpy as np
-        >>> from adaptprec.nlsq._finite_diff import group_columns
+        >>> from adaptprec._finite_diff import group_columns
         >>> tri = np.eye(5) + np.eye(5, k=1) + np.eye(5, k=-1)
         >>> group_columns(tri != 0).tolist()
         [0, 1, 2, 0, 1]
@@ -178,7 +178,7 @@ def fd_jacobian(fun: Callable, method: str = "2-point", diff_step=None, lb=None,
 
     Example:
         >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq._finite_diff import fd_jacobian
+        >>> from adaptprec._finite_diff import fd_jacobian
         >>> jac = fd_jacobian(lambda x: jnp.sin(x), "cs")
         >>> round(float(jac(jnp.array([0.5]))[0, 0]), 12) == round(float(jnp.cos(0.5)), 12)
         True

@@ -31,8 +31,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from .._opkind import AXIS_REDUCTIONS, ENTRYWISE
-from .._jaxpr import call_body, eval_jaxpr, open_jaxpr
+from ._opkind import AXIS_REDUCTIONS, ENTRYWISE
+from ._jaxpr import call_body, eval_jaxpr, open_jaxpr
 
 __all__ = ["point_axes"]
 
@@ -212,7 +212,7 @@ def point_axes(fun, x, args, m: int):
 
     Example:
         >>> import jax.numpy as jnp
-        >>> from adaptprec.nlsq._pointwise import point_axes
+        >>> from adaptprec._pointwise import point_axes
         >>> t, y = jnp.linspace(0, 1, 50), jnp.zeros(50)
         >>> point_axes(lambda p, t, y: p[0] * jnp.exp(-p[1] * t) - y, jnp.ones(2), (t, y), 50)
         (0, 0)
