@@ -13,7 +13,10 @@ Every problem is solved to a *verified* float64 relative residual ``||b - A x|| 
 The baselines stop on their own residual estimates (lineax on a max-norm test relative to
 ``|b|``), so each is calibrated once: its tolerance goes down a ladder of values (4x apart
 for lineax, whose elementwise test overshoots, 3x otherwise) until its answer verifies at
-the target; a baseline that never verifies is timed at its tightest setting and flagged.
+the target; a baseline that never verifies is timed at the loosest setting of its floor
+(the first whose tighter successor no longer improves the verified residual by 30%) and
+flagged. scipy (host, minutes per solve at 1024^2) runs once, at the target, as the
+reference answer; its time is that run's unless ``--time-scipy``.
 Timings are medians of ``--rounds`` interleaved rounds in this one process (jitted,
 compiled beforehand); ratios are adaptive / baseline. Each answer is also compared with
 scipy's (``|x - x_scipy| / |x_scipy|``).
@@ -224,7 +227,7 @@ def configurations(method, op, A_csr, b, target, inv_diag=None):
         "ours f64": ([target], ours_make("f64")),
         "lineax": (down(10 * target, 4.0, 5), lx_make),
         "jax.scipy": (down(target, 3.0, 4), jsp_make),
-        "scipy": (down(target, 3.0, 4), sp_make),
+        "scipy": ([target], sp_make),     # the reference answer (minutes per solve)
     }
 
 
@@ -232,20 +235,34 @@ def run_problem(name, method, op, A_csr, b, args, inv_diag=None):
     print(f"\n## {name} ({method}, n = {b.shape[0]}), load {os.getloadavg()[0]:.1f}",
           flush=True)
     configs = configurations(method, op, A_csr, b, args.target, inv_diag)
-    chosen, answers = {}, {}
+    chosen, answers, first = {}, {}, {}
     for label, (tols, make) in configs.items():
+        last = None
         for tol in tols:
             run, extra = make(tol)
-            x, _ = _timed(run)                       # compile + first run
+            x, t = _timed(run)                       # compile + first run
             res = _verify(A_csr, x, b)
-            if res <= args.target or tol == tols[-1]:
+            print(f"  calibrate {label}: tol {tol:.3g} -> verified {res:.2e} "
+                  f"({t:.1f} s with compilation)", flush=True)
+            if last is not None and res > 0.7 * last[2]:
+                # a tighter setting no longer improves the verified residual: the
+                # method's own floor; time the looser setting that got there
+                run, tol, res, extra, t, x = last
+            if res <= args.target or tol == tols[-1] or last is not None and tol == last[1]:
                 chosen[label] = (run, tol, res, res <= args.target, extra)
+                first[label] = t
                 answers[label] = np.asarray(x)
                 break
+            last = (run, tol, res, extra, t, x)
     info = chosen["adaptive"][4]()
-    times = {k: [] for k in chosen}
+    # scipy (host, nothing to compile) is timed by its one calibrated run unless
+    # --time-scipy: at 1024^2 one solve takes minutes under load
+    timed = {k: v for k, v in chosen.items() if k != "scipy" or args.time_scipy}
+    times = {k: [] for k in timed}
+    if "scipy" not in timed:
+        times["scipy"] = [first["scipy"]]
     for _ in range(args.rounds):
-        for label, (run, *_rest) in chosen.items():
+        for label, (run, *_rest) in timed.items():
             times[label].append(_timed(run)[1])
     med = {k: float(np.median(v)) for k, v in times.items()}
     ref = answers["scipy"]
@@ -276,6 +293,8 @@ def main():
     ap_.add_argument("--peclet", type=float, default=200.0)
     ap_.add_argument("--rounds", type=int, default=3)
     ap_.add_argument("--target", type=float, default=1e-10)
+    ap_.add_argument("--time-scipy", action="store_true",
+                     help="time scipy in every round too (default: its one calibrated run)")
     ap_.add_argument("--only", default="poisson2d,poisson3d,varcoef,graph,convdiff")
     args = ap_.parse_args()
     only = set(args.only.split(","))

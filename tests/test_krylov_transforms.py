@@ -8,24 +8,17 @@ import jax.numpy as jnp
 
 import adaptprec as ap
 from adaptprec import Status
+from _krylov_problems import poisson_matvec
 from _subprocess import run_python
 
 N = 12
-
-
-def poisson_matvec(n=N):
-    def apply(x):
-        u = x.reshape(n, n)
-        p = jnp.pad(u, 1)
-        return (4 * u - p[:-2, 1:-1] - p[2:, 1:-1] - p[1:-1, :-2] - p[1:-1, 2:]).reshape(-1)
-    return apply
 
 
 @pytest.fixture(scope="module")
 def system():
     rng = np.random.default_rng(0)
     n = N * N
-    A = np.asarray(jax.vmap(poisson_matvec(), in_axes=1, out_axes=1)(jnp.eye(n)))
+    A = np.asarray(jax.vmap(poisson_matvec(N), in_axes=1, out_axes=1)(jnp.eye(n)))
     A = A + np.diag(rng.uniform(0, 1, n))
     B = A + 0.3 * np.triu(rng.uniform(-1, 1, (n, n)) * (np.abs(A) > 0), 1)  # nonsymmetric
     b = rng.uniform(0.5, 1.5, n)
@@ -41,7 +34,8 @@ def test_jit_matches_eager(system):
     assert bool(info_jit.success)
 
 
-@pytest.mark.parametrize("method", ["cg", "gmres", "bicgstab"])
+@pytest.mark.parametrize("method", ["cg", pytest.param("gmres", marks=pytest.mark.slow),
+                                    pytest.param("bicgstab", marks=pytest.mark.slow)])
 def test_vmap_over_batched_systems_equals_loop(method, system):
     A, B, b = system
     M = A if method == "cg" else B
@@ -57,6 +51,7 @@ def test_vmap_over_batched_systems_equals_loop(method, system):
         assert np.linalg.norm(bs[i] - As[i] @ xs[i]) / np.linalg.norm(bs[i]) <= 1e-10
 
 
+@pytest.mark.slow
 def test_vmap_with_per_element_rungs():
     """One member needs float64 (kappa 3e7), the other finishes on float32: each keeps
     its own rung under vmap."""
@@ -71,7 +66,8 @@ def test_vmap_with_per_element_rungs():
     assert np.asarray(infos.rung).tolist() == [1, 0]
 
 
-@pytest.mark.parametrize("method", ["cg", "gmres", "bicgstab"])
+@pytest.mark.parametrize("method", ["cg", pytest.param("gmres", marks=pytest.mark.slow),
+                                    pytest.param("bicgstab", marks=pytest.mark.slow)])
 def test_grad_by_implicit_differentiation(method, system):
     A, B, b = system
     M = A if method == "cg" else B
@@ -88,8 +84,9 @@ def test_grad_by_implicit_differentiation(method, system):
     np.testing.assert_allclose(np.asarray(gM), -np.outer(lam, x), rtol=1e-6, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_grad_through_a_matrix_free_operator():
-    base = poisson_matvec()
+    base = poisson_matvec(N)
     b = jnp.ones(N * N)
 
     def loss(c):
@@ -170,6 +167,7 @@ def test_import_does_not_load_lineax_or_sparse():
     assert proc.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_preconditioned_solves_under_jit_and_grad(system):
     A, B, b = system
 
@@ -186,6 +184,7 @@ def test_preconditioned_solves_under_jit_and_grad(system):
     assert bool(info.success)
 
 
+@pytest.mark.slow
 def test_grad_through_sparse_values():
     from jax.experimental import sparse
     A = jnp.asarray(np.diag(np.linspace(2.0, 3.0, 8)) + np.diag(np.full(7, 0.5), 1)

@@ -160,7 +160,7 @@ class Operator(Module):
                 f"building the dense form of a {self.n} x {self.n} matrix-free operator "
                 f"would take {self.n} products; pass A as a matrix (dense or "
                 "jax.experimental.sparse) or give the preconditioner its diagonal/blocks")
-        mv = self.at(dtype, dtype)
+        mv = self.at(dtype)
         return jax.vmap(mv, in_axes=1, out_axes=1)(jnp.eye(self.n, dtype=dtype))
 
 
