@@ -272,6 +272,9 @@ def run_problem(name, method, op, A_csr, b, args, inv_diag=None):
           f"cycles {int(info.cycles)}")
     if int(info.escalations):
         print(info.trace())
+    plain = chosen["ours f64"][4]()
+    print(f"ours f64: {ap.Status(int(plain.status)).name}, iterations "
+          f"{int(plain.iterations)}, cycles {int(plain.cycles)}")
     print("| solver | tolerance | verified residual | time (s) | adaptive / this | "
           "|x - x_scipy| / |x_scipy| |")
     print("|---|---|---|---|---|---|")
