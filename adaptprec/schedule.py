@@ -129,7 +129,7 @@ class ScheduleStats(NamedTuple):
                 tiny = jnp.finfo(dtype).tiny
                 rel_decrease = (previous - value) / jnp.maximum(jnp.abs(previous), tiny)
         # a NaN/Inf objective is a failed check: every schedule but Fixed and Callback
-        # climbs at once on it (newcomer audit 3: NaN compared False everywhere, so a NaN
+        # climbs at once on it (NaN compared False everywhere, so a NaN
         # step never counted as a stall)
         nonfinite = jnp.sum(~jnp.isfinite(value), dtype=jnp.int32)
         return cls(
@@ -191,7 +191,7 @@ class ScheduleState(Module):
 
 
 def _require_number(name: str, value, *, positive: bool) -> None:
-    """A finite real ``value`` (> 0, or >= 0), checked when concrete (newcomer audit 3:
+    """A finite real ``value`` (> 0, or >= 0), checked when concrete (
     ``rate="x"`` failed later inside ``iterate``, ``NoiseFloor(factor=-1)`` never fired)."""
     from ._tracing import is_traced
     if is_traced(value):
@@ -471,7 +471,7 @@ class AnyOf(PrecisionSchedule):
         hi, lo = jnp.max(props), jnp.min(props)
         new = jnp.where(hi > state.rung, hi, lo)
         # a climb restarts the children that did not climb themselves, as each resets
-        # its own counters when it climbs (newcomer audit 7: StallEscalation kept its
+        # its own counters when it climbs (StallEscalation kept its
         # stall count and best value, and the new rung got one step before the next climb)
         climbed = new > state.rung
         kids = tuple(

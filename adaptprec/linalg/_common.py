@@ -177,7 +177,7 @@ def pow2_scale(size, dtype):
     ``2^-e`` bringing ``size`` (``(m,)``, e.g. ``||A||``) near 1 where it is more than
     ``2^64`` away, else 1. Multiplying a system by it is exact and leaves its solution
     and condition unchanged; at ``||A|| ~ 1e307`` the triangular solves and ``A^T r``
-    otherwise lost every digit or overflowed (newcomer audit 5). Two factors, because
+    otherwise lost every digit or overflowed. Two factors, because
     ``2^-1023`` alone is subnormal, which the CPU flushes to zero.
 
     Example:

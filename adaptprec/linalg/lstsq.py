@@ -108,7 +108,7 @@ def _fallback(ops):
     xf = jnp.where((zero | ~finite_in)[:, None, None], jnp.asarray(jnp.nan, w), xf)
     # numerically rank-deficient by LAPACK's and numpy's rank rule (sigma_min <= eps
     # max(m, n) sigma_max): an exactly rank-deficient A leaves kappa_1(R) at 3e15-7e15
-    # through rounding, just under 1/u (newcomer audit: CONVERGED with entries of 1e14)
+    # through rounding, just under 1/u (CONVERGED with entries of 1e14)
     rank_tol = 2 * u_w * max(A.shape[-2:])
     status = jnp.select(
         [~finite_in, zero, kappa * rank_tol >= 1],
@@ -188,7 +188,7 @@ def _lstsq_core(A, B, *, storage, compute, max_iters, tol, capacity):
     e = eta_of(x)
     kappa_low = jax.vmap(partial(_cond_r, dtype=w))(R)
     # the refinement is backed by theory only for kappa_2(A) u_f < 1: beyond it the
-    # low-precision R can neither vouch for x nor estimate kappa (newcomer audit: an
+    # low-precision R can neither vouch for x nor estimate kappa (an
     # exactly rank-deficient A "converged" with entries of 1e5, kappa_1(R_f32) 2e8)
     trusted = kappa_low * unit_roundoff(compute) < 1
     converged = jnp.all(conv, axis=1)

@@ -475,8 +475,8 @@ def relative_residual(rn, bn):
 
 def backward_error(anrm, xn, rn, bn):
     """The normwise backward error ``rn / (anrm xn + bn)``, formed as
-    ``(rn / anrm) / (xn + bn / anrm)`` so that ``anrm xn`` cannot overflow (newcomer
-    audit 5: at 1e307 the product was inf and the error read 0); ``inf`` where ``x`` or
+    ``(rn / anrm) / (xn + bn / anrm)`` so that ``anrm xn`` cannot overflow
+    (at 1e307 the product is inf and the error would read 0); ``inf`` where ``x`` or
     the residual is not finite, and for a nonzero residual of a zero problem.
 
     Example:
@@ -560,13 +560,13 @@ def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol, estimate_
     # solve of a gradient, whose aux info must have the forward structure), filled in
     # after the loop. F = lu^T is the row-major view of the LAPACK factor: no copy.
     # GMRES-IR converges beyond kappa u_f ~ 1, where the low-precision factors no longer
-    # estimate kappa (newcomer audit: kappa 4e16 estimated at 3e6..2e10 and reported
+    # estimate kappa (kappa 4e16 estimated at 3e6..2e10 and reported
     # CONVERGED): its estimate is always computed, to screen for that (see below)
     screen = refine == "gmres"
     # LU-IR converges only where kappa u_f < 1, which bounds kappa u_w only when the
     # factors are coarser than the working precision. With factors at the working
     # precision (x64 off: solve(..., working="f32"); factor="f64") x0 passes at once
-    # whatever kappa (newcomer audit 5: Hilbert-10 in float32 CONVERGED, kappa u_w = 56,
+    # whatever kappa (Hilbert-10 in float32 CONVERGED, kappa u_w = 56,
     # error 110%): the factors' estimate decides ILL_CONDITIONED, as after a fallback
     at_working = refine == "lu" and not u_factor > float(unit_roundoff(w))
     keep_factors = estimate_cond == "lazy" and not (screen or at_working)
@@ -688,7 +688,7 @@ def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol, estimate_
     eta = backward_error(anrm, _colnorm(x), rn, bn)
     eta_max = jnp.max(eta, axis=1)
     # "CONVERGED" only with a working-precision backward error: a fallback is not
-    # checked by the refinement's stopping rule (newcomer audit 5: a non-symmetric A
+    # checked by the refinement's stopping rule (a non-symmetric A
     # with assume_a="pos", eta 0.13; entries at 1e307, x 68% wrong)
     status = jnp.where((status == _S_CONVERGED) & ~(eta_max <= _inaccurate_above(tol, n, w)),
                        int(Status.INACCURATE), status).astype(jnp.int32)
