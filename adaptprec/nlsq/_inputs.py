@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from .._tracing import is_concrete
+from .._tracing import is_concrete, is_eager, trace_active
 from ..precision import x64_enabled
 from . import _caches
 from ._arguments import (AD_METHODS, as_bounds, as_x0, check_array_leaves,
@@ -227,7 +227,7 @@ def prepare(residual, x0, args, *, checked=(), **kw) -> Problem:
     found finite already). The common eager call's structure is memoised
     (:func:`_structure_key`, :data:`._caches.PROBLEMS`); a repeat checks the values
     only."""
-    key = _structure_key(residual, x0, args, kw)
+    key = None if trace_active() else _structure_key(residual, x0, args, kw)
     if key is not None:
         known = _caches.PROBLEMS.get(key)
         if known is not None:
@@ -305,7 +305,7 @@ def _prepare(residual, x0, args, *, method, bounds, loss, f_scale, x_scale, jac,
     jac, jac_key = _residual.jacobian(jac, a.fun_flat, m, n, a.host_kind, diff_step,
                                       jac_sparsity, (lb, ub) if bounds_known and has_bounds
                                       else (None, None))
-    eager = is_concrete((a.x0_flat, args, lb, ub, f_scale))
+    eager = is_eager((a.x0_flat, args, lb, ub, f_scale))
     identity = eager and autodiff and axes is None
     pad = None
     if identity and linear_solver == "qr" and args and bucket(m) != m:

@@ -188,7 +188,7 @@ _SOLVE_DEFAULTS = {k: p.default for k, p in inspect.signature(solve_nlsq).parame
 def _fit_outputs(res, cov, cf, absolute_sigma, full_output):
     """``(popt, pcov)`` (and scipy's ``infodict``, ``mesg``, ``ier``) of a fit."""
     popt = np.array(res.x) if isinstance(res.x, np.ndarray) else res.x  # writable
-    concrete = is_concrete((res.status, cov))
+    concrete = is_concrete((res.status, res.cost, cov))
     # the point count is the residual's size (a scalar ydata broadcasts against f)
     m = int(np.size(res.fun)) if res.fun is not None else cf.m
     pcov = scale_pcov(cov, res.cost, m, cf.n, lm_rule=cf.lm_rule,
