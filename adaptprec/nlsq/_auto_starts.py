@@ -13,7 +13,8 @@ is returned as a :class:`SearchResult`.
 
 **The budget is in residual evaluations** (the answer depends on the inputs alone):
 ``max(SEARCH_FACTOR * nfev_local, SEARCH_MIN_NFEV * (n + 1))``, or ``nfev_budget``. A
-user's ``AutoStarts(seconds=...)`` adds a wall-time budget, not reproducible under load.
+user's ``AutoStarts(seconds=...)`` (without ``nfev_budget``) replaces it by a wall-time
+budget, not reproducible under load.
 With ``throw=True`` the answer raises only if it failed after the search. Eager only
 (``starts=K`` runs traced).
 
@@ -277,8 +278,12 @@ def solve_auto(solve_one, residual, x0, args, kw: dict, *, auto: AutoStarts,
     order = np.argsort(costs, kind="stable")[:int(np.isfinite(costs).sum())]
     skipped = k - order.size
     local_nfev = 0 if local is None else int(np.asarray(local.nfev))
-    budget = auto.nfev_budget if auto.nfev_budget is not None else max(
-        SEARCH_FACTOR * local_nfev, SEARCH_MIN_NFEV * (n + 1))
+    if auto.nfev_budget is not None:
+        budget = auto.nfev_budget
+    elif auto.seconds is not None:   # the user's time budget alone
+        budget = float("inf")
+    else:
+        budget = max(SEARCH_FACTOR * local_nfev, SEARCH_MIN_NFEV * (n + 1))
     deadline = None if auto.seconds is None else time.perf_counter() + auto.seconds
     results = [] if local is None else [local]
     best, best_i, run, nfev = local, 0, 0, 0
