@@ -62,6 +62,7 @@ def test_factor_is_one_lapack_call_without_copies(default_hlo):
     assert _count(default_hlo, "lapack_sgetrf_ffi") == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [pytest.param(np.float32, marks=pytest.mark.slow), np.float64])
 def test_direct_getrf_is_bit_identical_to_lax_lu(dtype):
     rng = np.random.default_rng(1)

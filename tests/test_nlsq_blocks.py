@@ -106,6 +106,7 @@ def _blocked_key_used(fn):
             if k[0] == "nlsq-object" and k[1] is fn]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss", ["linear", pytest.param("soft_l1", marks=pytest.mark.slow)])
 def test_blocked_matches_unblocked(loss):
     args = (jnp.asarray(TB), jnp.asarray(YB_OUT if loss != "linear" else YB))
