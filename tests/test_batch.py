@@ -170,8 +170,10 @@ def test_guards_flag_exactly_the_fits_that_need_f64_and_every_fit_ends_on_f64():
     why = np.asarray(r.escalation_reason)
     esc = np.flatnonzero(why != ap.Reason.VERIFY).tolist()
     assert esc == need and r.num_escalated == 10
+    # (BUDGET: an ill-conditioned fit may spend the lower rung's step budget, the single
+    # fit's common.lower_rung_budget, before a guard fires)
     assert set(why[need].tolist()) <= {ap.Reason.ILL_CONDITIONED, ap.Reason.NONFINITE,
-                                       ap.Reason.SCHEDULE}
+                                       ap.Reason.SCHEDULE, ap.Reason.BUDGET}
     # a lower rung never ends a solve: every converged fit was finished on float64
     assert bool((np.asarray(r.rung) == 1).all())
     assert bool(r.success.all())

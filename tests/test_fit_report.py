@@ -518,7 +518,7 @@ def test_fit_with_x64_off_returns_float64():
               np.isfinite(prof.lower).all(), res.band(x).upper.dtype)
     """, x64=False, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ["float64", "float64", "float64", "True", "float32"]
+    assert proc.stdout.split() == ["float64", "float64", "float64", "True", "float64"]
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ the compiled solver.
 
 Example:
     >>> from adaptprec.batch._options import compaction_strategy, rung_plans
-    >>> from adaptprec.nlsq._inputs import resolve_ladder
+    >>> from adaptprec.nlsq._arguments import resolve_ladder
     >>> compaction_strategy("auto"), compaction_strategy(None), compaction_strategy("stream")
     (('staged', 4), ('staged', 0), ('stream', 0))
     >>> [(p.dtype.name, p.opts.max_steps) for p in rung_plans(resolve_ladder("f32,f64"),
@@ -116,7 +116,7 @@ def configure(ladder: Ladder, m: int, n: int, *, loss, f_scale, ftol, xtol, gtol
 
     Example:
         >>> from adaptprec.batch._options import configure
-        >>> from adaptprec.nlsq._inputs import resolve_ladder
+        >>> from adaptprec.nlsq._arguments import resolve_ladder
         >>> cfg = configure(resolve_ladder("f32"), 8, 2, loss="linear", f_scale=1.0,
         ...                 ftol=1e-8, xtol=1e-8, gtol=1e-8, max_steps=None,
         ...                 compaction="auto", escalate_fraction=0.125, cond_tol=1e-2,

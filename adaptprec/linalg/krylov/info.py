@@ -138,7 +138,8 @@ class KrylovInfo(Module):
             >>> x, info = ap.linalg.cg(jnp.eye(3) * 2.0, jnp.ones(3), rtol=1e-12)
             >>> print(info.trace())
             cycle  rung  dtype    residual
-                1     0  float32  0
+                1     0  float32  1.79e-08
+                2     0  float32  3.33e-16
         """
         rungs, res = np.asarray(self.rung_trace), np.asarray(self.residual_trace)
         if rungs.ndim != 1:
