@@ -17,6 +17,7 @@ from jax import lax
 
 from .._tracing import is_concrete
 from .._x64_rule import wants_float64
+from .._status import Reason, Status
 from ..precision import canonical_dtype, dtype_name, unit_roundoff
 
 __all__: list[str] = []
@@ -259,3 +260,20 @@ def prepare_system(A, b, w, what):
     B3 = jnp.broadcast_to(B, batch + (m, k)).reshape((-1, m, k))
     x_shape = batch + ((n,) if vector else (n, k))
     return A3, B3, x_shape, batch
+
+
+def show_field(name: str, value) -> str:
+    """``name=value`` for an info object's repr: ``status``/``reason`` by their names,
+    scalars to 3 digits, arrays abbreviated (concrete values only)."""
+    if value is None:
+        return f"{name}=None"
+    a = np.asarray(value)
+    if name == "status" and a.ndim == 0:
+        return f"status={Status(int(a)).name}"
+    if name == "reason" and a.ndim == 0:
+        return f"reason={Reason(int(a)).name}"
+    if a.ndim == 0 and a.dtype.kind == "f":
+        return f"{name}={float(a):.3g}"
+    if a.ndim == 0:
+        return f"{name}={a.item()!r}"
+    return f"{name}={np.array2string(a, precision=3, threshold=8)}"

@@ -48,6 +48,7 @@ from .._x64_rule import float64_call
 from ..precision import canonical_dtype, max_value, unit_roundoff
 from ._common import (
     apply,
+    show_field,
     check_array,
     check_options,
     x64_need,
@@ -202,21 +203,7 @@ class SolveInfo(Module):
             inner = ", ".join(f"{f}={v!r}" for f, v in values.items())
             return f"SolveInfo({inner})"
 
-        def show(f, v):
-            if v is None:
-                return f"{f}=None"
-            a = np.asarray(v)
-            if f == "status" and a.ndim == 0:
-                return f"status={Status(int(a)).name}"
-            if f == "reason" and a.ndim == 0:
-                return f"reason={Reason(int(a)).name}"
-            if a.ndim == 0 and a.dtype.kind == "f":
-                return f"{f}={float(a):.3g}"
-            if a.ndim == 0:
-                return f"{f}={a.item()!r}"
-            return f"{f}={np.array2string(a, precision=3, threshold=8)}"
-
-        text = "SolveInfo(" + ", ".join(show(f, v) for f, v in values.items()) + ")"
+        text = "SolveInfo(" + ", ".join(show_field(f, v) for f, v in values.items()) + ")"
         huge = np.asarray(self.huge_x)
         if huge.any():
             text += "\n  note: " + self._note(huge)
@@ -510,7 +497,6 @@ def _refine(A, B, fac: _Factors, *, transpose, refine, max_iters, tol, estimate_
     """Refine all systems of the batch; fall back where needed. A (m,n,n), B (m,n,k)."""
     w = A.dtype
     m, n, _ = A.shape
-    k = B.shape[-1]
     anrm = _norm1(A) if transpose else fac.norminf   # ||op(A)||_inf
     tm = not transpose   # the factors are of A^T: solves with op(A) flip the transpose
     mv = jax.vmap(partial(apply, transpose=transpose))

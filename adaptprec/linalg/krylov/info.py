@@ -22,7 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from ..._pytree import Module, field
-from ..._status import Reason, Status
+from ..._status import Status
+from .._common import show_field
 
 __all__ = ["KrylovInfo", "KRYLOV_MESSAGES"]
 
@@ -161,20 +162,8 @@ class KrylovInfo(Module):
         if any(isinstance(v, jax.core.Tracer) for v in values.values()):
             return "KrylovInfo(" + ", ".join(f"{k}={v!r}" for k, v in values.items()) + ")"
 
-        def show(k, v):
-            a = np.asarray(v)
-            if k == "status" and a.ndim == 0:
-                return f"status={Status(int(a)).name}"
-            if k == "reason" and a.ndim == 0:
-                return f"reason={Reason(int(a)).name}"
-            if a.ndim == 0 and a.dtype.kind == "f":
-                return f"{k}={float(a):.3g}"
-            if a.ndim == 0:
-                return f"{k}={a.item()!r}"
-            return f"{k}={np.array2string(a, precision=3, threshold=8)}"
-
         return (f"KrylovInfo(method={self.method!r}, ladder={self.ladder}, "
-                + ", ".join(show(k, v) for k, v in values.items()) + ")")
+                + ", ".join(show_field(k, v) for k, v in values.items()) + ")")
 
 
 def empty_trace(dtype):
