@@ -188,10 +188,13 @@ def configurations(method, op, A_csr, b, target, inv_diag=None):
     n = b.shape[0]
     bj = jnp.asarray(b)
     ours = getattr(ap.linalg, method)
-    fn = op if callable(op) else (lambda x: op @ x)       # the baselines want a function
-    lxop = lx.FunctionLinearOperator(fn, jax.ShapeDtypeStruct((n,), jnp.float64),
-                                     tags=lx.positive_semidefinite_tag if method == "cg"
-                                     else ())
+    # a matrix is an argument of every jitted solve (as in an eager call), not a constant
+    # baked into the program: XLA would fold a constant BCOO's index work at compile time
+    mat = None if callable(op) else op
+    fn_of = (lambda A: op) if callable(op) else (lambda A: (lambda x: A @ x))
+    tag = lx.positive_semidefinite_tag if method == "cg" else ()
+    lxop_of = lambda A: lx.FunctionLinearOperator(
+        fn_of(A), jax.ShapeDtypeStruct((n,), jnp.float64), tags=tag)
     lx_solver = {"cg": lx.CG, "gmres": lx.GMRES, "bicgstab": lx.BiCGStab}[method]
     jsp = getattr(jax.scipy.sparse.linalg, method)
     sp = getattr(spla, method)
@@ -204,19 +207,20 @@ def configurations(method, op, A_csr, b, target, inv_diag=None):
     M_sp = None if inv_diag is None else sps.diags(inv_diag)
 
     def ours_make(ladder):
-        f = jax.jit(lambda b: ours(op, b, rtol=target, maxiter=MAXITER, ladder=ladder,
-                                   M=M_ours))
-        return lambda tol: (lambda: f(bj)[0], lambda: f(bj)[1])
+        f = jax.jit(lambda A, b: ours(op if A is None else A, b, rtol=target,
+                                      maxiter=MAXITER, ladder=ladder, M=M_ours))
+        return lambda tol: (lambda: f(mat, bj)[0], lambda: f(mat, bj)[1])
 
     def lx_make(tol):
-        f = jax.jit(lambda b: lx.linear_solve(
-            lxop, b, lx_solver(rtol=tol, atol=0.0, max_steps=MAXITER, **kw_lx),
+        f = jax.jit(lambda A, b: lx.linear_solve(
+            lxop_of(A), b, lx_solver(rtol=tol, atol=0.0, max_steps=MAXITER, **kw_lx),
             options=lx_opts, throw=False).value)
-        return lambda: f(bj), None
+        return lambda: f(mat, bj), None
 
     def jsp_make(tol):
-        f = jax.jit(lambda b: jsp(fn, b, tol=tol, atol=0.0, maxiter=MAXITER, M=M_jsp)[0])
-        return lambda: f(bj), None
+        f = jax.jit(lambda A, b: jsp(fn_of(A), b, tol=tol, atol=0.0, maxiter=MAXITER,
+                                     M=M_jsp)[0])
+        return lambda: f(mat, bj), None
 
     def sp_make(tol):
         return lambda: sp(A_csr, b, rtol=tol, atol=0.0, maxiter=MAXITER, M=M_sp)[0], None

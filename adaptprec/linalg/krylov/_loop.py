@@ -12,8 +12,9 @@ the solver's carry, the schedule's state. One ``lax.while_loop`` over cycles:
    value, ``guard_failures`` = 1 for NaN/Inf or a CG direction with ``p^T A p <= 0`` on a
    lower rung) and may move the rung; a cycle that produced NaN/Inf is discarded;
 4. the solve ends when ``||r|| <= tol`` (CONVERGED: the only success, checked on this
-   top-dtype residual), on the top rung when the residual did not decrease in
-   ``STALL_CYCLES`` consecutive cycles (STALLED), when CG meets ``p^T A p <= 0`` on the
+   top-dtype residual), on the top rung when the residual did not fall below
+   ``STALL_PROGRESS`` times the best so far in ``STALL_CYCLES`` consecutive cycles
+   (STALLED: the top dtype's rounding floor), when CG meets ``p^T A p <= 0`` on the
    top rung (NOT_POSITIVE_DEFINITE), on NaN/Inf on the top rung (NONFINITE_RESIDUAL), or
    after ``maxiter`` iterations (MAX_EVALUATIONS).
 
@@ -42,6 +43,7 @@ from .common import (
     INDEFINITE,
     NONFINITE,
     STALL_CYCLES,
+    STALL_PROGRESS,
     TARGET_MARGIN,
     CycleContext,
     KrylovSolver,
@@ -136,7 +138,7 @@ def _after_cycle(solver, st: _LoopState, schedule, *, carry, k, code, rec_end, r
                      [int(Reason.NONFINITE), int(Reason.MATRIX_ILL_CONDITIONED),
                       int(Reason.STAGNATION)], default=int(Reason.SCHEDULE))
     reason = jnp.where(climbed, why, st.reason).astype(jnp.int32)
-    stuck = seen & top & ~climbed & ~(rn < st.rnorm)
+    stuck = seen & top & ~climbed & ~(rn < STALL_PROGRESS * st.rn_best)
     stall = jnp.where(stuck, st.stall + 1, jnp.where(seen, 0, st.stall)).astype(jnp.int32)
     its = st.its + k
     cg_indefinite = indefinite & top if solver.name == "cg" else jnp.asarray(False)

@@ -63,11 +63,18 @@ MAX_CYCLE_ITERATIONS = 1000
 RESIDUAL_GAP = 2.0
 STAGNATION = 0.99
 
-#: The top rung ends the solve as STALLED when the true residual did not decrease in
-#: this many consecutive cycles the schedule saw (QUDA's reliable_break with
-#: ``max_res_increase = 1``: the second consecutive increase at a reliable update ends
-#: the solve).
+#: The top rung ends the solve as STALLED when, in this many consecutive cycles the
+#: schedule saw, the true residual did not fall below ``STALL_PROGRESS`` times the best
+#: true residual so far (QUDA's reliable_break with ``max_res_increase = 1`` ends on the
+#: second consecutive increase at a reliable update).
 STALL_CYCLES = 2
+
+#: A seen cycle on the top rung aimed at a tenth (RELIABLE_DELTA) of its start, or at the
+#: tolerance; when its true residual does not even halve the best so far, the iterate
+#: sits at the top dtype's rounding floor ``~ u ||A|| ||x|| / ||b||``, around which the
+#: residual wanders by a few percent (so "did not decrease" alone would keep restarting
+#: the count).
+STALL_PROGRESS = 0.5
 
 # breakdown codes of a cycle (postprocess)
 OK = 0

@@ -34,8 +34,9 @@ KRYLOV_MESSAGES = {
                                  "reached the tolerance. If residual_trace shows it "
                                  "stuck at one level, b may not be in the range of a "
                                  "singular A.",
-    int(Status.STALLED): "Stalled: the true residual stopped decreasing on the top rung. "
-                         "A may be singular with b outside its range, or too "
+    int(Status.STALLED): "Stalled: the true residual stopped decreasing on the top "
+                         "rung (it did not halve in two checks). A may be "
+                         "singular with b outside its range, or too "
                          "ill-conditioned for the working precision (try a "
                          "preconditioner); x is the best iterate, not a solution.",
     int(Status.NOT_POSITIVE_DEFINITE): "Not positive definite: CG met a direction p with "
