@@ -232,3 +232,19 @@ def test_plain_float64_ladder(rhs):
     x, info = ap.linalg.bicgstab(A, rhs, rtol=1e-10, ladder="f64")
     assert bool(info.success) and info.ladder == ("float64",)
     assert rel_residual(A, x, rhs) <= 1e-10
+
+
+def test_a_tolerance_below_the_rounding_floor_stalls_within_two_checks(rhs):
+    """rtol = 1e-18 is below float64's floor ``~u ||A|| ||x|| / ||b||``: the residual
+    reaches the floor and then wanders by a few percent; the solve must end STALLED two
+    checks after the residual stops halving, not keep iterating while it drifts."""
+    A = poisson_matrix()
+    x, info = ap.linalg.cg(A, rhs, rtol=1e-18, ladder="f64", maxiter=20_000)
+    assert int(info.status) == int(Status.STALLED) and not bool(info.success)
+    trace = np.asarray(info.residual_trace)[: int(info.cycles)]
+    best = int(np.argmin(trace))
+    # cycles after the last one that halved the best so far: at most STALL_CYCLES
+    halving = [i for i in range(1, len(trace)) if trace[i] < 0.5 * trace[:i].min()]
+    assert len(trace) - 1 - halving[-1] <= 2, trace
+    assert trace[best] < 1e-14 and rel_residual(A, x, rhs) < 1e-14   # it got to the floor
+    assert int(info.iterations) < 2_000
