@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["BatchedTreeSpec", "is_array_like", "TreeResidual"]
+__all__ = ["BatchedTreeSpec", "is_array_like", "TreeResidual", "TiedResidual"]
 
 
 def is_array_like(x0) -> bool:
@@ -100,3 +100,20 @@ class TreeResidual:
 
     def __call__(self, x, *args):
         return self.fun(self.spec.unravel(x), *args)
+
+
+@dataclasses.dataclass(frozen=True)
+class TiedResidual:
+    """``fun(p, *args)`` with one fit's parameters ``p = params.expand(q)`` computed from
+    its free coordinates ``q`` (``params``: a
+    :class:`~adaptprec.modeling.parameters.ParameterSpec`, the ties and the constraints'
+    slacks), handed over as x0's pytree when ``tree`` is set (hashable, so compiled
+    solvers are reused)."""
+
+    fun: Callable
+    params: Any
+    tree: BatchedTreeSpec | None = None
+
+    def __call__(self, q, *args):
+        p = self.params.expand(q, np.zeros(0))
+        return self.fun(p if self.tree is None else self.tree.unravel(p), *args)

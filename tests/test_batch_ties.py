@@ -1,0 +1,207 @@
+"""Ties (``expr=``) and inequalities (``constraints=``) in solve_nlsq_batch, each fit
+against scipy's curve_fit of the model rewritten by hand (parameters, covariance
+propagated to the tied parameters, dof): ties ``w2 = w1`` and ``a2 = 2*a1`` with per-fit
+``fixed=`` and a mask; an inequality active in some fits and not in others; jit, vmap
+and grad through a tied batch; the errors at the boundary. Before, solve_nlsq_batch
+refused both keywords.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.optimize as so
+
+import adaptprec as ap
+from adaptprec.modeling.parameters import parameter_spec
+
+F64 = dict(precision="f64", compaction=None, return_pcov=True)
+TIGHT = dict(ftol=1e-14, xtol=1e-14, gtol=1e-14)
+RNG = np.random.default_rng(43)
+
+# ---- two peaks, w2 = w1 and a2 = 2*a1; c fixed in fits 0 and 2; fits 1 and 3 masked
+X = np.linspace(0.0, 10.0, 40)
+NAMES = ("a1", "a2", "c", "m1", "m2", "w1", "w2")          # x0's keys in jax.tree order
+TRUTH = [dict(a1=a1, m1=m1, w1=w1, a2=2 * a1, m2=m2, w2=w1, c=c) for a1, m1, w1, m2, c in
+         [(1.0, 3.0, 0.8, 6.5, 0.3), (1.5, 2.7, 0.9, 6.9, 0.1),
+          (0.8, 3.2, 0.7, 6.2, 0.4), (1.2, 3.0, 1.0, 7.1, 0.2)]]
+HELD_C = np.array([True, False, True, False])
+
+
+def peaks(p, x):
+    return (p["a1"] * jnp.exp(-0.5 * ((x - p["m1"]) / p["w1"]) ** 2)
+            + p["a2"] * jnp.exp(-0.5 * ((x - p["m2"]) / p["w2"]) ** 2) + p["c"])
+
+
+Y = np.stack([np.asarray(peaks(t, X)) for t in TRUTH]) + RNG.normal(0, 0.03, (4, 40))
+MASK = np.ones((4, 40), bool)
+MASK[1, 30:] = False                                         # a shorter fit
+MASK[3, 5:12] = False                                        # a gap
+X0 = {k: np.array([1.2, 1.2, 1.0, 1.2]) for k in ("a1", "a2", "w1", "w2")}
+X0.update(m1=np.full(4, 2.8), m2=np.full(4, 6.8),
+          c=np.where(HELD_C, [t["c"] for t in TRUTH], 0.2))
+TIES = {"w2": "w1", "a2": "2*a1"}
+
+
+@pytest.fixture(scope="module")
+def tied_fits():
+    res = ap.solve_nlsq_batch(peaks, X0, (X,), in_axes=None, ydata=Y, mask=MASK,
+                              fixed={k: HELD_C if k == "c" else False for k in NAMES},
+                              expr=TIES, **F64)
+    return jax.tree.map(np.asarray, res)
+
+
+def _peaks_rewritten(i):
+    """Fit i's scipy reference: the free parameters (a1, m1, w1, m2[, c]) of the model with
+    the ties written in, on its real points; returned over every parameter (NAMES)."""
+    c_held = X0["c"][i] if HELD_C[i] else None
+
+    def model(x, a1, m1, w1, m2, c=c_held):
+        p = dict(a1=a1, m1=m1, w1=w1, a2=2 * a1, m2=m2, w2=w1, c=c)
+        return np.asarray(peaks(p, x))
+
+    free = ["a1", "m1", "w1", "m2"] + ([] if HELD_C[i] else ["c"])
+    p0 = [X0[k][i] for k in free]
+    q, cq = so.curve_fit(model, X[MASK[i]], Y[i][MASK[i]], p0=p0, **TIGHT)
+    T = np.zeros((7, len(free)))                  # dp/dq, by hand
+    for j, k in enumerate(free):
+        T[NAMES.index(k), j] = 1.0
+    T[NAMES.index("a2"), 0] = 2.0
+    T[NAMES.index("w2"), 2] = 1.0
+    values = dict(zip(free, q), a2=2 * q[0], w2=q[2], c=c_held if HELD_C[i] else q[4])
+    return np.array([values[k] for k in NAMES]), T @ cq @ T.T, int(MASK[i].sum()) - len(free)
+
+
+def test_ties_with_fixed_and_mask_match_the_rewritten_model(tied_fits):
+    res = tied_fits
+    assert sorted(res.x) == sorted(NAMES) and bool(np.all(res.success))
+    x = np.stack([res.x[k] for k in NAMES], axis=1)
+    assert np.array_equal(x[:, NAMES.index("w2")], x[:, NAMES.index("w1")])
+    assert np.array_equal(x[HELD_C, NAMES.index("c")], X0["c"][HELD_C])   # held exactly
+    for i in range(4):
+        p, cov, dof = _peaks_rewritten(i)
+        assert int(res.dof[i]) == dof
+        np.testing.assert_allclose(x[i], p, rtol=1e-7, atol=1e-10)
+        np.testing.assert_allclose(res.pcov[i], cov, rtol=1e-5, atol=1e-5 * np.abs(cov).max())
+    # the tied parameters' errors by propagation: var(a2) = 4 var(a1), w2's = w1's
+    a1, a2, w1, w2 = (NAMES.index(k) for k in ("a1", "a2", "w1", "w2"))
+    np.testing.assert_allclose(res.pcov[:, a2, a2], 4 * res.pcov[:, a1, a1], rtol=1e-12)
+    np.testing.assert_allclose(res.pcov[:, w2, w2], res.pcov[:, w1, w1], rtol=1e-12)
+
+
+# ---- an inequality p2 < p0 on an array x0 (columns p0, p1, p2): active in fits 2 and 3
+T_DECAY = np.linspace(0.0, 4.0, 30)
+DECAY_TRUTH = np.array([[3.0, 1.0, 0.5], [2.5, 0.6, 0.2], [1.0, 1.2, 1.4], [0.9, 0.8, 1.6]])
+DECAY_Y = (DECAY_TRUTH[:, :1] * np.exp(-DECAY_TRUTH[:, 1:2] * T_DECAY) + DECAY_TRUTH[:, 2:]
+           + RNG.normal(0, 0.01, (4, 30)))
+DECAY_X0 = np.tile([2.0, 1.0, 0.5], (4, 1))
+
+
+def decay(p, t):
+    return p[0] * jnp.exp(-p[1] * t) + p[2]
+
+
+@pytest.fixture(scope="module")
+def constrained_fits():
+    res = ap.solve_nlsq_batch(decay, DECAY_X0, (T_DECAY,), in_axes=None, ydata=DECAY_Y,
+                              constraints="p2 < p0", **F64)
+    return jax.tree.map(np.asarray, res)
+
+
+def _decay_rewritten(i):
+    """scipy on p0 = p2 + s, s >= 0 (the slack bounded): free coordinates (p1, p2, s)."""
+    def model(t, k, c, s):
+        return (c + s) * np.exp(-k * t) + c
+
+    x0 = DECAY_X0[i]
+    q, cq = so.curve_fit(model, T_DECAY, DECAY_Y[i], p0=[x0[1], x0[2], x0[0] - x0[2]],
+                         bounds=([-np.inf, -np.inf, 0.0], np.inf), **TIGHT)
+    T = np.array([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    return np.array([q[1] + q[2], q[0], q[1]]), T @ cq @ T.T
+
+
+def test_inequality_active_in_some_fits_matches_the_rewritten_model(constrained_fits):
+    res = constrained_fits
+    assert bool(np.all(res.success)) and res.dof.tolist() == [27] * 4
+    assert np.all(res.x[:, 2] <= res.x[:, 0])
+    active = res.x[:, 0] - res.x[:, 2] < 1e-9
+    assert active.tolist() == [False, False, True, True]
+    for i in range(4):
+        p, cov = _decay_rewritten(i)
+        np.testing.assert_allclose(res.x[i], p, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(res.pcov[i], cov, rtol=1e-4, atol=1e-12)
+        free, _ = so.curve_fit(lambda t, a, k, c: a * np.exp(-k * t) + c, T_DECAY,
+                               DECAY_Y[i], p0=DECAY_X0[i], **TIGHT)
+        assert (free[2] > free[0]) == active[i]           # the data would break it
+        if not active[i]:                                  # inside: the free fit
+            np.testing.assert_allclose(res.x[i], free, rtol=1e-7)
+
+
+# ---- jit, vmap and grad through a tied batch
+def test_jit_vmap_grad_through_a_tied_batch(constrained_fits):
+    x0, y = DECAY_X0[:2], DECAY_Y[:2]
+
+    def solve(y):
+        return ap.solve_nlsq_batch(decay, x0, (T_DECAY,), in_axes=None, ydata=y,
+                                   expr={"p2": "0.2*p0"}, precision="f64", compaction=None,
+                                   **TIGHT).x
+
+    def loss(y):
+        x = solve(y)
+        return jnp.sum(x[:, 2] ** 2), x
+
+    g, x = jax.jit(jax.vmap(jax.grad(loss, has_aux=True)))(jnp.stack([y, y[::-1]]))
+    g, x = np.asarray(g), np.asarray(x)
+    eager = np.asarray(solve(y))
+    np.testing.assert_allclose(x[0], eager, rtol=1e-9)
+    np.testing.assert_allclose(x[1], eager[::-1], rtol=1e-9)
+    np.testing.assert_allclose(x[0][:, 2], 0.2 * x[0][:, 0], rtol=1e-12)
+    h = 1e-5
+    for i, j in [(0, 0), (1, 7), (0, 29)]:        # central differences of the eager solve
+        e = np.zeros_like(y)
+        e[i, j] = h
+        fd = (np.sum(np.asarray(solve(y + e))[:, 2] ** 2)
+              - np.sum(np.asarray(solve(y - e))[:, 2] ** 2)) / (2 * h)
+        assert g[0][i, j] == pytest.approx(fd, rel=1e-5, abs=1e-9)
+
+
+# ---- errors at the boundary (before anything compiles)
+def _call(**kw):
+    args = dict(fun=peaks, x0=X0, args=(X,), in_axes=None, ydata=Y)
+    args.update(kw)
+    return ap.solve_nlsq_batch(**args)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(expr={"w3": "w1"}), r"expr names \['w3'\].*parameters are"),
+    (dict(expr={"w2": "w1 + q"}), r"names \['q'\]"),
+    (dict(expr={"w2": "w1", "w1": "2*w2"}), "cycle"),
+    (dict(expr={"c": "a1"}, fixed={"c": HELD_C, **{k: False for k in NAMES if k != "c"}}),
+     "both fixed and tied"),
+    (dict(constraints="m1 < zz"), r"names \['zz'\]"),
+    (dict(constraints="m2 < m1"), r"x0 breaks the constraint m2 <= m1 in 4 fit\(s\)"),
+    (dict(expr={"w2": "__import__('os')"}), "calls __import__"),
+    (dict(expr=["w2 = w1"]), "expr must be a dict"),
+])
+def test_bad_ties_and_constraints_are_named(kw, match):
+    with pytest.raises(ValueError, match=match):
+        _call(**kw)
+
+
+def test_array_x0_names_its_columns():
+    with pytest.raises(ValueError, match="columns of an array x0 are p0, p1"):
+        ap.solve_nlsq_batch(decay, DECAY_X0, (T_DECAY,), in_axes=None, ydata=DECAY_Y,
+                            expr={"a": "p0"})
+    with pytest.raises(ValueError, match=r"leaf x0\['v'\] of per-fit shape \(2,\)"):
+        ap.solve_nlsq_batch(lambda p, t: p["v"][0] + p["k"] * t, {"v": np.ones((4, 2)),
+                            "k": np.ones(4)}, (T_DECAY,), in_axes=None, ydata=DECAY_Y,
+                            expr={"k": "1.0"})
+
+
+def test_two_constraints_start_in_the_order_of_their_slacks():
+    # c = b + s1 is evaluated after b = a + s2 although its constraint comes first
+    spec, values = parameter_spec(("a", "b", "c"), p0=[1.0, 2.0, 4.0],
+                                  constraints=["c > b", "b > a"])
+    assert spec.free == ("a", "c - b", "b - a")
+    assert values.q0.tolist() == [1.0, 2.0, 1.0]
+    assert np.asarray(spec.expand(values.q0, [])).tolist() == [1.0, 2.0, 4.0]
