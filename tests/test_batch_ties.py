@@ -178,6 +178,52 @@ def test_jit_vmap_grad_through_a_constrained_batch(constrained_fits):
         assert g[0][i, j] == pytest.approx(fd, rel=1e-4, abs=1e-8)
 
 
+# ---- Poisson counts, a namedtuple x0
+@pytest.mark.slow
+def test_poisson_tie_on_a_namedtuple_equals_the_rewritten_model():
+    import collections
+
+    P = collections.namedtuple("P", "a b k")
+    amp, rate = np.array([50.0, 80.0, 30.0, 60.0]), np.array([0.5, 0.8, 0.3, 1.0])
+    counts = RNG.poisson(amp[:, None] * (np.exp(-rate[:, None] * T_DECAY) + 0.1)) * 1.0
+    x0 = P(a=np.full(4, 40.0), b=np.zeros(4), k=np.full(4, 0.6))
+    kw = dict(in_axes=None, ydata=counts, likelihood="poisson", **F64)
+    res = ap.solve_nlsq_batch(lambda p, t: p.a * jnp.exp(-p.k * t) + p.b, x0, (T_DECAY,),
+                              expr={"b": "0.1*a"}, **kw)
+    ref = ap.solve_nlsq_batch(lambda p, t: p[0] * (jnp.exp(-p[1] * t) + 0.1),
+                              np.tile([40.0, 0.6], (4, 1)), (T_DECAY,), **kw)
+    assert isinstance(res.x, P) and res.dof.tolist() == ref.dof.tolist() == [28] * 4
+    np.testing.assert_allclose(np.column_stack([res.x.a, res.x.k]), ref.x, rtol=1e-9)
+    np.testing.assert_allclose(res.x.b, 0.1 * res.x.a, rtol=1e-15)
+    T = np.array([[1.0, 0.0], [0.1, 0.0], [0.0, 1.0]])          # d(a, b, k)/d(a, k)
+    np.testing.assert_allclose(res.pcov, T @ np.asarray(ref.pcov) @ T.T, rtol=1e-9,
+                               atol=1e-15)
+
+
+@pytest.mark.slow
+def test_x64_off_tied_batch_as_in_the_docs():
+    from tests._subprocess import run_python
+
+    out = run_python("""
+        import warnings; warnings.simplefilter("error")
+        import numpy as np, jax.numpy as jnp
+        import adaptprec as ap
+        x = np.linspace(0.0, 4.0, 30)
+        y = np.stack([3.0 * np.exp(-k * x) + 0.3 * k for k in (0.5, 1.0, 2.0)])
+        x0 = {"a": np.full(3, 1.0), "k": np.full(3, 1.0), "c": np.zeros(3)}
+        model = lambda p, x: p["a"] * jnp.exp(-p["k"] * x) + p["c"]
+        for precision in ("adaptive", "f32"):
+            r = ap.solve_nlsq_batch(model, x0, (x,), in_axes=None, ydata=y,
+                                    expr={"c": "0.3*k"}, constraints="k < a",
+                                    precision=precision, return_pcov=True)
+            print(precision, r.x["k"].dtype, np.round(r.x["k"], 3).tolist(),
+                  r.dof.tolist(), bool(np.allclose(r.x["c"], 0.3 * r.x["k"])))
+    """, x64=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == ["adaptive float64 [0.5, 1.0, 2.0] [28, 28, 28] True",
+                                       "f32 float32 [0.5, 1.0, 2.0] [28, 28, 28] True"]
+
+
 # ---- errors at the boundary (before anything compiles)
 def _call(**kw):
     args = dict(fun=peaks, x0=X0, args=(X,), in_axes=None, ydata=Y)

@@ -67,7 +67,9 @@ class BatchedTreeSpec:
                              f"axis (one entry per fit); got leaf shapes {shapes}")
         size = sizes.pop()
         flt = [a.dtype for a in arrs if np.issubdtype(a.dtype, np.floating)]
-        dt = np.result_type(*flt) if flt else jnp.zeros(()).dtype
+        # float64 leaves with x64 off (precision="f32"): float32, without JAX's warning
+        dt = jax.dtypes.canonicalize_dtype(np.result_type(*flt)) if flt else \
+            jnp.zeros(()).dtype
         flat = jnp.concatenate([jnp.asarray(a, dt).reshape(size, -1) for a in arrs], axis=1)
         return cls(treedef, tuple(tuple(a.shape[1:]) for a in arrs)), flat
 
