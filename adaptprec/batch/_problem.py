@@ -14,9 +14,9 @@ from .._user_fn import returns_arrays
 from ..nlsq import _caches
 from ..nlsq._arguments import check_array_leaves
 from ..nlsq._inputs import lists_as_arrays
-from ._pytree import BatchedTreeSpec, TreeResidual, is_array_like
+from ._pytree import BatchedTreeSpec, TiedResidual, TreeResidual, is_array_like
 
-__all__ = ["Residual", "Problem", "build_problem"]
+__all__ = ["Residual", "Problem", "build_problem", "read_starts", "per_fit_limits"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +88,8 @@ class Residual:
             full[p] = a
         for p, a in zip(self.shared_pos, sargs):
             full[p] = a
-        user = self.fun.fun if isinstance(self.fun, TreeResidual) else self.fun
+        user = self.fun.fun if isinstance(self.fun, (TreeResidual, TiedResidual)) \
+            else self.fun
         out = jnp.asarray(returns_arrays(user, self.fun(x, *full),
                                          "model" if self.has_ydata else "residual"))
         y, w, k = self.data(bargs, sargs)
@@ -278,7 +279,7 @@ def check_numeric_args(args: tuple) -> None:
     check_array_leaves(args)
 
 
-def _starts(fun, x0):
+def read_starts(fun, x0):
     """``(fun, x0, spec)``: ``x0`` validated as a ``(B, n)`` floating array (a pytree of
     ``(B, ...)`` leaves is flattened to one, and ``fun`` re-assembles it)."""
     if not callable(fun):
@@ -365,12 +366,11 @@ def _data(ydata, sigma, size: int):
     return ydata, sigma
 
 
-def _box(bounds, fixed, x0, spec):
-    """``(lower, upper)`` ``(B, n)`` with the fixed parameters' box of width zero at their
-    start, or ``None`` (no bounds, nothing fixed)."""
+def per_fit_limits(bounds, fixed, x0, spec):
+    """``(lower, upper, held)``: ``bounds=(lb, ub)`` (``None``: the open box) and the
+    ``fixed`` flags (``None``: none) as ``(B, n)`` matrices, not yet checked against
+    ``x0``."""
     size, n = x0.shape
-    if bounds is None and fixed is None:
-        return None
     if bounds is not None and not (isinstance(bounds, (tuple, list)) and len(bounds) == 2):
         raise ValueError("bounds must be a pair (lb, ub); each a scalar, (n,) shared by "
                          "all fits, or (B, n) per fit (-inf/inf for no bound)")
@@ -378,10 +378,19 @@ def _box(bounds, fixed, x0, spec):
     lb, ub = (np.array(-np.inf), np.array(np.inf)) if bounds is None else bounds
     lo = _bounds_matrix(lb, size, n, dt, spec, "bounds: the lower bound")
     hi = _bounds_matrix(ub, size, n, dt, spec, "bounds: the upper bound")
+    held = None if fixed is None else _bounds_matrix(fixed, size, n, bool, spec, "fixed")
+    return lo, hi, held
+
+
+def _box(bounds, fixed, x0, spec):
+    """``(lower, upper)`` ``(B, n)`` with the fixed parameters' box of width zero at their
+    start, or ``None`` (no bounds, nothing fixed)."""
+    if bounds is None and fixed is None:
+        return None
+    lo, hi, held = per_fit_limits(bounds, fixed, x0, spec)
     _check_bounds(x0, lo, hi)
-    if fixed is None:
+    if held is None:
         return lo, hi
-    held = _bounds_matrix(fixed, size, n, bool, spec, "fixed")
     return jnp.where(held, x0, lo), jnp.where(held, x0, hi)
 
 
@@ -391,7 +400,7 @@ def build_problem(fun, x0, args, in_axes, ydata, sigma, bounds=None, *, mask=Non
     ``mask`` (validated by :func:`adaptprec.batch._points.points_mask`, its padded
     ``ydata``/``sigma`` entries already finite) marks each fit's real points, ``fixed``
     holds parameters at their start, ``likelihood="poisson"`` fits counts."""
-    fun, x0, spec = _starts(fun, x0)
+    fun, x0, spec = read_starts(fun, x0)
     size, n = x0.shape
     bpos, spos, bargs, sargs = _split_args(args, in_axes, size)
     ydata, sigma = _data(ydata, sigma, size)

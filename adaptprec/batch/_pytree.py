@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["BatchedTreeSpec", "is_array_like", "TreeResidual"]
+__all__ = ["BatchedTreeSpec", "is_array_like", "TreeResidual", "TiedResidual"]
 
 
 def is_array_like(x0) -> bool:
@@ -67,7 +67,9 @@ class BatchedTreeSpec:
                              f"axis (one entry per fit); got leaf shapes {shapes}")
         size = sizes.pop()
         flt = [a.dtype for a in arrs if np.issubdtype(a.dtype, np.floating)]
-        dt = np.result_type(*flt) if flt else jnp.zeros(()).dtype
+        # float64 leaves with x64 off (precision="f32"): float32, without JAX's warning
+        dt = jax.dtypes.canonicalize_dtype(np.result_type(*flt)) if flt else \
+            jnp.zeros(()).dtype
         flat = jnp.concatenate([jnp.asarray(a, dt).reshape(size, -1) for a in arrs], axis=1)
         return cls(treedef, tuple(tuple(a.shape[1:]) for a in arrs)), flat
 
@@ -100,3 +102,20 @@ class TreeResidual:
 
     def __call__(self, x, *args):
         return self.fun(self.spec.unravel(x), *args)
+
+
+@dataclasses.dataclass(frozen=True)
+class TiedResidual:
+    """``fun(p, *args)`` with one fit's parameters ``p = params.expand(q)`` computed from
+    its free coordinates ``q`` (``params``: a
+    :class:`~adaptprec.modeling.parameters.ParameterSpec`, the ties and the constraints'
+    slacks), handed over as x0's pytree when ``tree`` is set (hashable, so compiled
+    solvers are reused)."""
+
+    fun: Callable
+    params: Any
+    tree: BatchedTreeSpec | None = None
+
+    def __call__(self, q, *args):
+        p = self.params.expand(q, np.zeros(0))
+        return self.fun(p if self.tree is None else self.tree.unravel(p), *args)

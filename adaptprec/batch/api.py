@@ -17,6 +17,7 @@ from ._points import check_poisson_counts, pad_uneven, placeholders, points_mask
 from ._problem import build_problem, nonfinite_fits, numeric_data
 from ._program import batch_solver
 from ._run import run_solver
+from ._ties import tie_parameters
 from .result import BatchResult
 from .sharding import raise_together
 
@@ -79,6 +80,15 @@ def _check_finite_inputs(prob) -> None:
         f"only)") if bad.size else None, prob.x0, prob.bargs)
 
 
+def _callers_layout(result: BatchResult, prob, ties) -> BatchResult:
+    """``x`` (and with ties ``pcov``) over every parameter, in ``x0``'s structure."""
+    if ties is not None:       # the free coordinates' result over every parameter
+        return ties.full_result(result)
+    if prob.spec is not None:  # x0 was a pytree: give x back in its structure
+        return replace(result, x=prob.spec.unravel_batched(result.x))
+    return result
+
+
 @float64_entry("solve_nlsq_batch", ("x0", "args", "ydata", "sigma", "bounds", "mask"),
                host=_to_host)
 def solve_nlsq_batch(
@@ -93,6 +103,8 @@ def solve_nlsq_batch(
     bounds=None,
     mask=None,
     fixed=None,
+    expr=None,
+    constraints=None,
     likelihood: str = "gaussian",
     precision="adaptive",
     loss="linear",
@@ -147,6 +159,11 @@ def solve_nlsq_batch(
         fixed: ``(n,)``/``(B, n)`` bool (a pytree like a pytree ``x0``): ``True`` holds a
             parameter at its ``x0`` (Gpufit's ``parameters_to_fit == 0``); zero ``pcov``
             rows and columns (exact, as in :func:`~adaptprec.fit`), not in ``dof``.
+        expr, constraints: ties and inequalities shared by every fit, as in
+            :func:`~adaptprec.curve_fit`: ``expr={"w2": "w1", "b": "2*a"}`` (or a callable
+            of the parameters by name), ``constraints=["a < b"]``, by a dict ``x0``'s keys
+            (an array's columns are ``p0, p1, ...``); solved on the free parameters and
+            slacks, ``pcov`` propagated (:mod:`adaptprec.batch._ties`).
         likelihood: ``"gaussian"`` or ``"poisson"``: ``ydata`` counts (>= 0, zeros
             allowed, Gpufit's MLE), ``fun`` their expected values (> 0 at the start, else
             status -3); deviance residuals (:mod:`adaptprec.modeling.likelihood`), ``2 *
@@ -157,10 +174,9 @@ def solve_nlsq_batch(
         loss, f_scale: robust loss as in scipy ``least_squares`` (``"linear"``,
             ``"soft_l1"``, ``"huber"``, ``"cauchy"``, ``"arctan"`` or a callable
             ``rho(z)``); ``J``/``f`` are rescaled as scipy's ``trf`` does.
-        ftol, xtol, gtol: termination tolerances, the same defaults as
-            :func:`~adaptprec.solve_nlsq` (1e-15, 1e-10, 1e-10); each rung uses
-            ``max(tol, 16 u_rung)`` (float32: about 1e-6), so a float32 rung stops where
-            float32 stops resolving progress and its guards decide about float64.
+        ftol, xtol, gtol: termination tolerances, :func:`~adaptprec.solve_nlsq`'s
+            defaults; each rung uses ``max(tol, 16 u_rung)`` (float32: about 1e-6: a
+            float32 rung stops where it stops resolving progress; its guards decide).
         max_steps: iterations per fit on the top rung (default ``100 * (n + 1)``, as
             :func:`~adaptprec.solve_nlsq`); a lower rung gets a share of them
             (:func:`~adaptprec.nlsq.common.lower_rung_budget`), then escalates.
@@ -169,23 +185,20 @@ def solve_nlsq_batch(
             others unaffected), ``"omit"`` (NaN/Inf ``ydata``/``sigma`` points masked out
             of their fit, as scipy drops them) or ``"raise"`` (``ValueError``).
         compaction: how converged fits stop costing work: ``"auto"``/``"staged"``
-            (default: when at most a quarter of a block still iterates, those fits move to
-            a buffer a quarter the size, down to 128), an int ``k >= 2`` (shrink factor
-            ``k``), ``"stream"`` (finished lanes refilled with new fits) or ``None``
-            (plain lockstep blocks); :mod:`~adaptprec.batch.compaction`.
+            (:mod:`~adaptprec.batch.compaction`; default: once at most a quarter of a block
+            iterates, those fits move to a buffer a quarter the size, down to 128), an int
+            ``k >= 2`` (shrink factor), ``"stream"`` (lanes refilled) or ``None``.
         escalate_fraction: lanes of the float64 (upper-rung) buffer as a fraction of
             ``block_size`` (at least 64); any number of flagged fits streams through it.
         cond_tol, noise_floor: escalation guards (see :mod:`adaptprec.batch.escalation`).
         block_size: fits iterated in lockstep (lanes of the streaming buffer; on CPU,
-            blocks run one after another, :func:`~adaptprec.batch.chunking.map_blocks`,
-            a working set that stays in cache).
+            blocks run in turn, :func:`~adaptprec.batch.chunking.map_blocks`: in cache).
         chunk_size: solve at most this many fits at a time (default: all, unless the
             working set would exceed about 1 GiB).
-        progress: ``True`` for a progress bar (:class:`~adaptprec.batch.TqdmProgress` when
-            ``tqdm`` is installed, else :class:`~adaptprec.batch.TextProgress`), or a
-            callable ``progress(done, total)`` called after each chunk (eager calls only).
-            Displays say when the solver is compiling, and their fits/s rate excludes
-            compilation. Off by default.
+        progress: ``True`` for a progress bar (:class:`~adaptprec.batch.TqdmProgress`, or
+            :class:`~adaptprec.batch.TextProgress` without ``tqdm``) or a callable
+            ``progress(done, total)`` after each chunk (eager calls only; the fits/s rate
+            excludes compilation). Off by default.
         mesh, batch_axis: a :class:`jax.sharding.Mesh` and its axis to split the fits
             over (default: the first). Inputs sharded with a ``NamedSharding`` over
             their leading axis are split the same way; global arrays spanning processes
@@ -195,15 +208,13 @@ def solve_nlsq_batch(
         :class:`~adaptprec.batch.BatchResult`, per fit ``x``, ``cost``, ``status``,
         ``success``, ``rung``, ``nfev``, ``njev``, ``nit``, ``optimality``, ``dof``, ``pcov``.
         ``cost`` is the top rung's at ``x`` (its last evaluation there, or the
-        Gauss–Newton model's after a verified hand-off step). ``x`` and ``cost``
-        are differentiable (forward and reverse mode) w.r.t. the floating ``args``/``ydata``/
-        ``sigma`` by the implicit function theorem
-        (:mod:`adaptprec.batch.implicit`), not through the iterations.
+        Gauss–Newton model's after a verified hand-off step). ``x`` and ``cost`` are
+        differentiable (forward and reverse) w.r.t. the floating ``args``/``ydata``/
+        ``sigma`` by the implicit function theorem (:mod:`adaptprec.batch.implicit`).
 
     Raises:
-        ValueError / TypeError: at the boundary, for an empty batch, batch sizes that
-            disagree between ``x0`` and the data, a residual that is not 1-D, ``m < n``,
-            mismatched ``sigma``, unknown options, or float64 without ``jax_enable_x64``.
+        ValueError / TypeError: at the boundary: an empty batch, batch sizes that disagree,
+            a residual not 1-D, ``m < n``, mismatched ``sigma``, unknown options or names.
 
     Example (x64 on, as under the tests):
         >>> import jax.numpy as jnp
@@ -217,6 +228,7 @@ def solve_nlsq_batch(
         ([0.5, 1.0, 2.0], True)
     """
     ladder = batch_ladder(precision)
+    fun, x0, bounds, fixed, ties = tie_parameters(fun, x0, bounds, fixed, expr, constraints)
     prob = _problem(fun, x0, args, in_axes, ydata, sigma, bounds, mask, fixed, likelihood,
                     loss, nan_policy)
     if nan_policy == "raise":
@@ -228,6 +240,4 @@ def solve_nlsq_batch(
                     return_pcov=return_pcov, absolute_sigma=absolute_sigma)
     result = run_solver(batch_solver(prob.residual, cfg), prob, cfg, mesh=mesh,
                         batch_axis=batch_axis, chunk_size=chunk_size, progress=progress)
-    if prob.spec is not None:  # x0 was a pytree: give x back in its structure
-        result = replace(result, x=prob.spec.unravel_batched(result.x))
-    return result
+    return _callers_layout(result, prob, ties)

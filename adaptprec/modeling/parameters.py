@@ -46,8 +46,9 @@ import numpy as np
 
 from ._expr import CONSTANTS, Expression
 
-__all__ = ["ParameterSpec", "ParameterValues", "parameter_spec", "has_parameter_options",
-           "reduced_model", "propagate", "PARAMETER_OPTIONS"]
+__all__ = ["ParameterSpec", "ParameterValues", "parameter_spec", "parameter_structure",
+           "Slack", "slack_start", "has_parameter_options", "reduced_model", "propagate",
+           "PARAMETER_OPTIONS"]
 
 #: the keywords that make an entry point fit on free coordinates
 PARAMETER_OPTIONS = ("fixed", "expr", "constraints")
@@ -119,13 +120,13 @@ class ParameterSpec:
                 out.append(values[name])
             else:   # a slack: its tied parameter minus the rest of its rule
                 target, rule = next((t, r) for t, r in self.tied
-                                    if isinstance(r, _Slack) and r.slack == name)
+                                    if isinstance(r, Slack) and r.slack == name)
                 out.append(rule.sign * (values[target] - float(
                     rule.other({**values, name: 0.0}))))
         return np.asarray(out, np.float64)
 
 
-class _Slack:
+class Slack:
     """``target = other ± slack`` (a constraint solved for its single-name side)."""
 
     def __init__(self, slack: str, other: Expression, sign: float, text: str):
@@ -136,7 +137,7 @@ class _Slack:
         return self.other(values) + self.sign * values[self.slack]
 
     def __eq__(self, o):
-        return isinstance(o, _Slack) and (o.slack, o.other, o.sign) == (
+        return isinstance(o, Slack) and (o.slack, o.other, o.sign) == (
             self.slack, self.other, self.sign)
 
     def __hash__(self):
@@ -238,7 +239,7 @@ class _Recorder(dict):
 
 
 def _dependencies(name, rule, start):
-    if isinstance(rule, (Expression, _Slack)):
+    if isinstance(rule, (Expression, Slack)):
         return list(rule.names)
     rec = _Recorder(start)
     try:
@@ -268,9 +269,10 @@ def _order(tied: dict, start: dict):
     return order
 
 
-def _constraint(text: str, names, free, tied, lower, upper):
-    """Parse ``"lhs < rhs"``; returns ``(target, _Slack)`` solving it for a free
-    parameter standing alone on one side."""
+def _constraint(text: str, names, free, lower, upper):
+    """Parse ``"lhs < rhs"``; returns ``(target, Slack)`` solving it for a parameter of
+    ``free`` standing alone on one side. ``lower``/``upper`` by name, numbers or per-fit
+    arrays (a batch): the target's own bound must be implied in every entry."""
     m = _CONSTRAINT.match(text.strip()) if isinstance(text, str) else None
     if m is None or "<" in m.group(3) or ">" in m.group(3) or "=" in m.group(1):
         raise ValueError(f"constraint {text!r} must be one inequality, such as 'a < b' or "
@@ -283,22 +285,80 @@ def _constraint(text: str, names, free, tied, lower, upper):
         e = _rule(target, other, names)
         if target in e.names:
             continue
-        lo, hi = lower[target], upper[target]
-        implied_lo = sign > 0 and (np.isneginf(lo) or (other in names and
-                                                       lower[other] >= lo))
-        implied_hi = sign < 0 and (np.isposinf(hi) or (other in names and
-                                                       upper[other] <= hi))
-        if (np.isfinite(lo) and not implied_lo) or (np.isfinite(hi) and not implied_hi):
+        # target = other + sign * slack drops the target's own bound: allowed where the
+        # bound is open or implied (target >= other >= lower[other] >= lower[target])
+        lo, hi = np.asarray(lower[target]), np.asarray(upper[target])
+        single = other in names
+        implied_lo = ~np.isfinite(lo) | (sign > 0 and single and
+                                          np.asarray(lower[other]) >= lo)
+        implied_hi = ~np.isfinite(hi) | (sign < 0 and single and
+                                          np.asarray(upper[other]) <= hi)
+        if not np.all(implied_lo & implied_hi):
             continue
         slack = f"{target} - {other}" if sign > 0 else f"{other} - {target}"
         slack = slack if re.fullmatch(r"[\w\s.\-]*", other) else (
             f"{target} - ({other})" if sign > 0 else f"({other}) - {target}")
-        return target, _Slack(slack, e, sign, f"{small} <= {big}")
+        return target, Slack(slack, e, sign, f"{small} <= {big}")
     raise ValueError(
         f"constraint {text!r}: one side must be a single free parameter that the other "
         "side does not name, with no bound of its own beyond what the constraint implies "
         f"(free parameters: {[n for n in names if n in free]}). Write it as, e.g., "
         "'a < 10 - b'.")
+
+
+def slack_start(s0, start, xnp=np):
+    """A slack's start: its distance ``s0 >= 0`` to the bound, or just off the bound
+    (``1e-3 max(1, |start|)``, ``start`` the constrained parameter's) where ``s0 = 0``:
+    a start on the bound would leave the slack's gradient projected away."""
+    return xnp.where(s0 > 0, s0, 1e-3 * xnp.maximum(1.0, xnp.abs(start)))
+
+
+def parameter_structure(names, lower, upper, start, *, expr=None, constraints=None,
+                        fixed=(), held=()) -> ParameterSpec:
+    """The :class:`ParameterSpec` of ``expr`` and ``constraints`` (validated).
+
+    Args:
+        names: the model's parameter names.
+        lower, upper: bounds by name (numbers, or arrays of per-fit values in a batch).
+        start: a value by name (what a callable tie is called with, to record what it
+            reads).
+        expr, constraints: as to :func:`parameter_spec`.
+        fixed: names held at a value (not free coordinates).
+        held: names that stay free coordinates but may not be tied, nor be the side a
+            constraint solves for (a batch's per-fit fixed parameters: boxes of width
+            zero).
+    """
+    if expr is not None and not isinstance(expr, dict):
+        raise ValueError(f"expr must be a dict {{name: expression}}, such as "
+                         f"{{'b': '2*a'}}; got {expr!r}")
+    tied_in = dict(expr or {})
+    constraints = [constraints] if isinstance(constraints, str) else list(constraints or ())
+    unknown = [k for k in tied_in if k not in names]
+    if unknown:
+        raise ValueError(f"expr names {unknown}, which the model does not take; its "
+                         f"parameters are {list(names)}")
+    both = sorted((set(fixed) | set(held)) & set(tied_in))
+    if both:
+        raise ValueError(f"{both} are both fixed and tied by expr: give one")
+    tied = {k: _rule(k, r, names) for k, r in tied_in.items()}
+    for k in tied:
+        if np.any(np.isfinite(lower[k])) or np.any(np.isfinite(upper[k])):
+            raise ValueError(f"{k!r} is tied by expr and bounded: bound the parameters its "
+                             "expression reads, or hold it with constraints=")
+    free = [k for k in names if k not in fixed and k not in tied]
+    slacks = []
+    for text in constraints:
+        target, rule = _constraint(text, names, [k for k in free if k not in held],
+                                   lower, upper)
+        free.remove(target)
+        tied[target] = rule
+        slacks.append(rule.slack)
+    order = _order(tied, start)
+    if not free and not slacks:
+        raise ValueError("every parameter is fixed or tied: nothing is left to fit")
+    return ParameterSpec(names, (*free, *slacks), tuple(fixed), order,
+                         tuple("fixed" if k in fixed else _describe(tied[k]) if k in tied
+                               else "free" for k in names))
 
 
 def parameter_spec(names, *, p0=None, bounds=None, fixed=None, expr=None,
@@ -316,16 +376,10 @@ def parameter_spec(names, *, p0=None, bounds=None, fixed=None, expr=None,
     """
     names = tuple(names)
     fixed = dict(fixed or {})
-    tied_in = dict(expr or {})
-    constraints = [constraints] if isinstance(constraints, str) else list(constraints or ())
-    for what, d in (("fixed", fixed), ("expr", tied_in)):
-        unknown = [k for k in d if k not in names]
-        if unknown:
-            raise ValueError(f"{what} names {unknown}, which the model does not take; its "
-                             f"parameters are {list(names)}")
-    both = sorted(set(fixed) & set(tied_in))
-    if both:
-        raise ValueError(f"{both} are both fixed and tied by expr: give one")
+    unknown = [k for k in fixed if k not in names]
+    if unknown:
+        raise ValueError(f"fixed names {unknown}, which the model does not take; its "
+                         f"parameters are {list(names)}")
     lower, upper = _bounds_by_name((-np.inf, np.inf) if bounds is None else bounds, names)
     start = _by_name(p0, names, "p0", None)
     for k in names:
@@ -339,41 +393,24 @@ def parameter_spec(names, *, p0=None, bounds=None, fixed=None, expr=None,
             raise ValueError(f"fixed value of {k!r} ({float(v)}) is outside its bounds "
                              f"[{lower[k]}, {upper[k]}]")
         start[k] = float(v)
-    tied = {k: _rule(k, r, names) for k, r in tied_in.items()}
-    for k in tied:
-        if np.isfinite(lower[k]) or np.isfinite(upper[k]):
-            raise ValueError(f"{k!r} is tied by expr and bounded: bound the parameters its "
-                             "expression reads, or hold it with constraints=")
-    free = [k for k in names if k not in fixed and k not in tied]
-    slacks = []
-    for text in constraints:
-        target, rule = _constraint(text, names, free, tied, lower, upper)
-        free.remove(target)
-        tied[target] = rule
-        slacks.append(rule.slack)
-    order = _order(tied, start)
-    if not free and not slacks:
-        raise ValueError("every parameter is fixed or tied: nothing is left to fit")
-    spec = ParameterSpec(names, (*free, *slacks), tuple(fixed), order,
-                         tuple("fixed" if k in fixed else _describe(tied[k]) if k in tied
-                               else "free" for k in names))
-    q0 = [start[k] for k in free]
-    qlo, qhi = [lower[k] for k in free], [upper[k] for k in free]
-    values = dict(start)
-    for k, rule in order:
-        if isinstance(rule, _Slack):
+    spec = parameter_structure(names, lower, upper, start, expr=expr,
+                               constraints=constraints, fixed=tuple(fixed))
+    free = [k for k in spec.free if k in start]
+    values, slack = dict(start), {}
+    for k, rule in spec.tied:
+        if isinstance(rule, Slack):
             other = float(np.asarray(rule.other(values)))
             s0 = rule.sign * (start[k] - other)
             if s0 < 0:
                 raise ValueError(f"p0 breaks the constraint {rule.text} ({k} = {start[k]}, "
                                  f"the other side {other}): start inside it")
-            s0 = s0 if s0 > 0 else 1e-3 * max(1.0, abs(start[k]))   # off the bound
-            values[k] = other + rule.sign * s0
-            q0.append(s0)
-            qlo.append(0.0)
-            qhi.append(np.inf)
+            slack[rule.slack] = float(slack_start(s0, start[k]))
+            values[k] = other + rule.sign * slack[rule.slack]
         else:
             values[k] = float(np.asarray(rule(values)))
+    q0 = [start[k] for k in free] + [slack[k] for k in spec.free[len(free):]]
+    qlo = [lower[k] for k in free] + [0.0] * len(slack)
+    qhi = [upper[k] for k in free] + [np.inf] * len(slack)
     p_lower = np.array([lower[k] for k in names])
     p_upper = np.array([upper[k] for k in names])
     return spec, ParameterValues(np.array([float(fixed[k]) for k in spec.fixed]),
@@ -384,7 +421,7 @@ def parameter_spec(names, *, p0=None, bounds=None, fixed=None, expr=None,
 def _describe(rule) -> str:
     if isinstance(rule, Expression):
         return f"= {rule.text}"
-    if isinstance(rule, _Slack):
+    if isinstance(rule, Slack):
         return f"constrained: {rule.text}"
     return f"= {getattr(rule, '__name__', 'callable')}(params)"
 
