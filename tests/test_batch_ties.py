@@ -98,6 +98,10 @@ def test_ties_inequality_fixed_and_mask_match_the_rewritten_model(tied_fits):
     # the tied parameters' errors by propagation: var(a2) = 4 var(a1), w2's = w1's
     np.testing.assert_allclose(res.pcov[:, a2, a2], 4 * res.pcov[:, a1, a1], rtol=1e-12)
     np.testing.assert_allclose(res.pcov[:, w2, w2], res.pcov[:, w1, w1], rtol=1e-12)
+    assert set(res.dependent) == {"a1", "a2", "w2"}
+    # a summary would count the tied parameters as free: it refuses, and says where to look
+    with pytest.raises(ValueError, match="ties or constraints.*return_pcov"):
+        ap.summarize_batch(res, peaks, (X,), in_axes=None, ydata=Y, mask=MASK)
 
 
 # ---- an inequality p2 < p0 on an array x0 (columns p0, p1, p2): active in fits 2 and 3

@@ -186,6 +186,13 @@ def summarize_batch(res, fun: Callable, args=(), *, in_axes=0, ydata=None, sigma
     """
     from ..batch._points import pad_uneven
 
+    if getattr(res, "dependent", ()):
+        raise ValueError(
+            f"summarize_batch: this result has parameters set by ties or constraints "
+            f"({', '.join(res.dependent)}); a summary would count them as free and "
+            f"understate every error. Read the errors from the solve itself: "
+            f"solve_nlsq_batch(..., return_pcov=True) gives res.pcov (the tied ones by "
+            f"propagation) and res.dof (free parameters only)")
     ydata, sigma, args, padded = pad_uneven(ydata, sigma, args, in_axes, mask)
     mask = padded if mask is None else mask
     poisson = likelihood == "poisson"

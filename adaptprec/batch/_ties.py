@@ -66,7 +66,12 @@ class Ties:
             pcov = jax.vmap(lambda q, c: propagate(self.params, q, _NO_FIXED, c)[1])(
                 result.x, pcov)
         return replace(result, x=x if self.tree is None else self.tree.unravel_batched(x),
-                       pcov=pcov)
+                       pcov=pcov, dependent=self.dependent)
+
+    @property
+    def dependent(self) -> tuple:
+        """Names of the parameters the free ones determine (ties, constraints)."""
+        return tuple(name for name, _ in self.params.tied)
 
 
 def _names(x0, tree: BatchedTreeSpec | None, n: int) -> tuple:

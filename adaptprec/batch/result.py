@@ -65,6 +65,9 @@ class BatchResult(Module):
     ladder: tuple = field(static=True)
     escalation_reason: Optional[jax.Array] = None
     dof: Optional[jax.Array] = None
+    #: the parameters set by ``expr=`` ties or by ``constraints=`` (their values and
+    #: ``pcov`` rows follow from the free ones); empty for an unconstrained batch
+    dependent: tuple = field(static=True, default=())
 
     @property
     def batch_size(self) -> int:
