@@ -156,6 +156,11 @@ class _Program:
                 learned = self.mgr._learn.get(self.spec_of(shapes))
             except TypeError:       # an unhashable static argument: nothing learned
                 learned = None
+            if learned:
+                # the last eager call's outcome too (kept as an array until the next
+                # eager call reads it): a program traced right after one eager call
+                # plans with what that call showed
+                learned[0].absorb()
             p_fail = learned[0].p_fail(_plan.P_FAIL) if learned and learned[
                 0].tried() else None
             plan = self.plan_with(shapes, p_fail, size)

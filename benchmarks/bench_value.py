@@ -6,8 +6,8 @@ Every kernel runs, in this one process after compilation, as
   runs. It returns the output alone, so work that only fed the report is not computed
   (``MixedPrecisionManager.call``), while every check that decides an escalation runs;
   its Python dispatch is included;
-* ``jit``: ``jax.jit(adaptive(fn, rtol))`` on the same inputs (a user's jitted program:
-  no eager history, every planned rung and check runs);
+* ``jit``: ``jax.jit(adaptive(fn, rtol))`` on the same inputs (a user's jitted program,
+  traced before any eager call: no history, every planned rung and check runs);
 * ``report``: ``jax.jit(adaptive(fn, rtol).with_report)``: the output *and* the report,
   every guard the plan runs computed (printed, not held to the targets: see below);
 * plain ``jax.jit(fn)`` on the float64 inputs (``f64``) and on float32 inputs (``f32``,
@@ -247,10 +247,12 @@ def run_kernel(name, fn, inputs, rtol, rounds, seconds=0.0, options=None):
     plain = jax.jit(fn)
     ref = plain(*x64)
     plain(*x32)
-    y_call = ad(*x64)
-    np.testing.assert_array_equal(np.asarray(y_call), np.asarray(y))  # the same answer
+    # traced before any eager call: a jitted program without this kernel's history (a
+    # program traced after eager calls plans with what they showed, _outcomes.py)
     jitted = jax.jit(ad)
     np.testing.assert_array_equal(np.asarray(jitted(*x64)), np.asarray(y))
+    y_call = ad(*x64)
+    np.testing.assert_array_equal(np.asarray(y_call), np.asarray(y))  # the same answer
     runs = {"report": (adaptive_jit, x64), "call": (ad, x64), "jit": (jitted, x64),
             "f64": (plain, x64), "f32": (plain, x32)}
     # the oracle's candidates: the lower rungs whose plain error meets rtol

@@ -481,6 +481,19 @@ def test_eager_calls_learn_that_a_rung_fails_on_their_data(monkeypatch):
                for _ in range(4))
 
 
+def test_a_program_traced_after_one_eager_call_plans_with_its_outcome():
+    # the eager call's returned rung is kept as an array until the next eager call reads
+    # it; a jit trace right after that one call reads it too (a plan kept for jit)
+    big = jnp.full(2 ** 16, 100.0)                   # e^100 overflows the f32 rung
+    f = ap.adaptive(lambda v: jnp.exp(v) * jnp.cos(v) * 1e-30, rtol=1e-3)
+    assert jax.jit(f.with_report)(big)[1].checks[1] != "skipped"     # nothing learned
+    y = f(big)
+    _, rep = jax.jit(f.with_report)(big)
+    assert rep.checks[1] == "skipped" and int(rep.escalations) == 0, rep.plan
+    assert "learned from this kernel's eager calls" in rep.plan[1], rep.plan
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(jax.jit(f)(big)))
+
+
 def test_settled_eager_calls_take_the_fast_path():
     # once an eager plain call's program is settled (no escalation memory to keep),
     # later calls with the same array shapes skip the pytree/caching bookkeeping
