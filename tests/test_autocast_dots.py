@@ -158,6 +158,7 @@ def test_gradient_of_einsum_runs(mode, policy):
          mode="forward", policy="auto_mixed_bf16")
 @example(problem=((2, 5, 3), (2, 5, 4), (((0, 1), (0, 1)), ((), ())), (1, 0)),
          mode="forward", policy="auto_mixed_bf16")
+@pytest.mark.slow
 def test_random_dot_general_runs_and_agrees(problem, mode, policy):
     _check(mode, policy, *problem)
 

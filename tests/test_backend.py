@@ -4,6 +4,7 @@ plain operations elsewhere (``ADAPTPREC_CPU_TRICKS=0`` stands in for another bac
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from adaptprec import _backend
 
@@ -42,6 +43,7 @@ def test_both_branches_agree(monkeypatch):
     np.testing.assert_allclose(out["0"], out["1"], rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_solver_jaxpr_plain_off_cpu(monkeypatch):
     # the whole solve, traced with the plain branch: no fusion-breaking sort anywhere
     import adaptprec as ap

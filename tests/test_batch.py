@@ -231,6 +231,7 @@ def test_adaptive_bits_do_not_depend_on_blocks_chunks_or_batch_size():
 
 
 # ----------------------------------------------------------------- transformations
+@pytest.mark.slow
 def test_jit_and_vmap(decay64):
     def solve(x0, y):
         return ap.solve_nlsq_batch(decay, x0, args=(T,), in_axes=None, ydata=y,

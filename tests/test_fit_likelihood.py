@@ -134,6 +134,7 @@ def test_poisson_prediction_band_adds_the_count_variance(poisson_fit):
     np.testing.assert_allclose(pred.stderr ** 2, conf.stderr ** 2 + conf.fit, rtol=1e-10)
 
 
+@pytest.mark.slow
 def test_user_likelihood_against_minimize(reference):
     res = ap.fit(decay, X, Y, p0=P0, likelihood=lambda y, f: f - y * jnp.log(f))
     p_ref, _, hess_inv = reference

@@ -102,6 +102,7 @@ def test_band_propagates_the_tie(tied_fit, reference):
     np.testing.assert_allclose(band.stderr, se, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_constraint_matches_the_slack_model():
     # data where the unconstrained optimum breaks k1 < k2: the constraint is active
     t = np.linspace(0.0, 5.0, 50)

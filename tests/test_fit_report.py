@@ -308,6 +308,7 @@ def test_bands_match_a_finite_difference_delta_method(fits, name):
         assert np.all(pred.stderr > band.stderr)
 
 
+@pytest.mark.slow
 def test_bands_under_jit_vmap_and_grad(fits):
     res = fits["4pl"][0]
     xs = jnp.linspace(0.05, 50.0, 9)

@@ -7,6 +7,7 @@ compiled Jacobian (and an edited rule would have loaded the old program from dis
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import adaptprec as ap
 from adaptprec._identity import trace_residual, user_callables
@@ -48,6 +49,7 @@ def test_replayed_traces_keep_their_rules_in_the_key():
     assert a.key == trace_residual(lambda p, t: h1(p[0] * t), x, (t,)).key
 
 
+@pytest.mark.slow
 def test_solves_with_different_rules_use_their_own_jacobian():
     t = np.linspace(0.0, 1.0, 16)
     y = np.exp(0.7 * t)

@@ -175,6 +175,7 @@ def test_componentwise_and_atol_are_validated_and_reported():
     assert f.manager.guard_names[-1] == "accuracy(0.001, componentwise, atol 1e-06)"
 
 
+@pytest.mark.slow
 def test_loop_kernels_under_vmap_and_grad():
     fn, (p,) = LOOPS["trapezoid"]
     f = ap.adaptive(fn, ladder="f32,f64", rtol=1e-3)

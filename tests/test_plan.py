@@ -152,6 +152,7 @@ def test_never_verified_when_float64_is_wrong_at_scale():
     assert (not bool(rep.ok)) or "not checked" in rep.summary(), rep.summary()
 
 
+@pytest.mark.slow
 def test_plan_under_vmap_and_grad():
     x = jnp.asarray(np.random.default_rng(2).uniform(0.0, 2.0, (8, N // 8)))
     f = ap.adaptive(_big_elementwise, rtol=1e-3)

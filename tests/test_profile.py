@@ -296,6 +296,7 @@ def test_cli_help_lists_only_real_commands(capsys):
 
 
 # ------------------------------------------------- a whole training step, every preset
+@pytest.mark.slow
 def test_profile_of_a_training_step_runs_under_every_preset():
     # the issue: ap.profile(step, configs=["auto_mixed_bf16"]) on a training step failed
     # inside XLA:CPU's DotThunk (the backward pass's bf16 x bf16 -> f32 dots)

@@ -689,6 +689,7 @@ def test_jac_sparsity():
         ap.solve_nlsq(broyden, x0, jac_sparsity=np.ones((n - 1, n)), method="trf")
 
 
+@pytest.mark.slow
 def test_njev_lm_rule():
     # scipy: lm counts only "analytic" (callable) Jacobian evaluations
     assert ap.solve_nlsq(rosen, [-1.2, 1.0], method="lm").njev is None

@@ -151,6 +151,7 @@ def test_params_stay_f32(runs):
 
 
 # --------------------------------------------------------------------------- value_and_grad
+@pytest.mark.slow
 def test_value_and_grad_equals_jax_in_f32():
     params = init_mlp(jax.random.PRNGKey(2))
     xs, y = make_data()
@@ -280,6 +281,7 @@ def test_bad_input_is_rejected():
 
 
 # ------------------------------------------------------------------ x64 off, example
+@pytest.mark.slow
 def test_train_step_with_x64_off():
     from _subprocess import run_python
     res = run_python("""
