@@ -468,9 +468,9 @@ def test_column_norms_see_a_nan_in_5000_entries():
     # the refinements' convergence, stall and backward-error tests read column inf-norms;
     # a plain max under jit drops a NaN from 4096 entries on (XLA:CPU, issue 31)
     from adaptprec.linalg.lstsq import _measures
-    from adaptprec.linalg.solve import _colnorm
+    from adaptprec.linalg._solve_info import colnorm
     x = jnp.ones((1, 50, 100)).at[0, 3, 7].set(jnp.nan)      # (batch, n, k)
-    xn = jax.jit(_colnorm)(x)
+    xn = jax.jit(colnorm)(x)
     assert np.isinf(float(xn[0, 7])) and float(xn[0, 8]) == 1.0
     A = jnp.ones((1, 50, 1))
     r = jnp.zeros((1, 50, 100)).at[0, 3, 7].set(jnp.nan)
