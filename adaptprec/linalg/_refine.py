@@ -109,12 +109,12 @@ def correctors(A, fac: Factors, *, transpose, refine):
     return low, correct
 
 
-def initial_kappa(low, anrm, fac_good, *, computed, tm, n):
+def initial_kappa(low, anrm, fac_good, *, computed, tm, n, w):
     """The factors' estimate of ``kappa_inf(op(A))`` (:func:`hh_kappa`, four single-column
     low-precision solves) when ``computed``: ``inf`` where the factors are bad or the
     estimate is not finite. NaN for every system when not ``computed`` (deferred or off).
     """
-    m, w = anrm.shape[0], anrm.dtype
+    m = anrm.shape[0]
     if not computed:
         return jnp.full((m,), jnp.nan, w)
     kappa_low = hh_kappa(low, anrm, tm, n)
@@ -177,7 +177,7 @@ def refinement_loop(A, B, x0, lu, fac_good, anrm, *, correct, mv, tol, max_iters
 
 
 def screen_conditioning(kappa_low, need, *, screen, at_working, estimate_cond, u_factor,
-                        correct, lu, anrm, tm, n):
+                        correct, lu, anrm, tm, n, w):
     r"""``(status, kappa)`` of the systems refinement solved (``need`` false).
 
     Refinement converges only where :math:`\kappa\,u_f < 1` (LU-IR), which bounds
@@ -194,8 +194,9 @@ def screen_conditioning(kappa_low, need, *, screen, at_working, estimate_cond, u
       stopping test at once whatever :math:`\kappa`, so the factors' estimate decides.
 
     With ``estimate_cond="none"`` the returned ``kappa`` is NaN again in both cases.
+    ``w`` is the working dtype (``u_w`` is its unit roundoff).
     """
-    m, w = need.shape[0], kappa_low.dtype
+    m = need.shape[0]
     u_w = unit_roundoff(w)
     status = jnp.full((m,), CONVERGED, jnp.int32)
     if screen:
@@ -313,7 +314,7 @@ def refine_and_fall_back(A, B, fac: Factors, *, transpose, refine, max_iters, to
     screen = refine == "gmres"
     at_working = refine == "lu" and not u_factor > float(unit_roundoff(w))
     keep_factors = estimate_cond == "lazy" and not (screen or at_working)
-    kappa_low = initial_kappa(low, anrm, fac_good, tm=tm, n=n,
+    kappa_low = initial_kappa(low, anrm, fac_good, tm=tm, n=n, w=w,
                               computed=estimate_cond == "eager" or screen or at_working)
     its, x, r, conv, lu_out = refinement_loop(A, B, x0, fac.lu, fac_good, anrm,
                                               correct=correct, mv=mv, tol=tol,
@@ -324,7 +325,7 @@ def refine_and_fall_back(A, B, fac: Factors, *, transpose, refine, max_iters, to
     need = ~(fac_good & jnp.all(conv, axis=1))
     status, kappa_low = screen_conditioning(
         kappa_low, need, screen=screen, at_working=at_working, estimate_cond=estimate_cond,
-        u_factor=u_factor, correct=correct, lu=fac.lu, anrm=anrm, tm=tm, n=n)
+        u_factor=u_factor, correct=correct, lu=fac.lu, anrm=anrm, tm=tm, n=n, w=w)
     current = (x, r, anrm, status, jnp.full((m,), int(Reason.NONE), jnp.int32), kappa_low)
     x, r, anrm, status, reason, kappa = recompute_rows(
         need, partial(fallback_solve, transpose=transpose, kind=kind),
