@@ -15,7 +15,8 @@ import numpy as np
 
 from ._pytree import field
 from ._rungs import is_rung_object, normalize_ladder
-from ._schedule_state import PrecisionSchedule, ScheduleState, require_number, require_positive
+from ._schedule_state import (PrecisionSchedule, ScheduleState, require_number,
+                              require_positive)
 
 __all__ = ["Fixed", "StallEscalation", "NoiseFloor", "Hysteresis", "AnyOf", "any_of",
            "Callback"]

@@ -342,7 +342,8 @@ def refine_batched(A, B, fac: Factors, **kw):
 
     @custom_vmap
     def run(A, B, *leaves):
-        return refine_and_fall_back(A, B, jax.tree_util.tree_unflatten(treedef, leaves), **kw)
+        fac = jax.tree_util.tree_unflatten(treedef, leaves)
+        return refine_and_fall_back(A, B, fac, **kw)
 
     @run.def_vmap
     def rule(axis_size, in_batched, A, B, *leaves):

@@ -96,9 +96,9 @@ class SolveInfo(Module):
     ``A x`` is far from ``b``. ``residual_norm`` shows that directly: the rank-deficient
     ``A = [[.1, .2, .3], [.4, .5, .6], [.5, .7, .9]]`` (row 0 + row 1 = row 2) with the
     inconsistent ``b = [1, 2, 4]`` returns ``x`` with entries near ``4.5e15``,
-    ``backward_error`` 2e-17 and ``residual_norm`` 0.1. The info's ``repr`` and :attr:`message` then say that the backward error
-    is small only because ``||x||`` is huge (see :attr:`huge_x`). Trust ``x`` when
-    ``success`` is True.
+    ``backward_error`` 2e-17 and ``residual_norm`` 0.1. The info's ``repr`` and
+    :attr:`message` then say that the backward error is small only because ``||x||`` is
+    huge (see :attr:`huge_x`). Trust ``x`` when ``success`` is True.
 
     Example:
         >>> import jax.numpy as jnp

@@ -45,7 +45,8 @@ from jax import lax
 from .._compaction import capacity_for
 from .._x64_rule import float64_call
 from ..precision import canonical_dtype, unit_roundoff
-from ._common import check_array, check_options, prepare_system, resolve_precisions, x64_need
+from ._common import (check_array, check_options, prepare_system, resolve_precisions,
+                      x64_need)
 from ._factors import factor_low
 from ._refine import refine_batched
 from ._solve_info import STATUS_MESSAGES, SolveInfo
