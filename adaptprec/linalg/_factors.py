@@ -181,7 +181,8 @@ def hh_kappa(low, anrm, tm, n):
 
     i = jnp.arange(n)
     e = jnp.full((n,), 1.0 / n, w)
-    alt = jnp.where(i % 2 == 0, 1.0, -1.0).astype(w) * (1.0 + i / max(n - 1, 1))
+    alt = (jnp.where(i % 2 == 0, 1.0, -1.0).astype(w)
+           * (1.0 + i / max(n - 1, 1)).astype(w))      # in w also when x64 is on
     y1 = solve_t(e, not tm)
     ya = solve_t(alt, not tm)
     est = jnp.maximum(jnp.sum(jnp.abs(y1), axis=1),
