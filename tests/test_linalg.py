@@ -333,6 +333,40 @@ def test_half_precision_factor_with_f32_working():
     assert eta(A, np.linalg.solve(A16, b), b) > 100 * U32
 
 
+
+def test_condition_estimate_keeps_the_working_dtype_with_x64_on():
+    """Hager-Higham on float32 solves stays float32 while x64 is on (its alternating test
+    vector came out float64, and with it the whole estimate)."""
+    from adaptprec.linalg._factors import hh_kappa
+    n = 8
+    A = prescribed(10.0, n=n, seed=20).astype(np.float32)
+    inv = jnp.asarray(np.linalg.inv(A.astype(np.float64)), jnp.float32)
+
+    def low(R, trans):                         # op(A)^{-1} R, or op(A)^{-T} R when trans
+        return jnp.einsum("ij,mjk->mik", inv if trans else inv.T, R)
+
+    anrm = jnp.asarray([np.abs(A).sum(1).max()], jnp.float32)
+    kappa = hh_kappa(low, anrm, True, n)
+    assert kappa.dtype == np.float32
+    true = np.linalg.cond(A.astype(np.float64), np.inf)
+    assert true / 3 <= float(kappa[0]) <= true * 1.01
+
+
+@pytest.mark.slow
+def test_f32_working_gmres_ir_with_x64_on():
+    """working="f32" with half-precision factors (GMRES-IR by default) while x64 is on:
+    the condition estimate stays float32 (it came out float64, and the screen's
+    lax.cond then refused float64 against float32 branches)."""
+    n = 16
+    A = prescribed(10.0, n=n, seed=20).astype(np.float32)
+    b = np.ones(n, np.float32)
+    x, info = ap.linalg.solve(A, b, factor="bf16", working="f32")
+    assert x.dtype == np.float32 and int(info.status) == CONVERGED
+    assert info.cond_value.dtype == np.float32 and info.cond_estimate.dtype == np.float32
+    true = np.linalg.cond(A.astype(np.float64), np.inf)
+    assert true / 3 <= float(info.cond_estimate) <= true * 1.01
+    assert eta(A, x, b) <= math.sqrt(n) * U32
+
 # ---- adaptive() certification with guards.backward_error ----------------------------
 
 @pytest.mark.slow
@@ -468,9 +502,9 @@ def test_column_norms_see_a_nan_in_5000_entries():
     # the refinements' convergence, stall and backward-error tests read column inf-norms;
     # a plain max under jit drops a NaN from 4096 entries on (XLA:CPU, issue 31)
     from adaptprec.linalg.lstsq import _measures
-    from adaptprec.linalg.solve import _colnorm
+    from adaptprec.linalg._solve_info import colnorm
     x = jnp.ones((1, 50, 100)).at[0, 3, 7].set(jnp.nan)      # (batch, n, k)
-    xn = jax.jit(_colnorm)(x)
+    xn = jax.jit(colnorm)(x)
     assert np.isinf(float(xn[0, 7])) and float(xn[0, 8]) == 1.0
     A = jnp.ones((1, 50, 1))
     r = jnp.zeros((1, 50, 100)).at[0, 3, 7].set(jnp.nan)

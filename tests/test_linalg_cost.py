@@ -164,14 +164,13 @@ def test_large_n_uses_panel_solves_and_reaches_f64_accuracy():
 def test_panel_solves_only_for_factors_up_to_32_mb():
     """Cutting panels writes a second copy of the factor: a net loss at n = 4096 (64 MB)
     measured in bench_linalg.py, so LAPACK strsm is kept there."""
-    import importlib
     from types import SimpleNamespace
-    solve_mod = importlib.import_module("adaptprec.linalg.solve")
+    from adaptprec.linalg._factors import use_panels
 
     def uses(m, n, refine="lu", perm=True):
         lu = np.empty((m, n, n), np.float32)            # never touched: no real memory
         fac = SimpleNamespace(lu=lu, perm=np.empty((m, n), np.int32) if perm else None)
-        return solve_mod._use_panels(fac, refine)
+        return use_panels(fac, refine)
     assert uses(1, 2048) and uses(1, 512) and uses(2, 2048)
     assert not uses(1, 4096) and not uses(5, 2048) and not uses(1, 511)
     assert not uses(1, 2048, refine="gmres") and not uses(1, 2048, perm=False)  # Cholesky

@@ -37,7 +37,7 @@ __all__ = ["Panels", "make_panels", "panel_solve", "BLOCK", "MIN_N"]
 #: call): at n = 2048, 128 rows take ~0.6 ms of triangular solves per solve pair against
 #: ~1.2 ms for 256, with the same bytes of GEMV (benchmarks/RESULTS.md)
 BLOCK = 128
-#: smallest n for the panel solves (measured gain from n = 512 on; see solve._use_panels)
+#: smallest n for the panel solves (measured gain from n = 512 on; see _factors.use_panels)
 MIN_N = 512
 
 

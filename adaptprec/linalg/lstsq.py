@@ -41,7 +41,7 @@ from .._x64_rule import float64_call
 from ..precision import max_value, unit_roundoff
 from ._common import (check_array, check_options, pow2_scale, prepare_system,
                       resolve_precisions, x64_need)
-from .solve import SolveInfo, _colnorm, _inaccurate_above, relative_residual
+from ._solve_info import SolveInfo, colnorm, inaccurate_above, relative_residual
 
 __all__ = ["lstsq"]
 
@@ -205,13 +205,13 @@ def _lstsq_core(A, B, *, storage, compute, max_iters, tol, capacity):
     # "CONVERGED" only where the measure says so (the fallback is not checked by the
     # refinement's stopping rule), as in solve
     status = jnp.where((status == int(Status.CONVERGED))
-                       & ~(jnp.max(e, axis=1) <= _inaccurate_above(tol, max(A.shape[1:]), w)),
+                       & ~(jnp.max(e, axis=1) <= inaccurate_above(tol, max(A.shape[1:]), w)),
                        int(Status.INACCURATE), status).astype(jnp.int32)
     res = B - jnp.matmul(A, x)         # one O(m n k) product for the info's residual
     info = SolveInfo(iterations=its, backward_error=jnp.max(e, axis=1),
                      fell_back=need, cond_value=jnp.where(need, kappa_f, kappa_low),
                      status=status, reason=reason,
-                     residual_norm=relative_residual(_colnorm(res), _colnorm(B)).astype(w),
+                     residual_norm=relative_residual(colnorm(res), colnorm(B)).astype(w),
                      kind="lstsq")
     return x, info
 
