@@ -279,7 +279,7 @@ def test_explain_without_named_scopes_prints_as_before():
 
 
 # --------------------------------------------------------------------------- properties
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 _NAMES = st.sampled_from(["a", "b", "enc", "dec", "layer0", "layer1"])
@@ -293,6 +293,9 @@ _PATTERN = st.lists(_COMPONENT, min_size=1, max_size=3).map("/".join).filter(
 @given(path=st.lists(_NAMES, max_size=5), pats=st.lists(_PATTERN, min_size=1,
                                                         max_size=4, unique=True))
 def test_catch_all_never_beats_a_named_scope(path, pats):
+    # with "*" among pats, {"*": ..., **rules} would move it to the front and change the
+    # order that breaks an exact tie (e.g. "?" against "*"): not what this tests
+    assume("*" not in pats)
     rules = {p: "bf16" for p in pats}
     r = ap.ScopeRules("always_f32", rules)
     with_star = ap.ScopeRules("always_f32", {"*": "f16", **rules})
