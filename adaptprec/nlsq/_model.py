@@ -319,7 +319,7 @@ def _with_data(known: CurveFitProblem, xdata, ydata, p0, sigma) -> CurveFitProbl
             raise ValueError("1-D `sigma` must be positive (standard deviations).")
         with np.errstate(over="ignore", divide="ignore"):
             extra = (np.broadcast_to(1.0 / s.reshape(-1), (known.m,)),)
-    p0 = known.p0 if p0 is None else np.atleast_1d(np.asarray(p0, np.float64))
+    p0 = known.p0 if p0 is None else np.asarray(p0, np.float64)   # 1-D by the key
     return known._replace(p0=p0, args=(x, y, *extra), checked=checked)
 
 

@@ -108,9 +108,18 @@ def whole_solve(opts: Options, outputs: Outputs, funs, padded_to: int | None = N
 
 
 def context_packer(n: int, top_dt) -> "Packer":
-    """The :class:`Packer` of ``(x0, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol)``."""
+    """The :class:`Packer` of ``(x0, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol)``:
+    one vector of the top dtype, ``x0`` first (:func:`context_tail`)."""
     vec, sca = jax.ShapeDtypeStruct((n,), top_dt), jax.ShapeDtypeStruct((), top_dt)
     return Packer((vec, vec, vec, vec, sca, sca, sca, sca))
+
+
+def context_tail(prob) -> np.ndarray:
+    """The packed context of a concrete ``prob`` after ``x0``: a repeat with the same
+    bounds, ``x_scale`` and ``f_scale`` packs ``concatenate((x0, tail))``."""
+    opts = prob.opts
+    (vec,) = context_packer(opts.n, opts.rungs[-1]).pack_numpy(prob.context)
+    return vec[opts.n:]
 
 
 def _arg_sig(tree) -> tuple:
@@ -152,7 +161,7 @@ def run(prob, outputs: Outputs) -> Solution:
     (:func:`final_program`): ``fun``/``jac``, or the covariance where the last model does
     not describe the iterate."""
     opts = prob.opts
-    full = outputs._replace(fun_jac=True)
+    full = Outputs(True, outputs.covariance, outputs.throw)
     if prob.identity:
         return run_identity(prob, full)
     if not (lean_capable(opts) and is_concrete((prob.context, prob.args))):
@@ -200,7 +209,9 @@ class _Runner:
             args = jax.tree.unflatten(treedef, [
                 a if ax is None else np.take(np.asarray(a), self.idx, axis=ax)
                 for a, ax in zip(leaves, self.pad[0])])
-        packed = self.prog(self.ctx.pack_numpy(prob.context), self.consts, args, self.m)
+        ctxv = self.ctx.pack_numpy(prob.context) if prob.ctx_tail is None else (
+            np.concatenate((prob.context[0], prob.ctx_tail)),)
+        packed = self.prog(ctxv, self.consts, args, self.m)
         return Solution(**{**_NO_SOLUTION, **self.out.unpack_numpy(packed)})
 
 
@@ -345,7 +356,7 @@ class Packer:
         leaves = self.treedef.flatten_up_to(tree)
         groups = [[] for _ in self.dtypes]
         for (g, _, _, _), leaf in zip(self.slots, leaves):
-            groups[g].append(xnp.ravel(xnp.asarray(leaf, self.dtypes[g])))
+            groups[g].append(xnp.asarray(leaf, self.dtypes[g]).reshape(-1))
         return tuple(xnp.concatenate(g) if len(g) > 1 else g[0] for g in groups)
 
     def pack(self, tree):
@@ -356,15 +367,15 @@ class Packer:
         """:meth:`pack` on the host (NumPy; no compilation)."""
         return self._pack(tree, np)
 
-    def _unpack(self, vecs, xnp):
-        leaves = [xnp.reshape(vecs[g][s:s + k], shape) for g, s, k, shape in self.slots]
-        leaves = [v != 0 if b else v for v, b in zip(leaves, self.bools)]
-        return jax.tree.unflatten(self.treedef, leaves)
+    def _unpack(self, vecs):
+        leaves = [vecs[g][s:s + k].reshape(shape) for g, s, k, shape in self.slots]
+        return jax.tree.unflatten(self.treedef, [v != 0 if b else v for v, b in
+                                                 zip(leaves, self.bools)])
 
     def unpack(self, vecs):
         """The tree back from :meth:`pack`'s vectors (traceable)."""
-        return self._unpack(vecs, jnp)
+        return self._unpack(vecs)
 
     def unpack_numpy(self, vecs):
         """:meth:`unpack` on the host (NumPy views; no compilation)."""
-        return self._unpack(tuple(np.asarray(v) for v in vecs), np)
+        return self._unpack([np.asarray(v) for v in vecs])
