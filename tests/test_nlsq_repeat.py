@@ -35,14 +35,14 @@ def _same_bits(a, b):
 @pytest.mark.parametrize("bounds, x_scale", [
     ((-np.inf, np.inf), None),
     ((0.0, 10.0), 1.0),
-    ((0.0, 10.0), 2.0),               # x_scale changed, bounds the same tuple
+    ((0.0, 10.0), 2.0),               # x_scale changed
     ((-0.5, 10.0), 1.0),              # new values for the memo's key
-    ((-0.0, 10.0), 1.0),              # -0.0 == 0.0: not taken for the memo's 0.0
+    ((-0.0, 10.0), 1.0),              # -0.0 == 0.0, a different bound
     ((np.zeros(3), np.full(3, 10.0)), 1.0),   # arrays: never taken for the memo's
 ])
 def test_repeat_answers_with_first_call_bits(bounds, x_scale):
     ap.solve_nlsq(expo, X0, args=(T, Y), bounds=bounds, x_scale=x_scale)
-    # the repeat: an equal-valued new tuple of bounds
+    # the repeat, with an equal new tuple of bounds (not the memo's: checked again)
     memo = ap.solve_nlsq(expo, X0 + 0.1, args=(T, Y), bounds=tuple(list(bounds)),
                          x_scale=x_scale)
     first = ap.solve_nlsq(expo, jnp.asarray(X0 + 0.1), args=(T, Y), bounds=bounds,

@@ -123,16 +123,11 @@ all_finite(np.array([1e308, 1e308]))
     a = a if type(a) is np.ndarray else np.asarray(a)
     if a.dtype.kind not in "fc":   # (NumPy's inexact kinds; integers are finite)
         return True
-    if a.size >= _SUM_MIN_SIZE:
+    if a.size >= 4096:   # one pass, no boolean temporary of a large array
         with np.errstate(over="ignore", invalid="ignore"):
             if np.isfinite(np.add.reduce(a, axis=None)):
                 return True
     return bool(np.isfinite(a).all())
-
-
-#: From this many entries :func:`all_finite` sums first (no boolean temporary of the
-#: array's size); below it the entry-by-entry test is as cheap.
-_SUM_MIN_SIZE = 4096
 
 
 _FINITE_FIX = "clean the data first (curve_fit can drop NaN points with nan_policy='omit')"
@@ -169,42 +164,30 @@ class Problem(NamedTuple):
     x0_sig: Any          # x0's structure, shapes and dtypes (keys of closing programs)
     njev_none: bool      # scipy's njev=None (lm with a Jacobian it did not evaluate)
     memo_key: Any = None  # the structure key of a memoised problem (:func:`prepare`)
-    #: the packed context after ``x0`` (``x0`` leads :func:`._programs.context_packer`'s
-    #: one vector) while bounds, ``x_scale`` and ``f_scale`` are the memoised problem's
-    ctx_tail: Any = None
-    given: Any = None    # the memoised call's immutable (bounds, x_scale, f_scale)
+    given: Any = None     # its call's (bounds, x_scale, f_scale) when immutable
 
 
-#: ``solve_nlsq``'s options by what they are to a memoised problem: part of its key, or
-#: values checked on every call (:func:`_with_values`)
-_STATIC_OPTIONS = ("method", "loss", "jac", "ftol", "xtol", "gtol", "max_steps",
-                   "precision", "schedule", "linear_solver", "max_rejections", "cond_tol",
-                   "max_nfev", "diff_step", "tr_solver", "tr_options", "verbose", "workers",
-                   "callback")
-_VALUE_OPTIONS = ("bounds", "x_scale", "f_scale", "jac_sparsity", "kwargs")
-_static_options = operator.itemgetter(*_STATIC_OPTIONS)
+#: The options keyed in a memo; bounds, x_scale, f_scale, jac_sparsity, kwargs are not
+_STATIC_OPTIONS = ("method", "loss", "jac", "ftol", "xtol", "gtol", "max_steps", "precision",
+                   "schedule", "linear_solver", "max_rejections", "cond_tol", "max_nfev",
+                   "diff_step", "tr_solver", "tr_options", "verbose", "workers", "callback")
 
 
 def _structure_key(residual, x0, args, kw):
     """A key of everything but the values of ``x0``, the data, the bounds, ``x_scale``
     and ``f_scale``, for the common eager call (NumPy data and ``x0``, an autodiff
-    Jacobian, scalar or array bounds); ``None`` for anything else (an unknown option
-    too: :func:`_prepare` reports it)."""
-    if len(kw) != len(_STATIC_OPTIONS) + len(_VALUE_OPTIONS):
-        return None
+    Jacobian, scalar or array bounds); ``None`` for anything else (an unknown option too)."""
     try:
-        static = _static_options(kw)
+        static = operator.itemgetter(*_STATIC_OPTIONS)(kw) if len(kw) == len(
+            _STATIC_OPTIONS) + 5 else None
     except KeyError:
         return None
     jac = kw["jac"]
     if not (jac is None or isinstance(jac, str) and jac in AD_METHODS) or kw["kwargs"] \
             or kw["jac_sparsity"] is not None:
         return None
-    if isinstance(x0, np.ndarray):
-        x0_shape = x0.shape
-    elif isinstance(x0, (list, tuple)) and all(isinstance(v, (int, float)) for v in x0):
-        x0_shape = (len(x0),)
-    else:
+    if static is None or not (isinstance(x0, np.ndarray) or (isinstance(
+            x0, (list, tuple)) and all(isinstance(v, (int, float)) for v in x0))):
         return None
     if not isinstance(args, tuple) or not all(type(a) is np.ndarray for a in args):
         return None
@@ -222,27 +205,9 @@ def _structure_key(residual, x0, args, kw):
     xs = kw["x_scale"]
     xs = xs if xs is None or isinstance(xs, (str, int, float)) else (
         "array" if type(xs) is np.ndarray else None)
-    return _caches.hashable_key((residual, x0_shape, tuple(
+    return _caches.hashable_key((residual, np.shape(x0), tuple(
         (a.shape, a.dtype.str) for a in args), tuple(bsig), xs, static, x64_enabled(),
         jax.default_backend()))
-
-
-def _immutable(bounds, x_scale, f_scale):
-    """``(bounds, x_scale, f_scale)`` when each is immutable (Python numbers, strings,
-    ``None``, a tuple of Python numbers), so a repeat that passes the same objects passes
-    the same values; else ``None``."""
-    if type(bounds) is tuple and all(type(v) in (int, float) for v in bounds) and \
-            isinstance(x_scale, (str, int, float, type(None))) and \
-            isinstance(f_scale, (int, float)):
-        return bounds, x_scale, f_scale
-    return None
-
-
-def _same_bounds(bounds, known) -> bool:
-    """Whether ``bounds`` are the memoised call's: the same tuple, or an equal tuple of
-    nonzero Python numbers (zeros excluded: ``-0.0 == 0.0``)."""
-    return bounds is known or (type(bounds) is tuple and all(
-        type(v) in (int, float) and v != 0 for v in bounds) and bounds == known)
 
 
 def _with_values(known: Problem, x0, args, kw, checked) -> Problem:
@@ -258,9 +223,8 @@ def _with_values(known: Problem, x0, args, kw, checked) -> Problem:
                 check_finite_tree(leaves, what, "give a finite starting point" if
                                   what == "x0" else _FINITE_FIX, skip=checked)
     bounds, x_scale, f_scale = kw["bounds"], kw["x_scale"], kw["f_scale"]
-    given = known.given
-    if given is not None and x_scale is given[1] and f_scale is given[2] and \
-            _same_bounds(bounds, given[0]):
+    g = known.given
+    if g is not None and bounds is g[0] and x_scale is g[1] and f_scale is g[2]:
         lb, ub = ctx[1], ctx[2]
         if opts.has_bounds and ((x0_flat < lb).any() or (x0_flat > ub).any()):
             check_x0_inside(x0_flat, lb, ub)
@@ -271,7 +235,7 @@ def _with_values(known: Problem, x0, args, kw, checked) -> Problem:
         check_x0_inside(x0_flat, lb, ub)
     if x_scale is None:
         x_scale = "jac" if opts.method in ("lm", "gn") else 1.0
-    return known._replace(args=args, ctx_tail=None, context=(
+    return known._replace(args=args, context=(
         x0_flat.astype(top_dt), lb, ub, _scale_inv(x_scale, n), f_scale, *ctx[5:]))
 
 
@@ -288,10 +252,11 @@ def prepare(residual, x0, args, *, checked=(), **kw) -> Problem:
             return _with_values(known, x0, args, kw, checked)
     prob = _prepare(residual, x0, args, checked=checked, **kw)
     if key is not None and prob.identity:
-        from ._programs import context_tail
-
-        prob = prob._replace(memo_key=key, ctx_tail=context_tail(prob), given=_immutable(
-            kw["bounds"], kw["x_scale"], kw["f_scale"]))
+        b, xs, fs = given = kw["bounds"], kw["x_scale"], kw["f_scale"]
+        # immutable values (the same objects again are the same values) are kept
+        immutable = type(b) is tuple and all(type(v) in (int, float) for v in b) and \
+            isinstance(xs, (str, int, float, type(None))) and isinstance(fs, (int, float))
+        prob = prob._replace(memo_key=key, given=given if immutable else None)
         _caches.PROBLEMS.put(key, prob)
     return prob
 

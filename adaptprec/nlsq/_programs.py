@@ -108,18 +108,9 @@ def whole_solve(opts: Options, outputs: Outputs, funs, padded_to: int | None = N
 
 
 def context_packer(n: int, top_dt) -> "Packer":
-    """The :class:`Packer` of ``(x0, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol)``:
-    one vector of the top dtype, ``x0`` first (:func:`context_tail`)."""
+    """The :class:`Packer` of ``(x0, lb, ub, scale_inv0, f_scale, ftol, xtol, gtol)``."""
     vec, sca = jax.ShapeDtypeStruct((n,), top_dt), jax.ShapeDtypeStruct((), top_dt)
     return Packer((vec, vec, vec, vec, sca, sca, sca, sca))
-
-
-def context_tail(prob) -> np.ndarray:
-    """The packed context of a concrete ``prob`` after ``x0``: a repeat with the same
-    bounds, ``x_scale`` and ``f_scale`` packs ``concatenate((x0, tail))``."""
-    opts = prob.opts
-    (vec,) = context_packer(opts.n, opts.rungs[-1]).pack_numpy(prob.context)
-    return vec[opts.n:]
 
 
 def _arg_sig(tree) -> tuple:
@@ -209,9 +200,7 @@ class _Runner:
             args = jax.tree.unflatten(treedef, [
                 a if ax is None else np.take(np.asarray(a), self.idx, axis=ax)
                 for a, ax in zip(leaves, self.pad[0])])
-        ctxv = self.ctx.pack_numpy(prob.context) if prob.ctx_tail is None else (
-            np.concatenate((prob.context[0], prob.ctx_tail)),)
-        packed = self.prog(ctxv, self.consts, args, self.m)
+        packed = self.prog(self.ctx.pack_numpy(prob.context), self.consts, args, self.m)
         return Solution(**{**_NO_SOLUTION, **self.out.unpack_numpy(packed)})
 
 
@@ -367,15 +356,12 @@ class Packer:
         """:meth:`pack` on the host (NumPy; no compilation)."""
         return self._pack(tree, np)
 
-    def _unpack(self, vecs):
+    def unpack(self, vecs):
+        """The tree back from :meth:`pack`'s vectors (traceable)."""
         leaves = [vecs[g][s:s + k].reshape(shape) for g, s, k, shape in self.slots]
         return jax.tree.unflatten(self.treedef, [v != 0 if b else v for v, b in
                                                  zip(leaves, self.bools)])
 
-    def unpack(self, vecs):
-        """The tree back from :meth:`pack`'s vectors (traceable)."""
-        return self._unpack(vecs)
-
     def unpack_numpy(self, vecs):
         """:meth:`unpack` on the host (NumPy views; no compilation)."""
-        return self._unpack([np.asarray(v) for v in vecs])
+        return self.unpack([np.asarray(v) for v in vecs])
