@@ -104,6 +104,8 @@ def to_host(tree):
         >>> type(to_host({"a": jnp.ones(2)})["a"]).__name__
         'ndarray'
     """
+    if type(tree) is tuple and all(type(a) is np.ndarray for a in tree):
+        return tree   # (the scipy-style fits' (popt, pcov): NumPy already)
     return jax.tree.map(lambda a: np.asarray(a) if isinstance(a, jax.Array) else a, tree)
 
 
@@ -192,15 +194,17 @@ def float64_entry(entry: str, traced_args: tuple[str, ...], host: Callable = to_
 
     def deco(fn):
         sig = inspect.signature(fn)
+        read = _ArgumentReader(sig)
+        p = sig.parameters.get("precision")
+        default = p.default if p is not None else "adaptive"
 
-        def precision_of(bound):
-            if "precision" in bound.arguments:
-                return bound.arguments["precision"]
-            kw = bound.arguments.get("kwargs", {})
-            if "precision" in kw:
+        def precision_of(arguments):
+            if "precision" in arguments:
+                return arguments["precision"]
+            kw = arguments.get("kwargs", {})
+            if isinstance(kw, dict) and "precision" in kw:
                 return kw["precision"]
-            p = sig.parameters.get("precision")
-            return p.default if p is not None else "adaptive"
+            return default
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
@@ -211,11 +215,11 @@ def float64_entry(entry: str, traced_args: tuple[str, ...], host: Callable = to_
                 if always_host:
                     return host(out)
                 return device(out) if device is not None else out
-            bound = sig.bind(*args, **kwargs)
-            precision = precision_of(bound)
+            arguments = read(args, kwargs)
+            precision = precision_of(arguments)
             # (or a user's trace around concrete arguments: the residual may close over
             # its values)
-            traced = not is_eager(*(bound.arguments.get(a) for a in traced_args))
+            traced = not is_eager(*(arguments.get(a) for a in traced_args))
             if not wants_float64(precision):
                 if always_host and not traced:
                     return host(fn(*args, **kwargs))
@@ -228,3 +232,49 @@ def float64_entry(entry: str, traced_args: tuple[str, ...], host: Callable = to_
         return wrapper
 
     return deco
+
+
+class _ArgumentReader:
+    """``sig.bind(*args, **kwargs).arguments`` (the arguments given, by name; the
+    variadic keyword parameter as the dict of the others), read directly for a call that
+    binds (a few dict operations instead of ``inspect``'s walk over every parameter);
+    other calls go through ``bind``, which raises its ``TypeError``."""
+
+    def __init__(self, sig: inspect.Signature):
+        kinds = inspect.Parameter
+        params = list(sig.parameters.values())
+        self.sig = sig
+        self.positional = tuple(p.name for p in params if p.kind in (
+            kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD))
+        self.required = sum(p.default is kinds.empty for p in params if p.name in
+                            self.positional)
+        self.keywords = frozenset(p.name for p in params if p.kind in (
+            kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY))
+        self.required_keywords = frozenset(
+            p.name for p in params if p.kind is kinds.KEYWORD_ONLY and
+            p.default is kinds.empty)
+        self.var_keyword = next((p.name for p in params if p.kind is kinds.VAR_KEYWORD),
+                                None)
+        self.simple = not any(p.kind in (kinds.VAR_POSITIONAL, kinds.POSITIONAL_ONLY)
+                              for p in params)
+
+    def __call__(self, args: tuple, kwargs: dict) -> dict:
+        n = len(args)
+        given = self.positional[:n]
+        if not self.simple or n > len(self.positional) or \
+                not kwargs.keys().isdisjoint(given) or \
+                not self.required_keywords <= kwargs.keys() or \
+                any(name not in kwargs for name in self.positional[n:self.required]):
+            return self.sig.bind(*args, **kwargs).arguments   # (raises, or unusual)
+        out = dict(zip(given, args))
+        extra = {}
+        for k, v in kwargs.items():
+            if k in self.keywords:
+                out[k] = v
+            elif self.var_keyword is None:
+                return self.sig.bind(*args, **kwargs).arguments   # raises
+            else:
+                extra[k] = v
+        if extra:
+            out[self.var_keyword] = extra
+        return out

@@ -34,6 +34,9 @@ before anything is timed. ``--source-import`` measures the old way (no bytecode 
 (f) ``--new-model`` (only this): calls 2-12 of a 4-parameter logistic (24 points, x64 off)
     in a fresh process with the program cache empty, off, holding another model's
     program, and holding this model's; against scipy in the same process.
+(g) ``--repeat`` (only this): the steady repeat of (f)'s fit and of a decay on 1,000
+    points, 8 rounds of 25 adaptprec then 25 scipy calls in one fresh process: wall
+    medians and CPU means (under load the CPU figures are the steadier).
 (e) ``--fresh-loop`` (only this): 100 curve_fit calls of a 4PL fit (12 points, with
     bounds and without, new data each call) in a fresh process with an EMPTY adaptprec
     cache, against scipy: the first call, then calls 2-100 together (<= 3x
@@ -230,6 +233,58 @@ def _newmodel_child(lib: str, reps: int) -> dict:
             "scipy_median_2_on": float(np.median(sp_times[1:]))}
 
 
+def _repeat_child(fit: str, reps: int) -> dict:
+    """``reps`` rounds of 25 repeat calls of adaptprec's then scipy's ``curve_fit`` (the
+    (f) fit, or a 3-parameter decay on 1,000 points), new data each call, x64 off: wall
+    medians and CPU means (``process_time``, XLA's threads included) per call."""
+    import statistics
+
+    import jax.numpy as jnp
+    import numpy as np
+    import scipy.optimize
+
+    import adaptprec as ap
+
+    if fit == "4pl":
+        x = np.logspace(-2, 2, 24)
+        rng = np.random.default_rng(1)
+        ys = [0.1 + 0.9 / (1 + (x / 1.5) ** 1.2) + 0.01 * rng.standard_normal(24)
+              for _ in range(50)]
+        p0, models = [1.0, 1.0, 1.0, 0.0], [lambda x, a, b, c, d: d + (a - d) / (
+            1 + (x / c) ** b)] * 2
+    else:
+        x = np.linspace(0.0, 4.0, 1000)
+        rng = np.random.default_rng(0)
+        ys = [2.5 * np.exp(-1.3 * x) + 0.5 + 0.01 * rng.standard_normal(1000)
+              for _ in range(50)]
+        p0, models = [1.0, 1.0, 0.0], [lambda t, a, k, c: a * jnp.exp(-k * t) + c,
+                                       lambda t, a, k, c: a * np.exp(-k * t) + c]
+    for y in ys[:5]:
+        ap.curve_fit(models[0], x, y, p0=p0)
+    times = {"ap": ([], []), "scipy": ([], [])}
+    for _ in range(reps):
+        for (name, w_c), fit_fn, model in zip(times.items(), (
+                ap.curve_fit, scipy.optimize.curve_fit), models):
+            for i in range(25):
+                w0, c0 = time.perf_counter(), time.process_time()
+                fit_fn(model, x, ys[i % 50], p0=p0)
+                w_c[0].append(time.perf_counter() - w0)
+                w_c[1].append(time.process_time() - c0)
+    return {f"{k}_{stat}": f(v[i]) for k, v in times.items()
+            for i, (stat, f) in enumerate((("wall", statistics.median),
+                                           ("cpu", statistics.mean)))}
+
+
+def repeat(reps: int = 8) -> None:
+    """``--repeat``: the steady repeat against scipy in the same fresh process."""
+    for fit in ("4pl", "decay1000"):
+        r = _run("repeat", fit, reps)
+        print(f"repeat {fit:10s} wall {_ms(r['ap_wall'])} scipy {_ms(r['scipy_wall'])} "
+              f"ratio {r['ap_wall'] / r['scipy_wall']:.2f} | cpu {_ms(r['ap_cpu'])} scipy "
+              f"{_ms(r['scipy_cpu'])} ratio {r['ap_cpu'] / r['scipy_cpu']:.2f} | load "
+              f"{os.getloadavg()[0]:.2f}")
+
+
 def new_model(reps: int = 12) -> None:
     """``--new-model``: calls 2-12 of a model in a fresh process, whatever the program
     cache holds: empty, off, filled by an earlier process with another model, and with
@@ -398,6 +453,8 @@ def main(argv=None):
                      help="no bytecode cache for the children (imports compile sources)")
     ap_.add_argument("--new-model", action="store_true",
                      help="only (f): calls 2-12 of a model whatever the cache holds")
+    ap_.add_argument("--repeat", action="store_true",
+                     help="only (g): the steady repeat against scipy, CPU and wall time")
     ap_.add_argument("--fresh-loop", action="store_true",
                      help="only (e): 100 curve_fit calls of a 4PL fit in a fresh process "
                           "with an empty cache, against scipy")
@@ -408,7 +465,8 @@ def main(argv=None):
                "batch": lambda: _batch_child(args.reps),
                "nist": lambda: _nist_child(lib),
                "loop": lambda: _loop_child(lib, args.reps),
-               "newmodel": lambda: _newmodel_child(lib, 12)}[kind]()
+               "newmodel": lambda: _newmodel_child(lib, 12),
+               "repeat": lambda: _repeat_child(lib, args.reps)}[kind]()
         print(json.dumps(res))
         return
 
@@ -418,6 +476,9 @@ def main(argv=None):
         return
     if args.new_model:
         new_model()
+        return
+    if args.repeat:
+        repeat(8)
         return
     print("imports from " + ("sources (no bytecode cache)" if args.source_import else
                              "a bytecode cache (as an installed wheel)"))

@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import operator
 from typing import Any, NamedTuple
 
 import jax
@@ -109,8 +110,8 @@ def lists_as_arrays(args):
 
 
 def all_finite(a) -> bool:
-    """Whether every entry of ``a`` is finite: one pass (a finite sum means every term
-    is), entry by entry only when the sum is not finite.
+    """Whether every entry of ``a`` is finite: a small array entry by entry, a large one
+    in one pass (a finite sum means every term is; entry by entry when it is not).
 
     Example:
         >>> import numpy as np
@@ -119,13 +120,14 @@ def all_finite(a) -> bool:
 all_finite(np.array([1e308, 1e308]))
         (True, False, True)
     """
-    a = np.asarray(a)
-    if not np.issubdtype(a.dtype, np.inexact):
+    a = a if type(a) is np.ndarray else np.asarray(a)
+    if a.dtype.kind not in "fc":   # (NumPy's inexact kinds; integers are finite)
         return True
-    with np.errstate(over="ignore", invalid="ignore"):
-        if a.dtype.kind in "fc" and np.isfinite(np.add.reduce(a, axis=None)):
-            return True
-    return bool(np.all(np.isfinite(a)))
+    if a.size >= 4096:   # one pass, no boolean temporary of a large array
+        with np.errstate(over="ignore", invalid="ignore"):
+            if np.isfinite(np.add.reduce(a, axis=None)):
+                return True
+    return bool(np.isfinite(a).all())
 
 
 _FINITE_FIX = "clean the data first (curve_fit can drop NaN points with nan_policy='omit')"
@@ -162,18 +164,30 @@ class Problem(NamedTuple):
     x0_sig: Any          # x0's structure, shapes and dtypes (keys of closing programs)
     njev_none: bool      # scipy's njev=None (lm with a Jacobian it did not evaluate)
     memo_key: Any = None  # the structure key of a memoised problem (:func:`prepare`)
+    given: Any = None     # its call's (bounds, x_scale, f_scale) when immutable
+
+
+#: The options keyed in a memo; bounds, x_scale, f_scale, jac_sparsity, kwargs are not
+_STATIC_OPTIONS = ("method", "loss", "jac", "ftol", "xtol", "gtol", "max_steps", "precision",
+                   "schedule", "linear_solver", "max_rejections", "cond_tol", "max_nfev",
+                   "diff_step", "tr_solver", "tr_options", "verbose", "workers", "callback")
 
 
 def _structure_key(residual, x0, args, kw):
     """A key of everything but the values of ``x0``, the data, the bounds, ``x_scale``
     and ``f_scale``, for the common eager call (NumPy data and ``x0``, an autodiff
-    Jacobian, scalar or array bounds); ``None`` for anything else."""
+    Jacobian, scalar or array bounds); ``None`` for anything else (an unknown option too)."""
+    try:
+        static = operator.itemgetter(*_STATIC_OPTIONS)(kw) if len(kw) == len(
+            _STATIC_OPTIONS) + 5 else None
+    except KeyError:
+        return None
     jac = kw["jac"]
     if not (jac is None or isinstance(jac, str) and jac in AD_METHODS) or kw["kwargs"] \
             or kw["jac_sparsity"] is not None:
         return None
-    if not (isinstance(x0, np.ndarray) or (isinstance(x0, (list, tuple)) and all(
-            isinstance(v, (int, float)) for v in x0))):
+    if static is None or not (isinstance(x0, np.ndarray) or (isinstance(
+            x0, (list, tuple)) and all(isinstance(v, (int, float)) for v in x0))):
         return None
     if not isinstance(args, tuple) or not all(type(a) is np.ndarray for a in args):
         return None
@@ -183,7 +197,7 @@ def _structure_key(residual, x0, args, kw):
     bsig = []
     for b in bounds:
         if isinstance(b, (int, float)):
-            bsig.append(np.isfinite(b))
+            bsig.append(-np.inf < b < np.inf)
         elif type(b) is np.ndarray:
             bsig.append((b.shape, np.isfinite(b).tobytes()))
         else:
@@ -191,8 +205,6 @@ def _structure_key(residual, x0, args, kw):
     xs = kw["x_scale"]
     xs = xs if xs is None or isinstance(xs, (str, int, float)) else (
         "array" if type(xs) is np.ndarray else None)
-    static = tuple((k, v) for k, v in kw.items()
-                   if k not in ("bounds", "x_scale", "f_scale", "jac_sparsity", "kwargs"))
     return _caches.hashable_key((residual, np.shape(x0), tuple(
         (a.shape, a.dtype.str) for a in args), tuple(bsig), xs, static, x64_enabled(),
         jax.default_backend()))
@@ -200,23 +212,29 @@ def _structure_key(residual, x0, args, kw):
 
 def _with_values(known: Problem, x0, args, kw, checked) -> Problem:
     """A memoised problem with this call's values: ``x0``, the data, the bounds,
-    ``x_scale`` and ``f_scale``, each checked as :func:`prepare` checks them."""
-    n, top_dt = known.opts.n, np.dtype(known.opts.rungs[-1])
-    x0_flat = np.ravel(np.asarray(x0, np.float64))
+    ``x_scale`` and ``f_scale``, each checked as :func:`prepare` checks them (bounds,
+    ``x_scale`` and ``f_scale`` that are the memoised call's were checked then)."""
+    opts, ctx = known.opts, known.context
+    n, top_dt = opts.n, np.dtype(opts.rungs[-1])
+    x0_flat = np.asarray(x0, np.float64).reshape(-1)
     for what, leaves in (("x0", (x0_flat,)), ("the data in args", args)):
         for leaf in leaves:
             if not any(leaf is c for c in checked) and not all_finite(leaf):
                 check_finite_tree(leaves, what, "give a finite starting point" if
                                   what == "x0" else _FINITE_FIX, skip=checked)
-    f_scale = kw["f_scale"]
+    bounds, x_scale, f_scale = kw["bounds"], kw["x_scale"], kw["f_scale"]
+    g = known.given
+    if g is not None and bounds is g[0] and x_scale is g[1] and f_scale is g[2]:
+        lb, ub = ctx[1], ctx[2]
+        if opts.has_bounds and ((x0_flat < lb).any() or (x0_flat > ub).any()):
+            check_x0_inside(x0_flat, lb, ub)
+        return known._replace(args=args, context=(x0_flat.astype(top_dt), *ctx[1:]))
     check_f_scale(f_scale)
-    lb, ub = _numpy_bounds(kw["bounds"], n)
+    lb, ub = _numpy_bounds(bounds, n)
     if np.any(x0_flat < lb) or np.any(x0_flat > ub):
         check_x0_inside(x0_flat, lb, ub)
-    x_scale = kw["x_scale"]
     if x_scale is None:
-        x_scale = "jac" if known.opts.method in ("lm", "gn") else 1.0
-    ctx = known.context
+        x_scale = "jac" if opts.method in ("lm", "gn") else 1.0
     return known._replace(args=args, context=(
         x0_flat.astype(top_dt), lb, ub, _scale_inv(x_scale, n), f_scale, *ctx[5:]))
 
@@ -234,7 +252,11 @@ def prepare(residual, x0, args, *, checked=(), **kw) -> Problem:
             return _with_values(known, x0, args, kw, checked)
     prob = _prepare(residual, x0, args, checked=checked, **kw)
     if key is not None and prob.identity:
-        prob = prob._replace(memo_key=key)
+        b, xs, fs = given = kw["bounds"], kw["x_scale"], kw["f_scale"]
+        # immutable values (the same objects again are the same values) are kept
+        immutable = type(b) is tuple and all(type(v) in (int, float) for v in b) and \
+            isinstance(xs, (str, int, float, type(None))) and isinstance(fs, (int, float))
+        prob = prob._replace(memo_key=key, given=given if immutable else None)
         _caches.PROBLEMS.put(key, prob)
     return prob
 

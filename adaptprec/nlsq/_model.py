@@ -28,6 +28,8 @@ from jax.scipy.linalg import solve_triangular
 
 from .._tracing import is_concrete
 from .._user_fn import returns_arrays
+from ..precision import x64_enabled
+from . import _caches
 from ._inputs import all_finite, broadcast_bounds
 from ._arguments import EPS, OptionNotOffered, as_bounds, as_x0
 
@@ -91,8 +93,6 @@ def shape_message(a: tuple, b: tuple, x_shape) -> str:
 def _residual_for(f: Callable, kind: str) -> Callable:
     """A stable residual function per (model, sigma kind) (:data:`._caches.RESIDUALS`),
     so that the programs of a model are found again."""
-    from . import _caches
-
     return _caches.RESIDUALS.get_or_build((f, kind), lambda: _make_residual(f, kind))
 
 
@@ -262,8 +262,6 @@ def prepare_curve_fit(f, xdata, ydata, p0, sigma, check_finite, bounds, method,
     signature (or the middle of finite bounds), ``sigma`` as standard deviations or a
     covariance (whitened by its Cholesky factor). The common call's structure is memoised
     (:data:`._caches.PROBLEMS`); a repeat checks the values only."""
-    from . import _caches
-
     key = _curve_fit_key(f, xdata, ydata, p0, sigma, check_finite, bounds, method,
                          nan_policy)
     if key is not None:
@@ -300,11 +298,9 @@ def _curve_fit_key(f, xdata, ydata, p0, sigma, check_finite, bounds, method, nan
     if not (isinstance(bounds, tuple) and len(bounds) == 2 and
             all(type(b) in (float, int) for b in bounds)):
         return None
-    from ._caches import hashable_key
-
-    return hashable_key(("curve_fit", f, xdata.shape, xdata.dtype.str, ydata.shape,
-                         ydata.dtype.str, sk, pk, bounds, method, check_finite,
-                         jax.config.read("jax_enable_x64")))
+    return _caches.hashable_key(("curve_fit", f, xdata.shape, xdata.dtype.str,
+                                 ydata.shape, ydata.dtype.str, sk, pk, bounds, method,
+                                 check_finite, x64_enabled()))
 
 
 def _with_data(known: CurveFitProblem, xdata, ydata, p0, sigma) -> CurveFitProblem:
@@ -319,7 +315,7 @@ def _with_data(known: CurveFitProblem, xdata, ydata, p0, sigma) -> CurveFitProbl
             raise ValueError("1-D `sigma` must be positive (standard deviations).")
         with np.errstate(over="ignore", divide="ignore"):
             extra = (np.broadcast_to(1.0 / s.reshape(-1), (known.m,)),)
-    p0 = known.p0 if p0 is None else np.atleast_1d(np.asarray(p0, np.float64))
+    p0 = known.p0 if p0 is None else np.asarray(p0, np.float64)   # 1-D by the key
     return known._replace(p0=p0, args=(x, y, *extra), checked=checked)
 
 

@@ -152,7 +152,7 @@ def run(prob, outputs: Outputs) -> Solution:
     (:func:`final_program`): ``fun``/``jac``, or the covariance where the last model does
     not describe the iterate."""
     opts = prob.opts
-    full = outputs._replace(fun_jac=True)
+    full = Outputs(True, outputs.covariance, outputs.throw)
     if prob.identity:
         return run_identity(prob, full)
     if not (lean_capable(opts) and is_concrete((prob.context, prob.args))):
@@ -345,7 +345,7 @@ class Packer:
         leaves = self.treedef.flatten_up_to(tree)
         groups = [[] for _ in self.dtypes]
         for (g, _, _, _), leaf in zip(self.slots, leaves):
-            groups[g].append(xnp.ravel(xnp.asarray(leaf, self.dtypes[g])))
+            groups[g].append(xnp.asarray(leaf, self.dtypes[g]).reshape(-1))
         return tuple(xnp.concatenate(g) if len(g) > 1 else g[0] for g in groups)
 
     def pack(self, tree):
@@ -356,15 +356,12 @@ class Packer:
         """:meth:`pack` on the host (NumPy; no compilation)."""
         return self._pack(tree, np)
 
-    def _unpack(self, vecs, xnp):
-        leaves = [xnp.reshape(vecs[g][s:s + k], shape) for g, s, k, shape in self.slots]
-        leaves = [v != 0 if b else v for v, b in zip(leaves, self.bools)]
-        return jax.tree.unflatten(self.treedef, leaves)
-
     def unpack(self, vecs):
         """The tree back from :meth:`pack`'s vectors (traceable)."""
-        return self._unpack(vecs, jnp)
+        leaves = [vecs[g][s:s + k].reshape(shape) for g, s, k, shape in self.slots]
+        return jax.tree.unflatten(self.treedef, [v != 0 if b else v for v, b in
+                                                 zip(leaves, self.bools)])
 
     def unpack_numpy(self, vecs):
         """:meth:`unpack` on the host (NumPy views; no compilation)."""
-        return self._unpack(tuple(np.asarray(v) for v in vecs), np)
+        return self.unpack([np.asarray(v) for v in vecs])

@@ -404,11 +404,13 @@ def scale_pcov(cov, cost, m: int, n: int, *, lm_rule: bool, absolute_sigma: bool
     times the reduced chi-square ``2 cost / (m - n)`` (``inf`` everywhere when ``m <=
     n``). An ``inf`` entry stays ``inf`` also for an exact fit (cost 0). ``xnp``:
     ``numpy``, or ``jax.numpy`` for traced values."""
+    dof = m - n
+    if xnp is np and dof > 0 and not absolute_sigma and not np.isinf(cov).any():
+        return np.asarray(cov) * (2.0 * np.asarray(cost) / dof)   # (the common case)
     if lm_rule:
         cov = xnp.where(xnp.any(xnp.isinf(cov)), xnp.inf, cov)
     if absolute_sigma:
         return cov
-    dof = m - n
     if dof > 0:
         with np.errstate(invalid="ignore"):   # inf * 0, discarded
             return xnp.where(xnp.isinf(cov), cov, cov * (2.0 * xnp.asarray(cost) / dof))

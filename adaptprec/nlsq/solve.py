@@ -8,7 +8,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._pytree import replace
 from .._tracing import is_concrete
 from .._x64_rule import float64_entry, to_device
 from ._inputs import Problem, lists_as_arrays, prepare
@@ -187,18 +186,22 @@ def solve_in_memory(residual, x0, args, kw: dict, *, outputs: Outputs = Outputs(
     prob = prepare(residual, x0, args, checked=checked, **kw)
     sol = run(prob, outputs)
     res = _result(prob, sol)
-    if raise_start and is_concrete(res.status) and int(np.asarray(res.status)) in (
-            -3, -4):
+    if raise_start and _concrete(res.status) and int(res.status) in (-3, -4):
         from ._start import raise_nonfinite_start
 
         raise_nonfinite_start(residual, x0, args, res)
     return res, sol.cov
 
 
+def _concrete(v) -> bool:
+    """Whether ``v`` is a value (a program's NumPy output, or no tracer in it)."""
+    return isinstance(v, (np.ndarray, np.generic)) or is_concrete(v)
+
+
 def _result(prob: Problem, sol) -> NLSQResult:
     """The :class:`NLSQResult` of a program's :class:`._state.Solution`."""
     x = sol.x
-    if prob.x0_shape is not None and is_concrete(x):
+    if prob.x0_shape is not None and _concrete(x):
         x = np.asarray(x).reshape(prob.x0_shape)
     else:
         x = prob.unravel(x)
@@ -209,11 +212,10 @@ def _result(prob: Problem, sol) -> NLSQResult:
         from ._residual import as_user_format
 
         jac = as_user_format(jac, prob.jac_format)
-    res = NLSQResult(x=x, cost=sol.cost, fun=fun, jac=jac, grad=sol.grad,
-                     optimality=sol.optimality, active_mask=sol.active_mask,
-                     nfev=sol.nfev, njev=sol.njev, nit=sol.nit, status=sol.status,
-                     rung=sol.rung, escalations=sol.escalations,
-                     rung_entered=sol.rung_entered, rung_nfev=sol.rung_nfev,
-                     escalation_reason=sol.escalation_reason,
-                     ladder=tuple(np.dtype(d) for d in prob.opts.rungs))
-    return replace(res, njev=None) if prob.njev_none else res
+    return NLSQResult(x=x, cost=sol.cost, fun=fun, jac=jac, grad=sol.grad,
+                      optimality=sol.optimality, active_mask=sol.active_mask,
+                      nfev=sol.nfev, njev=None if prob.njev_none else sol.njev,
+                      nit=sol.nit, status=sol.status, rung=sol.rung,
+                      escalations=sol.escalations, rung_entered=sol.rung_entered,
+                      rung_nfev=sol.rung_nfev, escalation_reason=sol.escalation_reason,
+                      ladder=tuple(map(np.dtype, prob.opts.rungs)))
