@@ -5,6 +5,8 @@ import importlib
 import pkgutil
 import types
 
+import pytest
+
 import adaptprec as ap
 from _subprocess import run_python
 
@@ -44,6 +46,7 @@ def test_functions_that_used_to_shadow_modules():
     assert callable(ap.autocast) and not isinstance(ap.autocast, types.ModuleType)
 
 
+@pytest.mark.slow
 def test_optimistix_adapter_loads_lazily():
     proc = run_python("import sys, adaptprec.nlsq as n\n"
                       "assert 'optimistix' not in sys.modules\n"

@@ -22,6 +22,7 @@ def test_demo_runs_under_a_minute_without_x64_in_the_environment():
     assert elapsed < 60, f"demo took {elapsed:.1f} s"
 
 
+@pytest.mark.slow
 def test_unknown_section_exits_nonzero_and_lists_the_sections():
     proc = run_python(DEMO.format(argv=["demo", "no_such_section"]), x64=False, timeout=120)
     assert proc.returncode == 2

@@ -174,6 +174,7 @@ def test_planted_entry_in_a_world_writable_directory_does_not_run(cold, tmp_path
     assert "ADAPTPREC_CACHE_DIR=off" in message
 
 
+@pytest.mark.slow
 def test_planted_entry_without_your_tag_does_not_run(cold, tmp_path):
     # a directory of yours (0700) holding entries you did not write: bare pickles, and
     # pickles tagged with another user's key (a copied cache): refused before unpickling

@@ -85,6 +85,7 @@ def test_deviance_residuals_square_to_the_deviance():
     assert np.isnan(np.asarray(deviance_residual(np.array([-1.0]), np.array([1.0]))))[0]
 
 
+@pytest.mark.slow
 def test_curve_fit_poisson_against_minimize(reference):
     popt, pcov, info, _, _ = ap.curve_fit(decay, X, Y, p0=P0, likelihood="poisson",
                                           full_output=True)

@@ -155,6 +155,7 @@ def jitted_fixed():
                                           fixed={"c": 0.5})[0])
 
 
+@pytest.mark.slow
 def test_curve_fit_with_parameters_under_jit(jitted_fixed):
     eager = ap.curve_fit(decay, XD, YD, p0=[1.0, 1.0, 0.5], fixed={"c": 0.5})[0]
     np.testing.assert_allclose(jitted_fixed(jnp.asarray(YD)), eager, rtol=1e-8)

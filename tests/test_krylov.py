@@ -130,6 +130,7 @@ def test_preconditioners_cut_iterations(M):
     assert bool(info.success) and rel_residual(A, x, b) <= 1e-10
 
 
+@pytest.mark.slow
 def test_block_jacobi_picks_storage_by_condition():
     blocks = [np.array([[1.0, 1 - 1e-7], [1 - 1e-7, 1.0]]),   # kappa 2e7: float64
               np.array([[1.0, 0.999], [0.999, 1.0]]),           # kappa 2e3: float32

@@ -25,6 +25,7 @@ def system():
     return jnp.asarray(A), jnp.asarray(B), jnp.asarray(b)
 
 
+@pytest.mark.slow
 def test_jit_matches_eager(system):
     A, _, b = system
     x_eager, info_eager = ap.linalg.cg(A, b, rtol=1e-10)
@@ -133,6 +134,7 @@ def test_boundary_errors(system):
     assert float(info.residual_norm) <= 1e-9
 
 
+@pytest.mark.slow
 def test_x64_off_eager_scope_and_traced_error():
     code = r"""
 import numpy as np, jax, jax.numpy as jnp

@@ -96,6 +96,7 @@ def test_new_length_in_bucket_compiles_nothing():
         np.testing.assert_allclose(popt, ref, rtol=1e-9)
 
 
+@pytest.mark.slow
 def test_fresh_lambda_reuses_compiled_code_with_its_own_constants():
     t = np.linspace(0.0, 4.0, 40)
     ys = [2.0 * np.exp(-0.7 * t), 3.0 * np.exp(-1.9 * t)]

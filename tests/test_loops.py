@@ -140,6 +140,7 @@ def test_a_trajectory_sampled_plan_takes_float32_and_escalates_when_wrong():
     assert rep.rung_name == "f64", rep.summary()
 
 
+@pytest.mark.slow
 def test_componentwise_rtol_escalates_the_entry_the_norm_hides():
     p = np.linspace(0.1, 10.0, 64)
     p[np.argmin(np.abs(p - np.pi))] = np.pi + 1e-4      # the integral is ~3e-5 there

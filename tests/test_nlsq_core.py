@@ -248,6 +248,7 @@ def _linfit(c, t, y):
     return c[0] + c[1] * t - y
 
 
+@pytest.mark.slow
 def test_jit_vmap_grad():
     t, y = jnp.asarray(T), jnp.asarray(Y)
 

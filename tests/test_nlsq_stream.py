@@ -70,6 +70,7 @@ def test_streamed_equals_in_memory_blocked(in_memory, streamed):
     streamed.trace()
 
 
+@pytest.mark.slow
 def test_memmap_float32_converted_per_chunk(tmp_path, data, streamed):
     t, y = data
     np.save(tmp_path / "t.npy", t.astype(np.float32))

@@ -261,6 +261,7 @@ def test_sampled_rows_check_passes_right_rows_and_fails_wrong_ones():
     assert not bool(r.ok)
 
 
+@pytest.mark.slow
 def test_a_row_sampled_plan_escalates_when_its_rung_is_wrong():
     rng = np.random.default_rng(5)
 
@@ -370,6 +371,7 @@ def test_matrix_product_structure_is_decided_on_the_jaxpr():
     assert not product(lambda a: jnp.einsum("bij,bjk->bik", a, a), (2, 8, 8))
 
 
+@pytest.mark.slow
 def test_probe_check_measures_a_chained_product():
     # A^8 with ||A||_2 = 1: float32 is right to ~1e-6, the first-order bound says ~1e-3;
     # the probes see the actual error (within a few times) and bfloat16's failure

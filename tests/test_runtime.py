@@ -183,6 +183,7 @@ def test_nested_vmap_flattens_into_one_batch():
 
 # ---- grad ------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_grad_flows_through_chosen_rung_matches_finite_differences():
     x = jnp.array([100.0, 99.0, 1.0])                  # float64 input: f32 overflows
     g = jax.jit(jax.grad(LSE_F32))(x)

@@ -91,6 +91,7 @@ def test_stall_escalation_matches_reference(steps, values):
     assert list(zip(rungs, esc)) == _ref_stall(steps, values, 1e-3, 2)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(steps_strategy)
 def test_hysteresis_matches_reference(steps):

@@ -215,6 +215,7 @@ def test_vmap_per_example_grads():
             np.testing.assert_allclose(a[i], b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_scoped_precision_in_the_step():
     """precision/scopes run the loss under autocast: layer0 in bf16, the rest in f32."""
     params = init_mlp(jax.random.PRNGKey(1))
