@@ -6,6 +6,7 @@ Private helper of the bottom layer, shared by linalg, nlsq and batch.
 from __future__ import annotations
 
 import jax
+import numpy as np
 
 __all__ = ["is_traced", "is_concrete", "trace_active", "is_eager"]
 
@@ -21,8 +22,9 @@ def is_traced(*trees) -> bool:
         >>> is_traced(jnp.ones(2)), seen
         (False, [True])
     """
-    return any(isinstance(leaf, jax.core.Tracer)
-               for t in trees for leaf in jax.tree.leaves(t))
+    return any(not isinstance(t, (np.ndarray, np.generic))   # a NumPy leaf: no walk
+               and any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(t))
+               for t in trees)
 
 
 def is_concrete(*trees) -> bool:

@@ -28,7 +28,7 @@ from . import _stream
 from ._stream import Chunks, covariance_from_gram, solve_stream
 from .common import covariance_at, scale_pcov
 from .result import result_to_host
-from .solve import _concrete, route, solve_in_memory, solve_nlsq
+from .solve import route, solve_in_memory, solve_nlsq
 
 __all__ = ["curve_fit", "OptimizeWarning"]
 
@@ -188,7 +188,7 @@ _SOLVE_DEFAULTS = {k: p.default for k, p in inspect.signature(solve_nlsq).parame
 def _fit_outputs(res, cov, cf, absolute_sigma, full_output):
     """``(popt, pcov)`` (and scipy's ``infodict``, ``mesg``, ``ier``) of a fit."""
     popt = np.array(res.x) if isinstance(res.x, np.ndarray) else res.x  # writable
-    concrete = _concrete(res.status) and _concrete(res.cost) and _concrete(cov)
+    concrete = is_concrete(res.status, res.cost, cov)
     # the point count is the residual's size (a scalar ydata broadcasts against f)
     m = int(res.fun.size) if res.fun is not None else cf.m
     pcov = scale_pcov(cov, res.cost, m, cf.n, lm_rule=cf.lm_rule,

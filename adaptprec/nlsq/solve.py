@@ -186,22 +186,17 @@ def solve_in_memory(residual, x0, args, kw: dict, *, outputs: Outputs = Outputs(
     prob = prepare(residual, x0, args, checked=checked, **kw)
     sol = run(prob, outputs)
     res = _result(prob, sol)
-    if raise_start and _concrete(res.status) and int(res.status) in (-3, -4):
+    if raise_start and is_concrete(res.status) and int(res.status) in (-3, -4):
         from ._start import raise_nonfinite_start
 
         raise_nonfinite_start(residual, x0, args, res)
     return res, sol.cov
 
 
-def _concrete(v) -> bool:
-    """Whether ``v`` is a value (a program's NumPy output, or no tracer in it)."""
-    return isinstance(v, (np.ndarray, np.generic)) or is_concrete(v)
-
-
 def _result(prob: Problem, sol) -> NLSQResult:
     """The :class:`NLSQResult` of a program's :class:`._state.Solution`."""
     x = sol.x
-    if prob.x0_shape is not None and _concrete(x):
+    if prob.x0_shape is not None and is_concrete(x):
         x = np.asarray(x).reshape(prob.x0_shape)
     else:
         x = prob.unravel(x)
