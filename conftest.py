@@ -55,6 +55,23 @@ _SLOW_DOCTESTS = {
     "adaptprec.linalg.solve.solve",
     "adaptprec.batch.api.solve_nlsq_batch",
     "adaptprec.linalg",
+    # module examples of the solvers' building blocks, each compiling a solve of its own
+    # shapes (4-11 s each, ~65 s of compilation together); the default run tests each
+    # through its entry point (tests/test_nlsq_core.py for MoreLM and the TrustRegion
+    # steps, test_krylov*.py for the preconditioners and KrylovInfo, test_nlsq_stream.py,
+    # test_compaction.py, test_fit_odr.py, test_fit_report.py's profile intervals)
+    "adaptprec.nlsq.optx_solver",
+    "adaptprec.nlsq.solver",
+    "adaptprec.nlsq.trf",
+    "adaptprec.nlsq.lm",
+    "adaptprec.nlsq.gn",
+    "adaptprec.nlsq.common",
+    "adaptprec.nlsq._stream.Chunks",
+    "adaptprec.linalg.krylov.preconditioners",
+    "adaptprec.linalg.krylov.info",
+    "adaptprec.batch.compaction",
+    "adaptprec.analysis.odr",
+    "adaptprec.analysis.intervals",
 }
 
 
