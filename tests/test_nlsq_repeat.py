@@ -5,15 +5,14 @@ The first-call reference passes ``x0`` as a JAX array, which the memo does not t
 (``_inputs._structure_key``): the same program runs from a freshly prepared problem.
 """
 
-import inspect
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
 
 import adaptprec as ap
-from adaptprec._x64_rule import _ArgumentReader
 from adaptprec.batch.api import solve_nlsq_batch
 from adaptprec.nlsq import _caches
 from adaptprec.nlsq._inputs import all_finite
@@ -25,6 +24,10 @@ X0 = np.array([1.0, 1.0, 0.0])
 
 def expo(p, t, y):
     return p[0] * jnp.exp(-p[1] * t) + p[2] - y
+
+
+def decay(t, a, k, c):
+    return a * jnp.exp(-k * t) + c
 
 
 def _same_bits(a, b):
@@ -74,45 +77,56 @@ def test_repeat_checks_values(change, match):
 
 
 def test_unknown_option_raises_on_repeat():
-    def model(t, a, k, c):
-        return a * jnp.exp(-k * t) + c
-
-    ap.curve_fit(model, T, Y, p0=[1.0, 1.0, 0.0])
+    ap.curve_fit(decay, T, Y, p0=[1.0, 1.0, 0.0])
     with pytest.raises(TypeError, match="not_an_option"):
-        ap.curve_fit(model, T, Y, p0=[1.0, 1.0, 0.0], not_an_option=1)
+        ap.curve_fit(decay, T, Y, p0=[1.0, 1.0, 0.0], not_an_option=1)
 
 
-def test_argument_reader_is_bind():
-    """``float64_entry``'s reader gives ``sig.bind(...).arguments`` or bind's error."""
-    def kw_only(a, b=1, *, c, d=2, **kw):
-        pass
+def _bad_calls():
+    """Calls that do not bind, per entry point."""
+    return [(ap.curve_fit, (), {}), (ap.curve_fit, (decay, T), {}),
+            (ap.curve_fit, (decay, T, Y), {"xdata": T}),
+            (ap.curve_fit, (decay, T, Y, X0, None, False, None, (0, 1), "trf", None, 1), {}),
+            (ap.solve_nlsq, (), {"x0": X0}), (ap.solve_nlsq, (expo, X0, (T, Y), "lm"), {}),
+            (ap.solve_nlsq, (expo, X0), {"not_an_option": 1, "precision": "f64"}),
+            (ap.solve_nlsq, (expo,), {"residual": expo, "x0": X0}),
+            (solve_nlsq_batch, (expo,), {"precision": "f32"}),
+            (solve_nlsq_batch, (expo, X0), {"ydata": Y, "bogus": None})]
 
-    def pos_only(a, /, b, *args, c=3):
-        pass
 
-    def named_kwargs(a, b=2, *, kwargs=None):
-        pass
+def test_entry_point_bad_call_raises_pythons_type_error():
+    """With x64 off the x64 rule reads ``precision`` and the traced arguments by name and
+    leaves a call that does not bind to Python: the undecorated function's ``TypeError``."""
+    with jax.enable_x64(False):
+        for entry, args, kwargs in _bad_calls():
+            with pytest.raises(TypeError) as want:
+                entry.__wrapped__(*args, **kwargs)
+            with pytest.raises(TypeError) as got:
+                entry(*args, **kwargs)
+            assert str(got.value) == str(want.value), (entry.__name__, args, kwargs)
 
-    cases = [((1,), {}), ((1, 2), {}), ((1, 2, 3), {}), ((), {"a": 1}), ((1,), {"a": 2}),
-             ((1,), {"c": 1}), ((1,), {"c": 1, "z": 5}), ((1,), {"c": 1, "kw": 5}),
-             ((1, 2, 3, 4), {"c": 1}), ((), {}), ((1,), {"kwargs": {"precision": 1}}),
-             ((1,), {"b": 3, "c": 4, "d": 5, "precision": "f32"}), ((1, 2), {"x0": 3}),
-             (tuple(range(11)), {}), ((len, 1, 2), {"p0": [1]}), ((1, 2), {"kwargs": None}),
-             ((len, 1), {"ydata": 2, "precision": "f64", "fixed": {}})]
-    for fn in (kw_only, pos_only, named_kwargs, ap.curve_fit.__wrapped__,
-               ap.solve_nlsq.__wrapped__, solve_nlsq_batch.__wrapped__):
-        sig = inspect.signature(fn)
-        read = _ArgumentReader(sig)
-        for args, kwargs in cases:
-            try:
-                want = dict(sig.bind(*args, **kwargs).arguments)
-            except TypeError as exc:
-                want = str(exc)
-            try:
-                got = dict(read(args, kwargs))
-            except TypeError as exc:
-                got = str(exc)
-            assert got == want, (fn.__name__, args, kwargs)
+
+def test_residual_kwargs_none_in_an_x64_off_scope():
+    """``solve_nlsq(..., kwargs=None)`` (the residual's keyword arguments, not searched
+    for a precision) with x64 off: float64 in the x64 scope, the bits of x64 on."""
+    on = ap.solve_nlsq(expo, X0, args=(T, Y), kwargs=None)
+    with jax.enable_x64(False):
+        off = ap.solve_nlsq(expo, X0, args=(T, Y), kwargs=None)
+    assert isinstance(off.x, np.ndarray) and off.x.dtype == np.float64
+    _same_bits(off, on)
+
+
+def test_entry_point_traced_bad_call_raises_type_error():
+    """A call that does not bind raises Python's ``TypeError`` also when an argument is
+    traced (before the x64 rule's error for a traced float64 call)."""
+    with jax.enable_x64(False):
+        def bad(y):
+            return ap.curve_fit(decay, T, y, X0, xdata=T)
+
+        with pytest.raises(TypeError, match="multiple values"):
+            jax.jit(bad)(np.asarray(Y, np.float32))
+        with pytest.raises(ValueError, match="jax_enable_x64"):
+            jax.jit(lambda y: ap.curve_fit(decay, T, y, X0)[0])(np.asarray(Y, np.float32))
 
 
 def test_all_finite():
