@@ -5,6 +5,7 @@ The first-call reference passes ``x0`` as a JAX array, which the memo does not t
 (``_inputs._structure_key``): the same program runs from a freshly prepared problem.
 """
 
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -127,6 +128,20 @@ def test_entry_point_traced_bad_call_raises_type_error():
             jax.jit(bad)(np.asarray(Y, np.float32))
         with pytest.raises(ValueError, match="jax_enable_x64"):
             jax.jit(lambda y: ap.curve_fit(decay, T, y, X0)[0])(np.asarray(Y, np.float32))
+
+
+def test_memo_key_options_are_solve_nlsq_options():
+    """The problem memo's key takes every option but the per-call values, by the names
+    ``solve_nlsq`` and ``curve_fit`` pass (:func:`_inputs._prepare`'s keywords)."""
+    from adaptprec.nlsq import _inputs
+    from adaptprec.nlsq.curve_fit import _SOLVE_DEFAULTS
+
+    solve = {k for k, p in inspect.signature(ap.solve_nlsq.__wrapped__).parameters.items()
+             if p.kind is p.KEYWORD_ONLY}
+    dispatch = {"throw", "starts", "chunk_size"}   # route's, not the in-memory solve's
+    assert _inputs._OPTION_NAMES == solve - dispatch
+    assert _inputs._OPTION_NAMES == set(_SOLVE_DEFAULTS) | {"method", "bounds", "jac"}
+    assert set(_inputs._VALUE_OPTIONS) < _inputs._OPTION_NAMES
 
 
 def test_all_finite():

@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import operator
 from typing import Any, NamedTuple
 
@@ -167,26 +168,18 @@ class Problem(NamedTuple):
     given: Any = None     # its call's (bounds, x_scale, f_scale) when immutable
 
 
-#: The options keyed in a memo; bounds, x_scale, f_scale, jac_sparsity, kwargs are not
-_STATIC_OPTIONS = ("method", "loss", "jac", "ftol", "xtol", "gtol", "max_steps", "precision",
-                   "schedule", "linear_solver", "max_rejections", "cond_tol", "max_nfev",
-                   "diff_step", "tr_solver", "tr_options", "verbose", "workers", "callback")
-
-
 def _structure_key(residual, x0, args, kw):
     """A key of everything but the values of ``x0``, the data, the bounds, ``x_scale``
     and ``f_scale``, for the common eager call (NumPy data and ``x0``, an autodiff
     Jacobian, scalar or array bounds); ``None`` for anything else (an unknown option too)."""
-    try:
-        static = operator.itemgetter(*_STATIC_OPTIONS)(kw) if len(kw) == len(
-            _STATIC_OPTIONS) + 5 else None
-    except KeyError:
+    if kw.keys() != _OPTION_NAMES:
         return None
+    static = _static_options(kw)
     jac = kw["jac"]
     if not (jac is None or isinstance(jac, str) and jac in AD_METHODS) or kw["kwargs"] \
             or kw["jac_sparsity"] is not None:
         return None
-    if static is None or not (isinstance(x0, np.ndarray) or (isinstance(
+    if not (isinstance(x0, np.ndarray) or (isinstance(
             x0, (list, tuple)) and all(isinstance(v, (int, float)) for v in x0))):
         return None
     if not isinstance(args, tuple) or not all(type(a) is np.ndarray for a in args):
@@ -346,3 +339,12 @@ def _prepare(residual, x0, args, *, method, bounds, loss, f_scale, x_scale, jac,
     return Problem(a.residual, a.fun_flat, a.unravel, a.x0_shape, opts, jac_key, m, pad,
                    identity, a.host_kind or ("sparse" if sparse_fd else None), args,
                    context, sig(a.x0), njev_is_none(opts))
+
+
+#: ``solve_nlsq``'s options (:func:`_prepare`'s keywords)
+_OPTION_NAMES = frozenset(name for name, p in inspect.signature(_prepare).parameters.items()
+                          if p.kind is p.KEYWORD_ONLY and name != "checked")
+#: the options whose values a memoised problem takes per call (:func:`_with_values`);
+#: every other option is part of the memo's key
+_VALUE_OPTIONS = ("bounds", "x_scale", "f_scale", "jac_sparsity", "kwargs")
+_static_options = operator.itemgetter(*sorted(_OPTION_NAMES.difference(_VALUE_OPTIONS)))
