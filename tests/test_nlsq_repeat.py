@@ -61,6 +61,98 @@ def test_repeat_reuses_a_memoised_problem():
     assert _caches.PROBLEMS.hits == hits + 1
 
 
+def _options(**given):
+    """``solve_nlsq``'s options as it hands them to :func:`_inputs.prepare`."""
+    from adaptprec.nlsq.curve_fit import _SOLVE_DEFAULTS
+
+    return {**_SOLVE_DEFAULTS, "method": None, "bounds": (-np.inf, np.inf), "jac": None,
+            **given}
+
+
+@pytest.fixture
+def prepared(monkeypatch):
+    """``prepare(residual, x0, args, **options) -> (problem, prepared from scratch)``,
+    the memo of problems emptied first."""
+    from adaptprec.nlsq import _inputs
+
+    _caches.PROBLEMS.clear()
+    calls = []
+    real = _inputs._prepare
+    monkeypatch.setattr(_inputs, "_prepare", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def prepare(residual, x0, args, **options):
+        calls.clear()
+        return _inputs.prepare(residual, x0, args, **_options(**options)), bool(calls)
+    prepare.calls = calls
+    return prepare
+
+
+def test_new_length_in_a_padded_bucket_takes_its_problem(prepared):
+    """40 points pad to 48: 37 points take the bucket's problem (its runner, no analysis)
+    and check their values; 48 points are not padded and are prepared from scratch."""
+    p40, fresh = prepared(expo, X0, (T, Y))
+    assert fresh and p40.pad[1] == 48
+    p37, fresh = prepared(expo, X0, (T[:37], Y[:37]))
+    assert not fresh and p37.m == 37 and p37.memo_key == p40.memo_key
+    assert p37.pad == p40.pad and p37.args[0].shape == (37,)
+    assert prepared(expo, X0, (T[:37], Y[:37]))[0].m == 37    # now by its own key
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        prepared(expo, X0, (T[:36], np.where(T[:36] > 1, np.nan, Y[:36])))
+    t48 = np.linspace(0.0, 3.0, 48)
+    p48, fresh = prepared(expo, X0, (t48, 2.0 * np.exp(-1.3 * t48)))
+    assert fresh and p48.pad is None and p48.m == 48
+
+
+def test_new_length_answers_with_first_call_bits():
+    ap.solve_nlsq(expo, X0, args=(T, Y))
+    memo = ap.solve_nlsq(expo, X0 + 0.1, args=(T[:37], Y[:37]))   # the bucket's problem
+    first = ap.solve_nlsq(expo, jnp.asarray(X0 + 0.1), args=(T[:37], Y[:37]))
+    _same_bits(memo, first)
+    assert memo.fun.shape == (37,) and memo.jac.shape == (37, 3)
+
+
+def test_new_length_deciding_otherwise_is_prepared_again(prepared):
+    """A length that decides differently from its bucket's problem: float64 alone below
+    ``m n = 32768`` (n = 3: 10,922 residuals), not above; lm's ``m >= n``."""
+    t = np.linspace(0.0, 3.0, 11_000)
+    y = 2.0 * np.exp(-1.3 * t)
+    alone, fresh = prepared(expo, X0, (t[:10_000], y[:10_000]), linear_solver="qr")
+    assert fresh and alone.pad[1] == 12_288 and alone.opts.adaptive_stop
+    ladder, fresh = prepared(expo, X0, (t, y), linear_solver="qr")
+    assert fresh and not ladder.opts.adaptive_stop and ladder.memo_key != alone.memo_key
+
+    def wide(p, t, y):   # 20 parameters, three of them used
+        return expo(p[:3], t, y) + 0.0 * jnp.sum(p)
+
+    x0 = np.r_[X0, np.zeros(17)]
+    assert prepared(wide, x0, (T[:22], Y[:22]), method="lm")[0].pad[1] == 24
+    with pytest.raises(ValueError, match="at least as many residuals"):
+        prepared(wide, x0, (T[:19], Y[:19]), method="lm")
+    assert not prepared.calls   # raised by the bucket's problem
+
+
+def test_curve_fit_new_length_takes_its_problem():
+    """curve_fit's memoised problem serves any number of points, with scipy's checks."""
+    from adaptprec.nlsq._model import prepare_curve_fit
+
+    def four(x, a, b, c, d):
+        return a + b * x + c * x ** 2 + d * x ** 3
+
+    def prepare(m, **kw):
+        return prepare_curve_fit(four, T[:m], Y[:m], None, kw.get("sigma"), None,
+                                 (-np.inf, np.inf), None, None)
+
+    prepare(40)
+    hits = _caches.PROBLEMS.hits
+    cf = prepare(37)
+    assert _caches.PROBLEMS.hits == hits + 1 and cf.m == 37 and cf.args[1].shape == (37,)
+    with pytest.raises(TypeError, match="must not exceed the number of data points=3"):
+        prepare(3)   # lm: four parameters, three points
+    cf = prepare(5, sigma=np.full(5, 0.5))
+    assert cf.m == 5 and cf.args[2].tolist() == [2.0] * 5
+    assert prepare(6, sigma=np.full(6, 0.5)).args[2].shape == (6,)
+
+
 @pytest.mark.parametrize("change, match", [
     (dict(x0=np.array([20.0, 1.0, 0.0])), "bound"),
     (dict(x0=np.array([np.nan, 1.0, 0.0])), "x0"),
