@@ -194,17 +194,9 @@ def float64_entry(entry: str, traced_args: tuple[str, ...], host: Callable = to_
 
     def deco(fn):
         sig = inspect.signature(fn)
-        read = _ArgumentReader(sig)
+        value = _argument_lookup(sig)
         p = sig.parameters.get("precision")
         default = p.default if p is not None else "adaptive"
-
-        def precision_of(arguments):
-            if "precision" in arguments:
-                return arguments["precision"]
-            kw = arguments.get("kwargs", {})
-            if isinstance(kw, dict) and "precision" in kw:
-                return kw["precision"]
-            return default
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
@@ -215,16 +207,17 @@ def float64_entry(entry: str, traced_args: tuple[str, ...], host: Callable = to_
                 if always_host:
                     return host(out)
                 return device(out) if device is not None else out
-            arguments = read(args, kwargs)
-            precision = precision_of(arguments)
+            # (a bad call reads None for what it lacks; fn raises Python's TypeError)
+            precision = value(args, kwargs, "precision", default)
             # (or a user's trace around concrete arguments: the residual may close over
             # its values)
-            traced = not is_eager(*(arguments.get(a) for a in traced_args))
+            traced = not is_eager(tuple(value(args, kwargs, a) for a in traced_args))
             if not wants_float64(precision):
                 if always_host and not traced:
                     return host(fn(*args, **kwargs))
                 return fn(*args, **kwargs)
             if traced:
+                sig.bind(*args, **kwargs)   # a bad call: Python's TypeError first
                 raise traced_x64_error(entry, "precision", precision, "precision='f32'")
             with float64_scope():
                 return host(fn(*args, **kwargs))
@@ -234,47 +227,26 @@ def float64_entry(entry: str, traced_args: tuple[str, ...], host: Callable = to_
     return deco
 
 
-class _ArgumentReader:
-    """``sig.bind(*args, **kwargs).arguments`` (the arguments given, by name; the
-    variadic keyword parameter as the dict of the others), read directly for a call that
-    binds (a few dict operations instead of ``inspect``'s walk over every parameter);
-    other calls go through ``bind``, which raises its ``TypeError``."""
+def _argument_lookup(sig: inspect.Signature):
+    """``value(args, kwargs, name, default=None)``: the argument a call of a function
+    with signature ``sig`` gives for the parameter ``name`` (by position or by keyword;
+    for the variadic keyword parameter, the keywords no other parameter takes), or
+    ``default``. A name that is no parameter is looked up among the keywords (a
+    ``**kwargs`` option such as ``curve_fit``'s ``precision``). Nothing is validated:
+    the call itself raises Python's ``TypeError`` when it does not bind."""
+    params = sig.parameters
+    positional = {name: i for i, (name, p) in enumerate(params.items())
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    var_keyword = next((name for name, p in params.items() if p.kind is p.VAR_KEYWORD),
+                       None)
 
-    def __init__(self, sig: inspect.Signature):
-        kinds = inspect.Parameter
-        params = list(sig.parameters.values())
-        self.sig = sig
-        self.positional = tuple(p.name for p in params if p.kind in (
-            kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD))
-        self.required = sum(p.default is kinds.empty for p in params if p.name in
-                            self.positional)
-        self.keywords = frozenset(p.name for p in params if p.kind in (
-            kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY))
-        self.required_keywords = frozenset(
-            p.name for p in params if p.kind is kinds.KEYWORD_ONLY and
-            p.default is kinds.empty)
-        self.var_keyword = next((p.name for p in params if p.kind is kinds.VAR_KEYWORD),
-                                None)
-        self.simple = not any(p.kind in (kinds.VAR_POSITIONAL, kinds.POSITIONAL_ONLY)
-                              for p in params)
+    def value(args: tuple, kwargs: dict, name: str, default=None):
+        if name == var_keyword:
+            return {k: v for k, v in kwargs.items() if k not in params}
+        i = positional.get(name)
+        if i is not None and (i < len(args) or params[name].kind is params[name].
+                              POSITIONAL_ONLY):
+            return args[i] if i < len(args) else default
+        return kwargs.get(name, default)
 
-    def __call__(self, args: tuple, kwargs: dict) -> dict:
-        n = len(args)
-        given = self.positional[:n]
-        if not self.simple or n > len(self.positional) or \
-                not kwargs.keys().isdisjoint(given) or \
-                not self.required_keywords <= kwargs.keys() or \
-                any(name not in kwargs for name in self.positional[n:self.required]):
-            return self.sig.bind(*args, **kwargs).arguments   # (raises, or unusual)
-        out = dict(zip(given, args))
-        extra = {}
-        for k, v in kwargs.items():
-            if k in self.keywords:
-                out[k] = v
-            elif self.var_keyword is None:
-                return self.sig.bind(*args, **kwargs).arguments   # raises
-            else:
-                extra[k] = v
-        if extra:
-            out[self.var_keyword] = extra
-        return out
+    return value

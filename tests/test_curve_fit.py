@@ -116,6 +116,34 @@ def test_exact_fit_of_a_non_identifiable_model_is_inf_not_nan(method):
     assert np.all(np.asarray(pcov) == 0.0)
 
 
+@pytest.mark.parametrize("lm_rule", [False, True])
+@pytest.mark.parametrize("absolute_sigma", [False, True])
+def test_scale_pcov_rules_numpy_and_traced(lm_rule, absolute_sigma):
+    """scipy's pcov rules: times ``2 cost / (m - n)`` unless absolute_sigma (inf for
+    ``m <= n``); an inf entry stays inf, also at cost 0; lm: all inf when one is. NumPy
+    and under jit with the same bits."""
+    from adaptprec.nlsq.common import scale_pcov
+
+    inf = np.inf
+    finite = np.array([[2.0, -0.5], [-0.5, 1.0]])
+    holed = np.array([[2.0, inf], [inf, 1.0]])
+    every = np.full((2, 2), inf)
+    # (cov, cost, m) -> (relative sigma, absolute sigma); n = 2, 2 * 0.75 / 8 = 0.1875
+    cases = {(0, 0.75, 10): (finite * 0.1875, finite),
+             (1, 0.75, 10): ([[0.375, inf], [inf, 0.1875]], holed),
+             (1, 0.0, 10): ([[0.0, inf], [inf, 0.0]], holed),
+             (0, 0.75, 2): (every, finite)}
+    for (i, cost, m), wants in cases.items():
+        cov = (finite, holed)[i]
+        got = scale_pcov(cov, cost, m, 2, lm_rule=lm_rule, absolute_sigma=absolute_sigma)
+        want = every if lm_rule and i == 1 else np.asarray(wants[absolute_sigma])
+        assert np.array_equal(got, want), (i, cost, m)
+        traced = jax.jit(scale_pcov, static_argnums=(2, 3), static_argnames=(
+            "lm_rule", "absolute_sigma", "xnp"))(cov, cost, m, 2, lm_rule=lm_rule,
+                                                 absolute_sigma=absolute_sigma, xnp=jnp)
+        assert np.array_equal(np.asarray(traced), got)
+
+
 def test_bounds_match_scipy():
     bounds = ([0.0, 0.0, 0.55], [10.0, 10.0, 1.0])
     p0 = [1.0, 1.0, 0.7]

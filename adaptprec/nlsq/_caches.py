@@ -10,7 +10,9 @@ them all (``adaptprec.nlsq.clear_cache``). Compiled executables themselves live 
 memo                      key -> value                                                size
 ========================  ==========================================================  ====
 ``PROBLEMS``              (residual, shapes, options) -> a validated problem of the
-                          common eager call (:func:`._inputs.prepare`)                 64
+                          common eager call (:func:`._inputs.prepare`); without the
+                          data lengths -> the last padded one (a new length in its
+                          bucket); curve_fit's problems                                64
 ``SIZES``                 (residual, x0 and args signatures) -> ``m``                  256
 ``POINT_AXES``            (residual, x0 and args signatures) -> point axes or None     256
 ``TRACES``                (residual, x0 and padded-args signatures, rungs) -> per-rung

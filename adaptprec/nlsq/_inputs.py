@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import operator
 from typing import Any, NamedTuple
 
@@ -167,26 +168,31 @@ class Problem(NamedTuple):
     given: Any = None     # its call's (bounds, x_scale, f_scale) when immutable
 
 
-#: The options keyed in a memo; bounds, x_scale, f_scale, jac_sparsity, kwargs are not
-_STATIC_OPTIONS = ("method", "loss", "jac", "ftol", "xtol", "gtol", "max_steps", "precision",
-                   "schedule", "linear_solver", "max_rejections", "cond_tol", "max_nfev",
-                   "diff_step", "tr_solver", "tr_options", "verbose", "workers", "callback")
+class _Key(NamedTuple):
+    """The structure of a common eager call (:func:`_structure_key`)."""
+
+    residual: Any
+    x0_shape: tuple
+    data: tuple          # (shape, dtype) of each data array
+    bounds: tuple        # per bound: finite (a number) or (shape, finite entries)
+    x_scale: Any
+    options: tuple       # the options but :data:`_VALUE_OPTIONS`
+    x64: bool
+    backend: str
 
 
 def _structure_key(residual, x0, args, kw):
     """A key of everything but the values of ``x0``, the data, the bounds, ``x_scale``
     and ``f_scale``, for the common eager call (NumPy data and ``x0``, an autodiff
     Jacobian, scalar or array bounds); ``None`` for anything else (an unknown option too)."""
-    try:
-        static = operator.itemgetter(*_STATIC_OPTIONS)(kw) if len(kw) == len(
-            _STATIC_OPTIONS) + 5 else None
-    except KeyError:
+    if kw.keys() != _OPTION_NAMES:
         return None
+    static = _static_options(kw)
     jac = kw["jac"]
     if not (jac is None or isinstance(jac, str) and jac in AD_METHODS) or kw["kwargs"] \
             or kw["jac_sparsity"] is not None:
         return None
-    if static is None or not (isinstance(x0, np.ndarray) or (isinstance(
+    if not (isinstance(x0, np.ndarray) or (isinstance(
             x0, (list, tuple)) and all(isinstance(v, (int, float)) for v in x0))):
         return None
     if not isinstance(args, tuple) or not all(type(a) is np.ndarray for a in args):
@@ -205,9 +211,73 @@ def _structure_key(residual, x0, args, kw):
     xs = kw["x_scale"]
     xs = xs if xs is None or isinstance(xs, (str, int, float)) else (
         "array" if type(xs) is np.ndarray else None)
-    return _caches.hashable_key((residual, np.shape(x0), tuple(
+    return _caches.hashable_key(_Key(residual, np.shape(x0), tuple(
         (a.shape, a.dtype.str) for a in args), tuple(bsig), xs, static, x64_enabled(),
         jax.default_backend()))
+
+
+def _any_length(key: _Key) -> _Key:
+    """``key`` with each data array's dimensions left out (its number of dimensions
+    kept): the memo's entry for the last padded problem of this structure."""
+    return key._replace(data=("any length", *((len(s), d) for s, d in key.data)))
+
+
+def _bucket_key(key: _Key, prob: Problem):
+    """The key of a padded problem's runner (:func:`._programs.run_identity`): ``key``
+    with the data at the bucket length, and what the length decided (the ladder)."""
+    axes, M = prob.pad
+    data = tuple((s if ax is None else (*s[:ax], M, *s[ax + 1:]), d)
+                 for (s, d), ax in zip(key.data, axes))
+    return key._replace(data=data), prob.opts.rungs, prob.opts.linear_solver
+
+
+def _new_length(key: _Key, args: tuple, kw: dict):
+    """The memoised problem of a new data length in a bucket padded before, with this
+    call's ``m``, or ``None``: the last padded problem of this structure
+    (:func:`_any_length`) serves when this call's data have one length ``m`` along its
+    point axes (the others as its own), ``m`` pads to the same bucket (``m`` the bucket
+    length itself is not padded) and decides what its length decided (float64 alone,
+    the linear solver). The checks of ``m`` run as in :func:`_prepare`."""
+    from ._buckets import bucket
+    from .common import check_loss_output
+
+    known = _caches.PROBLEMS.get(_any_length(key))
+    if known is None:
+        return None
+    (axes, M), opts = known.pad, known.opts
+    lengths = {a.shape[ax] for a, ax in zip(args, axes) if ax is not None}
+    if len(lengths) != 1:
+        return None
+    m = lengths.pop()
+    if m == M or bucket(m) != M or any(
+            a.shape != b.shape and (ax is None or a.shape[:ax] != b.shape[:ax] or
+                                    a.shape[ax + 1:] != b.shape[ax + 1:])
+            for a, b, ax in zip(args, known.args, axes)):
+        return None
+    if float64_alone(kw["precision"], kw["schedule"], m, opts.n) != opts.adaptive_stop or \
+            _linear_solver_for(kw["linear_solver"], m) != opts.linear_solver:
+        return None
+    check_loss_output(opts.loss, m, opts.rungs[-1])
+    _check_residual_count(opts.method, m, opts.n)
+    return known._replace(m=m)
+
+
+def _linear_solver_for(linear_solver: str, m: int) -> str:
+    """``linear_solver`` with ``"auto"`` decided for ``m`` residuals: the normal
+    equations from :data:`.common.NORMAL_EQ_MIN_M` on, else QR."""
+    from .common import NORMAL_EQ_MIN_M
+
+    if linear_solver == "auto":
+        return "normal" if m >= NORMAL_EQ_MIN_M else "qr"
+    return linear_solver
+
+
+def _check_residual_count(method, m: int, n: int) -> None:
+    """``lm`` and ``gn`` need at least as many residuals as parameters."""
+    if method in ("lm", "gn") and m < n:
+        raise ValueError(f"method={method!r} needs at least as many residuals as "
+                         f"parameters; got m={m} residuals for n={n} parameters. Use "
+                         "method='trf' or add residuals.")
 
 
 def _with_values(known: Problem, x0, args, kw, checked) -> Problem:
@@ -248,6 +318,10 @@ def prepare(residual, x0, args, *, checked=(), **kw) -> Problem:
     key = None if trace_active() else _structure_key(residual, x0, args, kw)
     if key is not None:
         known = _caches.PROBLEMS.get(key)
+        if known is None:
+            known = _new_length(key, args, kw)
+            if known is not None:
+                _caches.PROBLEMS.put(key, known)
         if known is not None:
             return _with_values(known, x0, args, kw, checked)
     prob = _prepare(residual, x0, args, checked=checked, **kw)
@@ -256,8 +330,11 @@ def prepare(residual, x0, args, *, checked=(), **kw) -> Problem:
         # immutable values (the same objects again are the same values) are kept
         immutable = type(b) is tuple and all(type(v) in (int, float) for v in b) and \
             isinstance(xs, (str, int, float, type(None))) and isinstance(fs, (int, float))
-        prob = prob._replace(memo_key=key, given=given if immutable else None)
+        prob = prob._replace(memo_key=key if prob.pad is None else _bucket_key(key, prob),
+                             given=given if immutable else None)
         _caches.PROBLEMS.put(key, prob)
+        if prob.pad is not None:
+            _caches.PROBLEMS.put(_any_length(key), prob)
     return prob
 
 
@@ -273,7 +350,7 @@ def _prepare(residual, x0, args, *, method, bounds, loss, f_scale, x_scale, jac,
     from ._methods import njev_is_none
     from ._state import Options
     from ._step_schedule import schedule_for
-    from .common import NORMAL_EQ_MIN_M, check_loss_output
+    from .common import check_loss_output
 
     if not callable(residual):
         raise TypeError(f"residual must be callable, got {type(residual).__name__}")
@@ -312,16 +389,12 @@ def _prepare(residual, x0, args, *, method, bounds, loss, f_scale, x_scale, jac,
     sparse_fd = jac_sparsity is not None and not callable(jac)
     tr = tr_solver_options(tr_solver, tr_options, method,
                            a.host_kind or ("sparse" if sparse_fd else None))
-    if method in ("lm", "gn") and m < n:
-        raise ValueError(f"method={method!r} needs at least as many residuals as "
-                         f"parameters; got m={m} residuals for n={n} parameters. Use "
-                         "method='trf' or add residuals.")
+    _check_residual_count(method, m, n)
     if is_concrete(a.x0_flat) and bounds_known:
         check_x0_inside(a.x0_flat, lb, ub)
     max_steps, portfolio = step_budget(max_steps, n, max_nfev)
     schedule = schedule_for(schedule, rungs)
-    if linear_solver == "auto":
-        linear_solver = "normal" if m >= NORMAL_EQ_MIN_M else "qr"
+    linear_solver = _linear_solver_for(linear_solver, m)
     autodiff = jac in AD_METHODS
     axes = a.point_axes() if linear_solver == "normal" and jac == "fwd" else None
     jac, jac_key = _residual.jacobian(jac, a.fun_flat, m, n, a.host_kind, diff_step,
@@ -346,3 +419,12 @@ def _prepare(residual, x0, args, *, method, bounds, loss, f_scale, x_scale, jac,
     return Problem(a.residual, a.fun_flat, a.unravel, a.x0_shape, opts, jac_key, m, pad,
                    identity, a.host_kind or ("sparse" if sparse_fd else None), args,
                    context, sig(a.x0), njev_is_none(opts))
+
+
+#: ``solve_nlsq``'s options (:func:`_prepare`'s keywords)
+_OPTION_NAMES = frozenset(name for name, p in inspect.signature(_prepare).parameters.items()
+                          if p.kind is p.KEYWORD_ONLY and name != "checked")
+#: the options whose values a memoised problem takes per call (:func:`_with_values`);
+#: every other option is part of the memo's key
+_VALUE_OPTIONS = ("bounds", "x_scale", "f_scale", "jac_sparsity", "kwargs")
+_static_options = operator.itemgetter(*sorted(_OPTION_NAMES.difference(_VALUE_OPTIONS)))

@@ -278,7 +278,7 @@ def prepare_curve_fit(f, xdata, ydata, p0, sigma, check_finite, bounds, method,
 def _curve_fit_key(f, xdata, ydata, p0, sigma, check_finite, bounds, method, nan_policy):
     """The structure of the common call, or ``None``."""
     if nan_policy is not None or type(xdata) is not np.ndarray or \
-            type(ydata) is not np.ndarray or ydata.ndim != 1 or \
+            type(ydata) is not np.ndarray or ydata.ndim != 1 or not ydata.size or \
             xdata.dtype.kind not in "fiu" or ydata.dtype.kind not in "fiu":
         return None
     if sigma is None or isinstance(sigma, (int, float)):
@@ -298,25 +298,38 @@ def _curve_fit_key(f, xdata, ydata, p0, sigma, check_finite, bounds, method, nan
     if not (isinstance(bounds, tuple) and len(bounds) == 2 and
             all(type(b) in (float, int) for b in bounds)):
         return None
-    return _caches.hashable_key(("curve_fit", f, xdata.shape, xdata.dtype.str,
-                                 ydata.shape, ydata.dtype.str, sk, pk, bounds, method,
-                                 check_finite, x64_enabled()))
+    # (any number of points: xdata's dimensions of ydata's length left out)
+    m = ydata.shape[0]
+    return _caches.hashable_key(("curve_fit", f, tuple(-1 if d == m else d for d in
+                                                       xdata.shape), xdata.dtype.str,
+                                 ydata.dtype.str, sk, pk, bounds, method, check_finite,
+                                 x64_enabled()))
 
 
 def _with_data(known: CurveFitProblem, xdata, ydata, p0, sigma) -> CurveFitProblem:
-    """A memoised curve_fit problem with this call's data, ``p0`` and ``sigma``."""
+    """A memoised curve_fit problem with this call's data (any number of points), ``p0``
+    and ``sigma``."""
     x = xdata if xdata.dtype.kind == "f" else xdata.astype(float)
     y = ydata if ydata.dtype == np.float64 else ydata.astype(np.float64)
     checked = _check_finite_data(x, y) if known.checked else ()
+    m = y.shape[0]
+    _check_point_count(m, known.n, known.lm_rule)
     extra = ()
     if known.kind == "1d":
         s = np.asarray(sigma, np.float64)
         if np.any(s <= 0):
             raise ValueError("1-D `sigma` must be positive (standard deviations).")
         with np.errstate(over="ignore", divide="ignore"):
-            extra = (np.broadcast_to(1.0 / s.reshape(-1), (known.m,)),)
+            extra = (np.broadcast_to(1.0 / s.reshape(-1), (m,)),)
     p0 = known.p0 if p0 is None else np.asarray(p0, np.float64)   # 1-D by the key
-    return known._replace(p0=p0, args=(x, y, *extra), checked=checked)
+    return known._replace(p0=p0, args=(x, y, *extra), m=m, checked=checked)
+
+
+def _check_point_count(m: int, n: int, lm_rule: bool) -> None:
+    """scipy's rule: ``lm`` needs at least as many data points as parameters."""
+    if lm_rule and m != 1 and n > m:
+        raise TypeError(f"The number of func parameters={n} must not exceed the number "
+                        f"of data points={m}")
 
 
 def _prepare_curve_fit(f, xdata, ydata, p0, sigma, check_finite, bounds, method,
@@ -359,9 +372,7 @@ def _prepare_curve_fit(f, xdata, ydata, p0, sigma, check_finite, bounds, method,
     unbounded = is_concrete(bounds) and all(
         np.all(np.isinf(np.asarray(b, float))) for b in bounds if not isinstance(b, dict))
     lm_rule = method == "lm" or (method is None and unbounded)
-    if lm_rule and m != 1 and n > m:
-        raise TypeError(f"The number of func parameters={n} must not exceed the number "
-                        f"of data points={m}")
+    _check_point_count(m, n, lm_rule)
     kind, extra = _sigma_args(sigma, ydata, m, concrete, xnp)
     return CurveFitProblem(_residual_for(f, kind), p0, (xdata, ydata, *extra), kind,
                            bounds, n, m, lm_rule, checked, concrete)

@@ -185,22 +185,27 @@ def run_identity(prob, outputs: Outputs) -> Solution:
 
 class _Runner:
     """One identity program with what its calls share: the residual's hoisted arrays,
-    the layouts of its packed operands and results, the bucket's padding."""
+    the layouts of its packed operands and results, the bucket's padding (every data
+    length of the bucket runs on it)."""
 
-    def __init__(self, prog, consts, out: Packer, ctx: Packer, pad, m: int):
+    def __init__(self, prog, consts, out: Packer, ctx: Packer, pad):
         self.prog, self.consts, self.out, self.ctx = prog, consts, out, ctx
         self.pad = pad
-        self.m = np.asarray(m, np.int32)
-        self.idx = None if pad is None else np.minimum(np.arange(pad[1]), m - 1)
+        self.rows = (None, None)   # (m, the data rows of the bucket) of the last call
 
     def __call__(self, prob) -> Solution:
-        args = prob.args
+        args, m = prob.args, prob.m
         if self.pad is not None:   # the last point repeated to the bucket (masked)
+            rows = self.rows   # (read once: another thread may replace it)
+            if rows[0] != m:
+                rows = self.rows = (m, np.minimum(np.arange(self.pad[1]), m - 1))
+            idx = rows[1]
             leaves, treedef = jax.tree.flatten(args)
             args = jax.tree.unflatten(treedef, [
-                a if ax is None else np.take(np.asarray(a), self.idx, axis=ax)
+                a if ax is None else np.take(np.asarray(a), idx, axis=ax)
                 for a, ax in zip(leaves, self.pad[0])])
-        packed = self.prog(self.ctx.pack_numpy(prob.context), self.consts, args, self.m)
+        packed = self.prog(self.ctx.pack_numpy(prob.context), self.consts, args,
+                           np.asarray(m, np.int32))
         return Solution(**{**_NO_SOLUTION, **self.out.unpack_numpy(packed)})
 
 
@@ -216,10 +221,10 @@ def _identity_runner(prob, outputs: Outputs) -> _Runner:
     consts = tuple(tr.consts for tr in traced)
     ctx = context_packer(opts.n, opts.rungs[-1])
     out = solution_packer(opts, outputs, padded_to or m)
-    runner = _Runner(None, consts, out, ctx, pad, m)
+    runner = _Runner(None, consts, out, ctx, pad)
     operands = (ctx.pack_numpy(prob.context), consts,
                 pad_points(args, pad[0], m, padded_to) if pad is not None else args,
-                runner.m)
+                np.asarray(m, np.int32))
     key = ("nlsq-solve", tuple(tr.key for tr in traced), _options_key(opts, prob.jac_key),
            outputs, padded_to, _arg_sig(operands[2]))
     prog = _caches.PROGRAMS.get(key)

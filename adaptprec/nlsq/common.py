@@ -404,14 +404,15 @@ def scale_pcov(cov, cost, m: int, n: int, *, lm_rule: bool, absolute_sigma: bool
     times the reduced chi-square ``2 cost / (m - n)`` (``inf`` everywhere when ``m <=
     n``). An ``inf`` entry stays ``inf`` also for an exact fit (cost 0). ``xnp``:
     ``numpy``, or ``jax.numpy`` for traced values."""
-    dof = m - n
-    if xnp is np and dof > 0 and not absolute_sigma and not np.isinf(cov).any():
-        return np.asarray(cov) * (2.0 * np.asarray(cost) / dof)   # (the common case)
-    if lm_rule:
-        cov = xnp.where(xnp.any(xnp.isinf(cov)), xnp.inf, cov)
-    if absolute_sigma:
-        return cov
-    if dof > 0:
-        with np.errstate(invalid="ignore"):   # inf * 0, discarded
-            return xnp.where(xnp.isinf(cov), cov, cov * (2.0 * xnp.asarray(cost) / dof))
-    return xnp.full_like(cov, xnp.inf)
+    cov = xnp.asarray(cov)
+    inf = xnp.isinf(cov)
+    some_inf = xnp.count_nonzero(inf) > 0
+    finite = xnp is np and not some_inf   # (known on the host: the wheres are no-ops)
+    if not absolute_sigma:
+        if m <= n:
+            return xnp.full_like(cov, xnp.inf)
+        scale = 2.0 * xnp.asarray(cost) / (m - n)
+        cov = cov * (scale if finite else xnp.where(inf, 1.0, scale))
+    if lm_rule and not finite:
+        cov = xnp.where(some_inf, xnp.inf, cov)
+    return cov

@@ -200,7 +200,7 @@ def _fit_outputs(res, cov, cf, absolute_sigma, full_output):
     if concrete:
         if cf.concrete and not int(res.status) > 0:
             raise RuntimeError("Optimal parameters not found: " + res.message)
-        if np.isinf(pcov).any():
+        if np.count_nonzero(np.isinf(pcov)):
             warnings.warn("Covariance of the parameters could not be estimated (inf "
                           "where a parameter is not identifiable)", _warning_class(),
                           stacklevel=4)
