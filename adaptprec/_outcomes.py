@@ -50,7 +50,8 @@ class Outcomes:
             return
         rung, attempt = self.pending
         self.pending = None
-        r = int(np.max(np.asarray(rung)))   # a batch: the highest rung any element needed
+        r = np.asarray(rung)
+        r = int(r) if r.ndim == 0 else int(r.max())  # a batch: the highest rung needed
         for k, tried in enumerate(attempt):
             if tried and k <= r:
                 self.tries[k].append(k < r)

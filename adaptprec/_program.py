@@ -180,14 +180,15 @@ class _Program:
     def plan_with(self, shapes, p_fail=None, size: int = 1) -> _plan.Plan:
         """The plan for these ``(shape, dtype)`` pairs with the per-rung failure chances
         ``p_fail`` (``None``: a priori), cached per both."""
-        avals = tuple(jax.ShapeDtypeStruct(s, d) for s, d in shapes)
         # (to a tenth: the chance moves the plan only across its break-even, and a new
         # value costs a planning pass)
         rounded = None if p_fail is None else tuple(round(p, 1) for p in p_fail)
-        key = (tuple((a.shape, str(a.dtype)) for a in avals), size, jax.default_backend(),
-               rounded)
+        # (the key from the pairs as given: building avals and dtype names for it cost
+        # ~70 us of every eager call that looks up a learned plan)
+        key = (shapes, size, jax.default_backend(), rounded)
         plan = self._plans.get(key)
         if plan is None:
+            avals = tuple(jax.ShapeDtypeStruct(s, d) for s, d in shapes)
             g = self.accuracy_guard
             if self.mgr.plan == "all" or g is None:
                 plan = _plan.all_rungs(self.n_rungs)

@@ -333,8 +333,9 @@ class MixedPrecisionManager:
             st[0].note(rung, program.plan_of(spec_key[1]).attempt)
 
     def _learning(self, spec_key, program):
-        """``[Outcomes, {plan: compiled entry}]`` for these shapes, ``False`` when the
-        plan has nothing to learn, ``None`` before the first call planned them."""
+        """``[Outcomes, {failure chances: compiled entry or None}]`` for these shapes
+        (``None``: the a-priori program), ``False`` when the plan has nothing to learn,
+        ``None`` before the first call planned them."""
         st = self._learn.get(spec_key)
         if st is None:
             plan = program.plans_by_shapes.get(spec_key[1])
@@ -363,19 +364,28 @@ class MixedPrecisionManager:
         outcomes.calls += 1
         if not outcomes.tried() or outcomes.calls % _outcomes.RETRY_EVERY == 0:
             return None
-        p_fail = outcomes.p_fail(_plan.P_FAIL)
-        plan = program.plan_with(spec_key[1], p_fail)
+        # (per failure chances as the plan rounds them, the entry chosen: a repeat call
+        # looks it up instead of the plan, ~0.1 ms of host work per call; the top rung's
+        # chance prices nothing, so it is left out of the key)
+        chances = tuple(round(p, 1) for p in outcomes.p_fail(_plan.P_FAIL)[:-1]) + (0.0,)
+        if chances in made:
+            return made[chances]
+        plan = program.plan_with(spec_key[1], chances)
         default = program.plans_by_shapes.get(spec_key[1])
-        if default is None or (plan.attempt, plan.check) == (default.attempt,
-                                                             default.check):
-            return None     # the same program (only the notes differ)
-        if plan not in made:
-            sp = _Program(self, program.fn, program.treedef, program.dyn_pos,
-                          program.static, program.n_leaves)
-            sp.forced = plan
-            made[plan] = [sp.run, jax.jit(functools.partial(
-                sp.run, host_raise=self.on_failure == "raise")), sp, None]
-        return made[plan]
+        if default is None:
+            return None
+        entry = None        # the same program (only the notes differ)
+        if (plan.attempt, plan.check) != (default.attempt, default.check):
+            entry = next((e for e in made.values() if e is not None and e[2].forced
+                          == plan), None)
+            if entry is None:
+                sp = _Program(self, program.fn, program.treedef, program.dyn_pos,
+                              program.static, program.n_leaves)
+                sp.forced = plan
+                entry = [sp.run, jax.jit(functools.partial(
+                    sp.run, host_raise=self.on_failure == "raise")), sp, None]
+        made[chances] = entry
+        return entry
 
     # ------------------------------------------------------------ speculation
 

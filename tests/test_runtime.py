@@ -519,6 +519,12 @@ def test_settled_eager_calls_take_the_fast_path():
     for _ in range(3):
         g(big)
     assert not g.manager._fast
+    # a repeat call looks its learned plan up by the failure chances: no planning pass
+    (entry,) = g.manager._cache.values()
+    planned, plan_with = [], entry[2].plan_with
+    entry[2].plan_with = lambda *a, **k: planned.append(a) or plan_with(*a, **k)
+    np.testing.assert_array_equal(np.asarray(g(big)), np.asarray(g(big)))
+    assert planned == []
     assert g.with_report(big)[1].checks[1] == "skipped"     # learned: f32 fails here
 
 
