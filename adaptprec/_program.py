@@ -183,8 +183,8 @@ class _Program:
         # (to a tenth: the chance moves the plan only across its break-even, and a new
         # value costs a planning pass)
         rounded = None if p_fail is None else tuple(round(p, 1) for p in p_fail)
-        # (the key from the pairs as given: building avals and dtype names for it cost
-        # ~70 us of every eager call that looks up a learned plan)
+        # (keyed by the pairs as given: avals are built only to plan, not on every eager
+        # call that looks a learned plan up)
         key = (shapes, size, jax.default_backend(), rounded)
         plan = self._plans.get(key)
         if plan is None:

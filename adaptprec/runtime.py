@@ -364,9 +364,9 @@ class MixedPrecisionManager:
         outcomes.calls += 1
         if not outcomes.tried() or outcomes.calls % _outcomes.RETRY_EVERY == 0:
             return None
-        # (per failure chances as the plan rounds them, the entry chosen: a repeat call
-        # looks it up instead of the plan, ~0.1 ms of host work per call; the top rung's
-        # chance prices nothing, so it is left out of the key)
+        # (the entry chosen per failure chances as the plan rounds them: a repeat call
+        # looks it up instead of planning on the host; the top rung's chance prices
+        # nothing, so it is left out of the key)
         chances = tuple(round(p, 1) for p in outcomes.p_fail(_plan.P_FAIL)[:-1]) + (0.0,)
         if chances in made:
             return made[chances]
