@@ -161,7 +161,7 @@ def test_low_noise_fits_take_the_handoff_within_a_hundredth_of_a_standard_error(
     assert bool(res.success.all())
     assert (_se_distance(res.x, quiet64) <= SE_TAKEN).all()
     one = np.asarray(res.njev) - np.asarray(res.nit) == 1
-    assert one.mean() >= 0.4, one.mean()      # 2 of 24 without the record
+    assert one.mean() >= 1 / 3, one.mean()    # 2 of 24 without the record
 
 
 def test_the_contraction_record_is_what_accepts_them(quiet64):

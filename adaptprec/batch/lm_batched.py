@@ -36,7 +36,12 @@ iteration, for all ``B`` fits at once:
    or 4 when also :math:`\|d\,\delta_{GN}\| \le` ``xtol`` :math:`\|d\,x\|`). Unlike the
    MINPACK tests it does not depend on the *actual* reduction, which on a float32 rung is
    swamped by rounding near the minimum: without it, noisy gain ratios reject steps, the
-   damping grows and ``xtol`` stops the fit early along flat directions.
+   damping grows and ``xtol`` stops the fit early along flat directions;
+7. on a lower rung of a ladder (unbounded, the linear loss), the contraction record the
+   top rung's hand-off reads (:func:`record_contraction`), and a stop (status 3) at a
+   point whose Gauss–Newton step is below the rung's resolution of it,
+   :math:`\|J\,\delta_{GN}\| < u\,\|d\,x\|`: further steps there are rounding, and the
+   hand-off's float64 step takes the rest.
 
 With box constraints (the residual's ``bounds(bargs)``; see
 :class:`~adaptprec.batch._problem.Residual`) the iteration is projected LM: a variable on
@@ -371,6 +376,11 @@ def _step(fj: ResidualJacobian, s: LMState, bargs, sargs, opts: LMOptions) -> LM
     _, gn, length, xnorm_gn = gauss_newton_code(xnew, cost, jtj, jtf, d2, bounds, opts, m)
     gn_f = accept & ((gn == st.FTOL) | (gn == st.FTOL_XTOL))
     gn_x = accept & ((gn == st.XTOL) | (gn == st.FTOL_XTOL))
+    records = measures_contraction(opts, bounds)
+    if records:
+        # a Gauss-Newton step below the rung's resolution of it (record_contraction) is
+        # rounding: the rung stops, its answer's last digits are the hand-off's step
+        xtol_ok = xtol_ok | (accept & (length < _rung_roundoff(fj) * xnorm_gn))
     nit = s.nit + active.astype(jnp.int32)
 
     code = jnp.where((ftol_ok & xtol_ok) | (gn_f & gn_x), st.FTOL_XTOL,
@@ -387,7 +397,7 @@ def _step(fj: ResidualJacobian, s: LMState, bargs, sargs, opts: LMOptions) -> LM
         active=active & (code == st.RUNNING), status=status, nit=nit,
         nfev=s.nfev + inc, njev=s.njev + inc,
         gn_rate=record_contraction(s.gn_rate, length, xnorm_gn, accept, _rung_roundoff(fj))
-        if measures_contraction(opts, bounds) else s.gn_rate)
+        if records else s.gn_rate)
 
 
 # ---------------------------------------------------------------------------------------
