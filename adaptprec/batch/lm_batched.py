@@ -295,7 +295,7 @@ def record_contraction(gn_rate, length, xnorm, taken, u: float):
     :math:`\sqrt{m-n}` at every point far from the minimum: its ratios are ~1 until the
     last step). A rung resolves :math:`g` to :math:`\eta = u\,\|D x\|` (rounding ``x``
     to the rung moves :math:`J x` by at most :math:`u\,\|J\,\mathrm{diag}(x)\|_F \le
-    u\,\|D x\|`, ``D^2`` the running maximum of :math:`\mathrm{diag}(J^	op J)`): a ratio
+    u\,\|D x\|`, ``D^2`` the running maximum of :math:`\mathrm{diag}(J^\top J)`): a ratio
     is recorded only when its denominator is at least :data:`RESOLVED_STEP` :math:`\eta`,
     and its numerator counts as :math:`g_k + \eta` (a step at the rounding level is
     rounding, not contraction). :func:`contraction_rate` reads the larger of the last two,
