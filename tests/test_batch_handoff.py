@@ -19,7 +19,7 @@ import pytest
 import adaptprec as ap
 from adaptprec.batch import _status as st
 from adaptprec.batch.lm_batched import LMOptions, lm_init, lm_run, make_fj
-from adaptprec.batch.verify import SE_FRACTION, verify_handoff
+from adaptprec.batch.verify import SE_FRACTION, SE_TAKEN, verify_handoff
 
 T = np.linspace(0.0, 3.0, 20)
 
@@ -137,3 +137,47 @@ def test_handoff_under_grad(f64):
     g64, _ = jax.grad(loss, has_aux=True)(y, "f64")
     assert (np.asarray(extra) == 1).all()        # the verified path was differentiated
     np.testing.assert_allclose(np.asarray(g), np.asarray(g64), rtol=1e-4, atol=1e-10)
+
+
+# Noise 1e-4: float32 resolves x only to ~1e-3..1e-2 of the standard errors, so float32's
+# answer is accepted by the single fit's SE_TAKEN clause (a step of up to 1e-2 standard
+# errors, taken, when float32 measured Gauss-Newton contracting), not by the 1e-3 one.
+# 24 fits: the bucket of the module's fixtures, whose compiled programs these reuse.
+XQ, YQ, _ = _problem(24, np.full(24, 1e-4), seed=1)
+
+
+@pytest.fixture(scope="module")
+def quiet64():
+    return ap.solve_nlsq_batch(decay, XQ, ydata=YQ, precision="f64", return_pcov=True, **KW)
+
+
+def _se_distance(x, ref):
+    se = np.sqrt(np.diagonal(np.asarray(ref.pcov), axis1=1, axis2=2))
+    return np.max(np.abs(np.asarray(x) - np.asarray(ref.x)) / se, axis=1)
+
+
+def test_low_noise_fits_take_the_handoff_within_a_hundredth_of_a_standard_error(quiet64):
+    res = ap.solve_nlsq_batch(decay, XQ, ydata=YQ, **KW)
+    assert bool(res.success.all())
+    assert (_se_distance(res.x, quiet64) <= SE_TAKEN).all()
+    one = np.asarray(res.njev) - np.asarray(res.nit) == 1
+    assert one.mean() >= 1 / 3, one.mean()    # 2 of 24 without the record
+
+
+def test_the_contraction_record_is_what_accepts_them(quiet64):
+    # the same float32 answers verified with and without the lower rung's record
+    res = lambda x, b, s: x[0] * jnp.exp(-x[1] * T) + x[2] - b[0]
+    f32, f64_ = make_fj(res, jnp.float32, jnp.float32), make_fj(res, jnp.float64, jnp.float64)
+    o32 = LMOptions(1e-6, 1e-6, 1e-6, 30, se_below=0.75 * SE_FRACTION)
+    o64 = LMOptions(1e-15, 1e-10, 1e-10, 50, se_accept=SE_FRACTION)
+    y = (jnp.asarray(YQ),)
+    low = jax.jit(lambda x, y: lm_run(f32, lm_init(f32, x, y, (), o32), y, (), o32))(
+        jnp.asarray(XQ, jnp.float32), y)
+    assert np.isfinite(np.asarray(low.gn_rate)[:, 1:]).all()   # every fit measured a rate
+    check = jax.jit(lambda low, y: verify_handoff(f64_, low, y, (), o64))
+    measured = check(low, y)
+    blind = check(low._replace(gn_rate=jnp.full_like(low.gn_rate, jnp.inf)), y)
+    took, took_blind = ~np.asarray(measured.active), ~np.asarray(blind.active)
+    assert (took >= took_blind).all() and took.sum() > took_blind.sum() + 6, (
+        took.sum(), took_blind.sum())
+    assert (_se_distance(measured.x, quiet64)[took] <= SE_TAKEN).all()

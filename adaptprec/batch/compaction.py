@@ -111,7 +111,7 @@ def empty_state(size: int, n: int, dtype) -> LMState:
     return LMState(x=jnp.zeros((size, n), dtype), cost=z, jtj=jnp.zeros((size, n, n), dtype),
                    jtf=jnp.zeros((size, n), dtype), d2=jnp.ones((size, n), dtype), lam=z,
                    nu=z, active=jnp.zeros((size,), bool), status=i + st.RUNNING, nit=i,
-                   nfev=i, njev=i)
+                   nfev=i, njev=i, gn_rate=jnp.full((size, 3), jnp.inf, dtype))
 
 
 def run_streaming(fj, x_start, bargs, sargs, opts: LMOptions, results: LMState, queue,

@@ -36,7 +36,12 @@ iteration, for all ``B`` fits at once:
    or 4 when also :math:`\|d\,\delta_{GN}\| \le` ``xtol`` :math:`\|d\,x\|`). Unlike the
    MINPACK tests it does not depend on the *actual* reduction, which on a float32 rung is
    swamped by rounding near the minimum: without it, noisy gain ratios reject steps, the
-   damping grows and ``xtol`` stops the fit early along flat directions.
+   damping grows and ``xtol`` stops the fit early along flat directions;
+7. on a lower rung of a ladder (unbounded, the linear loss), the contraction record the
+   top rung's hand-off reads (:func:`record_contraction`), and a stop (status 3) at a
+   point whose Gauss–Newton step is below the rung's resolution of it,
+   :math:`\|J\,\delta_{GN}\| < u\,\|d\,x\|`: further steps there are rounding, and the
+   hand-off's float64 step takes the rest.
 
 With box constraints (the residual's ``bounds(bargs)``; see
 :class:`~adaptprec.batch._problem.Residual`) the iteration is projected LM: a variable on
@@ -76,13 +81,20 @@ from ._model import (ResidualJacobian, curvature_ratio, damped_solve_fits_last, 
 # (make_fj and move_batch_axis are re-exported: the iteration's public helpers)
 __all__ = ["LMOptions", "LMState", "make_fj", "move_batch_axis", "rung_ftol", "lm_init",
            "lm_step", "lm_run", "to_fits_last", "to_fits_first", "init_fits_last",
-           "gauss_newton_code"]
+           "gauss_newton_code", "measures_contraction", "record_contraction",
+           "contraction_rate"]
 
 _ACCEPT = 1e-4
 _LAMBDA_MAX = 1e16
 #: The rounding level of a cost evaluation, relative to the cost, in ``eps sqrt(m)``
 #: (a sum of ``m`` squares each rounded at ``eps``; a margin of 16).
 QUIET_STEP = 16.0
+#: A lower rung's Gauss–Newton step length is the denominator of a contraction ratio
+#: (:func:`record_contraction`) only when it is at least this many times the rung's
+#: resolution ``u ||D x||``: float32's ``||J dx||`` differed from float64's at the same
+#: point by at most 4.6 (99th percentile 1.8) times it on 2,000 decays at noise 1e-4
+#: (benchmarks/RESULTS.md, "Batched decays: the contraction record").
+RESOLVED_STEP = 10.0
 
 
 class LMOptions(NamedTuple):
@@ -156,6 +168,7 @@ class LMState(NamedTuple):
     nit: jax.Array      # (B,) int32
     nfev: jax.Array     # (B,) int32
     njev: jax.Array     # (B,) int32
+    gn_rate: jax.Array  # (B, 3)  the contraction record (:func:`record_contraction`)
 
 
 
@@ -174,17 +187,21 @@ def to_fits_first(s: LMState) -> LMState:
 
 
 
-def gauss_newton_code(x, cost, jtj, jtf, d2, bounds, opts: LMOptions, m: int):
+def gauss_newton_code(x, cost, jtj, jtf, d2, bounds, opts: LMOptions, m: int,
+                      rate=jnp.inf):
     """Fits last: the Gauss–Newton step at ``x`` and the verdict on it, the single fit's
-    hand-off test (:func:`~adaptprec.nlsq._rules.handoff_code`, with :func:`rung_ftol` and
-    the standard-error fraction ``opts.se_accept``): ``(dx, code)``, ``code`` 0 where the
-    step is not yet small enough to stop on."""
+    hand-off test (:func:`~adaptprec.nlsq._rules.handoff_code`, with :func:`rung_ftol`,
+    the standard-error fraction ``opts.se_accept`` and the contraction ``rate`` a lower
+    rung measured, ``inf``: not measured): ``(dx, code, length, xnorm)``, ``code`` 0
+    where the step is not yet small enough to stop on, ``length`` the step's
+    ``||J dx||`` (``NaN`` where not finite) and ``xnorm = ||D x||``
+    (:func:`record_contraction` reads both)."""
     dx, q2, dxn, xnorm = gauss_newton_fits_last(jtj, jtf, d2, x, bounds)
     finite = jnp.isfinite(dx).all(axis=0) & jnp.isfinite(q2)
     n = x.shape[0]
     code = handoff_code(q2, dxn, xnorm, cost, rung_ftol(opts, m, n), opts.xtol, m, n,
-                        jnp.inf, opts.se_accept, finite)
-    return dx, code
+                        rate, opts.se_accept, finite)
+    return dx, code, jnp.where(finite, jnp.sqrt(q2), jnp.nan), xnorm
 
 
 def init_fits_last(fj: ResidualJacobian, x, bargs, sargs, opts: LMOptions, active) -> LMState:
@@ -219,11 +236,22 @@ def init_fits_last(fj: ResidualJacobian, x, bargs, sargs, opts: LMOptions, activ
     status = status.astype(jnp.int32)
     run = active & finite & ~gconv
     ones = jnp.ones((b,), jnp.int32)
+    gn_rate = jnp.full((3, b), jnp.inf, acc)
+    if measures_contraction(opts, bounds):   # the start: the first point a lower rung takes
+        _, _, length, xnorm = gauss_newton_code(x, cost, jtj, jtf, d2, bounds, opts,
+                                                f.shape[0])
+        gn_rate = record_contraction(gn_rate, length, xnorm, active & finite,
+                                     _rung_roundoff(fj))
     return LMState(x=x, cost=cost, jtj=jtj, jtf=jtf, d2=d2,
                    lam=jnp.full((b,), opts.lam0, acc), nu=jnp.full((b,), 2.0, acc),
                    active=run, status=jnp.where(active, status, st.RUNNING),
                    nit=jnp.zeros((b,), jnp.int32), nfev=ones * active,
-                   njev=ones * active)
+                   njev=ones * active, gn_rate=gn_rate)
+
+
+def _rung_roundoff(fj: ResidualJacobian) -> float:
+    """The unit roundoff of the dtype the rung evaluates its residual in."""
+    return float(np.finfo(fj.rung_dtype).eps) / 2
 
 
 def _rounding_level(s: LMState, pred, actred, m: int):
@@ -242,6 +270,50 @@ def _rounding_level(s: LMState, pred, actred, m: int):
     safe_cost = jnp.where(pos, s.cost, 1)
     level = QUIET_STEP * float(np.finfo(s.x.dtype).eps) * float(np.sqrt(m))
     return pos & (pred / safe_cost <= level) & (jnp.abs(actred) / safe_cost <= level)
+
+
+def measures_contraction(opts: LMOptions, bounds) -> bool:
+    """Whether a rung keeps a contraction record (static): a lower rung of a ladder
+    (``se_below``), unbounded, the linear loss -- the single fit's conditions for the
+    :data:`~adaptprec.nlsq._rules.SE_TAKEN` clause (a clipped step or a reweighted robust
+    cost changes the Gauss–Newton step for reasons other than its contraction)."""
+    return (opts.se_below > 0 and bounds is None and isinstance(opts.loss, str)
+            and opts.loss == "linear")
+
+
+def record_contraction(gn_rate, length, xnorm, taken, u: float):
+    r"""Fits last: the contraction record ``gn_rate`` ``(3, B)`` after the points
+    ``taken`` (``(B,)``), whose Gauss–Newton steps have ``length`` :math:`g = \|J\,dx\|`
+    at ``xnorm`` :math:`= \|D x\|` (:func:`gauss_newton_code`): ``(g, r, r_prev)``, the
+    last length and the last two contraction ratios (``inf``: not measured).
+
+    Near a minimum the Gauss–Newton step is the error :math:`x - x^*` to first order, so
+    :math:`r = g_k / g_{k-1}` measures how fast Gauss–Newton contracts it, from above
+    (damped steps contract less; further out the contraction is slower, the quadratic
+    term). :math:`g` is measured in the metric of the standard errors without the cost's
+    scale :math:`s`, which shrinks with the cost (the single fit's :math:`g / s` is about
+    :math:`\sqrt{m-n}` at every point far from the minimum: its ratios are ~1 until the
+    last step). A rung resolves :math:`g` to :math:`\eta = u\,\|D x\|` (rounding ``x``
+    to the rung moves :math:`J x` by at most :math:`u\,\|J\,\mathrm{diag}(x)\|_F \le
+    u\,\|D x\|`, ``D^2`` the running maximum of :math:`\mathrm{diag}(J^\top J)`): a ratio
+    is recorded only when its denominator is at least :data:`RESOLVED_STEP` :math:`\eta`,
+    and its numerator counts as :math:`g_k + \eta` (a step at the rounding level is
+    rounding, not contraction). :func:`contraction_rate` reads the larger of the last two,
+    as the single fit's (``adaptprec.nlsq.solver``)."""
+    prev = gn_rate[0]
+    eta = u * xnorm
+    ok = taken & jnp.isfinite(length)
+    resolved = ok & jnp.isfinite(prev) & (prev >= RESOLVED_STEP * eta) & (prev > 0)
+    ratio = (length + eta) / jnp.where(resolved, prev, 1)
+    return jnp.stack([jnp.where(ok, length, prev),
+                      jnp.where(resolved, ratio, gn_rate[1]),
+                      jnp.where(resolved, gn_rate[1], gn_rate[2])])
+
+
+def contraction_rate(gn_rate):
+    """The rate a contraction record ``gn_rate`` ``(3, ...)`` measured: the larger of
+    its last two ratios (``inf``: fewer than two measured)."""
+    return jnp.maximum(gn_rate[1], gn_rate[2])
 
 
 def _step(fj: ResidualJacobian, s: LMState, bargs, sargs, opts: LMOptions) -> LMState:
@@ -301,9 +373,14 @@ def _step(fj: ResidualJacobian, s: LMState, bargs, sargs, opts: LMOptions) -> LM
     jtf = pick(jtf_n, s.jtf)
     d2 = pick(jnp.maximum(s.d2, d2_n), s.d2)
     gtol_ok = accept & (gradient_cosine_last(cost, jtj, jtf) <= opts.gtol)
-    _, gn = gauss_newton_code(xnew, cost, jtj, jtf, d2, bounds, opts, m)
+    _, gn, length, xnorm_gn = gauss_newton_code(xnew, cost, jtj, jtf, d2, bounds, opts, m)
     gn_f = accept & ((gn == st.FTOL) | (gn == st.FTOL_XTOL))
     gn_x = accept & ((gn == st.XTOL) | (gn == st.FTOL_XTOL))
+    records = measures_contraction(opts, bounds)
+    if records:
+        # a Gauss-Newton step below the rung's resolution of it (record_contraction) is
+        # rounding: the rung stops, its answer's last digits are the hand-off's step
+        xtol_ok = xtol_ok | (accept & (length < _rung_roundoff(fj) * xnorm_gn))
     nit = s.nit + active.astype(jnp.int32)
 
     code = jnp.where((ftol_ok & xtol_ok) | (gn_f & gn_x), st.FTOL_XTOL,
@@ -318,7 +395,9 @@ def _step(fj: ResidualJacobian, s: LMState, bargs, sargs, opts: LMOptions) -> LM
         x=xnew, cost=cost, jtj=jtj, jtf=jtf, d2=d2,
         lam=jnp.where(active, lam_n, s.lam), nu=jnp.where(active, nu_n, s.nu),
         active=active & (code == st.RUNNING), status=status, nit=nit,
-        nfev=s.nfev + inc, njev=s.njev + inc)
+        nfev=s.nfev + inc, njev=s.njev + inc,
+        gn_rate=record_contraction(s.gn_rate, length, xnorm_gn, accept, _rung_roundoff(fj))
+        if records else s.gn_rate)
 
 
 # ---------------------------------------------------------------------------------------

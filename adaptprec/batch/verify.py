@@ -24,10 +24,15 @@ which by Cauchy–Schwarz gives :math:`|\delta_i| \le c\,\mathrm{se}_i` for ever
 (:math:`|e_i^\top\delta|^2 \le (e_i^\top C e_i)(\delta^\top C^{-1}\delta)`), in the same
 quantity as the ``ftol`` test: :math:`a \le c^2\,\mathrm{cost}/(m-n)` (the top rung's
 ``LMOptions.se_accept``; its own iterations stop by the same test). The single fit's
-second clause, a step of up to ``SE_TAKEN`` standard errors when the lower rung measured
-Gauss–Newton contracting fast, is off here: the batched lower rung does not measure that
-rate. The answer after the step is closer still (Gauss–Newton contracts
-the error by the residual-curvature factor). Such a fit ends with status ``FTOL`` (2;
+second clause holds too: a step of up to ``SE_TAKEN`` :math:`= 10^{-2}` standard errors
+(:data:`adaptprec.nlsq._rules.SE_TAKEN`) is accepted when the lower rung measured
+Gauss–Newton contracting fast enough that the step, taken, leaves at most a tenth of
+``SE_FRACTION``: ``rate * q <= SE_FRACTION / 10``, ``rate`` the larger of the lower rung's
+last two contraction ratios (its record, :func:`~adaptprec.batch.lm_batched.
+record_contraction`; ``inf`` where it measured none: exact data, bounds, a robust loss,
+fewer than two resolved steps). Where the data's noise is small (1e-4 of the signal) float32
+resolves ``x`` only to ~1e-3 to 1e-2 of its standard errors, and this clause is what spares
+most fits a float64 iteration. Such a fit ends with status ``FTOL`` (2;
 ``FTOL_XTOL``/``XTOL`` when the plain tolerances pass); ``nfev``/``njev``/``nit`` count the
 evaluation and the step once, so ``njev == nit + 1`` over both rungs.
 
@@ -49,14 +54,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..nlsq._rules import SE_TAKEN
 from ..nlsq.common import SE_FRACTION
 from . import _status as st
 from ._model import ResidualJacobian, move_batch_axis
 from .compaction import gather, run_compacted, scatter, select
-from .lm_batched import (LMOptions, LMState, gauss_newton_code, init_fits_last, lm_run,
-                         to_fits_first)
+from .lm_batched import (LMOptions, LMState, contraction_rate, gauss_newton_code,
+                         init_fits_last, lm_run, to_fits_first)
 
-__all__ = ["SE_FRACTION", "verify_handoff", "finish_on_top"]
+__all__ = ["SE_FRACTION", "SE_TAKEN", "verify_handoff", "finish_on_top"]
 
 
 def verify_handoff(fj: ResidualJacobian, low: LMState, bargs, sargs,
@@ -91,7 +97,9 @@ def verify_handoff(fj: ResidualJacobian, low: LMState, bargs, sargs,
     m = jax.eval_shape(fj.fits_last, x, b_last, sargs)[0].shape[0]
     s = init_fits_last(fj, x, b_last, sargs, opts, None)
     bounds = fj.bounds(b_last)
-    dx, code = gauss_newton_code(s.x, s.cost, s.jtj, s.jtf, s.d2, bounds, opts, m)
+    rate = contraction_rate(low.gn_rate.T).astype(s.cost.dtype)
+    dx, code, *_ = gauss_newton_code(s.x, s.cost, s.jtj, s.jtf, s.d2, bounds, opts, m,
+                                     rate)
     accept = s.active & (code > 0)
     xn = s.x + dx
     if bounds is not None:
@@ -114,7 +122,7 @@ def _model_after(s: LMState, dx):
     ``max(cost + g.dx + dx^T J^T J dx / 2, 0)`` and ``g + J^T J dx`` (components held
     by a bound, zero in the projected ``g``, stay zero). An accepted hand-off returns
     ``x + dx`` with these, as the single fit's does: they describe the returned point to
-    second order in a step of at most a thousandth of a standard error."""
+    second order in a step of at most a hundredth of a standard error."""
     jdx = jnp.sum(s.jtj * dx[None, :, :], axis=1)
     cost = jnp.maximum(s.cost + jnp.sum(dx * (s.jtf + 0.5 * jdx), axis=0), 0.0)
     return cost, jnp.where(s.jtf == 0, 0, s.jtf + jdx)
