@@ -72,6 +72,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._policy import cast_floating
+from ..precision import unit_roundoff
 from . import _status as st
 from ..nlsq._rules import handoff_code
 from ._model import (ResidualJacobian, curvature_ratio, damped_solve_fits_last, finite_fits,
@@ -241,17 +242,12 @@ def init_fits_last(fj: ResidualJacobian, x, bargs, sargs, opts: LMOptions, activ
         _, _, length, xnorm = gauss_newton_code(x, cost, jtj, jtf, d2, bounds, opts,
                                                 f.shape[0])
         gn_rate = record_contraction(gn_rate, length, xnorm, active & finite,
-                                     _rung_roundoff(fj))
+                                     unit_roundoff(fj.rung_dtype))
     return LMState(x=x, cost=cost, jtj=jtj, jtf=jtf, d2=d2,
                    lam=jnp.full((b,), opts.lam0, acc), nu=jnp.full((b,), 2.0, acc),
                    active=run, status=jnp.where(active, status, st.RUNNING),
                    nit=jnp.zeros((b,), jnp.int32), nfev=ones * active,
                    njev=ones * active, gn_rate=gn_rate)
-
-
-def _rung_roundoff(fj: ResidualJacobian) -> float:
-    """The unit roundoff of the dtype the rung evaluates its residual in."""
-    return float(np.finfo(fj.rung_dtype).eps) / 2
 
 
 def _rounding_level(s: LMState, pred, actred, m: int):
@@ -377,10 +373,11 @@ def _step(fj: ResidualJacobian, s: LMState, bargs, sargs, opts: LMOptions) -> LM
     gn_f = accept & ((gn == st.FTOL) | (gn == st.FTOL_XTOL))
     gn_x = accept & ((gn == st.XTOL) | (gn == st.FTOL_XTOL))
     records = measures_contraction(opts, bounds)
+    u = unit_roundoff(fj.rung_dtype)
     if records:
         # a Gauss-Newton step below the rung's resolution of it (record_contraction) is
         # rounding: the rung stops, its answer's last digits are the hand-off's step
-        xtol_ok = xtol_ok | (accept & (length < _rung_roundoff(fj) * xnorm_gn))
+        xtol_ok = xtol_ok | (accept & (length < u * xnorm_gn))
     nit = s.nit + active.astype(jnp.int32)
 
     code = jnp.where((ftol_ok & xtol_ok) | (gn_f & gn_x), st.FTOL_XTOL,
@@ -396,7 +393,7 @@ def _step(fj: ResidualJacobian, s: LMState, bargs, sargs, opts: LMOptions) -> LM
         lam=jnp.where(active, lam_n, s.lam), nu=jnp.where(active, nu_n, s.nu),
         active=active & (code == st.RUNNING), status=status, nit=nit,
         nfev=s.nfev + inc, njev=s.njev + inc,
-        gn_rate=record_contraction(s.gn_rate, length, xnorm_gn, accept, _rung_roundoff(fj))
+        gn_rate=record_contraction(s.gn_rate, length, xnorm_gn, accept, u)
         if records else s.gn_rate)
 
 
