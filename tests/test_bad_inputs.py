@@ -147,6 +147,9 @@ CASES = [
     ("batch: ladder ending on f16", lambda: ap.solve_nlsq_batch(
         model, np.ones((4, 2)), (T,), in_axes=None, ydata=YB, precision="bf16,f16"),
      ValueError, "must end on float32 or float64"),
+    ("batch: bf16 alone", lambda: ap.solve_nlsq_batch(
+        model, np.ones((4, 2)), (T,), in_axes=None, ydata=YB, precision="bf16"),
+     ValueError, "must end on float32 or float64"),
     ("linalg.solve: string A", lambda: ap.linalg.solve("abc", np.ones(3)),
      ValueError, "floating dtype is required"),
     ("linalg.solve: complex A", lambda: ap.linalg.solve(np.eye(3) * 1j, np.ones(3)),

@@ -63,9 +63,10 @@ class BatchConfig(NamedTuple):
 
 def batch_ladder(precision) -> Ladder:
     """The ladder of ``precision=`` (:func:`adaptprec.nlsq._inputs.resolve_ladder`), which
-    must end on float32 or float64: every fit is verified on the top rung."""
+    must end on float32 or float64, as ``solve_nlsq``'s: every fit is verified on the top
+    rung (a lone half-precision rung too: its fits would be verified in half precision)."""
     ladder = resolve_ladder(precision)
-    if len(ladder.rungs) > 1 and unit_roundoff(ladder.rungs[-1]) > unit_roundoff(np.float32):
+    if unit_roundoff(ladder.rungs[-1]) > unit_roundoff(np.float32):
         raise ValueError(
             f"precision={precision!r} ends on {dtype_name(ladder.rungs[-1])}: a ladder must "
             "end on float32 or float64, where every fit is verified; e.g. 'bf16,f32'.")
