@@ -24,8 +24,11 @@ for a kernel with an accuracy guard:
       cost(r) + check(r) + ATTEMPT_OVERHEAD + p_fail * E(s) <= MARGIN * E(s)
 
   ``E(s)`` the expected cost from the next rung tried above on. ``p_fail`` is
-  ``P_FAIL`` a priori; the runtime passes what the kernel's own eager calls showed
-  (:class:`adaptprec._program.Outcomes`).
+  ``P_FAIL`` a priori, or for a componentwise ``rtol`` the chance
+  :func:`componentwise_fail_chance` that one of the ``N`` output entries lies too near a
+  zero for the rung (larger); the runtime passes what the kernel's own eager calls
+  showed (:mod:`adaptprec._outcomes`), and retries a rung the componentwise chance
+  priced out (``Plan.priced_out``) so that it can learn.
 
 Without an accuracy guard (finite-only and custom guards, which cost ~nothing) or with
 ``plan="all"`` every rung is tried with Monte Carlo checks, as before the cost model.
@@ -42,7 +45,7 @@ from . import _cost
 from ._first_order import Unsupported
 
 __all__ = ["Plan", "choose_plan", "all_rungs", "speculative", "check_order", "TOP_BUDGET",
-           "MARGIN", "P_FAIL"]
+           "MARGIN", "P_FAIL", "componentwise_fail_chance"]
 
 #: The share of the top rung's time its check may add when nothing below can pay for it
 #: (the issue's target: adaptive <= 1.25x plain float64 on every kernel).
@@ -76,12 +79,32 @@ class Plan(NamedTuple):
     """Per rung: ``attempt`` (bool), ``check`` (``"mca"``, ``"first_order"``,
     ``"sample"``, ... or ``None``: guards run as configured), ``note`` (a readable
     reason), ``share`` (modelled share of the check in the rung's time, ``None`` if not
-    run or not modelled)."""
+    run or not modelled); ``priced_out``: the rungs skipped only because the
+    componentwise a-priori chance of failing was above ``P_FAIL`` (a kernel's eager
+    calls retry them, :mod:`adaptprec._outcomes`)."""
 
     attempt: tuple
     check: tuple
     note: tuple
     share: tuple
+    priced_out: tuple = ()
+
+
+def componentwise_fail_chance(n_out: int, u: float, n_acc: int, rtol: float) -> float:
+    """The a-priori chance that a rung of unit roundoff ``u`` fails a componentwise
+    ``rtol`` on some of its ``n_out`` output entries.
+
+    Entry ``i`` carries an absolute error of about ``u sqrt(n_acc) s`` (``s`` the scale
+    of the values it accumulates, ``n_acc`` the longest accumulation; Higham & Mary's
+    probabilistic scale), so it fails when ``|y_i| < u sqrt(n_acc) s / rtol``. With the
+    outputs spread over ``[-s, s]`` and no more dense near 0 than elsewhere, each entry
+    does so with probability ``q = u sqrt(n_acc) / rtol`` and some entry of ``n_out``
+    with ``1 - exp(-n_out q)``. Measured (``python benchmarks/bench_value.py
+    --componentwise-rates``): plain float32 fails a componentwise ``rtol`` on most
+    benchmark kernels with ``2^8-2^20`` outputs that meet it normwise, and seldom on the
+    accuracy suite's small kernels; the model's misses are outputs bounded away from 0
+    (softplus, Kepler's anomaly), which a kernel's eager calls then learn."""
+    return 1.0 - math.exp(-n_out * u * math.sqrt(max(n_acc, 1)) / rtol)
 
 
 def all_rungs(n: int, why: str = "") -> Plan:
@@ -139,7 +162,8 @@ def check_order(structure, componentwise: bool) -> tuple:
 
 def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
                 scale: float = 1.0, backend: str | None = None,
-                methods: tuple = ("first_order", "mca"), p_fail=None) -> Plan:
+                methods: tuple = ("first_order", "mca"), p_fail=None,
+                componentwise: bool = False) -> Plan:
     """The cheapest plan that still checks every answer it returns.
 
     ``rung_fn(k)``: a function of the arrays computing rung ``k``'s outputs;
@@ -149,12 +173,16 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
     (the batch size when planned per element under ``vmap``); ``methods``: the checks a
     lower rung may use, preferred first (:func:`check_order`); ``p_fail``: per rung, the
     chance it fails on the data, learned from the kernel's eager calls (default
-    ``P_FAIL`` for every rung, a priori).
+    ``P_FAIL`` for every rung a priori, or :func:`componentwise_fail_chance` when
+    ``componentwise`` and it is larger; the runtime passes ``componentwise`` for a
+    componentwise ``rtol`` without ``atol``: an absolute floor is what spares the
+    entries near 0).
     """
     table = _cost.throughput_for(backend)
     top = n_rungs - 1
-    source = "a priori" if p_fail is None else "learned from this kernel's eager calls"
-    p_fail = (P_FAIL,) * n_rungs if p_fail is None else tuple(p_fail)
+    prior = p_fail is None
+    source = "a priori" if prior else "learned from this kernel's eager calls"
+    p_fail = (P_FAIL,) * n_rungs if prior else tuple(p_fail)
 
     def price(fn, k):
         return _cost.program_cost(fn, avals, table).seconds * scale
@@ -162,11 +190,18 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
     cost = [price(rung_fn(k), k) for k in range(n_rungs)]
     n_acc = _cost.longest_accumulation(jax.make_jaxpr(rung_fn(0))(*avals).jaxpr)
     hopeless = [None] * n_rungs     # a rung whose a-priori error exceeds rtol: why
+    p_fail = list(p_fail)
+    if prior and componentwise:
+        n_out = sum(math.prod(o.shape) for o in jax.tree_util.tree_leaves(
+            jax.eval_shape(rung_fn(0), *avals)) if jax.numpy.issubdtype(
+                o.dtype, jax.numpy.inexact)) * scale
     for k in range(top):
         u = 2.0 ** -(int(jax.numpy.finfo(dtypes[k]).nmant) + 1)
         if u * math.sqrt(n_acc) > rtol:
             hopeless[k] = (f"skipped: a-priori error u*sqrt({n_acc}) = "
                            f"{u * math.sqrt(n_acc):.2g} > rtol {rtol:g}")
+        elif prior and componentwise:
+            p_fail[k] = max(p_fail[k], componentwise_fail_chance(n_out, u, n_acc, rtol))
     if sum(cost) < _cost.FLOOR:
         # (the a-priori test is a heuristic: on a small kernel a rung it calls hopeless
         # costs nothing to try, and a 64-long bf16 sum it rules out passes rtol 3e-2)
@@ -183,7 +218,7 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
         return memo[k, method]
 
     attempt, check = [False] * n_rungs, [None] * n_rungs
-    note, share = [""] * n_rungs, [None] * n_rungs
+    note, share, priced_out = [""] * n_rungs, [None] * n_rungs, []
     # the top rung: always run; the most thorough check that fits the budget
     budget = max(_cost.FLOOR, TOP_BUDGET * cost[top])
     attempt[top] = True
@@ -217,17 +252,22 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
             continue
         mine = cost[k] + c + ATTEMPT_OVERHEAD + p_fail[k] * expected
         if mine > MARGIN * expected:
+            why = source if p_fail[k] == P_FAIL or not prior else (
+                f"a priori: componentwise, {n_out} entries")
             note[k] = (f"skipped: it and its {WHAT[method].split(' (')[0]} "
                        f"({_fmt(cost[k] + c)}, + {_fmt(ATTEMPT_OVERHEAD)} per call), with a "
-                       f"{p_fail[k]:.0%} chance of failing on the data ({source}), would "
+                       f"{p_fail[k]:.0%} chance of failing on the data ({why}), would "
                        f"cost more than {MARGIN:.0%} of the plan above it "
                        f"({_fmt(expected)}, modelled)")
+            if prior and p_fail[k] > P_FAIL and (cost[k] + c + ATTEMPT_OVERHEAD + P_FAIL
+                                                 * expected <= MARGIN * expected):
+                priced_out.append(k)
             continue
         attempt[k], check[k] = True, method
         share[k] = c / (cost[k] + c) if cost[k] + c > 0 else 0.0
         note[k] = f"{WHAT[method]} (check ~{share[k]:.0%} of the rung's time, modelled)"
         expected = mine
-    return Plan(tuple(attempt), tuple(check), tuple(note), tuple(share))
+    return Plan(tuple(attempt), tuple(check), tuple(note), tuple(share), tuple(priced_out))
 
 
 def _pick_check(k, rung_cost, methods, check_cost):

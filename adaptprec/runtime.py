@@ -341,7 +341,8 @@ class MixedPrecisionManager:
             plan = program.plans_by_shapes.get(spec_key[1])
             if plan is None:                # not traced yet: the a-priori plan
                 return None
-            if sum(plan.attempt) < 2 or all(c is None for c in plan.check):
+            if (sum(plan.attempt) < 2 or all(c is None for c in plan.check)) and not \
+                    plan.priced_out:
                 # nothing to learn (one rung tried, or a small / unplanned kernel): no
                 # bookkeeping on later calls
                 st = False
@@ -362,12 +363,24 @@ class MixedPrecisionManager:
         outcomes, made = st
         outcomes.absorb()
         outcomes.calls += 1
-        if not outcomes.tried() or outcomes.calls % _outcomes.RETRY_EVERY == 0:
+        if outcomes.calls % _outcomes.RETRY_EVERY == 0:
+            # the a-priori plan again, or, where it priced a rung out by the
+            # componentwise chance alone, that rung tried at the plain a-priori chance
+            # (else it would never be tried, and never learned)
+            default = program.plans_by_shapes.get(spec_key[1])
+            if default is None or not default.priced_out:
+                return None
+            chances = (round(_plan.P_FAIL, 1),) * (len(self.rungs) - 1) + (0.0,)
+        elif not outcomes.tried():
             return None
-        # (the entry chosen per failure chances as the plan rounds them: a repeat call
-        # looks it up instead of planning on the host; the top rung's chance prices
-        # nothing, so it is left out of the key)
-        chances = tuple(round(p, 1) for p in outcomes.p_fail(_plan.P_FAIL)[:-1]) + (0.0,)
+        else:
+            # (the entry chosen per failure chances as the plan rounds them: a repeat
+            # call looks it up instead of planning on the host; the top rung's chance
+            # prices nothing, so it is left out of the key)
+            default = program.plans_by_shapes.get(spec_key[1])
+            priced_out = default.priced_out if default is not None else ()
+            chances = tuple(round(p, 1) for p in outcomes.p_fail(
+                _plan.P_FAIL, priced_out)[:-1]) + (0.0,)
         if chances in made:
             return made[chances]
         plan = program.plan_with(spec_key[1], chances)

@@ -45,6 +45,8 @@ Usage::
     python benchmarks/bench_value.py --rounds 15 --only mlp,elementwise
     python benchmarks/bench_value.py --throughput    # the cost model's CPU table
     python benchmarks/bench_value.py --gpu-paper     # plans under the GPU table (unmeasured)
+    python benchmarks/bench_value.py --componentwise-rates   # plain f32 per entry, and the
+                                                     # plan's a-priori chance of failing
 
 Needs float64 (turned on here: a benchmark is an application).
 """
@@ -462,6 +464,31 @@ def throughput(rounds=31):
     print(f"loop_iteration: {med[('loop', '')] / 20_000:.2g} s")
 
 
+def componentwise_rates(ks):
+    """Per kernel: plain float32's normwise and componentwise error against float64, and
+    the plan's a-priori chance that float32 fails a componentwise ``rtol``
+    (``_plan.componentwise_fail_chance``: it prices the float32 rung of a componentwise
+    plan)."""
+    from adaptprec import _cost, _plan
+
+    print("kernel | rtol | outputs | f32 normwise | f32 componentwise | a-priori chance")
+    fails = meets = 0
+    for name, (fn, inputs, rtol, _) in ks.items():
+        ref = np.asarray(jax.jit(fn)(*inputs))
+        if not np.issubdtype(ref.dtype, np.floating):
+            continue
+        y = np.asarray(jax.jit(lambda *x: fn(*(v.astype(jnp.float32) for v in x)))(*inputs))
+        nw, cw = _rel_error(y, ref), _rel_error(y, ref, componentwise=True)
+        n_acc = _cost.longest_accumulation(jax.make_jaxpr(fn)(*inputs).jaxpr)
+        chance = _plan.componentwise_fail_chance(ref.size, 2.0 ** -24, n_acc, rtol)
+        if nw <= rtol:
+            meets += 1
+            fails += cw > rtol
+        print(f"{name} | {rtol:g} | {ref.size} | {nw:.1e} | {cw:.1e}"
+              f"{' FAILS' if cw > rtol else ''} | {chance:.2f}")
+    print(f"float32 meets rtol normwise on {meets} kernels; componentwise it fails on {fails}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=9,
@@ -480,6 +507,8 @@ def main():
     p.add_argument("--gpu-paper", action="store_true",
                    help="print the plans the GPU throughput table would choose")
     p.add_argument("--verbose", action="store_true", help="print each report's summary")
+    p.add_argument("--componentwise-rates", action="store_true",
+                   help="plain float32's componentwise errors and the a-priori chances")
     args = p.parse_args()
     if args.throughput:
         throughput()
@@ -502,6 +531,9 @@ def main():
     ks = kernels(np.random.default_rng(0))
     if args.only:
         ks = {k: v for k, v in ks.items() if k in args.only.split(",")}
+    if args.componentwise_rates:
+        componentwise_rates(ks)
+        return
     if args.gpu_paper:
         gpu_paper(ks)
         return
