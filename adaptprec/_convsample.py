@@ -25,7 +25,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._autocast.interpret import _is_dynamic
 from ._reductions import materialized
 from ._sampled import error_of_samples
 

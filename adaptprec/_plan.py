@@ -115,8 +115,8 @@ def speculative(n: int, rung: int) -> Plan:
     """Rung ``rung`` alone with the finite check only: an earlier eager call verified
     it for these shapes (``MixedPrecisionManager(speculate=N)``)."""
     note = ("skipped (speculative call)",) * n
-    note = note[:rung] + (f"speculative: verified on an earlier call for these shapes; "
-                          f"this call checked finite only",) + note[rung + 1:]
+    note = note[:rung] + ("speculative: verified on an earlier call for these shapes; "
+                          "this call checked finite only",) + note[rung + 1:]
     return Plan(tuple(k == rung for k in range(n)),
                 tuple("speculative" if k == rung else None for k in range(n)), note,
                 (None,) * n)

@@ -35,7 +35,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Union
 
 import jax
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 

@@ -30,7 +30,6 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .._pytree import Module
 from .._status import Status

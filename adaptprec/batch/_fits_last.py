@@ -57,7 +57,6 @@ def _eval(jaxpr, consts, args, flags, size: int):
         vals, bat = zip(*ins) if ins else ((), ())
         if not any(bat):
             return [(o, False) for o in bind(eqn, vals)]
-        name = eqn.primitive.name
         body = call_body(eqn, custom=False, remat=False)
         if body is not None:       # nested jit: inlined (custom derivatives are kept)
             outs, oflags = _eval(*body, vals, bat, size)
