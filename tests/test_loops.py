@@ -93,6 +93,9 @@ def test_the_normwise_bound_adds_the_roundings_of_iterations_in_quadrature():
         assert unstable == 0 and err <= e, (n, err, e)
     assert 2.5 < est[160][3] / est[10][3] < 6.0, (est[10][3], est[160][3])
     assert FAILURE == 1e-6 and abs(confidence(1) - 5.39) < 0.01
+    # a chaotic loop amplifies both parts: 600 Lorenz steps (float32 error ~3e-3) fail
+    s0 = np.random.default_rng(1).normal(size=(64, 3)) * 5 + [0, 0, 25]
+    assert _walk(lambda s: lorenz_rk4(s, 600), (s0,), "norm_bound")[3] > 1e-2
 
 
 def test_the_cost_model_counts_iterations():
