@@ -112,8 +112,9 @@ class ErrorBound(NamedTuple):
         return ErrorBound(c * self.d, c * self.r)
 
     def rounded(self, x) -> ErrorBound:
-        """Plus one more rounding of at most ``x``, independent of the ones before."""
-        return ErrorBound(self.d, jnp.sqrt(self.r * self.r + x * x))
+        """Plus one more rounding of at most ``x``, independent of the ones before
+        (``hypot``: no underflow of the squares at tiny magnitudes)."""
+        return ErrorBound(self.d, jnp.hypot(self.r, x))
 
     def plus(self, x) -> ErrorBound:
         """Plus a deterministic ``x``."""

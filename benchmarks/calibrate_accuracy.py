@@ -198,8 +198,8 @@ def run_rates(args):
     safeties = [float(x) for x in args.safety.split(",")] if args.check == "mca" else [2.0]
     print(f"check={args.check}, samples={args.samples}, seeds={args.seeds}, "
           f"load {os.getloadavg()[0]:.1f}")
-    print("| kernel | rung | rtol | safety | fired | misses | false alarms | min est/true | "
-          "max est/true | min est/max(true,u) | max est/max(true,u) |")
+    print("| kernel | rung | rtol | safety | fired | misses | false alarms | "
+          "min est/true | max est/true | min est/max(true,u) | max est/max(true,u) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     tot = {s: [0, 0] for s in safeties}
     for suite in (FAILING, BENIGN):
