@@ -187,10 +187,12 @@ class _Accuracy(Guard):
         return GuardResult.make(err <= self.rtol, INACCURATE, digits_from_error(err, ctx.u))
 
     def norm_bound(self, ctx) -> GuardResult:
-        """The normwise first-order bound carried as two numbers per value
+        """The normwise first-order bound carried as a few numbers per value
         (:mod:`adaptprec._norm_bound`): a loop costs its body plus a few scalars per
-        iteration; looser than :meth:`first_order`, normwise only. ``ctx.prepared``: the
-        walk that computed the rung's outputs (the runtime's; else it runs here)."""
+        iteration; looser than :meth:`first_order`, normwise only. Its rounding part is
+        probabilistic (Higham & Mary's model): each output's bound holds with probability
+        ``1 - _norm_bound.FAILURE`` (``1 - 1e-6``). ``ctx.prepared``: the walk that
+        computed the rung's outputs (the runtime's; else it runs here)."""
         from ._norm_bound import NormBoundResult, norm_bound
         res = ctx.prepared
         if not isinstance(res, NormBoundResult):

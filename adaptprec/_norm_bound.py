@@ -1,29 +1,50 @@
-"""A first-order error bound carried as two numbers per value: the normwise check.
+"""A first-order error bound carried as a few numbers per value: the normwise check.
 
 The first-order walk of :mod:`adaptprec._first_order` keeps an error bound per *entry*,
 which doubles or triples the work of a loop whose body is cheap (a stencil sweep, a
-quadrature step). This walk keeps, for every floating value ``y``, two scalars: ``E``, a
-bound on ``max|error(y)|``, and ``M``, a bound on ``max|y|``, both propagated to first
-order through the same rules written in norms:
+quadrature step). This walk keeps, for every floating value ``y``, three scalars: ``M``,
+a bound on ``max|y|``, and the bound on ``max|error(y)|`` in two parts,
+:class:`ErrorBound` ``(D, R)``:
 
-* ``y = a +- b``: ``E = Ea + Eb + u My``, ``My = Ma + Mb``;
-* ``y = a b``: ``E = Mb Ea + Ma Eb + Ea Eb + u My``, ``My = Ma Mb``;
+* ``D`` bounds the *deterministic* part: the propagated input errors, the transcendental
+  functions' own errors (not correctly rounded: no model of their sign), the measured
+  roundings of sums;
+* ``R`` bounds the *rounding* part under Higham & Mary's model (each correctly rounded
+  operation ``fl(a op b) = (a op b)(1 + delta)``, ``|delta| <= u``, the deltas mean-zero
+  and independent of the ones before): to first order an entry's rounding error is
+  ``sum_k c_k delta_k``, and ``R`` bounds ``sqrt(sum_k (c_k u |y_k|)^2)`` over the
+  entries. A new rounding adds in quadrature (``R' = hypot(R, u My)``); errors that may
+  share their roundings (two operands of one sum) add linearly (the triangle inequality
+  of the 2-norm), so ``R`` never assumes independence it cannot see.
+
+The rules, written in norms:
+
+* ``y = a +- b``: ``E = Ea + Eb``, rounding ``u My``, ``My = Ma + Mb``;
+* ``y = a b``: ``E = Mb Ea + Ma Eb``, plus ``|Ea| |Eb|`` (second order, into ``D``),
+  rounding ``u My``, ``My = Ma Mb``;
 * ``y = a / b``, ``sqrt``, ``log``, ``exp`` and other transcendentals: the largest
   ``|f'|`` over the values (one pass over them), plus ``c u My`` (``c`` = 2 for
-  transcendentals); ``sin``/``cos``/``tanh``/``erf``/``logistic``: ``|f'|`` and ``|y|``
-  bounded by constants (no pass);
+  transcendentals, into ``D``); ``sin``/``cos``/``tanh``/``erf``/``logistic``: ``|f'|``
+  and ``|y|`` bounded by constants (no pass);
 * data movement, ``max``/``min``, selects, scatters: the larger of the operands' bounds;
-* a sum over ``n`` entries: ``n Ex`` plus the sum's own rounding, measured below the top
-  rung (``|y - sum_wide(x)|``, one pass) or ``sqrt(n) u n Mx`` on the top rung;
-  contractions: ``k (Ma Eb + Mb Ea + Ea Eb) + sqrt(k) u k Ma Mb``;
-* loops carry ``(E, M)`` with their values, so a loop costs its own body plus a few
-  scalar operations per iteration; comparisons count as unstable where operands are
-  within their bounds (one pass), a ``while`` loop's exit test included.
+* a sum over ``n`` entries: ``n Ex`` (``sqrt(n) Ex`` into ``R`` where each entry's errors
+  are its own) plus the sum's own rounding, measured below the top rung (``|y -
+  sum_wide(x)|``, one pass) or ``sqrt(n) u n Mx`` on the top rung; contractions: ``k (Ma
+  Eb + Mb Ea + Ea Eb) + sqrt(k) u k Ma Mb``;
+* loops carry ``(D, R, M)`` with their values, so a loop costs its own body plus a few
+  scalar operations per iteration, and the roundings of successive iterations add in
+  quadrature; comparisons count as unstable where operands are within their bounds (one
+  pass), a ``while`` loop's exit test included.
 
-The estimate is ``E / max|y|`` per output: a deterministic (worst-case) first-order bound
-of the *normwise* relative error, looser than the per-entry walk (the largest derivative
-and value of an array stand for every entry), and blind to which entry is wrong: it
-cannot check componentwise. Unsupported (:class:`~adaptprec._first_order.Unsupported`):
+The estimate is ``(D + lambda R) / max|y|`` per output, ``lambda = sqrt(2 ln(2 N /
+FAILURE))`` for an output of ``N`` entries: by the Azuma-Hoeffding inequality each
+entry's rounding error exceeds ``lambda R`` with probability at most ``FAILURE / N``, so
+the bound holds for the whole output with probability at least ``1 - FAILURE`` (the
+concentration argument of Higham & Mary, "A new approach to probabilistic rounding error
+analysis", SIAM J. Sci. Comput. 41(5), 2019). It is a first-order bound of the *normwise*
+relative error, looser than the per-entry walk (the largest derivative and value of an
+array stand for every entry), and blind to which entry is wrong: it cannot check
+componentwise. Unsupported (:class:`~adaptprec._first_order.Unsupported`):
 convolutions, ``argmax``, sorting, float-to-integer casts of inexact values, and any
 primitive outside the tables below.
 """
@@ -32,6 +53,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +65,11 @@ from ._first_order import (_INPUT_TAG, SUM_FAILURE, Unsupported, _wider,
                            trace_with_originals)
 from ._reductions import count_where, materialized, nan_to_inf
 
-__all__ = ["norm_bound", "NormBoundResult"]
+__all__ = ["norm_bound", "NormBoundResult", "ErrorBound", "FAILURE"]
+
+#: The probability that a bound on an output (or an operand of a comparison) fails
+#: under the rounding model: the same as the per-entry walk's probabilistic sums.
+FAILURE = SUM_FAILURE
 
 _MOVE = frozenset(
     "reshape transpose broadcast_in_dim slice squeeze expand_dims rev copy copy_p "
@@ -65,20 +91,65 @@ def _u(dtype) -> float:
     return float(2.0 ** -(int(jnp.finfo(dtype).nmant) + 1))
 
 
+def confidence(size: int) -> float:
+    """``lambda``: a sum of mean-independent terms bounded by ``b_k`` exceeds ``lambda
+    sqrt(sum b_k^2)`` with probability at most ``2 exp(-lambda^2 / 2)`` (Azuma-Hoeffding),
+    ``FAILURE / size`` here, so ``size`` entries all hold with ``1 - FAILURE``."""
+    return math.sqrt(2.0 * math.log(2.0 * max(int(size), 1) / FAILURE))
+
+
+class ErrorBound(NamedTuple):
+    """A bound on ``max|error|`` of an array: ``d`` deterministic, ``r`` the 2-norm of the
+    bounds of its rounding terms (module docstring); scalars."""
+    d: jax.Array
+    r: jax.Array
+
+    def total(self, size: int) -> jax.Array:
+        """``d + lambda r``: holds for ``size`` entries with probability ``1 - FAILURE``."""
+        return self.d + confidence(size) * self.r
+
+    def times(self, c) -> ErrorBound:
+        return ErrorBound(c * self.d, c * self.r)
+
+    def rounded(self, x) -> ErrorBound:
+        """Plus one more rounding of at most ``x``, independent of the ones before
+        (``hypot``: no underflow of the squares at tiny magnitudes)."""
+        return ErrorBound(self.d, jnp.hypot(self.r, x))
+
+    def plus(self, x) -> ErrorBound:
+        """Plus a deterministic ``x``."""
+        return ErrorBound(self.d + x, self.r)
+
+
+def _add(*errs) -> ErrorBound | None:
+    """The bound of a sum of errors (each ``None``: exact): both parts add linearly."""
+    errs = [e for e in errs if e is not None]
+    if not errs:
+        return None
+    return ErrorBound(sum(e.d for e in errs[1:]) + errs[0].d,
+                      sum(e.r for e in errs[1:]) + errs[0].r)
+
+
+def _size(v) -> int:
+    return int(np.prod(jnp.shape(v)))
+
+
 class NormBoundResult:
-    """Outputs (flat, ``tree`` their structure), each one's error bound ``E`` (a scalar;
-    ``None``: exact) and the number of unstable decisions."""
+    """Outputs (flat, ``tree`` their structure), each one's :class:`ErrorBound` (``None``:
+    exact) and the number of unstable decisions."""
 
     def __init__(self, outs, errs, unstable, tree):
         self.outs, self.errs, self.unstable, self.tree = outs, errs, unstable, tree
 
     def relative(self, floor: float = 0.0) -> jax.Array:
-        """The largest ``E / (max|y| + floor)`` over the floating outputs (float32;
-        ``inf`` for NaN); ``floor`` is ``atol / rtol``."""
+        """The largest ``(D + lambda R) / (max|y| + floor)`` over the floating outputs
+        (float32; ``inf`` for NaN); ``floor`` is ``atol / rtol``. Each output's bound holds
+        with probability ``1 - FAILURE`` under the rounding model."""
         est = jnp.float32(0)
-        for v, e in zip(self.outs, self.errs):
-            if e is None or not _is_float(jnp.result_type(v)):
+        for v, err in zip(self.outs, self.errs):
+            if err is None or not _is_float(jnp.result_type(v)):
                 continue
+            e = err.total(_size(v))
             top = materialized(lambda v: jnp.max(nan_to_inf(jnp.abs(
                 v.astype(e.dtype))), initial=0.0), v) if jnp.ndim(v) else jnp.abs(v)
             est = jnp.maximum(est, jnp.where(e == 0, 0.0, e / (top + floor))
@@ -107,7 +178,8 @@ class _Walk:
                                               initial=0.0), v)
 
     def run(self, jaxpr, consts, vals, tags=None):
-        """``vals``: ``(value, E, M)`` per input (``E`` ``None``: exact); returns the
+        """``vals``: ``(value, E, M)`` per input (``E`` an :class:`ErrorBound`, ``None``:
+        exact); returns the
         outputs' triples (their own-error tags in ``self.out_tags``). ``tags``: per
         input, the index map of errors private to each entry (as
         :class:`adaptprec._first_order._Own`), ``None`` when shared."""
@@ -185,36 +257,48 @@ class _Walk:
         raise Unsupported(name)
 
     # ------------------------------------------------------------------ rules
+    def zero(self) -> ErrorBound:
+        return ErrorBound(self.s(0), self.s(0))
+
     def one(self, y, e, m, c=1.0):
-        """``(y, e + c u m, m)``: a result and its own rounding."""
+        """``(y, e + c u m, m)``: a result and its own correctly rounded operation (into
+        ``R``)."""
         loc = self.s(c * _u(jnp.result_type(y))) * m
-        return [(y, loc if e is None else e + loc, m)]
+        return [(y, (self.zero() if e is None else e).rounded(loc), m)]
+
+    def own(self, y, e, m, c=2.0):
+        """``(y, e + c u m, m)``: a result and its own error, not a correct rounding (a
+        transcendental function's: into ``D``)."""
+        loc = self.s(c * _u(jnp.result_type(y))) * m
+        return [(y, (self.zero() if e is None else e).plus(loc), m)]
+
+    def total(self, t, size=None):
+        """A triple's ``D + lambda R`` (0 when exact)."""
+        v, e, _ = t
+        return self.s(0) if e is None else e.total(_size(v) if size is None else size)
 
     def move(self, ins, outs):
         es = [t[1] for t in ins if t[1] is not None and _is_float(jnp.result_type(t[0]))]
         ms = [self.mag(t[0], t[2]) for t in ins if _is_float(jnp.result_type(t[0]))]
-        e = None if not es else jnp.max(jnp.stack(es))
+        e = None if not es else ErrorBound(jnp.max(jnp.stack([x.d for x in es])),
+                                           jnp.max(jnp.stack([x.r for x in es])))
         m = jnp.max(jnp.stack(ms)) if ms else None
         return [(o, e, m) for o in outs]
 
     def p_add(self, eqn, ins, outs):
         (a, ea, ma), (b, eb, mb) = ins
         m = self.mag(a, ma) + self.mag(b, mb)
-        e = sum((x for x in (ea, eb) if x is not None), self.s(0))
-        return self.one(outs[0], e, m)
+        return self.one(outs[0], _add(ea, eb), m)
 
     p_sub = p_add_any = p_add
 
     def p_mul(self, eqn, ins, outs):
         (a, ea, ma), (b, eb, mb) = ins
         ma, mb = self.mag(a, ma), self.mag(b, mb)
-        e = self.s(0)
-        if ea is not None:
-            e = e + mb * ea
-        if eb is not None:
-            e = e + ma * eb
+        e = _add(None if ea is None else ea.times(mb), None if eb is None else eb.times(ma))
         if ea is not None and eb is not None:
-            e = e + ea * eb
+            size = _size(outs[0])
+            e = e.plus(ea.total(size) * eb.total(size))
         return self.one(outs[0], e, ma * mb)
 
     def p_div(self, eqn, ins, outs):
@@ -223,10 +307,12 @@ class _Walk:
         low = (jnp.abs(low).astype(self.w) if low.ndim == 0 else materialized(
             lambda b: jnp.min(jnp.abs(b.astype(self.w)), initial=jnp.inf), low))
         if eb is not None:       # a divisor within its bound of zero: no digit is known
-            low = jnp.where(eb >= low, 0.0, low - eb)
+            tb = self.total(ins[1])
+            low = jnp.where(tb >= low, 0.0, low - tb)
         m = self.mag(a, ma) / low
-        e = (self.s(0) if ea is None else ea) + (self.s(0) if eb is None else m * eb)
-        return self.one(outs[0], jnp.where(e == 0, 0.0, e / low), m)
+        e = _add(self.zero(), ea, None if eb is None else eb.times(m))
+        e = ErrorBound(*(jnp.where(x == 0, 0.0, x / low) for x in e))
+        return self.one(outs[0], e, m)
 
     def p_integer_pow(self, eqn, ins, outs):
         (x, e, m), n = ins[0], abs(eqn.params["y"])
@@ -234,13 +320,13 @@ class _Walk:
         if eqn.params["y"] < 0:
             raise Unsupported("integer_pow with a negative exponent")
         my = m ** n
-        de = None if e is None else self.s(n) * m ** (n - 1) * e
+        de = None if e is None else e.times(self.s(n) * m ** (n - 1))
         return self.one(outs[0], de, my, float(n))
 
     def p_square(self, eqn, ins, outs):
         (x, e, m), = ins
         m = self.mag(x, m)
-        return self.one(outs[0], None if e is None else 2 * m * e, m * m)
+        return self.one(outs[0], None if e is None else e.times(2 * m), m * m)
 
     def p_convert_element_type(self, eqn, ins, outs):
         (x, e, m), (y,) = ins[0], outs
@@ -264,7 +350,7 @@ class _Walk:
                 return jnp.max(nan_to_inf(jnp.abs(t.astype(self.w))), initial=0.0)
             d = materialized(deriv, jnp.asarray(x)) if jnp.ndim(x) else deriv(x)
             my = self.mag(y, None)
-        return self.one(y, None if e is None else d * e, my, 2.0)
+        return self.own(y, None if e is None else e.times(d), my, 2.0)
 
     def p_reduce_sum(self, eqn, ins, outs):
         (x, e, m), (y,) = ins[0], outs
@@ -279,37 +365,37 @@ class _Walk:
         else:
             acc = self.s(math.sqrt(n) * _u(y.dtype) * n) * m
         if e is not None and self.in_tags[0]:
-            # errors private to each summand: independent, summed in quadrature
-            # (Hoeffding, failure probability SUM_FAILURE per sum, as the per-entry walk)
-            lam = math.sqrt(2.0 * math.log(2.0 * max(y.size, 1) / SUM_FAILURE))
-            return [(y, acc + self.s(lam * math.sqrt(n)) * e, n * m)]
-        return [(y, acc if e is None else acc + n * e, n * m)]
+            # errors private to each summand: independent and mean-zero (roundings), so
+            # both parts add in quadrature, as the per-entry walk's sums
+            r = self.s(math.sqrt(n)) * (e.d + e.r)
+            return [(y, ErrorBound(acc, r), n * m)]
+        return [(y, (self.zero() if e is None else e.times(n)).plus(acc), n * m)]
 
     def p_cumsum(self, eqn, ins, outs):
         (x, e, m), (y,) = ins[0], outs
         n = jnp.shape(x)[eqn.params["axis"]]
         m = self.mag(x, m)
         acc = self.s(math.sqrt(n) * _u(y.dtype) * n) * m
-        return [(y, acc if e is None else acc + n * e, n * m)]
+        return [(y, (self.zero() if e is None else e.times(n)).plus(acc), n * m)]
 
     def p_dot_general(self, eqn, ins, outs):
         (a, ea, ma), (b, eb, mb) = ins
         (ca, _), _ = eqn.params["dimension_numbers"]
         k = int(np.prod([jnp.shape(a)[d] for d in ca])) if ca else 1
         ma, mb = self.mag(a, ma), self.mag(b, mb)
-        e = self.s(math.sqrt(k) * _u(outs[0].dtype) * k) * ma * mb
-        if ea is not None:
-            e = e + k * mb * ea
-        if eb is not None:
-            e = e + k * ma * eb
+        acc = self.s(math.sqrt(k) * _u(outs[0].dtype) * k) * ma * mb
+        e = _add(self.zero(), None if ea is None else ea.times(k * mb),
+                 None if eb is None else eb.times(k * ma)).plus(acc)
         if ea is not None and eb is not None:
-            e = e + k * ea * eb
+            size = _size(outs[0])
+            e = e.plus(k * ea.total(size) * eb.total(size))
         return [(outs[0], e, k * ma * mb)]
 
     def compare(self, a, b):
         """A comparison decided within the operands' bounds is unstable (counted)."""
-        (va, ea, _), (vb, eb, _) = a, b
-        bound = sum((x for x in (ea, eb) if x is not None), self.s(0))
+        (va, _, _), (vb, _, _) = a, b
+        size = max(_size(va), _size(vb))
+        bound = self.total(a, size) + self.total(b, size)
         self.unstable.append(count_where(
             lambda a, b: jnp.abs(jnp.asarray(a).astype(self.w)
                                  - jnp.asarray(b).astype(self.w)) <= bound, va, vb))
@@ -321,7 +407,8 @@ class _Walk:
         v, e, m = t
         if not _is_float(jnp.result_type(v)):
             return (v, None, None)
-        return (v, self.s(0) if e is None else self.s(e), self.mag(v, m))
+        e = self.zero() if e is None else ErrorBound(self.s(e.d), self.s(e.r))
+        return (v, e, self.mag(v, m))
 
     def sub_walk(self, closed, ins):
         walk = _Walk(self.rung)
@@ -405,7 +492,7 @@ def norm_bound(fn: Callable, args: tuple, kwargs: dict, inputs: tuple | None,
         m = walk.mag(x, None) if _is_float(x.dtype) else None
         rounded = _is_float(x.dtype) and _is_float(getattr(o, "dtype", None)) and \
             jnp.finfo(o.dtype).nmant > jnp.finfo(x.dtype).nmant
-        ins.append((x, walk.s(_u(x.dtype)) * m if rounded else None, m))
+        ins.append((x, walk.zero().plus(walk.s(_u(x.dtype)) * m) if rounded else None, m))
     consts = [lax.stop_gradient(jnp.asarray(c)) for c in closed.consts]
     res = walk.run(closed.jaxpr, consts, ins, [_INPUT_TAG] * len(ins))
     return NormBoundResult([t[0] for t in res], [t[1] for t in res],

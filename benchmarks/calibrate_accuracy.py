@@ -24,6 +24,7 @@ suite's known low-precision failures and benign kernels, on bf16 and f32, over s
 
 Run:  python benchmarks/calibrate_accuracy.py [--seeds 6]          # the default estimate
       python benchmarks/calibrate_accuracy.py --check mca [--seeds 12] [--samples 2]
+          [--safety 1,1.5,2]                      # what each safety factor buys
       python benchmarks/calibrate_accuracy.py --check first_order   # the first-order
       bound (deterministic, so the seed varies only the inputs)
 """
@@ -146,8 +147,10 @@ def run_default(seeds):
     summary(floored, "estimate/max(true, u)")
 
 
-def run(name, fn, make, rung, rtol, seeds, samples, check="mca"):
-    g = guards.accuracy(rtol, samples)
+def run(name, fn, make, rung, rtol, seeds, samples, check="mca", safety=2.0):
+    """One row: ``(misses, false alarms)`` of ``guards.accuracy(rtol, samples,
+    safety=safety)`` over the seeds."""
+    g = guards.accuracy(rtol, samples, safety=safety)
     dtype = jnp.dtype(jnp.bfloat16) if rung == "bf16" else jnp.dtype(rung.replace(
         "f", "float"))
 
@@ -185,31 +188,39 @@ def run(name, fn, make, rung, rtol, seeds, samples, check="mca"):
     def span(r):
         return f"{min(r):.2g} | {max(r):.2g}" if r else "- | -"
 
-    print(f"| {name} | {rung} | {rtol:g} | {fired}/{seeds} | {misses} | {alarms} | "
+    print(f"| {name} | {rung} | {rtol:g} | {safety:g} | {fired}/{seeds} | {misses} | "
+          f"{alarms} | "
           f"{span(ratios)} | {span(floored)} |")
     return misses, alarms
 
 
 def run_rates(args):
-    print(f"check={args.check}, samples={args.samples}, seeds={args.seeds}")
-    print("| kernel | rung | rtol | fired | misses | false alarms | min est/true | "
-          "max est/true | min est/max(true,u) | max est/max(true,u) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    tot_m = tot_a = 0
+    safeties = [float(x) for x in args.safety.split(",")] if args.check == "mca" else [2.0]
+    print(f"check={args.check}, samples={args.samples}, seeds={args.seeds}, "
+          f"load {os.getloadavg()[0]:.1f}")
+    print("| kernel | rung | rtol | safety | fired | misses | false alarms | "
+          "min est/true | max est/true | min est/max(true,u) | max est/max(true,u) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    tot = {s: [0, 0] for s in safeties}
     for suite in (FAILING, BENIGN):
         for name, (fn, make) in suite.items():
             for rung, rtol in RUNGS:
-                m, a = run(name, fn, make, rung, rtol, args.seeds, args.samples,
-                           args.check)
-                tot_m += m
-                tot_a += a
-    print(f"total misses {tot_m}, total false alarms {tot_a}")
+                for safety in safeties:
+                    m, a = run(name, fn, make, rung, rtol, args.seeds, args.samples,
+                               args.check, safety)
+                    tot[safety][0] += m
+                    tot[safety][1] += a
+    for safety, (m, a) in tot.items():
+        print(f"safety {safety:g}: total misses {m}, total false alarms {a}")
 
 
 def main():
     ap_ = argparse.ArgumentParser()
     ap_.add_argument("--seeds", type=int, default=None)
     ap_.add_argument("--samples", type=int, default=2)
+    ap_.add_argument("--safety", default="2",
+                     help="--check mca: the Monte Carlo safety factors to compare, e.g. "
+                          "1,1.5,2 (each a row per kernel and rung)")
     ap_.add_argument("--check", default="default",
                      choices=("default", "mca", "first_order"))
     args = ap_.parse_args()

@@ -80,6 +80,24 @@ def test_a_loop_exit_test_within_rounding_is_an_unstable_decision():
         assert unstable > 0, walk
 
 
+def test_the_normwise_bound_adds_the_roundings_of_iterations_in_quadrature():
+    # a neutral loop (Jacobi averages, gain 1): the deterministic bound of the roundings
+    # grew with the sweeps, the probabilistic one (1 - 1e-6) grows with their square root
+    from adaptprec._norm_bound import FAILURE, confidence
+    u0, f = _grid(), 1e-3 * np.random.default_rng(1).normal(size=(32, 32))
+    est = {n: _walk(lambda u, f: jacobi_sweeps(u, f, n), (u0, f), "norm_bound")
+           for n in (10, 160)}
+    for n, (x, c, outs, e, unstable) in est.items():
+        err = rel_error(np.asarray(outs[0], np.float64),
+                        reference(lambda u, f: jacobi_sweeps(u, f, n), (u0, f)))
+        assert unstable == 0 and err <= e, (n, err, e)
+    assert 2.5 < est[160][3] / est[10][3] < 6.0, (est[10][3], est[160][3])
+    assert FAILURE == 1e-6 and abs(confidence(1) - 5.39) < 0.01
+    # a chaotic loop amplifies both parts: 600 Lorenz steps (float32 error ~3e-3) fail
+    s0 = np.random.default_rng(1).normal(size=(64, 3)) * 5 + [0, 0, 25]
+    assert _walk(lambda s: lorenz_rk4(s, 600), (s0,), "norm_bound")[3] > 1e-2
+
+
 def test_the_cost_model_counts_iterations():
     def body(i, c):
         return c * 1.0001 + jnp.cos(c)
