@@ -136,7 +136,8 @@ WHAT = {"mca": "Monte Carlo check", "first_order": "first-order error bound",
                        "re-evaluated in the widest dtype; statistical)",
         "probe": "random-probe check of a matrix product (4 probes in the widest dtype; "
                  "statistical)",
-        "norm_bound": "normwise first-order bound (two numbers per value)",
+        "norm_bound": "normwise first-order bound (a few numbers per value; holds with "
+                      "probability 1 - 1e-6 under independent roundings)",
         "none": "finite only: accuracy not checked"}
 
 #: The sampled (statistical) checks.
