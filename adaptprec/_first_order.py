@@ -503,7 +503,7 @@ def first_order(fn: Callable, args: tuple, kwargs: dict, inputs: tuple | None,
     for x, o in zip(dyn, originals):
         if _is_float(x.dtype) and _is_float(getattr(o, "dtype", None)) and \
                 jnp.finfo(o.dtype).nmant > jnp.finfo(x.dtype).nmant:
-            errs.append(_Rel(_u(x.dtype), _INPUT_TAG, o))   # the input cast's rounding
+            errs.append(_Rel(_u(x.dtype), _INPUT_TAG, lax.stop_gradient(o)))  # its rounding
         else:
             errs.append(None)
     dyn = [lax.stop_gradient(x) for x in dyn]
