@@ -1,9 +1,9 @@
 """What the cheap checks cost, structurally, and that the cheaper form keeps the bound.
 
 The first-order bound of a sum of ``sin``/``cos`` reads the input once for the summands'
-own errors (a reduction XLA fuses with its light producer) and writes no error array;
-the bound it computes is the one of the module docstring, checked here against the same
-formula evaluated in NumPy.
+own errors (one reduction, ``u ||x||_2 + 4u sqrt(n)``) and writes no error array; the
+bound it computes is the one of ``adaptprec._first_order_sums``, checked here against the
+same formula evaluated in NumPy, and above the quadrature sum of the per-entry bounds.
 """
 
 from __future__ import annotations
@@ -57,9 +57,12 @@ def test_sum_of_sines_bound_is_the_stated_one(walked, data):
     x, _ = data
     s32 = np.asarray(_f32(jnp.sin, x))       # the rung's summands (XLA's sine)
     lam = math.sqrt(2.0 * math.log(2.0 / SUM_FAILURE))
-    quad = np.sqrt(np.sum((U32 * np.abs(np.asarray(x)) + 4 * U32) ** 2))
+    # Minkowski: ||u|x| + 4u||_2 <= u ||x||_2 + 4u sqrt(n), one reduction of x
+    quad = U32 * np.linalg.norm(np.asarray(x)) + 4 * U32 * math.sqrt(N)
     acc = abs(float(y) - float(np.sum(s32.astype(np.float64))))
     assert float(e) == pytest.approx(acc + lam * quad, rel=1e-5)
+    per_entry = np.sqrt(np.sum((U32 * np.abs(np.asarray(x)) + 4 * U32) ** 2))
+    assert float(e) >= acc + lam * per_entry        # never below the per-entry form
     true = abs(float(y) - float(np.sum(np.sin(np.asarray(x)))))
     assert true <= float(e)
 
@@ -69,7 +72,7 @@ def test_row_sums_of_cosines_bound_per_row(walked, data):
     _, m = data
     s32 = np.asarray(_f32(jnp.cos, m))
     lam = math.sqrt(2.0 * math.log(2.0 * 64 / SUM_FAILURE))
-    quad = np.sqrt(np.sum((U32 * np.abs(np.asarray(m)) + 4 * U32) ** 2, axis=1))
+    quad = U32 * np.linalg.norm(np.asarray(m), axis=1) + 4 * U32 * math.sqrt(256)
     acc = np.abs(np.asarray(y, np.float64) - np.sum(s32.astype(np.float64), axis=1))
     np.testing.assert_allclose(np.asarray(e), acc + lam * quad, rtol=1e-5)
     true = np.abs(np.asarray(y, np.float64) - np.sum(np.cos(np.asarray(m)), axis=1))
