@@ -55,7 +55,7 @@ from ._autocast.interpret import _is_dynamic, _trace
 from ._first_order_loops import LoopRules
 from ._first_order_products import ProductRules
 from ._first_order_sums import SUM_FAILURE, Affine, SumRules
-from ._mca import wider as _wider  # noqa: F401  (the walks' one choice of wider dtype)
+from ._mca import wider as _wider
 from ._opkind import OpKind, classify
 from ._reductions import count_where as _count, materialized, nan_max_abs, nan_to_inf
 
@@ -203,8 +203,12 @@ class _Walk(LoopRules, ProductRules, SumRules):
                 object() if name in _OWN_MOVES and errs[0].tag is not None else None)
             # still relative to the value (and to the user's input, entry for entry)
             return [(outs[0], _Rel(errs[0].scale, tag, errs[0].orig if same else None))]
-        if name in _TRIG and _is_float(outs[0].dtype) and (
+        if name in _TRIG and _is_float(outs[0].dtype) and _wider(outs[0].dtype) and (
                 errs[0] is None or isinstance(errs[0], _Rel)):
+            # symbolic below the top rung only: there a sum's bound is the a-priori
+            # sqrt(n) u sum|x|, 1e2-1e5x the error of a cancelling sum, and made cheaper
+            # the plan would prefer it to the cancellation screen (a right sum of sines
+            # reported unverified, float32 with x64 off)
             return [(outs[0], self.trig(vals[0], errs[0], outs[0]))]
         tags = [getattr(e, "tag", None) if e is not None else False for e in errs]
         self.own_in = tags

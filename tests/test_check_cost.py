@@ -116,3 +116,20 @@ def test_bound_under_vmap_and_grad(data):
     g = jax.grad(lambda x: jnp.sum(jnp.stack(_walk(_sin_sum, x)).astype(jnp.float64)))(
         x[:1024])
     assert not np.any(np.asarray(g))
+
+
+@pytest.mark.slow
+def test_x64_off_cancelling_sum_is_not_reported_unverified():
+    # float32 is the top rung: a sum's first-order bound there is a priori (sqrt(n) u
+    # sum|x|), far above a cancelling sum's error; the plan must keep the cancellation
+    # screen (a right answer reported "NOT OK" otherwise)
+    from _subprocess import run_python
+    r = run_python("""
+        import numpy as np, jax, jax.numpy as jnp, adaptprec as ap
+        x = jnp.asarray(np.random.default_rng(0).normal(size=1 << 16), jnp.float32)
+        f = ap.adaptive(lambda x: jnp.mean(jnp.sin(x)), rtol=1e-3, ladder="bf16,f32")
+        y, rep = jax.jit(f.with_report)(x)
+        print(rep.checks[-1], bool(rep.ok))
+    """, x64=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[-2:] == ["screen", "True"], r.stdout
