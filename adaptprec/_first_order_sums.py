@@ -9,8 +9,8 @@ probabilistic ``lambda sqrt(n) u`` with ``lambda = 1``; not a proof). When the s
 errors are their own (``_first_order._Own``: independent under the model of independent
 roundings) they combine in quadrature (Hoeffding, ``SUM_FAILURE`` below).
 
-:class:`Affine` keeps the bound ``scale |base| + offset`` symbolic: ``sin`` and ``cos``
-of a value whose bound is relative (``_first_order._Rel``, an input's rounding
+:class:`Affine` keeps the bound ``scale |base| + offset`` symbolic: below the top rung
+(where sums are measured), ``sin`` and ``cos`` of a value whose bound is relative (``_first_order._Rel``, an input's rounding
 ``u |x|``) have the bound ``u |x| + 4u`` (their values and derivatives are at most 1). A
 sum of it reads ``base`` once, in one reduction (:meth:`SumRules.affine_sum`), instead of
 an error array written and read again; an input's rounding is measured against the
