@@ -10,7 +10,8 @@ derivative-based propagation of ADAPT (Menon et al., SC'18) and CHEF-FP:
   derivative terms by ``jax.jvp`` of the primitive (its tangent rule), with nonnegative
   tangents so nothing cancels (a worst case, not a random sample); ``c`` is 1 for the
   basic operations, 2 for transcendentals (their implementations are within ~2 ulp);
-  ``sin``/``cos``: ``e(x) + 4u`` absolute (their values and derivatives are at most 1);
+  ``sin``/``cos``: ``e(x) + 4u`` absolute (their values and derivatives are at most 1),
+  kept symbolic over a relative ``e(x)`` (:class:`~adaptprec._first_order_sums.Affine`);
 * ``add``/``sub`` carry ``e(a) + e(b)`` into a result that may be much smaller than the
   operands: cancellation shows up as a large relative bound with no special case;
 * sums over ``n`` entries: ``sum e`` plus the sum's own rounding error, *measured* below
@@ -18,7 +19,7 @@ derivative-based propagation of ADAPT (Menon et al., SC'18) and CHEF-FP:
   one dtype wider (one more pass over them, which the bound needed anyway). On the top
   rung, where there is no wider dtype, the bound ``sqrt(n) u sum|x|`` (Higham & Mary's
   probabilistic ``lambda sqrt(n) u`` with ``lambda = 1``; not a proof); the same for
-  cumulative sums;
+  cumulative sums (:mod:`adaptprec._first_order_sums`);
 * contractions (``dot_general``): Cauchy-Schwarz per output entry, ``(|A| |B|)_ij <=
   ||A_i|| ||B_j||``, so ``e(C) = ||e(A)_i|| ||B_j|| + ||A_i|| ||e(B)_j|| + sqrt(k) u
   ||A_i|| ||B_j||`` costs O(n^2) for O(n^3) work (row and column norms, an outer
@@ -42,7 +43,6 @@ library's documented accuracy.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import jax
@@ -54,12 +54,13 @@ from . import _jaxpr as jx
 from ._autocast.interpret import _is_dynamic, _trace
 from ._first_order_loops import LoopRules
 from ._first_order_products import ProductRules
+from ._first_order_sums import SUM_FAILURE, Affine, SumRules
 from ._mca import wider as _wider
 from ._opkind import OpKind, classify
 from ._reductions import count_where as _count, materialized, nan_max_abs, nan_to_inf
 
 __all__ = ["Unsupported", "first_order", "FirstOrderResult", "relative_bound",
-           "materialized", "nan_to_inf", "nan_max_abs"]
+           "materialized", "nan_to_inf", "nan_max_abs", "SUM_FAILURE"]
 
 
 class Unsupported(Exception):
@@ -102,12 +103,13 @@ class _Rel:
     """An error bound that is ``scale * |value|`` (an input's rounding, ``u |x|``), kept
     symbolic: data movement keeps it, a contraction takes its norms from the value's
     (``||e_i|| = scale ||x_i||``: no pass over the error), anything else materializes it.
-    ``tag``: as :class:`_Own`'s (an input's rounding is its entries' own)."""
+    ``tag``: as :class:`_Own`'s (an input's rounding is its entries' own); ``orig``: at an
+    input, the input as the user passed it (``u |x|`` bounds its rounding as well)."""
 
-    __slots__ = ("scale", "tag")
+    __slots__ = ("scale", "tag", "orig")
 
-    def __init__(self, scale: float, tag=None):
-        self.scale, self.tag = scale, tag
+    def __init__(self, scale: float, tag=None, orig=None):
+        self.scale, self.tag, self.orig = scale, tag, orig
 
 
 class _Own:
@@ -132,10 +134,6 @@ _INPUT_TAG = "input"
 _OWN_MOVES = frozenset("reshape transpose slice squeeze expand_dims rev dynamic_slice".split())
 _OWN_SAME = frozenset("neg abs stop_gradient copy copy_p real convert_element_type".split())
 
-#: The failure probability of each probabilistic sum (per output entry of a sum of own
-#: errors, union-bounded over the sum's outputs).
-SUM_FAILURE = 1e-6
-
 
 class FirstOrderResult:
     """Outputs (as the function returns them, flat; ``tree`` their structure), their
@@ -146,7 +144,7 @@ class FirstOrderResult:
         self.outs, self.errs, self.unstable, self.tree = outs, errs, unstable, tree
 
 
-class _Walk(LoopRules, ProductRules):
+class _Walk(LoopRules, ProductRules, SumRules):
     Rel, Unsupported = _Rel, Unsupported     # for the mixins' rules
 
     def __init__(self, rung):
@@ -200,22 +198,34 @@ class _Walk(LoopRules, ProductRules):
             raise Unsupported(name)
         outs = jx.bind(eqn, vals)
         if errs and isinstance(errs[0], _Rel) and (name in _MOVE or name in _EXACT_UNARY):
-            tag = errs[0].tag if name in _OWN_SAME else (
+            same = name in _OWN_SAME
+            tag = errs[0].tag if same else (
                 object() if name in _OWN_MOVES and errs[0].tag is not None else None)
-            return [(outs[0], _Rel(errs[0].scale, tag))]   # still relative to the value
+            # still relative to the value (and to the user's input, entry for entry)
+            return [(outs[0], _Rel(errs[0].scale, tag, errs[0].orig if same else None))]
+        if name in _TRIG and _is_float(outs[0].dtype) and _wider(outs[0].dtype) and (
+                errs[0] is None or isinstance(errs[0], _Rel)):
+            # symbolic below the top rung only: there a sum's bound is the a-priori
+            # sqrt(n) u sum|x|, 1e2-1e5x the error of a cancelling sum, and made cheaper
+            # the plan would prefer it to the cancellation screen (a right sum of sines
+            # reported unverified, float32 with x64 off)
+            return [(outs[0], self.trig(vals[0], errs[0], outs[0]))]
         tags = [getattr(e, "tag", None) if e is not None else False for e in errs]
         self.own_in = tags
-        if name not in ("dot_general", "conv_general_dilated"):
+        if name == "reduce_sum":        # reads a symbolic bound from its base
+            pass
+        elif name not in ("dot_general", "conv_general_dilated"):
             errs = [self.dense(e, v) for e, v in zip(errs, vals)]
         else:                   # contractions read a _Rel bound from the values' norms
-            errs = [e.e if isinstance(e, _Own) else e for e in errs]
+            errs = [self.dense(e, v) if isinstance(e, Affine) else
+                    e.e if isinstance(e, _Own) else e for e, v in zip(errs, vals)]
         res = self._rule(name, eqn, vals, errs, outs)
         return self._own(name, tags, vals, res)
 
     def _own(self, name, tags, vals, res):
         """The results' errors marked own (:class:`_Own`) when the operation keeps every
         entry's errors to itself."""
-        if len(res) != 1 or res[0][1] is None or isinstance(res[0][1], (_Own, _Rel)):
+        if len(res) != 1 or res[0][1] is None or isinstance(res[0][1], (_Own, _Rel, Affine)):
             return res
         y, e = res[0]
         inexact = [t for t, v in zip(tags, vals) if t is not False
@@ -259,10 +269,12 @@ class _Walk(LoopRules, ProductRules):
         return self.zeros_like(v) if e is None else self.dense(e, v)
 
     def dense(self, e, v):
-        """``e`` as an array (a :class:`_Rel` bound materialized, an :class:`_Own` one
-        unwrapped; ``None`` stays)."""
+        """``e`` as an array (a :class:`_Rel` or :class:`Affine` bound materialized, an
+        :class:`_Own` one unwrapped; ``None`` stays)."""
         if isinstance(e, _Own):
             return e.e
+        if isinstance(e, Affine):
+            return e.array(self.edt(jnp.result_type(v)))
         if isinstance(e, _Rel):
             a = jnp.abs(jnp.asarray(v))
             a = a.astype(self.edt(a.dtype))
@@ -279,11 +291,7 @@ class _Walk(LoopRules, ProductRules):
         """|f'| e by the primitive's own tangent rule, plus the local rounding."""
         (y,) = outs
         name = eqn.primitive.name
-        if name in _TRIG:
-            # |sin|, |cos| and their derivatives are at most 1: e(x) + 4u absolute (the
-            # 2u|y| + 2u below with |y| <= 1), from no value of the kernel. Derived from
-            # y or cos(x), the bound made XLA recompute sin in the error's fusion
-            # (sum(sin x) on 2^20: the check cost as much as the rung)
+        if name in _TRIG:       # a bound from no value of the kernel (SumRules.trig)
             w = self.edt(y.dtype)
             loc = jnp.full(jnp.shape(y), 4 * _u(y.dtype), w)
             ins = [e.astype(w) for v, e in zip(vals, errs)
@@ -473,60 +481,6 @@ class _Walk(LoopRules, ProductRules):
 
     p_argmax = p_argmin = _argext
 
-    # --------------------------------------------------------------- reductions
-    def p_reduce_sum(self, eqn, vals, errs, outs):
-        (x,), (e,), (y,) = vals, errs, outs
-        axes = eqn.params["axes"]
-        n = int(np.prod([x.shape[a] for a in axes])) if axes else 1
-        w = self.edt(y.dtype)
-        ref = _wider(y.dtype)
-        if ref is not None:
-            # the sum's own rounding, measured: the same summands summed one dtype wider
-            acc = materialized(lambda x, y: jnp.abs(
-                y.astype(ref) - jnp.sum(x.astype(ref), axis=axes)).astype(w), x, y)
-            out = acc
-        else:
-            scale = w.type(math.sqrt(max(n, 1)) * _u(y.dtype))
-            acc = materialized(lambda x: jnp.sum(jnp.abs(x).astype(w), axis=axes), x)
-            out = acc * scale + self.local(y)
-        if e is not None and self.own_in[0]:
-            # the summands' own errors are independent (module docstring): Hoeffding,
-            # |sum err| <= lam sqrt(sum e^2) but with probability 2 exp(-lam^2 / 2) per
-            # sum, union-bounded over the sums to SUM_FAILURE
-            lam = math.sqrt(2.0 * math.log(2.0 * max(y.size, 1) / SUM_FAILURE))
-            out = out + w.type(lam) * materialized(
-                lambda e: jnp.sqrt(jnp.sum(e * e, axis=axes)), e)
-        elif e is not None:
-            out = out + materialized(lambda e: jnp.sum(e, axis=axes), e)
-        return [(y, out)]
-
-    def p_reduce_max(self, eqn, vals, errs, outs):
-        (x,), (e,), (y,) = vals, errs, outs
-        if e is None:
-            return [(y, None)]
-        axes = eqn.params["axes"]
-        return [(y, materialized(lambda e: jnp.max(e, axis=axes), e))]
-
-    p_reduce_min = p_reduce_max
-
-    def p_cumsum(self, eqn, vals, errs, outs):
-        (x,), (e,), (y,) = vals, errs, outs
-        axis = eqn.params["axis"]
-        n = x.shape[axis]
-        w = self.edt(y.dtype)
-        rev = eqn.params.get("reverse", False)
-        ref = _wider(y.dtype)
-        if ref is not None:     # measured, as for sums
-            out = jnp.abs(y.astype(ref) - lax.cumsum(x.astype(ref), axis=axis,
-                                                     reverse=rev)).astype(w)
-        else:
-            acc = lax.cumsum(jnp.abs(x).astype(w), axis=axis, reverse=rev) * w.type(
-                math.sqrt(max(n, 1)) * _u(y.dtype))
-            out = acc + self.local(y)
-        if e is not None:
-            out = out + lax.cumsum(e, axis=axis, reverse=rev)
-        return [(y, out)]
-
 
 def trace_with_originals(fn: Callable, args: tuple, kwargs: dict, inputs: tuple | None):
     """``(closed jaxpr, output tree, dynamic leaves at the rung, the same leaves as the
@@ -553,7 +507,7 @@ def first_order(fn: Callable, args: tuple, kwargs: dict, inputs: tuple | None,
     for x, o in zip(dyn, originals):
         if _is_float(x.dtype) and _is_float(getattr(o, "dtype", None)) and \
                 jnp.finfo(o.dtype).nmant > jnp.finfo(x.dtype).nmant:
-            errs.append(_Rel(_u(x.dtype), _INPUT_TAG))   # the input cast's rounding
+            errs.append(_Rel(_u(x.dtype), _INPUT_TAG, lax.stop_gradient(o)))  # its rounding
         else:
             errs.append(None)
     dyn = [lax.stop_gradient(x) for x in dyn]
