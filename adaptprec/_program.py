@@ -41,18 +41,6 @@ _WALKS = ("first_order", "norm_bound")
 _DYNAMIC_TYPES: set = set()     # types seen to be arrays (isinstance on jax.Array is slow)
 
 
-_CONCRETE_TYPES: set = set()    # concrete array types (not tracers): the eager fast path
-
-
-def _concrete_type(t) -> bool:
-    if t in _CONCRETE_TYPES:
-        return True
-    if issubclass(t, jax.core.Tracer) or not issubclass(t, (jax.Array, np.ndarray)):
-        return False
-    _CONCRETE_TYPES.add(t)
-    return True
-
-
 def _is_dynamic(x) -> bool:
     if type(x) in _DYNAMIC_TYPES:
         return True
@@ -160,10 +148,8 @@ class _Program:
                 # the last eager call's outcome too (kept as an array until the next
                 # eager call reads it): a program traced right after one eager call
                 # plans with what that call showed
-                learned[0].absorb()
-            default = self.plans_by_shapes.get(shapes)
-            p_fail = learned[0].p_fail(_plan.P_FAIL, default.priced_out if default
-                                       else ()) if learned and learned[0].tried() else None
+                learned.absorb()
+            p_fail = learned.p_fail(_plan.P_FAIL) if learned and learned.tried() else None
             plan = self.plan_with(shapes, p_fail, size)
             if size == 1 and p_fail is None:
                 self.plans_by_shapes[shapes] = plan
@@ -201,8 +187,7 @@ class _Program:
                 methods = _plan.check_order(st, g.componentwise)
                 plan = _plan.choose_plan(self.n_rungs, tuple(self.mgr.ladder), g.rtol,
                                          self._rung_fn, self._check_fn, avals, size,
-                                         methods=methods, p_fail=rounded,
-                                         componentwise=g.componentwise and not g.atol)
+                                         methods=methods, p_fail=rounded)
             self._plans[key] = plan
         return plan
 

@@ -444,7 +444,8 @@ def test_plain_call_skips_what_only_fed_the_report():
     assert rep.checks[0] == "skipped" and rep.rung_name == "f64" and bool(rep.ok)
     np.testing.assert_array_equal(np.asarray(y), np.asarray(y_rep))
     (entry,) = f.manager._cache.values()
-    assert "is-finite" in _hlo(entry[1], x) and "is-finite" not in _hlo(entry[3], x)
+    assert "is-finite" in _hlo(entry.with_report, x) and "is-finite" not in _hlo(
+        entry.output, x)
     # a guard that decides an escalation still runs in the plain call, and on_failure
     # (which reads the report's ok) still applies
     big = jnp.array([1.0, 100.0])      # float64: e^100 overflows the f32 rung
@@ -495,9 +496,43 @@ def test_a_program_traced_after_one_eager_call_plans_with_its_outcome():
     np.testing.assert_array_equal(np.asarray(y), np.asarray(jax.jit(f)(big)))
 
 
+def test_an_eager_call_does_not_wait_for_the_previous_one_when_its_plan_cannot_change():
+    # the learned plan is a function of the rungs earlier calls returned; when both
+    # rungs the previous call may have returned lead to the same program, the next call
+    # is dispatched without reading it (eager calls stay asynchronous), and the tries,
+    # folded in call order later, are those of reading every call
+    f = ap.adaptive(lambda v: jnp.exp(v) * jnp.cos(v) * 1e-30, rtol=1e-3)
+    x = jnp.full(2 ** 16, 0.5)                        # benign: f32 passes its check
+    ys = [f(x) for _ in range(6)]
+    (outcomes,) = f.manager._learn.values()
+    assert outcomes.tries[1] == (False,) * 4 and outcomes.pending  # passed: p_fail 0.03
+
+    class Unread:
+        def __array__(self, *args, **kwargs):
+            raise AssertionError("the previous call's rung was read before dispatch")
+
+    rung, attempt = outcomes.pending[-1]
+    unread = outcomes.pending[-1] = (Unread(), attempt)
+    y = f(x)                    # a failure there (p_fail 0.2) would not change the plan
+    assert unread in outcomes.pending
+    outcomes.pending[outcomes.pending.index(unread)] = (rung, attempt)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(ys[0]))
+    f(x)
+    outcomes.absorb()
+    assert outcomes.tries[1] == (False,) * 4 and outcomes.tries[2] == ()
+    # where the previous rung decides the plan (f32 failed: the chance priced for it
+    # rises until it is skipped), the next call reads it first
+    big = jnp.full(2 ** 16, 100.0)                   # e^100 overflows the f32 rung
+    g = ap.adaptive(lambda v: jnp.exp(v) * jnp.cos(v) * 1e-30, rtol=1e-3)
+    g(big), g(big)
+    (outcomes,) = g.manager._learn.values()
+    assert outcomes.tries[1] == (True,) and len(outcomes.pending) == 1
+    assert g.with_report(big)[1].checks[1] == "skipped"
+
+
 def test_settled_eager_calls_take_the_fast_path():
-    # once an eager plain call's program is settled (no escalation memory to keep),
-    # later calls with the same array shapes skip the pytree/caching bookkeeping
+    # once an eager plain call has planned its shapes, later calls with the same array
+    # shapes skip the pytree/caching bookkeeping
     x = jnp.linspace(0.0, 1.0, 2 ** 16)
     f = ap.adaptive(lambda v: jnp.exp(v) * 2.0, ladder="bf16,f64", rtol=1e-3)  # f64 alone
     ys = [f(x) for _ in range(3)]
@@ -509,20 +544,25 @@ def test_settled_eager_calls_take_the_fast_path():
     assert called == [1]
     np.testing.assert_array_equal(np.asarray(y), np.asarray(f.with_report(x)[0]))
     np.testing.assert_array_equal(np.asarray(y), np.asarray(ys[0]))
+    # a settled program (nothing to learn) returns the output alone: no rung to read
+    # back, no second buffer
+    (entry,) = f.manager._cache.values()
+    assert entry.output is prog and "->f64[65536]" in _hlo(prog, x).splitlines()[0].replace(
+        "{0}", "")
     # other shapes, dtypes, kwargs and traced calls take the full path
     f(x[:100]), f(x.astype(jnp.float32)), f(v=x), jax.jit(f)(x)
     assert called == [1]
-    # a plan with escalation memory (f32 + check, then f64) keeps the full path: a rung
-    # failing on the data must still be learned
+    # a plan with escalation memory (f32 + check, then f64) takes the fast path too,
+    # and its calls still learn that a rung fails on the data
     big = jnp.full(2 ** 16, 100.0)
     g = ap.adaptive(lambda v: jnp.exp(v) * jnp.cos(v) * 1e-30, rtol=1e-3)
     for _ in range(3):
         g(big)
-    assert not g.manager._fast
+    assert len(g.manager._fast) == 1
     # a repeat call looks its learned plan up by the failure chances: no planning pass
     (entry,) = g.manager._cache.values()
-    planned, plan_with = [], entry[2].plan_with
-    entry[2].plan_with = lambda *a, **k: planned.append(a) or plan_with(*a, **k)
+    planned, plan_with = [], entry.program.plan_with
+    entry.program.plan_with = lambda *a, **k: planned.append(a) or plan_with(*a, **k)
     np.testing.assert_array_equal(np.asarray(g(big)), np.asarray(g(big)))
     assert planned == []
     assert g.with_report(big)[1].checks[1] == "skipped"     # learned: f32 fails here
@@ -553,5 +593,5 @@ def test_fast_path_keeps_the_newest_settled_shapes(monkeypatch):
     xs = [jnp.linspace(0.0, 1.0, n) for n in (3, 4, 5, 6)]
     for x in xs:
         f(x), f(x)
-    assert [k[2][0][0] for k in f.manager._fast] == [(5,), (6,)]
+    assert [k[2][1] for k in f.manager._fast] == [(5,), (6,)]
     np.testing.assert_allclose(np.asarray(f(xs[0])), np.cos(np.asarray(xs[0])), rtol=1e-6)
