@@ -125,6 +125,7 @@ class _Program:
         self.plans_by_shapes: dict = {}     # the a-priori plan of each eager shape
         self.plan = _plan.all_rungs(self.n_rungs)
         self.forced = None      # a speculative program's plan (MixedPrecisionManager)
+        self.use_learned = True
         acc = [g for g in mgr.guards if g.role == "accuracy"]
         self.accuracy_guard = acc[0] if acc else None
 
@@ -141,7 +142,7 @@ class _Program:
             plan = self.forced
         else:
             try:
-                learned = self.mgr._learn.get(self.spec_of(shapes))
+                learned = self.use_learned and self.mgr._learn.get(self.spec_of(shapes))
             except TypeError:       # an unhashable static argument: nothing learned
                 learned = None
             if learned:
@@ -544,10 +545,13 @@ class _Program:
                 f"fail on the top rung ({self.mgr.rung_names[-1]}). Call .with_report(...) "
                 "with on_failure='return' to see which guard and its value.")
 
-    def run(self, *dyn, host_raise=False):
+    def run(self, *dyn, host_raise=False, a_priori=False):
         """``(out, report)``; ``host_raise``: an eager call's ``on_failure="raise"`` is
-        left to the caller, who raises a plain Python error on the host."""
+        left to the caller, who raises a plain Python error on the host; ``a_priori``:
+        plan without what eager calls showed (the manager's compiled eager programs:
+        their calls' rungs are noted under the a-priori plan)."""
         self.out_treedef = None          # set by the first rung traced for these shapes
+        self.use_learned = not a_priori  # read by plan_for in this trace
         out_leaves, codes, values, rung, ok = self.build()(*dyn)
         out = jax.tree_util.tree_unflatten(self.out_treedef, list(out_leaves))
         report = self.report(codes, values, rung, ok)

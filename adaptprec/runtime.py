@@ -57,8 +57,9 @@ _PLANS = ("auto", "all")
 
 
 
-#: Settled eager programs a manager keeps for :meth:`MixedPrecisionManager.fast_call`
-#: (the full programs stay in its ``_cache``; a shape evicted here only loses the shortcut).
+#: Eager programs per argument shapes a manager keeps for
+#: :meth:`MixedPrecisionManager.fast_call` (the full programs stay in its ``_cache``; a
+#: shape evicted here only loses the shortcut).
 _FAST_MAX = 64
 
 
@@ -73,26 +74,29 @@ class _Compiled:
     one forced on it): ``with_report`` returns ``(out, Report)``; ``output`` the output
     alone, so XLA drops every guard that only fed the report; ``output_rung`` the output
     and the returned rung (an eager call learning which rungs fail). Each compiles per
-    argument shapes when first called; a caller's trace runs ``program.run`` inline."""
+    argument shapes when first called, under the program's own plan whatever eager
+    calls learned before (a learned plan is another entry); a caller's trace runs
+    ``program.run`` inline, with what they learned."""
 
     __slots__ = ("program", "with_report", "_output", "_output_rung")
 
     def __init__(self, program: _Program, host_raise: bool):
         self.program = program
-        self.with_report = jax.jit(functools.partial(program.run, host_raise=host_raise))
+        self.with_report = jax.jit(functools.partial(program.run, host_raise=host_raise,
+                                                     a_priori=True))
         self._output = self._output_rung = None
 
     @property
     def output(self):
         if self._output is None:
-            run = self.program.run
+            run = functools.partial(self.program.run, a_priori=True)
             self._output = jax.jit(lambda *d: run(*d)[0])
         return self._output
 
     @property
     def output_rung(self):
         if self._output_rung is None:
-            run = self.program.run
+            run = functools.partial(self.program.run, a_priori=True)
             self._output_rung = jax.jit(lambda *d: (lambda o: (o[0], o[1].rung))(run(*d)))
         return self._output_rung
 

@@ -530,6 +530,24 @@ def test_an_eager_call_does_not_wait_for_the_previous_one_when_its_plan_cannot_c
     assert g.with_report(big)[1].checks[1] == "skipped"
 
 
+def test_the_eager_programs_of_a_kernel_run_its_a_priori_plan():
+    # eager calls note their rungs under the a-priori plan, so its compiled programs
+    # run that plan even when compiled after calls learned to skip a rung (a plan that
+    # skips it is a program of its own)
+    big = jnp.full(2 ** 16, 100.0)                   # e^100 overflows the f32 rung
+    g = ap.adaptive(lambda v: jnp.exp(v) * jnp.cos(v) * 1e-30, rtol=1e-3)
+    for _ in range(3):
+        rep = g.with_report(big)[1]
+    assert rep.checks[1] == "skipped"
+    (entry,) = g.manager._cache.values()
+    (shapes,) = entry.program.plans_by_shapes
+    a_priori = entry.program.plans_by_shapes[shapes]
+    assert a_priori.attempt[1]
+    entry.output_rung(big)                  # compiled after the calls learned
+    assert entry.program.plan.attempt == a_priori.attempt
+    assert jax.jit(g.with_report)(big)[1].checks[1] == "skipped"   # a trace learns
+
+
 def test_settled_eager_calls_take_the_fast_path():
     # once an eager plain call has planned its shapes, later calls with the same array
     # shapes skip the pytree/caching bookkeeping
