@@ -58,7 +58,8 @@ class Outcomes:
 
     def note(self, rung, attempt: tuple) -> None:
         """Keep a call's returned ``rung`` (an array, read later) under a plan that
-        attempted the rungs ``attempt``."""
+        attempted the rungs ``attempt`` (at most two kept: an older one is read)."""
+        self.absorb(keep=1)
         self.pending.append((rung, attempt))
 
     def absorb(self, keep: int = 0) -> None:

@@ -530,6 +530,18 @@ def test_an_eager_call_does_not_wait_for_the_previous_one_when_its_plan_cannot_c
     assert g.with_report(big)[1].checks[1] == "skipped"
 
 
+def test_outcomes_fold_every_call_in_order_and_keep_two_unread():
+    from adaptprec import _outcomes
+    o = _outcomes.Outcomes(3)
+    for rung in (2, 1, 1, 2, 1):                # under a plan trying f32, then f64
+        o.note(np.asarray(rung), (False, True, True))
+        assert len(o.pending) <= 2              # (calls without a decision between)
+    assert o.tries[1] == (True, False, False)   # the three oldest, read
+    o.absorb()
+    assert o.tries[1] == (False, False, True, False) and o.tries[2] == (False, False)
+    assert o.p_fail(0.1)[1] == pytest.approx((1 + 0.2) / 6)
+
+
 def test_the_eager_programs_of_a_kernel_run_its_a_priori_plan():
     # eager calls note their rungs under the a-priori plan, so its compiled programs
     # run that plan even when compiled after calls learned to skip a rung (a plan that
