@@ -528,6 +528,15 @@ def test_an_eager_call_does_not_wait_for_the_previous_one_when_its_plan_cannot_c
     (outcomes,) = g.manager._learn.values()
     assert outcomes.tries[1] == (True,) and len(outcomes.pending) == 1
     assert g.with_report(big)[1].checks[1] == "skipped"
+    # eager calls note their rungs under the a-priori plan, so the kernel's own
+    # compiled programs run it even when compiled after calls learned to skip a rung
+    # (the plan that skips it is a program of its own); a caller's trace learns
+    (entry,) = g.manager._cache.values()
+    (a_priori,) = entry.program.plans_by_shapes.values()
+    assert a_priori.attempt[1]
+    entry.with_report(big)
+    assert entry.program.plan.attempt == a_priori.attempt
+    assert jax.jit(g.with_report)(big)[1].checks[1] == "skipped"
 
 
 def test_outcomes_fold_every_call_in_order_and_keep_two_unread():
@@ -540,24 +549,6 @@ def test_outcomes_fold_every_call_in_order_and_keep_two_unread():
     o.absorb()
     assert o.tries[1] == (False, False, True, False) and o.tries[2] == (False, False)
     assert o.p_fail(0.1)[1] == pytest.approx((1 + 0.2) / 6)
-
-
-def test_the_eager_programs_of_a_kernel_run_its_a_priori_plan():
-    # eager calls note their rungs under the a-priori plan, so its compiled programs
-    # run that plan even when compiled after calls learned to skip a rung (a plan that
-    # skips it is a program of its own)
-    big = jnp.full(2 ** 16, 100.0)                   # e^100 overflows the f32 rung
-    g = ap.adaptive(lambda v: jnp.exp(v) * jnp.cos(v) * 1e-30, rtol=1e-3)
-    for _ in range(3):
-        rep = g.with_report(big)[1]
-    assert rep.checks[1] == "skipped"
-    (entry,) = g.manager._cache.values()
-    (shapes,) = entry.program.plans_by_shapes
-    a_priori = entry.program.plans_by_shapes[shapes]
-    assert a_priori.attempt[1]
-    entry.output_rung(big)                  # compiled after the calls learned
-    assert entry.program.plan.attempt == a_priori.attempt
-    assert jax.jit(g.with_report)(big)[1].checks[1] == "skipped"   # a trace learns
 
 
 def test_settled_eager_calls_take_the_fast_path():
