@@ -11,8 +11,10 @@ tries of that rung:
 
 so two failures in two tries make it 0.55 (the rung is skipped when that makes its
 expected cost too high), and a few passes bring it back. A rung the learned plan skips is
-tried again every ``RETRY_EVERY``-th eager call (the data may have changed). The learned
-chances also feed plans traced later under ``jit`` for the same shapes.
+tried again every ``RETRY_EVERY``-th eager call (the data may have changed). A rung the
+a-priori plan skipped for its componentwise chance (``Plan.priced_out``) stays skipped
+until such a retry has tried it at ``P_FAIL``. The learned chances also feed plans traced
+later under ``jit`` for the same shapes.
 
 The returned rung of a call is kept as an array and read only when a decision needs
 it: the plan of the next call is a function of the tries, so when every rung the newest
@@ -40,9 +42,13 @@ def fold(tries: tuple, rung: int, attempt: tuple) -> tuple:
                  for k, (t, tried) in enumerate(zip(tries, attempt)))
 
 
-def p_fail(tries: tuple, prior: float) -> tuple:
-    """Per rung, the chance of failing on the data (``prior`` when never tried)."""
-    return tuple((sum(t) + PRIOR_WEIGHT * prior) / (len(t) + PRIOR_WEIGHT) for t in tries)
+def p_fail(tries: tuple, prior: float, priced_out: tuple = ()) -> tuple:
+    """Per rung, the chance of failing on the data (``prior`` when never tried; 1 for a
+    rung in ``priced_out``, which the a-priori plan skipped for its componentwise chance,
+    until a retry has tried it)."""
+    return tuple(1.0 if k in priced_out and not t else
+                 (sum(t) + PRIOR_WEIGHT * prior) / (len(t) + PRIOR_WEIGHT)
+                 for k, t in enumerate(tries))
 
 
 class Outcomes:
@@ -79,9 +85,9 @@ class Outcomes:
         ((_, attempt),) = self.pending
         return [fold(self.tries, r, attempt) for r, tried in enumerate(attempt) if tried]
 
-    def p_fail(self, prior: float) -> tuple:
-        """Per rung, the chance of failing on the data (``prior`` when never tried)."""
-        return p_fail(self.tries, prior)
+    def p_fail(self, prior: float, priced_out: tuple = ()) -> tuple:
+        """Per rung, the chance of failing on the data (see :func:`p_fail`)."""
+        return p_fail(self.tries, prior, priced_out)
 
     def tried(self) -> bool:
         return any(self.tries)

@@ -150,7 +150,9 @@ class _Program:
                 # eager call reads it): a program traced right after one eager call
                 # plans with what that call showed
                 learned.absorb()
-            p_fail = learned.p_fail(_plan.P_FAIL) if learned and learned.tried() else None
+            default = self.plans_by_shapes.get(shapes)
+            p_fail = learned.p_fail(_plan.P_FAIL, default.priced_out if default
+                                    else ()) if learned and learned.tried() else None
             plan = self.plan_with(shapes, p_fail, size)
             if size == 1 and p_fail is None:
                 self.plans_by_shapes[shapes] = plan
@@ -188,7 +190,8 @@ class _Program:
                 methods = _plan.check_order(st, g.componentwise)
                 plan = _plan.choose_plan(self.n_rungs, tuple(self.mgr.ladder), g.rtol,
                                          self._rung_fn, self._check_fn, avals, size,
-                                         methods=methods, p_fail=rounded)
+                                         methods=methods, p_fail=rounded,
+                                         componentwise=g.componentwise and not g.atol)
             self._plans[key] = plan
         return plan
 

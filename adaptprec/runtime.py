@@ -378,7 +378,8 @@ class MixedPrecisionManager:
         if outcomes is None:
             shapes = spec_key[1]
             plan = program.plans_by_shapes.get(shapes) or program.plan_with(shapes)
-            if sum(plan.attempt) < 2 or all(c is None for c in plan.check):
+            if (sum(plan.attempt) < 2 or all(c is None for c in plan.check)) and not \
+                    plan.priced_out:
                 # nothing to learn (one rung tried, or a small / unplanned kernel): no
                 # bookkeeping on later calls
                 outcomes = False
@@ -401,7 +402,14 @@ class MixedPrecisionManager:
             return None
         outcomes.calls += 1
         if outcomes.calls % _outcomes.RETRY_EVERY == 0:
-            return None
+            # the a-priori plan again, or, where it priced a rung out by the
+            # componentwise chance alone, that rung tried at the plain a-priori chance
+            # (else it would never be tried, and never learned)
+            default = program.plans_by_shapes.get(spec_key[1])
+            if default is None or not default.priced_out:
+                return None
+            chances = (round(_plan.P_FAIL, 1),) * (len(self.rungs) - 1) + (0.0,)
+            return self._entry_of(spec_key, program, outcomes, chances)
         outcomes.absorb(keep=1)
         entries = {self._entry_after(spec_key, program, outcomes, tries)
                    for tries in outcomes.possible()}
@@ -421,17 +429,23 @@ class MixedPrecisionManager:
             # (the entry chosen per failure chances as the plan rounds them; the top
             # rung's chance prices nothing, so it is left out of the key)
             chances = tuple(round(p, 1) for p in _outcomes.p_fail(
-                tries, _plan.P_FAIL)[:-1]) + (0.0,)
-            if chances not in outcomes.by_chances:
-                outcomes.by_chances[chances] = self._entry_for(spec_key, program,
-                                                               outcomes, chances)
-            entry = outcomes.by_chances[chances]
+                tries, _plan.P_FAIL, program.plans_by_shapes[spec_key[1]].priced_out)[
+                    :-1]) + (0.0,)
+            entry = self._entry_of(spec_key, program, outcomes, chances)
         outcomes.by_tries[tries] = entry
         return entry
 
-    def _entry_for(self, spec_key, program, outcomes, chances):
+    def _entry_of(self, spec_key, program, outcomes, chances):
         """The compiled entry of the plan for these failure chances (``None``: the
         a-priori program, whose plan it is: only the notes differ)."""
+        if chances not in outcomes.by_chances:
+            outcomes.by_chances[chances] = self._entry_for(spec_key, program, outcomes,
+                                                           chances)
+        return outcomes.by_chances[chances]
+
+    def _entry_for(self, spec_key, program, outcomes, chances):
+        """A new compiled entry for the plan of these failure chances (``None``: the
+        a-priori program's plan)."""
         plan = program.plan_with(spec_key[1], chances)
         default = program.plans_by_shapes[spec_key[1]]
         if (plan.attempt, plan.check) == (default.attempt, default.check):
