@@ -16,55 +16,78 @@ a-priori plan skipped for its componentwise chance (``Plan.priced_out``) stays s
 until such a retry has tried it at ``P_FAIL``. The learned chances also feed plans traced
 later under ``jit`` for the same shapes.
 
-The returned rung of a call is kept as an array and read at the next call, so an eager
-call stays asynchronous.
+The returned rung of a call is kept as an array and read only when a decision needs
+it: the plan of the next call is a function of the tries, so when every rung the newest
+call may have returned leads to the same program (:meth:`Outcomes.possible`), the next
+call is dispatched without waiting for it. Eager calls then stay asynchronous, and the
+tries, folded in call order when read, are what reading every call at once would give.
 """
 
 from __future__ import annotations
 
-import collections
-
 import numpy as np
 
-__all__ = ["Outcomes", "WINDOW", "PRIOR_WEIGHT", "RETRY_EVERY"]
+__all__ = ["Outcomes", "fold", "WINDOW", "PRIOR_WEIGHT", "RETRY_EVERY"]
 
 #: tries per rung remembered, the prior's weight in calls, and how often (in eager calls)
 #: a plan that learned to skip a rung runs the a-priori plan again
 WINDOW, PRIOR_WEIGHT, RETRY_EVERY = 4, 2.0, 16
 
 
+def fold(tries: tuple, rung: int, attempt: tuple) -> tuple:
+    """``tries`` (per rung, its last ``WINDOW`` outcomes, ``True``: failed) after a call
+    under a plan attempting ``attempt`` returned ``rung``: the attempted rungs below it
+    failed, it passed."""
+    return tuple((t + (k < rung,))[-WINDOW:] if tried and k <= rung else t
+                 for k, (t, tried) in enumerate(zip(tries, attempt)))
+
+
+def p_fail(tries: tuple, prior: float, priced_out: tuple = ()) -> tuple:
+    """Per rung, the chance of failing on the data (``prior`` when never tried; 1 for a
+    rung in ``priced_out``, which the a-priori plan skipped for its componentwise chance,
+    until a retry has tried it)."""
+    return tuple(1.0 if k in priced_out and not t else
+                 (sum(t) + PRIOR_WEIGHT * prior) / (len(t) + PRIOR_WEIGHT)
+                 for k, t in enumerate(tries))
+
+
 class Outcomes:
-    """The recent tries of each rung of one kernel for one set of argument shapes."""
+    """The recent tries of each rung of one kernel for one set of argument shapes, the
+    calls not read yet, and the runtime's compiled programs per failure chances."""
 
     def __init__(self, n_rungs: int):
-        self.tries = [collections.deque(maxlen=WINDOW) for _ in range(n_rungs)]
-        self.pending = None     # (returned rung array, the plan's attempted rungs)
+        self.tries: tuple = ((),) * n_rungs
+        self.pending: list = []  # (returned rung array, attempted rungs), oldest first
         self.calls = 0
+        self.by_chances: dict = {}  # rounded failure chances -> program (the runtime's)
+        self.by_tries: dict = {}    # tries -> program: a repeat state is looked up
 
     def note(self, rung, attempt: tuple) -> None:
         """Keep a call's returned ``rung`` (an array, read later) under a plan that
-        attempted the rungs ``attempt``."""
-        self.pending = (rung, attempt)
+        attempted the rungs ``attempt`` (at most two kept: an older one is read)."""
+        self.absorb(keep=1)
+        self.pending.append((rung, attempt))
 
-    def absorb(self) -> None:
-        """Fold the last call's returned rung into the tries."""
-        if self.pending is None:
-            return
-        rung, attempt = self.pending
-        self.pending = None
-        r = np.asarray(rung)
-        r = int(r) if r.ndim == 0 else int(r.max())  # a batch: the highest rung needed
-        for k, tried in enumerate(attempt):
-            if tried and k <= r:
-                self.tries[k].append(k < r)
+    def absorb(self, keep: int = 0) -> None:
+        """Fold the returned rungs of the pending calls but the newest ``keep`` into the
+        tries, oldest first (reading one waits for its call to finish)."""
+        while len(self.pending) > keep:
+            rung, attempt = self.pending.pop(0)
+            r = np.asarray(rung)
+            r = int(r) if r.ndim == 0 else int(r.max())  # a batch: the highest rung needed
+            self.tries = fold(self.tries, r, attempt)
+
+    def possible(self) -> list:
+        """The tries once the one pending call is read, for each rung it may have
+        returned (one of those it attempted); the tries alone when none is pending."""
+        if not self.pending:
+            return [self.tries]
+        ((_, attempt),) = self.pending
+        return [fold(self.tries, r, attempt) for r, tried in enumerate(attempt) if tried]
 
     def p_fail(self, prior: float, priced_out: tuple = ()) -> tuple:
-        """Per rung, the chance of failing on the data (``prior`` when never tried; 1
-        for a rung in ``priced_out``, which the a-priori plan skipped for its
-        componentwise chance, until a retry has tried it)."""
-        return tuple(1.0 if k in priced_out and not t else
-                     (sum(t) + PRIOR_WEIGHT * prior) / (len(t) + PRIOR_WEIGHT)
-                     for k, t in enumerate(self.tries))
+        """Per rung, the chance of failing on the data (see :func:`p_fail`)."""
+        return p_fail(self.tries, prior, priced_out)
 
     def tried(self) -> bool:
         return any(self.tries)

@@ -41,18 +41,6 @@ _WALKS = ("first_order", "norm_bound")
 _DYNAMIC_TYPES: set = set()     # types seen to be arrays (isinstance on jax.Array is slow)
 
 
-_CONCRETE_TYPES: set = set()    # concrete array types (not tracers): the eager fast path
-
-
-def _concrete_type(t) -> bool:
-    if t in _CONCRETE_TYPES:
-        return True
-    if issubclass(t, jax.core.Tracer) or not issubclass(t, (jax.Array, np.ndarray)):
-        return False
-    _CONCRETE_TYPES.add(t)
-    return True
-
-
 def _is_dynamic(x) -> bool:
     if type(x) in _DYNAMIC_TYPES:
         return True
@@ -137,6 +125,7 @@ class _Program:
         self.plans_by_shapes: dict = {}     # the a-priori plan of each eager shape
         self.plan = _plan.all_rungs(self.n_rungs)
         self.forced = None      # a speculative program's plan (MixedPrecisionManager)
+        self.use_learned = True
         acc = [g for g in mgr.guards if g.role == "accuracy"]
         self.accuracy_guard = acc[0] if acc else None
 
@@ -153,17 +142,17 @@ class _Program:
             plan = self.forced
         else:
             try:
-                learned = self.mgr._learn.get(self.spec_of(shapes))
+                learned = self.use_learned and self.mgr._learn.get(self.spec_of(shapes))
             except TypeError:       # an unhashable static argument: nothing learned
                 learned = None
             if learned:
                 # the last eager call's outcome too (kept as an array until the next
                 # eager call reads it): a program traced right after one eager call
                 # plans with what that call showed
-                learned[0].absorb()
+                learned.absorb()
             default = self.plans_by_shapes.get(shapes)
-            p_fail = learned[0].p_fail(_plan.P_FAIL, default.priced_out if default
-                                       else ()) if learned and learned[0].tried() else None
+            p_fail = learned.p_fail(_plan.P_FAIL, default.priced_out if default
+                                    else ()) if learned and learned.tried() else None
             plan = self.plan_with(shapes, p_fail, size)
             if size == 1 and p_fail is None:
                 self.plans_by_shapes[shapes] = plan
@@ -559,10 +548,13 @@ class _Program:
                 f"fail on the top rung ({self.mgr.rung_names[-1]}). Call .with_report(...) "
                 "with on_failure='return' to see which guard and its value.")
 
-    def run(self, *dyn, host_raise=False):
+    def run(self, *dyn, host_raise=False, a_priori=False):
         """``(out, report)``; ``host_raise``: an eager call's ``on_failure="raise"`` is
-        left to the caller, who raises a plain Python error on the host."""
+        left to the caller, who raises a plain Python error on the host; ``a_priori``:
+        plan without what eager calls showed (the manager's compiled eager programs:
+        their calls' rungs are noted under the a-priori plan)."""
         self.out_treedef = None          # set by the first rung traced for these shapes
+        self.use_learned = not a_priori  # read by plan_for in this trace
         out_leaves, codes, values, rung, ok = self.build()(*dyn)
         out = jax.tree_util.tree_unflatten(self.out_treedef, list(out_leaves))
         report = self.report(codes, values, rung, ok)

@@ -41,11 +41,11 @@ import numpy as np
 
 from . import _compaction
 from . import _outcomes, _plan
-from ._program import _concrete_type, _is_dynamic, _Program
+from ._program import _is_dynamic, _Program
 from ._rungs import Rung, is_rung_object, normalize_ladder
 from .guards import Guard, accuracy, as_guard, finite
 from ._policy import Policy
-from .precision import dtype_name, x64_enabled
+from .precision import dtype_name
 from .report import Report
 from ._x64_rule import float64_call
 
@@ -57,9 +57,48 @@ _PLANS = ("auto", "all")
 
 
 
-#: Settled eager programs a manager keeps for :meth:`MixedPrecisionManager.fast_call`
-#: (the full programs stay in its ``_cache``; a shape evicted here only loses the shortcut).
+#: Eager programs per argument shapes a manager keeps for
+#: :meth:`MixedPrecisionManager.fast_call` (the full programs stay in its ``_cache``; a
+#: shape evicted here only loses the shortcut).
 _FAST_MAX = 64
+
+
+def _fast_key(fn, args):
+    """The key of an eager call on positional arrays: the kernel, the x64 mode, and each
+    argument's type, shape and dtype (``AttributeError`` for a non-array argument)."""
+    return (fn, jax.config.jax_enable_x64, *[(type(a), a.shape, a.dtype) for a in args])
+
+
+class _Compiled:
+    """The programs of one kernel and argument structure (under the a-priori plan, or
+    one forced on it): ``with_report`` returns ``(out, Report)``; ``output`` the output
+    alone, so XLA drops every guard that only fed the report; ``output_rung`` the output
+    and the returned rung (an eager call learning which rungs fail). Each compiles per
+    argument shapes when first called, under the program's own plan whatever eager
+    calls learned before (a learned plan is another entry); a caller's trace runs
+    ``program.run`` inline, with what they learned."""
+
+    __slots__ = ("program", "with_report", "_output", "_output_rung")
+
+    def __init__(self, program: _Program, host_raise: bool):
+        self.program = program
+        self.with_report = jax.jit(functools.partial(program.run, host_raise=host_raise,
+                                                     a_priori=True))
+        self._output = self._output_rung = None
+
+    @property
+    def output(self):
+        if self._output is None:
+            run = functools.partial(self.program.run, a_priori=True)
+            self._output = jax.jit(lambda *d: run(*d)[0])
+        return self._output
+
+    @property
+    def output_rung(self):
+        if self._output_rung is None:
+            run = functools.partial(self.program.run, a_priori=True)
+            self._output_rung = jax.jit(lambda *d: (lambda o: (o[0], o[1].rung))(run(*d)))
+        return self._output_rung
 
 
 class MixedPrecisionManager:
@@ -239,23 +278,17 @@ class MixedPrecisionManager:
         return self._dispatch(fn, args, kwargs, False)
 
     def fast_call(self, fn, args):
-        """``call(fn, *args)`` for positional concrete arrays whose program is settled
-        (see ``_dispatch``), else ``None``: an eager plain call's Python overhead (~30
-        us of pytree flattening, cache keys and escalation bookkeeping) is the 1.1-1.3x
-        of a 0.3 ms kernel."""
+        """``call(fn, *args)`` for positional concrete arrays whose shapes an eager call
+        has planned (see ``_dispatch``), else ``None``: an eager plain call's Python
+        overhead (pytree flattening, cache keys: ~30-60 us) is the 1.1-1.3x of a 0.3-1 ms
+        kernel. The key holds each argument's type, so a tracer never matches."""
         if not self._fast:
             return None
         try:
-            sig = tuple((a.shape, a.dtype) for a in args if _concrete_type(type(a)))
-        except AttributeError:
+            call = self._fast.get(_fast_key(fn, args))
+        except (AttributeError, TypeError):  # not arrays, or an unhashable kernel
             return None
-        if len(sig) != len(args):
-            return None
-        try:
-            prog = self._fast.get((fn, x64_enabled(), sig))
-        except TypeError:   # an unhashable kernel sharing the manager: never fast
-            return None
-        return None if prog is None else prog(*args)[0]
+        return None if call is None else call(*args)
 
     def _dispatch(self, fn, args, kwargs, with_report: bool):
         if not callable(fn):
@@ -270,98 +303,103 @@ class MixedPrecisionManager:
         except TypeError:       # unhashable static argument: no caching
             key, compiled = None, None
         if compiled is None:
-            program = _Program(self, fn, treedef, dyn_pos, static, len(leaves))
-            host_raise = self.on_failure == "raise"
-            compiled = [program.run, jax.jit(functools.partial(program.run,
-                                                               host_raise=host_raise)),
-                        program, None]
+            compiled = _Compiled(_Program(self, fn, treedef, dyn_pos, static, len(leaves)),
+                                 self.on_failure == "raise")
             if key is not None:
                 self._cache[key] = compiled
         dyn = [leaves[i] for i in dyn_pos]
         # Eager calls compile once; inside a transformation (jit, vmap, grad) trace inline.
         traced = any(isinstance(x, jax.core.Tracer) for x in dyn)
         if traced:
-            out = compiled[0](*dyn)
+            out = compiled.program.run(*dyn)
             return out if with_report else out[0]
         # (shape, dtype) per array: the dtype object, not its name (str() costs ~7 us)
         spec_key = None if key is None else (key, tuple((np.shape(x), getattr(
             x, "dtype", type(x))) for x in dyn))
-        learned = None
-        if not self.speculate and spec_key is not None and self.plan == "auto":
-            learned = self._learned(spec_key, compiled[2])
-        target = compiled if learned is None else learned
         if not with_report and not self.speculate and self.on_failure != "raise":
-            # the output alone (and the rung, a scalar the escalations decided anyway):
-            # XLA drops the guards that only fed the report
-            if target[3] is None:
-                prog = target[2]
-                target[3] = jax.jit(lambda *d: (lambda o: (o[0], o[1].rung))(prog.run(*d)))
-            out, rung = target[3](*dyn)
-            if spec_key is not None and self.plan == "auto":
-                self._note_rung(spec_key, target[2], rung)
+            # the output alone: XLA drops the guards that only fed the report
+            outcomes = (spec_key is not None and self.plan == "auto"
+                        and self._learning(spec_key, compiled.program))
+            if not outcomes:
+                # nothing to learn from later calls (a plan with one rung tried, or
+                # plan="all"): the output alone, and nothing read back
+                call = compiled.output
+            else:
+                call = functools.partial(self._learning_call, spec_key, compiled,
+                                         outcomes)
             if (spec_key is not None and not kwargs and len(dyn) == len(args)
-                    and (self.plan != "auto" or self._learn.get(spec_key) is False)):
-                # nothing learned from later calls (a plan with one rung tried, or
-                # plan="all"): they go straight to this program (fast_call)
+                    and all(a is d for a, d in zip(args, dyn))):
+                # later calls with these shapes come straight here (fast_call)
                 if len(self._fast) >= _FAST_MAX:   # oldest first (insertion order)
                     self._fast.pop(next(iter(self._fast)))
-                self._fast[(fn, x64_enabled(), spec_key[1])] = target[3]
-            return out
+                self._fast[_fast_key(fn, args)] = call
+            return call(*dyn)
+        learned = None
+        if not self.speculate and spec_key is not None and self.plan == "auto":
+            learned = self._learned(spec_key, compiled.program)
+        target = compiled if learned is None else learned
         if self.speculate and spec_key is not None:
-            res = self._speculative(spec_key, compiled[2], dyn)
+            res = self._speculative(spec_key, compiled.program, dyn)
             if res is not None:
                 return res if with_report else res[0]
-        out, report = target[1](*dyn)
+        out, report = target.with_report(*dyn)
         if spec_key is not None and self.plan == "auto":
-            self._note_rung(spec_key, target[2], report.rung)
+            self._note_rung(spec_key, target.program, report.rung)
         if self.speculate and spec_key is not None:
-            self._record(spec_key, report, compiled[2])
+            self._record(spec_key, report, compiled.program)
         if self.on_failure == "raise" and not bool(np.all(np.asarray(report.ok))):
             # eagerly a plain Python error (equinox's error_if surfaces as an INTERNAL
             # callback error with a banner)
-            raise RuntimeError(compiled[2].failure_message())
+            raise RuntimeError(compiled.program.failure_message())
         return (out, report) if with_report else out
 
 
     # ------------------------------------------------- rungs that failed on the data
 
+    def _learning_call(self, spec_key, compiled, outcomes, *dyn):
+        """An eager plain call whose shapes learn which rungs fail on their data: the
+        program of the plan learned so far, its output, and its returned rung kept."""
+        target = self._learned(spec_key, compiled.program, outcomes) or compiled
+        out, rung = target.output_rung(*dyn)
+        outcomes.note(rung, target.program.plan_of(spec_key[1]).attempt)
+        return out
+
     def _note_rung(self, spec_key, program, rung):
-        """Keep an eager call's returned rung with the plan that ran (an array: read at
-        the next call for these shapes, so the call itself stays asynchronous)."""
-        st = self._learning(spec_key, program)
-        if st:
-            st[0].note(rung, program.plan_of(spec_key[1]).attempt)
+        """Keep an eager call's returned rung with the plan that ran (an array: read when
+        a later decision needs it, so the call itself stays asynchronous)."""
+        outcomes = self._learning(spec_key, program)
+        if outcomes:
+            outcomes.note(rung, program.plan_of(spec_key[1]).attempt)
 
     def _learning(self, spec_key, program):
-        """``[Outcomes, {failure chances: compiled entry or None}]`` for these shapes
-        (``None``: the a-priori program), ``False`` when the plan has nothing to learn,
-        ``None`` before the first call planned them."""
-        st = self._learn.get(spec_key)
-        if st is None:
-            plan = program.plans_by_shapes.get(spec_key[1])
-            if plan is None:                # not traced yet: the a-priori plan
-                return None
+        """The :class:`~adaptprec._outcomes.Outcomes` of these shapes, or ``False`` when
+        the plan has nothing to learn (planned here if no call has traced them yet)."""
+        outcomes = self._learn.get(spec_key)
+        if outcomes is None:
+            shapes = spec_key[1]
+            plan = program.plans_by_shapes.get(shapes) or program.plan_with(shapes)
             if (sum(plan.attempt) < 2 or all(c is None for c in plan.check)) and not \
                     plan.priced_out:
                 # nothing to learn (one rung tried, or a small / unplanned kernel): no
                 # bookkeeping on later calls
-                st = False
+                outcomes = False
             else:
-                st = [_outcomes.Outcomes(len(self.rungs)), {}]
-            self._learn[spec_key] = st
-        return st
+                outcomes = _outcomes.Outcomes(len(self.rungs))
+            self._learn[spec_key] = outcomes
+        return outcomes
 
-    def _learned(self, spec_key, program):
+    def _learned(self, spec_key, program, outcomes=None):
         """The compiled entry of the plan chosen with the failure chances this kernel's
         eager calls showed for these shapes (:mod:`adaptprec._outcomes`), or ``None``:
         the a-priori plan (every ``RETRY_EVERY``-th call, before any call, and when it
         agrees). Skipping a rung never lowers the accuracy returned (the call ends on a
-        rung checked as planned); the report says which rungs were skipped and why."""
-        st = self._learning(spec_key, program)
-        if not st:
+        rung checked as planned); the report says which rungs were skipped and why.
+
+        The newest call's rung is read only when it decides the entry: when every rung
+        it may have returned leads to the same one, this call does not wait for it."""
+        outcomes = outcomes if outcomes is not None else self._learning(spec_key, program)
+        if not outcomes:
             return None
-        outcomes, made = st
-        outcomes.absorb()
         outcomes.calls += 1
         if outcomes.calls % _outcomes.RETRY_EVERY == 0:
             # the a-priori plan again, or, where it priced a rung out by the
@@ -371,33 +409,54 @@ class MixedPrecisionManager:
             if default is None or not default.priced_out:
                 return None
             chances = (round(_plan.P_FAIL, 1),) * (len(self.rungs) - 1) + (0.0,)
-        elif not outcomes.tried():
+            return self._entry_of(spec_key, program, outcomes, chances)
+        outcomes.absorb(keep=1)
+        entries = {self._entry_after(spec_key, program, outcomes, tries)
+                   for tries in outcomes.possible()}
+        if len(entries) == 1:
+            return entries.pop()
+        outcomes.absorb()
+        return self._entry_after(spec_key, program, outcomes, outcomes.tries)
+
+    def _entry_after(self, spec_key, program, outcomes, tries):
+        """The compiled entry after these tries (``None``: the a-priori program)."""
+        if tries in outcomes.by_tries:
+            return outcomes.by_tries[tries]
+        if spec_key[1] not in program.plans_by_shapes:   # no a-priori plan traced yet
             return None
-        else:
-            # (the entry chosen per failure chances as the plan rounds them: a repeat
-            # call looks it up instead of planning on the host; the top rung's chance
-            # prices nothing, so it is left out of the key)
-            default = program.plans_by_shapes.get(spec_key[1])
-            priced_out = default.priced_out if default is not None else ()
-            chances = tuple(round(p, 1) for p in outcomes.p_fail(
-                _plan.P_FAIL, priced_out)[:-1]) + (0.0,)
-        if chances in made:
-            return made[chances]
+        entry = None
+        if any(tries):
+            # (the entry chosen per failure chances as the plan rounds them; the top
+            # rung's chance prices nothing, so it is left out of the key)
+            chances = tuple(round(p, 1) for p in _outcomes.p_fail(
+                tries, _plan.P_FAIL, program.plans_by_shapes[spec_key[1]].priced_out)[
+                    :-1]) + (0.0,)
+            entry = self._entry_of(spec_key, program, outcomes, chances)
+        outcomes.by_tries[tries] = entry
+        return entry
+
+    def _entry_of(self, spec_key, program, outcomes, chances):
+        """The compiled entry of the plan for these failure chances (``None``: the
+        a-priori program, whose plan it is: only the notes differ)."""
+        if chances not in outcomes.by_chances:
+            outcomes.by_chances[chances] = self._entry_for(spec_key, program, outcomes,
+                                                           chances)
+        return outcomes.by_chances[chances]
+
+    def _entry_for(self, spec_key, program, outcomes, chances):
+        """A new compiled entry for the plan of these failure chances (``None``: the
+        a-priori program's plan)."""
         plan = program.plan_with(spec_key[1], chances)
-        default = program.plans_by_shapes.get(spec_key[1])
-        if default is None:
+        default = program.plans_by_shapes[spec_key[1]]
+        if (plan.attempt, plan.check) == (default.attempt, default.check):
             return None
-        entry = None        # the same program (only the notes differ)
-        if (plan.attempt, plan.check) != (default.attempt, default.check):
-            entry = next((e for e in made.values() if e is not None and e[2].forced
-                          == plan), None)
-            if entry is None:
-                sp = _Program(self, program.fn, program.treedef, program.dyn_pos,
-                              program.static, program.n_leaves)
-                sp.forced = plan
-                entry = [sp.run, jax.jit(functools.partial(
-                    sp.run, host_raise=self.on_failure == "raise")), sp, None]
-        made[chances] = entry
+        entry = next((e for e in outcomes.by_chances.values() if e is not None
+                      and e.program.forced == plan), None)
+        if entry is None:
+            sp = _Program(self, program.fn, program.treedef, program.dyn_pos,
+                          program.static, program.n_leaves)
+            sp.forced = plan
+            entry = _Compiled(sp, self.on_failure == "raise")
         return entry
 
     # ------------------------------------------------------------ speculation
