@@ -381,7 +381,7 @@ def gpu_paper(ks):
             x64 = tuple(jnp.asarray(x) for x in inputs)
             ad = ap.adaptive(fn, rtol=rtol, **OPTIONS.get(name, {}))
             ad.with_report(*x64)
-            prog = next(iter(ad.manager._cache.values()))[2]
+            prog = next(iter(ad.manager._cache.values())).program
             avals = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in x64)
             cost = [_cost.program_cost(prog._rung_fn(k), avals, table).seconds
                     for k in range(3)]

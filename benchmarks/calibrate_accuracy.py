@@ -99,7 +99,7 @@ def default_estimate(name, fn, make, rtol, seeds):
         xs = make(np.random.default_rng(s))
         f = ap.adaptive(fn, ladder="f32,f64", rtol=rtol)
         _, rep = jax.jit(f.with_report)(*xs)
-        prog = next(iter(f.manager._cache.values()))[2]
+        prog = next(iter(f.manager._cache.values())).program
         check = rep.checks[0]
         if check == "skipped":      # the check it would have had
             avals = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in xs)
