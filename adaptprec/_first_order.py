@@ -350,7 +350,7 @@ class _Walk(LoopRules, ProductRules, SumRules):
         (y,) = outs
         if not _is_float(y.dtype):
             return [(y, None)]
-        (a, b), (ea, eb) = vals, errs
+        (_, b), (ea, eb) = vals, errs
         w = self.edt(y.dtype)
         ab = jnp.abs(jnp.asarray(b)).astype(w)
         num = jnp.zeros((), w)

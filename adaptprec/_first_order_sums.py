@@ -130,7 +130,7 @@ class SumRules:
         return (jnp.sum(jnp.abs(b), axis=axes) * e.scale).astype(w) + w.type(n * e.offset)
 
     def p_reduce_max(self, eqn, vals, errs, outs):
-        (x,), (e,), (y,) = vals, errs, outs
+        _, (e,), (y,) = vals, errs, outs
         if e is None:
             return [(y, None)]
         axes = eqn.params["axes"]

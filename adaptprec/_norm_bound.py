@@ -340,7 +340,7 @@ class _Walk:
     def unary(self, eqn, ins, outs):
         """``y = f(x)``: ``|f'|`` and ``|y|`` from constants or one pass each."""
         name = eqn.primitive.name
-        (x, e, m), (y,) = ins[0], outs
+        (x, e, _), (y,) = ins[0], outs
         if name in _BOUNDED:
             d, my = (self.s(c) for c in _BOUNDED[name])
         else:
