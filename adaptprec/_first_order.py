@@ -58,6 +58,7 @@ from ._first_order_sums import SUM_FAILURE, Affine, SumRules
 from ._mca import wider as _wider
 from ._opkind import OpKind, classify
 from ._reductions import count_where as _count, materialized, nan_max_abs, nan_to_inf
+from .precision import unit_roundoff as _u
 
 __all__ = ["Unsupported", "first_order", "FirstOrderResult", "relative_bound",
            "materialized", "nan_to_inf", "nan_max_abs", "SUM_FAILURE"]
@@ -69,10 +70,6 @@ class Unsupported(Exception):
 
 def _is_float(dtype) -> bool:
     return dtype is not None and jnp.issubdtype(dtype, jnp.floating)
-
-
-def _u(dtype) -> float:
-    return float(2.0 ** -(int(jnp.finfo(dtype).nmant) + 1))
 
 
 # ops whose result is exact given exact operands (error = propagated only)

@@ -16,16 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._reductions import materialized
+from .precision import unit_roundoff as _u
 
 __all__ = ["ProductRules"]
 
 
 def _is_float(dtype) -> bool:
     return dtype is not None and jnp.issubdtype(dtype, jnp.floating)
-
-
-def _u(dtype) -> float:
-    return float(2.0 ** -(int(jnp.finfo(dtype).nmant) + 1))
 
 
 class ProductRules:

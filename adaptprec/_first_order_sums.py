@@ -30,16 +30,13 @@ from jax import lax
 
 from ._mca import wider as _wider
 from ._reductions import materialized
+from .precision import unit_roundoff as _u
 
 __all__ = ["Affine", "SumRules", "SUM_FAILURE"]
 
 #: The failure probability of each probabilistic sum (per output entry of a sum of own
 #: errors, union-bounded over the sum's outputs).
 SUM_FAILURE = 1e-6
-
-
-def _u(dtype) -> float:
-    return float(2.0 ** -(int(jnp.finfo(dtype).nmant) + 1))
 
 
 class Affine:

@@ -54,6 +54,7 @@ from ._autocast.interpret import _Ctx, _eval_jaxpr, _is_dynamic, _is_float, _raw
 from ._opkind import EXACT_REDUCTIONS, OpKind, classify
 from ._autocast.presets import PrecisionPolicy, Rule
 from ._jaxpr import iter_eqns
+from .precision import unit_roundoff as _u
 
 __all__ = ["wider", "MCAResult", "mca_samples"]
 
@@ -79,10 +80,6 @@ def wider(dtype) -> np.dtype | None:
 
 def _nmant(dtype) -> int:
     return int(jnp.finfo(dtype).nmant)
-
-
-def _u(dtype) -> float:
-    return float(2.0 ** -(_nmant(dtype) + 1))
 
 
 def _fmix32(h):

@@ -64,6 +64,7 @@ from . import _jaxpr as jx
 from ._first_order import (_INPUT_TAG, SUM_FAILURE, Unsupported, _wider,
                            trace_with_originals)
 from ._reductions import count_where, materialized, nan_to_inf
+from .precision import unit_roundoff as _u
 
 __all__ = ["norm_bound", "NormBoundResult", "ErrorBound", "FAILURE"]
 
@@ -85,10 +86,6 @@ _PASS_UNARY = frozenset("exp exp2 expm1 log log1p sqrt rsqrt cbrt atan asinh".sp
 
 def _is_float(dtype) -> bool:
     return dtype is not None and jnp.issubdtype(dtype, jnp.floating)
-
-
-def _u(dtype) -> float:
-    return float(2.0 ** -(int(jnp.finfo(dtype).nmant) + 1))
 
 
 def confidence(size: int) -> float:

@@ -55,7 +55,8 @@ class Outcomes:
     """The recent tries of each rung of one kernel for one set of argument shapes, the
     calls not read yet, and the runtime's compiled programs per failure chances."""
 
-    def __init__(self, n_rungs: int):
+    def __init__(self, n_rungs: int, priced_out: tuple = ()):
+        self.priced_out = priced_out   # the a-priori plan's rungs priced out (_plan.Plan)
         self.tries: tuple = ((),) * n_rungs
         self.pending: list = []  # (returned rung array, attempted rungs), oldest first
         self.calls = 0
@@ -85,9 +86,10 @@ class Outcomes:
         ((_, attempt),) = self.pending
         return [fold(self.tries, r, attempt) for r, tried in enumerate(attempt) if tried]
 
-    def p_fail(self, prior: float, priced_out: tuple = ()) -> tuple:
-        """Per rung, the chance of failing on the data (see :func:`p_fail`)."""
-        return p_fail(self.tries, prior, priced_out)
+    def p_fail(self, prior: float, tries: tuple | None = None) -> tuple:
+        """Per rung, the chance of failing on the data after ``tries`` (default: the
+        tries so far; see :func:`p_fail`)."""
+        return p_fail(self.tries if tries is None else tries, prior, self.priced_out)
 
     def tried(self) -> bool:
         return any(self.tries)

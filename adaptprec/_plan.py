@@ -43,6 +43,7 @@ import jax
 
 from . import _cost
 from ._first_order import Unsupported
+from .precision import unit_roundoff
 
 __all__ = ["Plan", "choose_plan", "all_rungs", "speculative", "check_order", "TOP_BUDGET",
            "MARGIN", "P_FAIL", "componentwise_fail_chance"]
@@ -197,7 +198,7 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
             jax.eval_shape(rung_fn(0), *avals)) if jax.numpy.issubdtype(
                 o.dtype, jax.numpy.inexact)) * scale
     for k in range(top):
-        u = 2.0 ** -(int(jax.numpy.finfo(dtypes[k]).nmant) + 1)
+        u = unit_roundoff(dtypes[k])
         if u * math.sqrt(n_acc) > rtol:
             hopeless[k] = (f"skipped: a-priori error u*sqrt({n_acc}) = "
                            f"{u * math.sqrt(n_acc):.2g} > rtol {rtol:g}")
@@ -251,7 +252,10 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
         if c is None:
             note[k] = "skipped: no check models it"
             continue
-        mine = cost[k] + c + ATTEMPT_OVERHEAD + p_fail[k] * expected
+        def expected_with(p, k=k, c=c):     # the plan's expected cost trying rung k
+            return cost[k] + c + ATTEMPT_OVERHEAD + p * expected
+
+        mine = expected_with(p_fail[k])
         if mine > MARGIN * expected:
             why = source if p_fail[k] == P_FAIL or not prior else (
                 f"a priori: componentwise, {n_out} entries")
@@ -260,8 +264,7 @@ def choose_plan(n_rungs: int, dtypes, rtol: float, rung_fn, check_fn, avals,
                        f"{p_fail[k]:.0%} chance of failing on the data ({why}), would "
                        f"cost more than {MARGIN:.0%} of the plan above it "
                        f"({_fmt(expected)}, modelled)")
-            if prior and p_fail[k] > P_FAIL and (cost[k] + c + ATTEMPT_OVERHEAD + P_FAIL
-                                                 * expected <= MARGIN * expected):
+            if prior and p_fail[k] > P_FAIL and expected_with(P_FAIL) <= MARGIN * expected:
                 priced_out.append(k)
             continue
         attempt[k], check[k] = True, method

@@ -150,9 +150,7 @@ class _Program:
                 # eager call reads it): a program traced right after one eager call
                 # plans with what that call showed
                 learned.absorb()
-            default = self.plans_by_shapes.get(shapes)
-            p_fail = learned.p_fail(_plan.P_FAIL, default.priced_out if default
-                                    else ()) if learned and learned.tried() else None
+            p_fail = learned.p_fail(_plan.P_FAIL) if learned and learned.tried() else None
             plan = self.plan_with(shapes, p_fail, size)
             if size == 1 and p_fail is None:
                 self.plans_by_shapes[shapes] = plan

@@ -78,26 +78,25 @@ class _Compiled:
     calls learned before (a learned plan is another entry); a caller's trace runs
     ``program.run`` inline, with what they learned."""
 
-    __slots__ = ("program", "with_report", "_output", "_output_rung")
+    __slots__ = ("program", "_run", "with_report", "_output", "_output_rung")
 
     def __init__(self, program: _Program, host_raise: bool):
         self.program = program
-        self.with_report = jax.jit(functools.partial(program.run, host_raise=host_raise,
-                                                     a_priori=True))
+        self._run = functools.partial(program.run, a_priori=True)
+        self.with_report = jax.jit(functools.partial(self._run, host_raise=host_raise))
         self._output = self._output_rung = None
 
     @property
     def output(self):
         if self._output is None:
-            run = functools.partial(self.program.run, a_priori=True)
-            self._output = jax.jit(lambda *d: run(*d)[0])
+            self._output = jax.jit(lambda *d: self._run(*d)[0])
         return self._output
 
     @property
     def output_rung(self):
         if self._output_rung is None:
-            run = functools.partial(self.program.run, a_priori=True)
-            self._output_rung = jax.jit(lambda *d: (lambda o: (o[0], o[1].rung))(run(*d)))
+            self._output_rung = jax.jit(lambda *d: (lambda o: (o[0], o[1].rung))(
+                self._run(*d)))
         return self._output_rung
 
 
@@ -384,7 +383,7 @@ class MixedPrecisionManager:
                 # bookkeeping on later calls
                 outcomes = False
             else:
-                outcomes = _outcomes.Outcomes(len(self.rungs))
+                outcomes = _outcomes.Outcomes(len(self.rungs), plan.priced_out)
             self._learn[spec_key] = outcomes
         return outcomes
 
@@ -405,8 +404,7 @@ class MixedPrecisionManager:
             # the a-priori plan again, or, where it priced a rung out by the
             # componentwise chance alone, that rung tried at the plain a-priori chance
             # (else it would never be tried, and never learned)
-            default = program.plans_by_shapes.get(spec_key[1])
-            if default is None or not default.priced_out:
+            if not outcomes.priced_out or spec_key[1] not in program.plans_by_shapes:
                 return None
             chances = (round(_plan.P_FAIL, 1),) * (len(self.rungs) - 1) + (0.0,)
             return self._entry_of(spec_key, program, outcomes, chances)
@@ -428,9 +426,8 @@ class MixedPrecisionManager:
         if any(tries):
             # (the entry chosen per failure chances as the plan rounds them; the top
             # rung's chance prices nothing, so it is left out of the key)
-            chances = tuple(round(p, 1) for p in _outcomes.p_fail(
-                tries, _plan.P_FAIL, program.plans_by_shapes[spec_key[1]].priced_out)[
-                    :-1]) + (0.0,)
+            chances = tuple(round(p, 1) for p in outcomes.p_fail(_plan.P_FAIL, tries)[
+                :-1]) + (0.0,)
             entry = self._entry_of(spec_key, program, outcomes, chances)
         outcomes.by_tries[tries] = entry
         return entry

@@ -484,7 +484,8 @@ def componentwise_rates(ks):
         y = np.asarray(jax.jit(lambda *x: fn(*(v.astype(jnp.float32) for v in x)))(*inputs))
         nw, cw = _rel_error(y, ref), _rel_error(y, ref, componentwise=True)
         n_acc = _cost.longest_accumulation(jax.make_jaxpr(fn)(*inputs).jaxpr)
-        chance = _plan.componentwise_fail_chance(ref.size, 2.0 ** -24, n_acc, rtol)
+        chance = _plan.componentwise_fail_chance(ref.size, ap.unit_roundoff("f32"), n_acc,
+                                                 rtol)
         if nw <= rtol:
             meets += 1
             fails += cw > rtol
